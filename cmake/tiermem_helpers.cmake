@@ -1,0 +1,39 @@
+# tiermem_library(NAME <name> SOURCES ... [CUDA_SOURCES ...] DEPS ...)
+#   defines the static library tiermem_<name> with the alias tiermem::<name>, the public headers
+#   of include/ and the project's warnings. CUDA_SOURCES are compiled only when CUDA was found.
+function(tiermem_set_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${TIERMEM_WERROR}>>:-Werror>)
+endfunction()
+
+function(tiermem_library)
+  cmake_parse_arguments(T "" "NAME" "SOURCES;CUDA_SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  set(srcs ${T_SOURCES})
+  if(TIERMEM_HAVE_CUDA)
+    list(APPEND srcs ${T_CUDA_SOURCES})
+  endif()
+  add_library(tiermem_${T_NAME} STATIC ${srcs})
+  add_library(tiermem::${T_NAME} ALIAS tiermem_${T_NAME})
+  target_include_directories(tiermem_${T_NAME} PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(tiermem_${T_NAME} PUBLIC ${T_DEPS} PRIVATE ${T_PRIVATE_DEPS})
+  if(TIERMEM_HAVE_CUDA)
+    target_compile_definitions(tiermem_${T_NAME} PUBLIC TIERMEM_HAVE_CUDA=1)
+  endif()
+  tiermem_set_warnings(tiermem_${T_NAME})
+endfunction()
+
+# tiermem_test(NAME <name> SOURCES ... DEPS ... [LABELS ...] [TIMEOUT s])
+#   a GoogleTest binary registered with ctest (one ctest entry per binary, with a timeout).
+function(tiermem_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main Threads::Threads)
+  tiermem_set_warnings(${T_NAME})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;${T_LABELS}")
+endfunction()

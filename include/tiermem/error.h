@@ -1,0 +1,114 @@
+// tiermem/error.h — the exceptions tiermem throws, and the check macros that raise them.
+//
+// Every failure tiermem reports derives from tiermem::Error and says what failed and where
+// (path, offset, bytes, errno, key). Async operations deliver these through the future of the
+// operation that failed. Nothing in tiermem calls abort()/assert() on user input or I/O errors.
+//
+// Thread-safety: the exception types are immutable values; copying them is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "tiermem/tier.h"
+
+namespace tiermem {
+
+// Base of every tiermem exception. what() is a complete, one-line, human-readable message.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// A configuration value is wrong. key_path is the JSON path ("zero_optimization.stage"),
+// value the offending value as text (may be empty for a missing key).
+class ConfigError : public Error {
+ public:
+  ConfigError(std::string key_path, std::string value, const std::string& message);
+  const std::string& key_path() const noexcept { return key_path_; }
+  const std::string& value() const noexcept { return value_; }
+
+ private:
+  std::string key_path_;
+  std::string value_;
+};
+
+// An I/O operation failed. offset and bytes are in bytes; err is the errno (0 when the failure is
+// not an errno, e.g. a checksum mismatch, which is then named in detail).
+class IoError : public Error {
+ public:
+  IoError(std::string path, std::uint64_t offset, std::uint64_t bytes, int err,
+          const std::string& op, const std::string& detail = {});
+  const std::string& path() const noexcept { return path_; }
+  std::uint64_t offset() const noexcept { return offset_; }
+  std::uint64_t bytes() const noexcept { return bytes_; }
+  int err() const noexcept { return err_; }
+
+ private:
+  std::string path_;
+  std::uint64_t offset_;
+  std::uint64_t bytes_;
+  int err_;
+};
+
+// A tier cannot satisfy an allocation. requested and available are in bytes.
+class OutOfMemoryError : public Error {
+ public:
+  OutOfMemoryError(Tier tier, std::uint64_t requested, std::uint64_t available,
+                   const std::string& detail = {});
+  Tier tier() const noexcept { return tier_; }
+  std::uint64_t requested() const noexcept { return requested_; }
+  std::uint64_t available() const noexcept { return available_; }
+
+ private:
+  Tier tier_;
+  std::uint64_t requested_;
+  std::uint64_t available_;
+};
+
+// The operation needs a backend or feature this build or machine does not have.
+class NotSupportedError : public Error {
+ public:
+  explicit NotSupportedError(const std::string& message) : Error(message) {}
+};
+
+// A collective failed (MPI or NCCL), or ranks disagree.
+class CommError : public Error {
+ public:
+  explicit CommError(const std::string& message) : Error(message) {}
+};
+
+// A CUDA runtime/driver call failed.
+class CudaError : public Error {
+ public:
+  explicit CudaError(const std::string& message) : Error(message) {}
+};
+
+// Formats "<what>: <strerror(err)> (errno <err>)".
+std::string errno_message(std::string_view what, int err);
+
+// Human-readable byte count: "64.0 MiB".
+std::string format_bytes(std::uint64_t bytes);
+
+namespace detail {
+[[noreturn]] void throw_errno(const char* expr, int err, const char* file, int line);
+}  // namespace detail
+
+}  // namespace tiermem
+
+// TM_CHECK_ERRNO(expr): expr returns -1 and sets errno on failure (POSIX style); throws tiermem::Error
+// naming the expression, errno and file:line. Use only where no richer context exists; I/O on
+// files throws IoError with path and offset instead.
+#define TM_CHECK_ERRNO(expr)                                                      \
+  do {                                                                            \
+    if ((expr) == -1) ::tiermem::detail::throw_errno(#expr, errno, __FILE__, __LINE__); \
+  } while (0)
+
+// TM_CHECK_NEG_ERRNO(expr): expr returns -errno on failure (liburing style).
+#define TM_CHECK_NEG_ERRNO(expr)                                                   \
+  do {                                                                             \
+    int tm_rc_ = (expr);                                                           \
+    if (tm_rc_ < 0) ::tiermem::detail::throw_errno(#expr, -tm_rc_, __FILE__, __LINE__); \
+  } while (0)

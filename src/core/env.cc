@@ -1,0 +1,23 @@
+#include "tiermem/env.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+namespace tiermem {
+
+std::optional<std::string> env_param(std::string_view name) {
+  static std::mutex mu;
+  static std::map<std::string, std::optional<std::string>, std::less<>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(name);
+  if (it != cache.end()) return it->second;
+  std::string key(name);
+  const char* v = std::getenv(key.c_str());
+  std::optional<std::string> value;
+  if (v != nullptr && *v != '\0') value = v;
+  cache.emplace(key, value);
+  return value;
+}
+
+}  // namespace tiermem

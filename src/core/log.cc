@@ -1,0 +1,36 @@
+#include "tiermem/log.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include "tiermem/env.h"
+
+namespace tiermem {
+
+spdlog::logger& logger() {
+  static std::shared_ptr<spdlog::logger> log = [] {
+    auto l = spdlog::stderr_color_mt("tiermem");
+    l->set_pattern("%^[%l]%$ %v");
+    l->set_level(spdlog::level::info);
+    if (auto lvl = env_param("TIERMEM_LOG_LEVEL")) {
+      auto parsed = spdlog::level::from_str(*lvl);
+      if (parsed == spdlog::level::off && *lvl != "off") {
+        l->warn("[CONFIG] TIERMEM_LOG_LEVEL={} is not a level (trace|debug|info|warn|error|off)", *lvl);
+      } else {
+        l->set_level(parsed);
+      }
+    }
+    return l;
+  }();
+  return *log;
+}
+
+void set_log_level(std::string_view level) {
+  auto parsed = spdlog::level::from_str(std::string(level));
+  if (parsed == spdlog::level::off && level != "off") {
+    logger().warn("[CONFIG] log level '{}' is not one of trace|debug|info|warn|error|off", level);
+    return;
+  }
+  logger().set_level(parsed);
+}
+
+}  // namespace tiermem
