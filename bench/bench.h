@@ -1,0 +1,51 @@
+// bench/bench.h — what every tiermem-bench subcommand shares: registration, timing statistics and
+// the JSON line. Each subcommand lives in bench/bench_<name>.cc and registers itself with
+// TIERMEM_BENCH_COMMAND; bench/main.cc only dispatches.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace tiermem::bench {
+
+// A subcommand: `setup` adds its options to `sub` and returns the function to run (exit code).
+using CommandSetup = std::function<std::function<int()>(CLI::App& sub)>;
+
+struct CommandInfo {
+  std::string name;
+  std::string description;
+  CommandSetup setup;
+};
+
+std::vector<CommandInfo>& commands();
+
+struct Registrar {
+  Registrar(std::string name, std::string description, CommandSetup setup) {
+    commands().push_back({std::move(name), std::move(description), std::move(setup)});
+  }
+};
+
+#define TIERMEM_BENCH_COMMAND(ident, name, description, setup_fn) \
+  static ::tiermem::bench::Registrar tiermem_bench_registrar_##ident(name, description, setup_fn)
+
+// Seconds since an arbitrary origin (steady clock).
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The q-quantile (0..1) of `v` by nearest rank; 0 for an empty vector. Sorts a copy.
+inline double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  std::size_t i = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+inline double median(std::vector<double> v) { return quantile(std::move(v), 0.5); }
+
+}  // namespace tiermem::bench

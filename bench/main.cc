@@ -1,0 +1,47 @@
+// tiermem-bench — measure each tier and tier pair, fio-style.
+//
+//   cmake --preset default && cmake --build --preset default
+//   build/default/bench/tiermem-bench --help
+//   build/default/bench/tiermem-bench nvme --path /mnt/nvme --rw read --bs 1M --qd 16 --json
+//
+// Every subcommand prints a human summary; with --json the last line printed is one JSON object.
+#include <iostream>
+
+#include "bench/bench.h"
+#include "tiermem/error.h"
+
+namespace tiermem::bench {
+std::vector<CommandInfo>& commands() {
+  static std::vector<CommandInfo> c;
+  return c;
+}
+}  // namespace tiermem::bench
+
+int main(int argc, char** argv) {
+  CLI::App app{"tiermem-bench: benchmarks of tiermem's tiers (nvme, host, device) and kernels"};
+  app.require_subcommand(1);
+  std::vector<std::pair<CLI::App*, std::function<int()>>> runs;
+  auto& cmds = tiermem::bench::commands();
+  std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (auto& c : cmds) {
+    CLI::App* sub = app.add_subcommand(c.name, c.description);
+    runs.emplace_back(sub, c.setup(*sub));
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    for (auto& [sub, run] : runs) {
+      if (sub->parsed()) return run();
+    }
+  } catch (const tiermem::Error& e) {
+    std::cerr << "tiermem-bench: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "tiermem-bench: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 2;
+}
