@@ -1,0 +1,247 @@
+// tiermem/tensor_store.h — TensorStore: tensors that live in device HBM, pinned host DRAM or
+// NVMe and move between them asynchronously, inside per-tier budgets that are never exceeded.
+//
+//   auto store = std::make_unique<TensorStore>(TensorStoreOptions::from_config(cfg),
+//                                              make_device(cfg), swap_space);
+//   TensorId w = store->register_tensor({.name = "layer0.w", .dtype = DType::kBF16,
+//                                        .shape = {1024, 1024}, .home = Tier::kNvme});
+//   store->prefetch({{w}}, Tier::kDevice);               // runs ahead, best-effort
+//   {
+//     TensorStore::Pin p = store->acquire(w, Tier::kDevice);  // resident + addressable now
+//     kernel(p.data(), p.bytes());
+//     p.mark_dirty();                                    // written on the device
+//   }                                                    // released: may be evicted from now on
+//   store->flush();                                      // every dirty tensor back at its home
+//
+// Model. Every tensor has a HOME tier where a copy always exists (allocated at registration:
+// device memory, a host pool block, or an extent of the swap space) and is never evicted. Copies
+// at tiers above home (faster) are caches, created by fetch/acquire/prefetch and evicted when the
+// tier needs room. Each copy has a state: absent -> loading -> resident -> evicting -> absent.
+// A copy is DIRTY when it holds newer bytes than the home copy (mark_dirty at that tier); a dirty
+// copy is written one tier down before it is dropped (device -> host copy when one is resident,
+// else straight to home through the bounce pipeline; host -> NVMe home); clean copies are dropped
+// without I/O. Loads copy from the nearest tier that holds the newest bytes.
+//
+// Budgets. Per tier: device (device_budget_bytes), host (host_budget_bytes: home copies of host
+// tensors + cached host copies), nvme (the swap space's capacity). Accounting uses the allocator's
+// rounded sizes; the peak never exceeds the budget (stats().peak_resident_bytes). When a tier is
+// full, unpinned resident copies are evicted, chosen by the ResidencyPolicy (LRU by default).
+// A request that cannot fit even then (every candidate pinned) waits for a release up to
+// acquire_timeout, then throws OutOfMemoryError(tier, requested, available) whose message names
+// the pinned bytes. Prefetches never wait: one that does not fit is dropped (counted).
+//
+// NVMe -> device. Bytes whose newest copy is on NVMe go to the device through a pipeline of
+// `pipeline_chunk_bytes` chunks and at most `pipeline_chunks` pinned bounce chunks (shared by all
+// transfers): the NVMe read of chunk k+1 overlaps the H2D copy of chunk k. Device -> NVMe
+// write-back runs the same way reversed. No host-tier copy is made on this path.
+//
+// Threads and locks. Thread-safe: any thread may call any method, concurrently. One mutex
+// (TensorStore::mu_) guards all residency metadata, budgets, statistics and the policy (policies
+// are called with it held and must not call back); it is never held across I/O or copies: a
+// transfer marks copies loading/evicting under the lock, moves bytes without it, and publishes the
+// result under it (waiters sleep on one condition variable). The bounce chunk pool and the worker
+// queue have their own leaf mutexes. acquire() does its transfer on the calling thread; fetch() and
+// prefetch() run on the store's worker threads. A Pin must be released before the store is
+// destroyed; the destructor waits for outstanding fetches/prefetches.
+//
+// Tracing: every move is a span on track "<src>-><dst>" (e.g. "nvme->device") and every wait
+// a span on track "wait" when Trace::global() is enabled (API or TIERMEM_TRACE=path).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tiermem/dtype.h"
+#include "tiermem/residency_policy.h"
+#include "tiermem/tier.h"
+
+namespace tiermem {
+
+struct Config;
+class Device;
+class SwapSpace;
+class PinnedHostPool;
+
+// Settings of a TensorStore; from_config reads tiermem.device_budget_bytes, host_budget_bytes,
+// numa_node, pipeline_chunk_bytes, pipeline_chunks, acquire_timeout_s and
+// zero_optimization.offload_param.pin_memory.
+struct TensorStoreOptions {
+  std::uint64_t device_budget_bytes = 0;          // 0: the device's whole budget
+  std::uint64_t host_budget_bytes = 256ull << 20; // host tier pool (homes + cached copies)
+  std::uint64_t pipeline_chunk_bytes = 8ull << 20;  // multiple of 4096
+  int pipeline_chunks = 4;                          // pinned bounce chunks (>= 1)
+  std::chrono::duration<double> acquire_timeout = std::chrono::seconds(30);
+  int worker_threads = 2;  // threads running fetch/prefetch/async write-back (>= 1)
+  // Page-lock the host pool and bounce chunks (mlock). true and RLIMIT_MEMLOCK too low:
+  // the constructor throws Error saying how to raise it (ulimit -l); false: unlocked memory,
+  // one warning.
+  bool pin_memory = false;
+  int numa_node = -1;  // host pool NUMA node; -1: the calling thread's node
+
+  // Throws ConfigError for out-of-range values.
+  static TensorStoreOptions from_config(const Config& config);
+};
+
+// What to register. bytes == 0: computed from shape and dtype (product of shape * dtype_size).
+// When both are given they must agree, else Error. `initial` (optional, bytes long, copied before
+// register_tensor returns) fills the home copy; without it the contents are zero.
+struct TensorSpec {
+  std::string name;                  // unique, for traces, errors and find()
+  DType dtype = DType::kU8;
+  std::vector<std::int64_t> shape;   // elements per dimension
+  std::uint64_t bytes = 0;
+  Tier home = Tier::kHost;           // kNvme needs a SwapSpace
+  std::span<const std::byte> initial;
+};
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes = 0;
+  Tier home = Tier::kHost;
+};
+
+// Snapshot of counters since the store was made. Indexed [from][to] / [tier] by Tier value.
+struct TensorStoreStats {
+  std::uint64_t bytes_moved[kNumTiers][kNumTiers] = {};  // bytes copied from tier to tier
+  std::uint64_t moves[kNumTiers][kNumTiers] = {};        // transfers from tier to tier
+  std::uint64_t resident_bytes[kNumTiers] = {};          // now (allocator-rounded)
+  std::uint64_t peak_resident_bytes[kNumTiers] = {};     // max ever; <= budget_bytes
+  std::uint64_t budget_bytes[kNumTiers] = {};
+  std::uint64_t pinned_bytes[kNumTiers] = {};            // now: copies with >= 1 pin
+  std::uint64_t evictions[kNumTiers] = {};               // copies dropped to make room / by evict()
+  std::uint64_t writebacks[kNumTiers] = {};              // dirty copies written down from tier
+  std::uint64_t hits = 0;            // acquire/fetch found the copy resident and current
+  std::uint64_t misses = 0;          // ... had to load it
+  std::uint64_t prefetches_issued = 0;
+  std::uint64_t prefetches_dropped = 0;  // did not fit without waiting, or failed
+  std::uint64_t stall_ns = 0;        // total time callers waited in acquire()/fetch().get()
+  std::uint64_t oom_errors = 0;      // OutOfMemoryError thrown by acquire/fetch
+};
+
+class TensorStore {
+ public:
+  // RAII pin: the tensor stays resident and at a fixed address at `tier` while the Pin lives.
+  // Move-only. data() is a device pointer for Tier::kDevice (host-addressable on SimDevice) and a
+  // host pointer for Tier::kHost; Tier::kNvme cannot be pinned. Release it before destroying the
+  // store. Methods are not thread-safe on the same Pin object (distinct Pins are independent).
+  class Pin {
+   public:
+    Pin() = default;
+    Pin(Pin&& other) noexcept;
+    Pin& operator=(Pin&& other) noexcept;
+    Pin(const Pin&) = delete;
+    Pin& operator=(const Pin&) = delete;
+    ~Pin() { release(); }
+
+    void* data() const noexcept { return data_; }
+    template <typename T>
+    T* as() const noexcept { return static_cast<T*>(data_); }
+    std::uint64_t bytes() const noexcept { return bytes_; }
+    TensorId id() const noexcept { return id_; }
+    Tier tier() const noexcept { return tier_; }
+    bool valid() const noexcept { return store_ != nullptr; }
+    // Same as store.mark_dirty(id(), tier()).
+    void mark_dirty();
+    // Drops the pin now (idempotent). Never throws.
+    void release() noexcept;
+
+   private:
+    friend class TensorStore;
+    Pin(TensorStore* s, TensorId id, Tier tier, void* data, std::uint64_t bytes)
+        : store_(s), id_(id), tier_(tier), data_(data), bytes_(bytes) {}
+    TensorStore* store_ = nullptr;
+    TensorId id_ = kInvalidTensor;
+    Tier tier_ = Tier::kHost;
+    void* data_ = nullptr;
+    std::uint64_t bytes_ = 0;
+  };
+
+  // `device` may be null only if no tensor ever uses Tier::kDevice (then device requests throw
+  // NotSupportedError); `swap` may be null only if no tensor has home kNvme. `policy` null: LRU.
+  // The store makes its own PinnedHostPool (host_budget_bytes) and bounce chunks and registers
+  // them with the swap space's IoEngine and the device (pinned DMA) when possible.
+  // Throws Error/OutOfMemoryError when the pools cannot be made (see pin_memory).
+  TensorStore(TensorStoreOptions options, std::shared_ptr<Device> device,
+              std::shared_ptr<SwapSpace> swap = nullptr,
+              std::unique_ptr<ResidencyPolicy> policy = nullptr);
+  ~TensorStore();
+  TensorStore(const TensorStore&) = delete;
+  TensorStore& operator=(const TensorStore&) = delete;
+
+  // Replaces the policy (e.g. the reuse-distance Prefetcher). Call before traffic starts or
+  // between steps; the new policy sees no history.
+  void set_policy(std::unique_ptr<ResidencyPolicy> policy);
+
+  // Registers a tensor and allocates its home copy (zeroed or `initial`). Throws Error for a
+  // duplicate name or inconsistent bytes/shape, OutOfMemoryError when the home tier cannot hold it
+  // (after evicting cached copies), NotSupportedError for a missing tier, IoError from the swap.
+  TensorId register_tensor(const TensorSpec& spec);
+  // kInvalidTensor when no tensor has that name.
+  TensorId find(std::string_view name) const;
+  TensorInfo info(TensorId id) const;
+  std::size_t size() const;  // number of registered tensors
+
+  // Makes `id` resident and current at `tier` (at or above its home) and pins it. Blocks until
+  // then: loads through the pipeline, evicts per the policy, waits for a release up to
+  // acquire_timeout. Calls policy.on_access(id, bytes, tier, phase) and issues its prefetch hints.
+  // Throws OutOfMemoryError (tier, requested, available; message names the pinned bytes), IoError
+  // (the I/O that failed), Error for a tier below home or an unknown id. Several pins of the same
+  // tensor and tier may coexist (shared).
+  Pin acquire(TensorId id, Tier tier, Phase phase = Phase::kOther);
+
+  // Starts making `id` resident and current at `tier` on a worker thread; the future completes
+  // then (not pinned: it may be evicted afterwards) or carries the exception acquire() would have
+  // thrown. Calls policy.on_access like acquire().
+  std::future<void> fetch(TensorId id, Tier tier, Phase phase = Phase::kOther);
+
+  // Best-effort, asynchronous fetch of each id to `tier`: skipped when already there, dropped
+  // (stats().prefetches_dropped) when it would have to wait for room. Never throws for I/O or
+  // space. Does not call the policy.
+  void prefetch(std::span<const TensorId> ids, Tier tier);
+
+  // The bytes at `tier` were modified by the caller (who holds a Pin there): they become the
+  // newest copy; other cached copies become stale. Throws Error when `id` has no pin at `tier`.
+  void mark_dirty(TensorId id, Tier tier);
+
+  // Drops the copy at `tier` now (writing it down first when dirty). Returns false when it is
+  // pinned or is the home copy (nothing happens); true when it is absent afterwards. Blocks for
+  // the write-back. Throws IoError when the write-back fails (the copy is kept).
+  bool evict(TensorId id, Tier tier);
+
+  // Writes every dirty copy to its tensor's home and waits. Cached copies stay resident (clean).
+  // Pinned dirty copies are flushed too (the caller must not be writing them concurrently).
+  // Throws the first IoError.
+  void flush();
+
+  // Synchronous access to the newest bytes, for checkpoints and export. read(): copies the tensor
+  // (out.size() == bytes) from the tier holding its newest copy. write(): replaces the contents at
+  // home and drops every cached copy; throws Error when a copy is pinned at another tier.
+  void read(TensorId id, std::span<std::byte> out);
+  void write(TensorId id, std::span<const std::byte> in);
+
+  // Training step boundaries, forwarded to the policy.
+  void begin_step();
+  void end_step();
+
+  TensorStoreStats stats() const;
+  // Waits for every fetch/prefetch issued so far.
+  void drain();
+
+  Device* device() const noexcept;
+  const TensorStoreOptions& options() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  void release_pin(TensorId id, Tier tier) noexcept;
+};
+
+}  // namespace tiermem
