@@ -292,7 +292,7 @@ Config parse_config(std::string_view json_text, std::string_view source) {
   try {
     root = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/true,
                        /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for number overflow
     throw ConfigError("", "", std::string(source) + ": not valid JSON: " + e.what());
   }
   Config cfg;

@@ -121,6 +121,12 @@ TEST(Config, MalformedJsonIsConfigError) {
   EXPECT_THROW(load_config("/nonexistent/ds_config.json"), ConfigError);
 }
 
+// Found by tests/fuzz/config_fuzz: a number too large for a double made nlohmann throw
+// out_of_range, which escaped as a non-ConfigError.
+TEST(Config, FuzzFoundNumberOverflowIsConfigError) {
+  EXPECT_THROW(parse_config(R"({"fp16": {"min_loss_scale": 5555555555555555555555555555e551}})"), ConfigError);
+}
+
 TEST(Config, RoundTripsThroughJson) {
   Config c = parse_config(R"({"zero_optimization": {"stage": 2}, "tiermem": {"checksum": true}})");
   Config d = parse_config(config_to_json(c));
