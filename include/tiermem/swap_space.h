@@ -1,0 +1,146 @@
+// tiermem/swap_space.h — the NVMe tier's storage: extents inside preallocated swap files, one file
+// per swap directory (nvme_path), striped across the directories.
+//
+//   auto engine = make_io_engine(cfg);
+//   SwapSpace swap(cfg, cfg.zero.offload_param.nvme_path, *engine);
+//   SwapExtent e = swap.allocate(bytes);
+//   swap.write(e, src, bytes).wait();      // IoError on failure
+//   swap.read(e, dst, bytes).wait();       // IoError ("checksum mismatch" with tiermem.checksum)
+//   swap.free(e);
+//
+// Layout: each directory gets `tiermem-swap-<pid>.bin`, fallocate'd to swap_initial_bytes and
+// grown on demand (doubling, at least by what is needed) up to swap_max_bytes per directory
+// (0 = the free space of the filesystem). Every extent's pieces are aligned to the allocation
+// unit (the largest of 4096 and the directories' logical block sizes) and padded to it. An extent
+// of more than one stripe (tiermem.stripe_bytes) is striped round-robin over the directories in
+// stripe units (ZeRO-Infinity's bandwidth-centric partitioning, on one node): logical byte x lives
+// in stripe unit x / stripe_bytes, which is on directory (first + unit) % n. A smaller extent lives
+// whole in the directory with the most free space.
+//
+// Exclusivity: each directory is flock'ed (file `tiermem.lock`, holding the owner's pid) for the
+// SwapSpace's lifetime; a second process (or a second SwapSpace in this one) on the same
+// directory gets an Error naming the directory and the holder's pid. Stale swap files of dead
+// processes in a directory are deleted once its lock is taken. The destructor waits for nothing
+// (the caller completes its requests first), closes and deletes the swap files and the lock.
+//
+// Buffers: as IoEngine — the caller owns src/dst and keeps them valid until the request is
+// complete. Aligned (4096) buffers avoid a bounce copy; any address and length work.
+//
+// Thread-safety: all methods are thread-safe. Reading or writing an extent concurrently with
+// freeing it, or writing it from two threads at once, is the caller's race (the data is
+// undefined, nothing else is harmed).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tiermem/io_engine.h"
+
+namespace tiermem {
+
+struct Config;
+
+// Settings of a SwapSpace; from_config reads the `tiermem` section.
+struct SwapSpaceOptions {
+  std::uint64_t stripe_bytes = 1ull << 20;         // tiermem.stripe_bytes; multiple of 4096
+  std::uint64_t initial_bytes_per_path = 64ull << 20;  // tiermem.swap_initial_bytes
+  std::uint64_t max_bytes_per_path = 0;            // tiermem.swap_max_bytes; 0 = fs free space
+  bool checksum = false;                           // tiermem.checksum: xxHash64 per extent
+  static SwapSpaceOptions from_config(const Config& config);
+};
+
+// A contiguous run of one swap file.
+struct SwapPiece {
+  std::uint32_t path_index = 0;  // index into SwapSpace::dirs()
+  std::uint64_t offset = 0;      // bytes into that directory's swap file (aligned)
+  std::uint64_t bytes = 0;       // padded length (a multiple of the allocation unit)
+};
+
+// An allocated region of swap space: a value (copyable). `bytes` is what was asked for;
+// `pieces` are in logical order (byte 0 of the extent is at pieces[0].offset), one per stripe
+// unit, consecutive units on the same file merged.
+struct SwapExtent {
+  std::uint64_t id = 0;     // unique within the SwapSpace; 0 = empty extent
+  std::uint64_t bytes = 0;  // requested size
+  std::vector<SwapPiece> pieces;
+  bool empty() const noexcept { return id == 0; }
+};
+
+// Fragmentation and usage, in bytes, summed over all directories (per-directory in `paths`).
+struct SwapStats {
+  struct Path {
+    std::string dir;
+    std::string file;
+    std::uint64_t capacity_bytes = 0;  // current swap file size
+    std::uint64_t free_bytes = 0;
+    std::uint64_t largest_free_bytes = 0;  // largest contiguous free run
+    std::uint64_t free_runs = 0;           // number of free runs (fragmentation)
+  };
+  std::uint64_t capacity_bytes = 0;
+  std::uint64_t used_bytes = 0;        // allocated, padded
+  std::uint64_t free_bytes = 0;
+  std::uint64_t largest_free_bytes = 0;
+  std::uint64_t free_runs = 0;
+  std::uint64_t extents = 0;           // live extents
+  std::uint64_t alignment_bytes = 0;   // allocation unit
+  std::vector<Path> paths;
+};
+
+class SwapSpace {
+ public:
+  // Takes each directory's lock, creates and preallocates its swap file. `dirs` must be
+  // non-empty; each must exist (it is not created). Throws Error (lock held by another
+  // process: names the pid), IoError (open/O_DIRECT — see IoEngine::open_file), ConfigError
+  // (bad stripe size), OutOfMemoryError (the initial fallocate hit ENOSPC).
+  // `engine` must outlive the SwapSpace.
+  SwapSpace(const SwapSpaceOptions& options, std::vector<std::string> dirs, IoEngine& engine);
+  SwapSpace(const Config& config, std::vector<std::string> dirs, IoEngine& engine);
+  ~SwapSpace();
+  SwapSpace(const SwapSpace&) = delete;
+  SwapSpace& operator=(const SwapSpace&) = delete;
+
+  // Reserves `bytes` (> 0), growing swap files when needed. Throws OutOfMemoryError(Tier::kNvme,
+  // requested, available) naming the directory that could not grow (ENOSPC or the max reached).
+  SwapExtent allocate(std::uint64_t bytes);
+  // Returns the extent's space; an empty extent is ignored. Freeing an extent twice or one of
+  // another SwapSpace throws Error. No I/O on it may be in flight.
+  void free(const SwapExtent& extent);
+
+  // Writes `bytes` (<= extent.bytes) from `src` to the start of the extent. With checksums, the
+  // xxHash64 of these bytes is remembered for the extent (computed now, on the calling thread).
+  IoRequest write(const SwapExtent& extent, const void* src, std::uint64_t bytes);
+  // Reads the first `bytes` (<= extent.bytes) of the extent into `dst`. With checksums, when
+  // `bytes` equals the length last written the data is verified on completion; a mismatch
+  // completes the request with IoError(path of the first piece, its offset, bytes, 0, "read",
+  // "checksum mismatch ...").
+  IoRequest read(const SwapExtent& extent, void* dst, std::uint64_t bytes);
+
+  const std::vector<std::string>& dirs() const noexcept { return dirs_; }
+  // Path of the swap file in dirs()[path_index].
+  const std::string& file_path(std::uint32_t path_index) const;
+  std::uint64_t alignment_bytes() const noexcept { return align_; }
+  IoEngine& engine() noexcept { return engine_; }
+  SwapStats stats() const;
+
+ private:
+  struct PathState;
+  SwapSpaceOptions options_;
+  std::vector<std::string> dirs_;
+  IoEngine& engine_;
+  std::uint64_t align_ = 4096;
+  mutable std::mutex mu_;  // guards paths_' allocators, extents_, next_id_, first_path_
+  std::vector<std::unique_ptr<PathState>> paths_;
+  struct Live {
+    std::uint64_t checksum = 0;
+    std::uint64_t checksum_bytes = UINT64_MAX;  // length the checksum covers; MAX = none
+  };
+  std::unordered_map<std::uint64_t, Live> extents_;
+  std::uint64_t next_id_ = 1;
+  std::uint32_t next_first_path_ = 0;
+};
+
+}  // namespace tiermem
