@@ -1,0 +1,223 @@
+// gpt/kernels_cpu.cc — CPU layers: OpenBLAS GEMMs, OpenMP loops over the rows of layer_math.h.
+#include "gpt/kernels_cpu.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "gpt/layer_math.h"
+
+namespace tiermem::gpt::cpu {
+namespace {
+
+// Column blocks for reductions over rows (dw, db, dbias, dwpe): each thread owns whole columns.
+constexpr int kColBlock = 64;
+
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* a,
+          int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
+          const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace
+
+void configure_threads() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(omp_get_max_threads()); });
+}
+
+template <class R>
+void encoder_forward(R* out, const std::int32_t* tokens, const R* wte, const R* wpe, int B, int T,
+                     int C) {
+  const long N = static_cast<long>(B) * T;
+#pragma omp parallel for schedule(static)
+  for (long n = 0; n < N; ++n) {
+    const R* e = wte + static_cast<long>(tokens[n]) * C;
+    const R* p = wpe + (n % T) * C;
+    R* o = out + n * C;
+    for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+  }
+}
+
+template <class R>
+void encoder_backward(R* dwte, R* dwpe, const R* dout, const std::int32_t* tokens, int B, int T,
+                      int C) {
+  const long N = static_cast<long>(B) * T;
+  const int nblk = (C + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < nblk; ++blk) {
+    const int c0 = blk * kColBlock, c1 = std::min(C, c0 + kColBlock);
+    for (long n = 0; n < N; ++n) {
+      const R* g = dout + n * C;
+      R* e = dwte + static_cast<long>(tokens[n]) * C;
+      R* p = dwpe + (n % T) * C;
+      for (int c = c0; c < c1; ++c) {
+        e[c] += g[c];
+        p[c] += g[c];
+      }
+    }
+  }
+}
+
+template <class R>
+void layernorm_forward(R* out, R* mean, R* rstd, const R* inp, const R* w, const R* b, int N,
+                       int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    math::layernorm_row_forward(inp + static_cast<long>(n) * C, w, b,
+                                out + static_cast<long>(n) * C, mean + n, rstd + n, C);
+  }
+}
+
+template <class R>
+void layernorm_backward(R* dinp, R* dw, R* db, const R* dout, const R* inp, const R* w,
+                        const R* mean, const R* rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const long o = static_cast<long>(n) * C;
+    math::layernorm_row_backward_dx(dout + o, inp + o, w, mean[n], rstd[n], dinp + o, C);
+  }
+  const int nblk = (C + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < nblk; ++blk) {
+    const int c0 = blk * kColBlock, c1 = std::min(C, c0 + kColBlock);
+    for (int n = 0; n < N; ++n) {
+      const long o = static_cast<long>(n) * C;
+      for (int c = c0; c < c1; ++c) {
+        R xh = (inp[o + c] - mean[n]) * rstd[n];
+        dw[c] += dout[o + c] * xh;
+        db[c] += dout[o + c];
+      }
+    }
+  }
+}
+
+template <class R>
+void matmul_forward(R* out, const R* inp, const R* w, const R* bias, int N, int C, int OC) {
+  configure_threads();
+  R beta = 0;
+  if (bias != nullptr) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      std::memcpy(out + static_cast<long>(n) * OC, bias, sizeof(R) * OC);
+    }
+    beta = 1;
+  }
+  gemm(CblasNoTrans, CblasTrans, N, OC, C, R(1), inp, C, w, C, beta, out, OC);
+}
+
+template <class R>
+void matmul_backward(R* dinp, R* dw, R* dbias, const R* dout, const R* inp, const R* w, int N,
+                     int C, int OC) {
+  configure_threads();
+  if (dinp != nullptr) gemm(CblasNoTrans, CblasNoTrans, N, C, OC, R(1), dout, OC, w, C, R(0), dinp, C);
+  gemm(CblasTrans, CblasNoTrans, OC, C, N, R(1), dout, OC, inp, C, R(1), dw, C);
+  if (dbias != nullptr) {
+    const int nblk = (OC + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblk; ++blk) {
+      const int c0 = blk * kColBlock, c1 = std::min(OC, c0 + kColBlock);
+      for (int n = 0; n < N; ++n) {
+        const R* g = dout + static_cast<long>(n) * OC;
+        for (int c = c0; c < c1; ++c) dbias[c] += g[c];
+      }
+    }
+  }
+}
+
+template <class R>
+void attention_forward(R* out, R* att, const R* qkv, int B, int T, int C, int NH) {
+  const long rows = static_cast<long>(B) * NH * T;
+#pragma omp parallel for schedule(dynamic, 16)
+  for (long r = 0; r < rows; ++r) {
+    const int t = static_cast<int>(r % T), h = static_cast<int>((r / T) % NH),
+              b = static_cast<int>(r / (static_cast<long>(T) * NH));
+    math::attention_row_forward(qkv, att, out, T, C, NH, b, t, h);
+  }
+}
+
+template <class R>
+void attention_backward(R* dqkv, R* dpre, const R* dout, const R* qkv, const R* att, int B, int T,
+                        int C, int NH) {
+  const long rows = static_cast<long>(B) * NH * T;
+#pragma omp parallel
+  {
+#pragma omp for schedule(dynamic, 16)
+    for (long r = 0; r < rows; ++r) {
+      const int t = static_cast<int>(r % T), h = static_cast<int>((r / T) % NH),
+                b = static_cast<int>(r / (static_cast<long>(T) * NH));
+      math::attention_row_dpre(qkv, att, dout, dpre, T, C, NH, b, t, h);
+    }
+#pragma omp for schedule(dynamic, 16)
+    for (long r = 0; r < rows; ++r) {
+      const int t = static_cast<int>(r % T), h = static_cast<int>((r / T) % NH),
+                b = static_cast<int>(r / (static_cast<long>(T) * NH));
+      math::attention_row_dq(qkv, dpre, dqkv, T, C, NH, b, t, h);
+      math::attention_row_dkv(qkv, att, dpre, dout, dqkv, T, C, NH, b, t, h);
+    }
+  }
+}
+
+template <class R>
+void gelu_forward(R* out, const R* inp, std::int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = math::gelu(inp[i]);
+}
+
+template <class R>
+void gelu_backward(R* dinp, const R* inp, const R* dout, std::int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) dinp[i] = math::gelu_grad(inp[i]) * dout[i];
+}
+
+template <class R>
+void residual_forward(R* out, const R* a, const R* b, std::int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <class R>
+R crossentropy_forward(R* logits, const std::int32_t* targets, int N, int V) {
+  double sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+  for (int n = 0; n < N; ++n) {
+    sum += static_cast<double>(
+        math::softmax_xent_row_forward(logits + static_cast<long>(n) * V, V, targets[n]));
+  }
+  return static_cast<R>(sum / N);
+}
+
+template <class R>
+void crossentropy_backward(R* probs, const std::int32_t* targets, int N, int V, R dloss) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    math::softmax_xent_row_backward(probs + static_cast<long>(n) * V, V, targets[n], dloss);
+  }
+}
+
+#define TM_GPT_INSTANTIATE(R)                                                                    \
+  template void encoder_forward<R>(R*, const std::int32_t*, const R*, const R*, int, int, int);  \
+  template void encoder_backward<R>(R*, R*, const R*, const std::int32_t*, int, int, int);       \
+  template void layernorm_forward<R>(R*, R*, R*, const R*, const R*, const R*, int, int);        \
+  template void layernorm_backward<R>(R*, R*, R*, const R*, const R*, const R*, const R*,        \
+                                      const R*, int, int);                                       \
+  template void matmul_forward<R>(R*, const R*, const R*, const R*, int, int, int);              \
+  template void matmul_backward<R>(R*, R*, R*, const R*, const R*, const R*, int, int, int);     \
+  template void attention_forward<R>(R*, R*, const R*, int, int, int, int);                      \
+  template void attention_backward<R>(R*, R*, const R*, const R*, const R*, int, int, int, int); \
+  template void gelu_forward<R>(R*, const R*, std::int64_t);                                     \
+  template void gelu_backward<R>(R*, const R*, const R*, std::int64_t);                          \
+  template void residual_forward<R>(R*, const R*, const R*, std::int64_t);                       \
+  template R crossentropy_forward<R>(R*, const std::int32_t*, int, int);                         \
+  template void crossentropy_backward<R>(R*, const std::int32_t*, int, int, R);
+
+TM_GPT_INSTANTIATE(float)
+TM_GPT_INSTANTIATE(double)
+
+}  // namespace tiermem::gpt::cpu

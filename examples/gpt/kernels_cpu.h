@@ -1,0 +1,74 @@
+// gpt/kernels_cpu.h — the CPU layers of the GPT model over whole batches, templated on the real
+// type R (float for the model, double for the finite-difference gradient checks). GEMMs go to
+// OpenBLAS (cblas_sgemm / cblas_dgemm), called from one thread outside any OpenMP region; the rest
+// loops over rows with OpenMP and calls gpt/layer_math.h.
+//
+// Shapes: N = B·T rows, C inputs, OC outputs; every buffer row-major, caller-owned, not aliased
+// unless said. "+=" marks outputs that are accumulated into, "=" outputs that are overwritten.
+// Thread-safety: functions are reentrant over distinct buffers, but each uses the OpenMP and
+// OpenBLAS thread pools, so call them from one thread at a time.
+#pragma once
+
+#include <cstdint>
+
+namespace tiermem::gpt::cpu {
+
+// Sets the OpenBLAS thread count to OpenMP's (omp_get_max_threads()) once, so the two pools take
+// turns on the same cores instead of oversubscribing them. Idempotent; called by the kernels.
+void configure_threads();
+
+// out[n, c] = wte[tokens[n], c] + wpe[n % T, c]      (=)
+template <class R>
+void encoder_forward(R* out, const std::int32_t* tokens, const R* wte, const R* wpe, int B, int T,
+                     int C);
+// dwte[tokens[n]] += dout[n]; dwpe[n % T] += dout[n]   (+=)
+template <class R>
+void encoder_backward(R* dwte, R* dwpe, const R* dout, const std::int32_t* tokens, int B, int T,
+                      int C);
+
+// LayerNorm over the last dim: out (=), mean and rstd [N] (=).
+template <class R>
+void layernorm_forward(R* out, R* mean, R* rstd, const R* inp, const R* w, const R* b, int N,
+                       int C);
+// dinp, dw, db (+=).
+template <class R>
+void layernorm_backward(R* dinp, R* dw, R* db, const R* dout, const R* inp, const R* w,
+                        const R* mean, const R* rstd, int N, int C);
+
+// out[N, OC] = inp[N, C]·w[OC, C]ᵀ + bias[OC] (=); bias may be null.
+template <class R>
+void matmul_forward(R* out, const R* inp, const R* w, const R* bias, int N, int C, int OC);
+// dinp[N, C] = dout·w (=, skipped when null); dw[OC, C] += doutᵀ·inp; dbias[OC] += Σ_n dout
+// (skipped when null).
+template <class R>
+void matmul_backward(R* dinp, R* dw, R* dbias, const R* dout, const R* inp, const R* w, int N,
+                     int C, int OC);
+
+// Causal multi-head attention: qkv [N, 3C] -> out [N, C] (=), att [B, NH, T, T] (=).
+template <class R>
+void attention_forward(R* out, R* att, const R* qkv, int B, int T, int C, int NH);
+// dqkv [N, 3C] (=); dpre [B, NH, T, T] scratch (=).
+template <class R>
+void attention_backward(R* dqkv, R* dpre, const R* dout, const R* qkv, const R* att, int B, int T,
+                        int C, int NH);
+
+// out = gelu(inp) (=), n elements.
+template <class R>
+void gelu_forward(R* out, const R* inp, std::int64_t n);
+// dinp = gelu'(inp)·dout (=).
+template <class R>
+void gelu_backward(R* dinp, const R* inp, const R* dout, std::int64_t n);
+
+// out = a + b (=); out may alias a or b.
+template <class R>
+void residual_forward(R* out, const R* a, const R* b, std::int64_t n);
+
+// Softmax cross-entropy over [N, V], in place: logits become probabilities; returns the mean of
+// −log p[target] over the N rows (accumulated in double).
+template <class R>
+R crossentropy_forward(R* logits, const std::int32_t* targets, int N, int V);
+// probs become dlogits = (p − onehot)·dloss, in place (dloss is usually 1/N for a mean loss).
+template <class R>
+void crossentropy_backward(R* probs, const std::int32_t* targets, int N, int V, R dloss);
+
+}  // namespace tiermem::gpt::cpu
