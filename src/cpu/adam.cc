@@ -1,0 +1,156 @@
+// src/cpu/adam.cc — AdamW dispatch (run-time ISA choice), threading over chunks, and the scalar
+// kernel (the obvious twin the vector kernels are tested against). See include/tiermem/adam.h.
+#include "tiermem/adam.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "tiermem/env.h"
+#include "tiermem/error.h"
+#include "tiermem/log.h"
+
+namespace tiermem {
+namespace {
+
+// Elements per OpenMP work item: big enough to amortise scheduling, small enough (~3 MiB of
+// traffic) to balance 2..64 threads. A multiple of 64 so every chunk but the last is whole vectors.
+constexpr std::size_t kChunkElems = 1 << 16;
+
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && cpu_has_avx2();
+}
+
+AdamIsa detect_best() {
+  AdamIsa best = cpu_has_avx512() ? AdamIsa::kAvx512 : cpu_has_avx2() ? AdamIsa::kAvx2 : AdamIsa::kScalar;
+  if (auto want = env_param("TIERMEM_ADAM_ISA")) {
+    AdamIsa w = best;
+    if (*want == "scalar") w = AdamIsa::kScalar;
+    else if (*want == "avx2") w = AdamIsa::kAvx2;
+    else if (*want == "avx512") w = AdamIsa::kAvx512;
+    else TM_LOG_WARN("CPU", "TIERMEM_ADAM_ISA={} is not scalar|avx2|avx512; using {}", *want, adam_isa_name(best));
+    if (w != best) {
+      if (adam_isa_supported(w)) best = w;
+      else TM_LOG_WARN("CPU", "TIERMEM_ADAM_ISA={} is not supported by this CPU; using {}", *want, adam_isa_name(best));
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string_view adam_isa_name(AdamIsa isa) {
+  switch (isa) {
+    case AdamIsa::kAuto: return "auto";
+    case AdamIsa::kScalar: return "scalar";
+    case AdamIsa::kAvx2: return "avx2";
+    case AdamIsa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+bool adam_isa_supported(AdamIsa isa) {
+  switch (isa) {
+    case AdamIsa::kAuto:
+    case AdamIsa::kScalar: return true;
+    case AdamIsa::kAvx2: return cpu_has_avx2();
+    case AdamIsa::kAvx512: return cpu_has_avx512();
+  }
+  return false;
+}
+
+AdamIsa adam_best_isa() {
+  static const AdamIsa best = detect_best();
+  return best;
+}
+
+namespace detail {
+
+AdamCoeffs adam_coeffs(const AdamParams& p) {
+  AdamCoeffs c;
+  double t = static_cast<double>(std::max<std::int64_t>(p.step, 1));
+  double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
+  double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
+  c.beta1 = p.beta1;
+  c.one_minus_beta1 = 1.0f - p.beta1;
+  c.beta2 = p.beta2;
+  c.one_minus_beta2 = 1.0f - p.beta2;
+  c.step_size = static_cast<float>(static_cast<double>(p.lr) / bc1);
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.eps = p.eps;
+  c.decay = static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay);
+  c.grad_scale = p.grad_scale;
+  return c;
+}
+
+void adam_kernel_scalar(const AdamCoeffs& c, float* master, const float* grad, float* m, float* v,
+                        std::size_t n, std::uint16_t* half, int half_kind) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float g = grad[i] * c.grad_scale;
+    float mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
+    float vi = c.beta2 * v[i] + c.one_minus_beta2 * (g * g);
+    float denom = std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps;
+    float p = master[i] * c.decay - c.step_size * (mi / denom);
+    m[i] = mi;
+    v[i] = vi;
+    master[i] = p;
+    if (half_kind == 1) half[i] = f32_to_bf16(p);
+    else if (half_kind == 2) half[i] = f32_to_f16(p);
+  }
+}
+
+}  // namespace detail
+
+void adam_step(const AdamParams& params, float* master, const float* grad, float* m, float* v,
+               std::size_t n, void* half, DType half_dtype, const AdamOptions& options) {
+  int half_kind = 0;
+  if (half != nullptr) {
+    if (half_dtype == DType::kBF16) half_kind = 1;
+    else if (half_dtype == DType::kF16) half_kind = 2;
+    else
+      throw NotSupportedError("adam_step: half copy dtype " + std::string(dtype_name(half_dtype)) +
+                              " is not bf16 or f16");
+  }
+  AdamIsa isa = options.isa == AdamIsa::kAuto ? adam_best_isa() : options.isa;
+  if (!adam_isa_supported(isa)) {
+    throw NotSupportedError("adam_step: this CPU does not support the " +
+                            std::string(adam_isa_name(isa)) + " kernel");
+  }
+  auto kernel = isa == AdamIsa::kAvx512 ? &detail::adam_kernel_avx512
+                : isa == AdamIsa::kAvx2 ? &detail::adam_kernel_avx2
+                                        : &detail::adam_kernel_scalar;
+  const detail::AdamCoeffs c = detail::adam_coeffs(params);
+  auto* h = static_cast<std::uint16_t*>(half);
+  const std::size_t chunks = (n + kChunkElems - 1) / kChunkElems;
+  if (chunks <= 1) {
+    kernel(c, master, grad, m, v, n, h, half_kind);
+    return;
+  }
+  int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+  threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), chunks));
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::size_t k = 0; k < chunks; ++k) {
+    std::size_t b = k * kChunkElems;
+    std::size_t len = std::min(kChunkElems, n - b);
+    kernel(c, master + b, grad + b, m + b, v + b, len, h ? h + b : nullptr, half_kind);
+  }
+}
+
+std::size_t count_nonfinite(const float* x, std::size_t n) {
+  std::size_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (n > (1u << 18))
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t u = f32_bits(x[i]);
+    bad += (u & 0x7f800000u) == 0x7f800000u;
+  }
+  return bad;
+}
+
+}  // namespace tiermem
