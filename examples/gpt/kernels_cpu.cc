@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 
 #include "gpt/layer_math.h"
 
@@ -15,28 +14,43 @@ namespace {
 
 // Column blocks for reductions over rows (dw, db, dbias, dwpe): each thread owns whole columns.
 constexpr int kColBlock = 64;
+// Loops with fewer element operations than this run on the calling thread: forking a team costs
+// microseconds, and on a loaded machine a barrier waits for a descheduled thread.
+constexpr long kParallelMin = 1L << 15;
+
+// GEMMs under this many multiply-adds run on one OpenBLAS thread: waking the pool costs more than
+// it saves, and on a busy machine it can cost milliseconds.
+constexpr double kBlasParallelMacs = 1 << 20;
+
+// Sets OpenBLAS's thread count for a GEMM of m·n·k multiply-adds (only when it changes).
+void set_blas_threads(int m, int n, int k) {
+  static int current = -1;
+  const int want = static_cast<double>(m) * n * k >= kBlasParallelMacs ? omp_get_max_threads() : 1;
+  if (want != current) {
+    openblas_set_num_threads(want);
+    current = want;
+  }
+}
 
 void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* a,
           int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  set_blas_threads(m, n, k);
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
           const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+  set_blas_threads(m, n, k);
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace
 
-void configure_threads() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(omp_get_max_threads()); });
-}
 
 template <class R>
 void encoder_forward(R* out, const std::int32_t* tokens, const R* wte, const R* wpe, int B, int T,
                      int C) {
   const long N = static_cast<long>(B) * T;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * C >= kParallelMin)
   for (long n = 0; n < N; ++n) {
     const R* e = wte + static_cast<long>(tokens[n]) * C;
     const R* p = wpe + (n % T) * C;
@@ -50,7 +64,7 @@ void encoder_backward(R* dwte, R* dwpe, const R* dout, const std::int32_t* token
                       int C) {
   const long N = static_cast<long>(B) * T;
   const int nblk = (C + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * C >= kParallelMin)
   for (int blk = 0; blk < nblk; ++blk) {
     const int c0 = blk * kColBlock, c1 = std::min(C, c0 + kColBlock);
     for (long n = 0; n < N; ++n) {
@@ -68,7 +82,7 @@ void encoder_backward(R* dwte, R* dwpe, const R* dout, const std::int32_t* token
 template <class R>
 void layernorm_forward(R* out, R* mean, R* rstd, const R* inp, const R* w, const R* b, int N,
                        int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(static_cast<long>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     math::layernorm_row_forward(inp + static_cast<long>(n) * C, w, b,
                                 out + static_cast<long>(n) * C, mean + n, rstd + n, C);
@@ -78,13 +92,13 @@ void layernorm_forward(R* out, R* mean, R* rstd, const R* inp, const R* w, const
 template <class R>
 void layernorm_backward(R* dinp, R* dw, R* db, const R* dout, const R* inp, const R* w,
                         const R* mean, const R* rstd, int N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(static_cast<long>(N) * C >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     const long o = static_cast<long>(n) * C;
     math::layernorm_row_backward_dx(dout + o, inp + o, w, mean[n], rstd[n], dinp + o, C);
   }
   const int nblk = (C + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(static_cast<long>(N) * C >= kParallelMin)
   for (int blk = 0; blk < nblk; ++blk) {
     const int c0 = blk * kColBlock, c1 = std::min(C, c0 + kColBlock);
     for (int n = 0; n < N; ++n) {
@@ -100,10 +114,9 @@ void layernorm_backward(R* dinp, R* dw, R* db, const R* dout, const R* inp, cons
 
 template <class R>
 void matmul_forward(R* out, const R* inp, const R* w, const R* bias, int N, int C, int OC) {
-  configure_threads();
   R beta = 0;
   if (bias != nullptr) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(static_cast<long>(N) * OC >= kParallelMin)
     for (int n = 0; n < N; ++n) {
       std::memcpy(out + static_cast<long>(n) * OC, bias, sizeof(R) * OC);
     }
@@ -115,12 +128,11 @@ void matmul_forward(R* out, const R* inp, const R* w, const R* bias, int N, int 
 template <class R>
 void matmul_backward(R* dinp, R* dw, R* dbias, const R* dout, const R* inp, const R* w, int N,
                      int C, int OC) {
-  configure_threads();
   if (dinp != nullptr) gemm(CblasNoTrans, CblasNoTrans, N, C, OC, R(1), dout, OC, w, C, R(0), dinp, C);
   gemm(CblasTrans, CblasNoTrans, OC, C, N, R(1), dout, OC, inp, C, R(1), dw, C);
   if (dbias != nullptr) {
     const int nblk = (OC + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(static_cast<long>(N) * OC >= kParallelMin)
     for (int blk = 0; blk < nblk; ++blk) {
       const int c0 = blk * kColBlock, c1 = std::min(OC, c0 + kColBlock);
       for (int n = 0; n < N; ++n) {
@@ -134,7 +146,7 @@ void matmul_backward(R* dinp, R* dw, R* dbias, const R* dout, const R* inp, cons
 template <class R>
 void attention_forward(R* out, R* att, const R* qkv, int B, int T, int C, int NH) {
   const long rows = static_cast<long>(B) * NH * T;
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if(rows * T >= kParallelMin)
   for (long r = 0; r < rows; ++r) {
     const int t = static_cast<int>(r % T), h = static_cast<int>((r / T) % NH),
               b = static_cast<int>(r / (static_cast<long>(T) * NH));
@@ -146,7 +158,7 @@ template <class R>
 void attention_backward(R* dqkv, R* dpre, const R* dout, const R* qkv, const R* att, int B, int T,
                         int C, int NH) {
   const long rows = static_cast<long>(B) * NH * T;
-#pragma omp parallel
+#pragma omp parallel if(rows * T >= kParallelMin)
   {
 #pragma omp for schedule(dynamic, 16)
     for (long r = 0; r < rows; ++r) {
@@ -166,26 +178,27 @@ void attention_backward(R* dqkv, R* dpre, const R* dout, const R* qkv, const R* 
 
 template <class R>
 void gelu_forward(R* out, const R* inp, std::int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) out[i] = math::gelu(inp[i]);
 }
 
 template <class R>
 void gelu_backward(R* dinp, const R* inp, const R* dout, std::int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) dinp[i] = math::gelu_grad(inp[i]) * dout[i];
 }
 
 template <class R>
 void residual_forward(R* out, const R* a, const R* b, std::int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 template <class R>
 R crossentropy_forward(R* logits, const std::int32_t* targets, int N, int V) {
   double sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum)
+#pragma omp parallel for schedule(static) reduction(+ : sum) \
+    if(static_cast<long>(N) * V >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     sum += static_cast<double>(
         math::softmax_xent_row_forward(logits + static_cast<long>(n) * V, V, targets[n]));
@@ -195,7 +208,7 @@ R crossentropy_forward(R* logits, const std::int32_t* targets, int N, int V) {
 
 template <class R>
 void crossentropy_backward(R* probs, const std::int32_t* targets, int N, int V, R dloss) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(static_cast<long>(N) * V >= kParallelMin)
   for (int n = 0; n < N; ++n) {
     math::softmax_xent_row_backward(probs + static_cast<long>(n) * V, V, targets[n], dloss);
   }

@@ -1,7 +1,9 @@
 // gpt/kernels_cpu.h — the CPU layers of the GPT model over whole batches, templated on the real
 // type R (float for the model, double for the finite-difference gradient checks). GEMMs go to
-// OpenBLAS (cblas_sgemm / cblas_dgemm), called from one thread outside any OpenMP region; the rest
-// loops over rows with OpenMP and calls gpt/layer_math.h.
+// OpenBLAS (cblas_sgemm / cblas_dgemm), called from one thread outside any OpenMP region with
+// OpenBLAS's thread count set to OpenMP's (so the two pools take turns on the same cores rather
+// than oversubscribe them; small GEMMs use one thread); the rest loops over rows with OpenMP
+// (small loops stay on the calling thread) and calls gpt/layer_math.h.
 //
 // Shapes: N = B·T rows, C inputs, OC outputs; every buffer row-major, caller-owned, not aliased
 // unless said. "+=" marks outputs that are accumulated into, "=" outputs that are overwritten.
@@ -12,10 +14,6 @@
 #include <cstdint>
 
 namespace tiermem::gpt::cpu {
-
-// Sets the OpenBLAS thread count to OpenMP's (omp_get_max_threads()) once, so the two pools take
-// turns on the same cores instead of oversubscribing them. Idempotent; called by the kernels.
-void configure_threads();
 
 // out[n, c] = wte[tokens[n], c] + wpe[n % T, c]      (=)
 template <class R>

@@ -349,7 +349,7 @@ std::span<const float> Model::as_f32(const Step& s, ParamView params, bool allow
   if (params.dtype() == DType::kF32) return params.f32();
   scratch_params_.resize(need);
   auto bits = params.bf16_bits();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(need >= (1u << 16))
   for (std::size_t i = 0; i < need; ++i) scratch_params_[i] = bf16_to_f32(bits[i]);
   return {scratch_params_.data(), need};
 }
