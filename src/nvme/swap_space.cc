@@ -1,7 +1,93 @@
+// SwapSpace: per-directory locked, preallocated swap files; extents from an ExtentAllocator per
+// file, striped across the files; reads and writes through the IoEngine; optional xxHash64.
 #include "tiermem/swap_space.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "nvme/extent_allocator.h"
 #include "tiermem/config.h"
 #include "tiermem/error.h"
+#include "tiermem/log.h"
+
 namespace tiermem {
+namespace {
+
+constexpr const char* kLockName = "tiermem.lock";
+constexpr const char* kSwapPrefix = "tiermem-swap-";
+
+std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+
+std::uint64_t fs_free_bytes(const std::string& dir) {
+  struct statvfs s {};
+  if (statvfs(dir.c_str(), &s) != 0) return 0;
+  return static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
+}
+
+// Takes the exclusive lock of `dir`, writes our pid into it; returns the lock fd.
+int lock_dir(const std::string& dir) {
+  const std::string lock_path = dir + "/" + kLockName;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw IoError(lock_path, 0, 0, errno, "open", "cannot create the swap directory's lock file");
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int err = errno;
+      char buf[32] = {};
+      ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+      ::close(fd);
+      if (err == EWOULDBLOCK) {
+        std::string pid = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("?");
+        pid.erase(std::remove_if(pid.begin(), pid.end(), [](char c) { return c == '\n' || c == ' '; }),
+                  pid.end());
+        throw Error("swap directory '" + dir + "' is in use by process " + pid + " (lock file " +
+                    lock_path + "); give each process its own nvme_path directory");
+      }
+      throw IoError(lock_path, 0, 0, err, "flock");
+    }
+    // The holder before us may have unlinked the file between our open and flock: retry then.
+    struct stat a {}, b {};
+    if (fstat(fd, &a) == 0 && stat(lock_path.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
+        a.st_dev == b.st_dev) {
+      std::string pid = std::to_string(::getpid()) + "\n";
+      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+        int err = errno;
+        ::close(fd);
+        throw IoError(lock_path, 0, pid.size(), err, "write");
+      }
+      return fd;
+    }
+    ::close(fd);
+  }
+  throw Error("could not lock swap directory '" + dir + "' (its lock file keeps changing)");
+}
+
+// Deletes swap files left by processes that died without cleaning up (we hold the lock).
+void remove_stale_swap_files(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.rfind(kSwapPrefix, 0) == 0) {
+      std::string p = dir + "/" + name;
+      if (::unlink(p.c_str()) == 0) TM_LOG_INFO("NVME", "removed stale swap file {}", p);
+    }
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
 SwapSpaceOptions SwapSpaceOptions::from_config(const Config& c) {
   SwapSpaceOptions o;
   o.stripe_bytes = c.tiermem.stripe_bytes;
@@ -10,18 +96,297 @@ SwapSpaceOptions SwapSpaceOptions::from_config(const Config& c) {
   o.checksum = c.tiermem.checksum;
   return o;
 }
-struct SwapSpace::PathState {};
-SwapSpace::SwapSpace(const SwapSpaceOptions& o, std::vector<std::string> d, IoEngine& e)
-    : options_(o), dirs_(std::move(d)), engine_(e) {
-  throw NotSupportedError("SwapSpace: not implemented yet");
-}
+
+struct SwapSpace::PathState {
+  std::string dir;
+  std::string file_path;
+  int lock_fd = -1;
+  IoFile file;
+  detail::ExtentAllocator alloc{0, 4096};
+};
+
 SwapSpace::SwapSpace(const Config& c, std::vector<std::string> d, IoEngine& e)
     : SwapSpace(SwapSpaceOptions::from_config(c), std::move(d), e) {}
-SwapSpace::~SwapSpace() = default;
-SwapExtent SwapSpace::allocate(std::uint64_t) { throw NotSupportedError("SwapSpace stub"); }
-void SwapSpace::free(const SwapExtent&) {}
-IoRequest SwapSpace::write(const SwapExtent&, const void*, std::uint64_t) { throw NotSupportedError("SwapSpace stub"); }
-IoRequest SwapSpace::read(const SwapExtent&, void*, std::uint64_t) { throw NotSupportedError("SwapSpace stub"); }
-const std::string& SwapSpace::file_path(std::uint32_t i) const { return dirs_.at(i); }
-SwapStats SwapSpace::stats() const { return {}; }
+
+SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::vector<std::string> dirs,
+                     IoEngine& engine)
+    : options_(options), dirs_(std::move(dirs)), engine_(engine) {
+  if (dirs_.empty())
+    throw ConfigError("zero_optimization.offload_param.nvme_path", "",
+                      "SwapSpace needs at least one nvme_path directory");
+  for (const auto& dir : dirs_) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0)
+      throw IoError(dir, 0, 0, errno, "stat", "the nvme_path directory must exist");
+    if (!S_ISDIR(st.st_mode)) throw IoError(dir, 0, 0, ENOTDIR, "stat", "nvme_path must be a directory");
+    std::uint64_t bs = std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(st.st_blksize));
+    if (bs <= 65536 && (bs & (bs - 1)) == 0) align_ = std::max(align_, bs);
+  }
+  if (options_.stripe_bytes == 0 || options_.stripe_bytes % align_ != 0)
+    throw ConfigError("tiermem.stripe_bytes", std::to_string(options_.stripe_bytes),
+                      "tiermem.stripe_bytes must be a positive multiple of " + std::to_string(align_) +
+                          " (the swap directories' block size)");
+  const std::uint64_t initial = round_up(std::max<std::uint64_t>(options_.initial_bytes_per_path, align_), align_);
+  try {
+    for (const auto& dir : dirs_) {
+      auto ps = std::make_unique<PathState>();
+      ps->dir = dir;
+      ps->lock_fd = lock_dir(dir);
+      paths_.push_back(std::move(ps));
+      PathState& p = *paths_.back();
+      remove_stale_swap_files(dir);
+      p.file_path = dir + "/" + kSwapPrefix + std::to_string(::getpid()) + ".bin";
+      p.file = engine_.open_file(p.file_path, /*create=*/true);
+      engine_.allocate_space(p.file, 0, initial);
+      p.alloc = detail::ExtentAllocator(initial, align_);
+    }
+  } catch (...) {
+    for (auto& p : paths_) {
+      if (p->file.valid()) {
+        engine_.close_file(p->file);
+        ::unlink(p->file_path.c_str());
+      }
+      ::unlink((p->dir + "/" + kLockName).c_str());
+      ::close(p->lock_fd);
+    }
+    throw;
+  }
+  TM_LOG_DEBUG("NVME", "swap space over {} directories, {} each, block {} B, stripe {}", dirs_.size(),
+               format_bytes(initial), align_, format_bytes(options_.stripe_bytes));
+}
+
+SwapSpace::~SwapSpace() {
+  for (auto& p : paths_) {
+    engine_.close_file(p->file);
+    if (::unlink(p->file_path.c_str()) != 0)
+      TM_LOG_WARN("NVME", "{}", errno_message("removing swap file " + p->file_path, errno));
+    ::unlink((p->dir + "/" + kLockName).c_str());
+    ::close(p->lock_fd);  // releases the flock
+  }
+}
+
+const std::string& SwapSpace::file_path(std::uint32_t path_index) const {
+  return paths_.at(path_index)->file_path;
+}
+
+namespace {
+// What growing `p` could still add (max or filesystem free space).
+std::uint64_t growable(const std::string& dir, std::uint64_t cap, std::uint64_t max) {
+  std::uint64_t fs = fs_free_bytes(dir);
+  if (max == 0) return fs;
+  return max > cap ? std::min(max - cap, fs) : 0;
+}
+}  // namespace
+
+// Allocates `len` (aligned) bytes in path `i`, growing its file if needed. nullopt when the
+// growth limit is reached; throws OutOfMemoryError when the filesystem is full. Requires mu_.
+static std::optional<std::uint64_t> alloc_in(SwapSpace& self, detail::ExtentAllocator& a,
+                                             IoEngine& engine, IoFile file, const std::string& dir,
+                                             std::uint64_t len, std::uint64_t max, std::uint64_t align) {
+  if (auto off = a.allocate(len)) return off;
+  std::uint64_t cap = a.capacity_bytes();
+  std::uint64_t need = len - a.free_tail_bytes();
+  std::uint64_t want = round_up(std::max(cap * 2, cap + need), align);
+  if (max != 0) want = std::min(want, max);
+  if (want < cap + need) return std::nullopt;
+  try {
+    engine.allocate_space(file, cap, want - cap);
+  } catch (const OutOfMemoryError&) {
+    if (want == cap + need) throw;
+    want = cap + need;  // doubling did not fit: try exactly what is needed
+    engine.allocate_space(file, cap, want - cap);
+  }
+  a.grow(want);
+  TM_LOG_DEBUG("NVME", "swap file in {} grown to {}", dir, format_bytes(want));
+  (void)self;
+  return a.allocate(len);
+}
+
+SwapExtent SwapSpace::allocate(std::uint64_t bytes) {
+  if (bytes == 0) throw Error("SwapSpace::allocate: 0 bytes requested");
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::uint64_t padded = round_up(bytes, align_);
+  const std::uint32_t n = static_cast<std::uint32_t>(paths_.size());
+  const std::uint64_t max = options_.max_bytes_per_path;
+  auto available = [&] {
+    std::uint64_t a = 0;
+    for (auto& p : paths_) a += p->alloc.free_bytes() + growable(p->dir, p->alloc.capacity_bytes(), max);
+    return a;
+  };
+  SwapExtent ext;
+  ext.bytes = bytes;
+  if (n == 1 || padded <= options_.stripe_bytes) {
+    std::vector<std::uint32_t> order(n);
+    std::iota(order.begin(), order.end(), 0u);
+    std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+      return paths_[a]->alloc.free_bytes() > paths_[b]->alloc.free_bytes();
+    });
+    std::string last_dir;
+    for (std::uint32_t i : order) {
+      PathState& p = *paths_[i];
+      last_dir = p.dir;
+      std::optional<std::uint64_t> off;
+      try {
+        off = alloc_in(*this, p.alloc, engine_, p.file, p.dir, padded, max, align_);
+      } catch (const OutOfMemoryError&) {
+        if (i == order.back()) {
+          throw OutOfMemoryError(Tier::kNvme, bytes, available(),
+                                 "no space left for swap in " + p.dir);
+        }
+        continue;
+      }
+      if (off) {
+        ext.pieces.push_back(SwapPiece{i, *off, padded});
+        break;
+      }
+    }
+    if (ext.pieces.empty())
+      throw OutOfMemoryError(Tier::kNvme, bytes, available(),
+                             "swap files reached tiermem.swap_max_bytes (" + format_bytes(max) +
+                                 " per directory), last tried " + last_dir);
+  } else {
+    const std::uint64_t stripe = options_.stripe_bytes;
+    const std::uint64_t units = (padded + stripe - 1) / stripe;
+    const std::uint32_t first = next_first_path_++ % n;
+    std::vector<std::uint64_t> share(n, 0), base(n, 0);
+    for (std::uint64_t k = 0; k < units; ++k)
+      share[(first + k) % n] += std::min(stripe, padded - k * stripe);
+    std::vector<std::uint32_t> done;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (share[i] == 0) continue;
+      PathState& p = *paths_[i];
+      std::optional<std::uint64_t> off;
+      std::string why;
+      try {
+        off = alloc_in(*this, p.alloc, engine_, p.file, p.dir, share[i], max, align_);
+        if (!off) why = "reached tiermem.swap_max_bytes (" + format_bytes(max) + ")";
+      } catch (const OutOfMemoryError& e) {
+        why = "no space left on its filesystem";
+      }
+      if (!off) {
+        for (std::uint32_t j : done) paths_[j]->alloc.free(base[j], share[j]);
+        throw OutOfMemoryError(Tier::kNvme, bytes, available(),
+                               "striped allocation needs " + format_bytes(share[i]) + " in " +
+                                   p.dir + ", which " + why);
+      }
+      base[i] = *off;
+      done.push_back(i);
+    }
+    for (std::uint64_t k = 0; k < units; ++k) {
+      std::uint32_t i = static_cast<std::uint32_t>((first + k) % n);
+      ext.pieces.push_back(
+          SwapPiece{i, base[i] + (k / n) * stripe, std::min(stripe, padded - k * stripe)});
+    }
+  }
+  ext.id = next_id_++;
+  extents_.emplace(ext.id, Live{});
+  return ext;
+}
+
+void SwapSpace::free(const SwapExtent& extent) {
+  if (extent.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = extents_.find(extent.id);
+  if (it == extents_.end())
+    throw Error("SwapSpace::free: extent " + std::to_string(extent.id) +
+                " is not live (freed twice, or from another SwapSpace)");
+  for (const SwapPiece& p : extent.pieces) paths_.at(p.path_index)->alloc.free(p.offset, p.bytes);
+  extents_.erase(it);
+}
+
+namespace {
+std::vector<IoOp> make_ops(const SwapExtent& e, IoOpKind kind, char* buf, std::uint64_t bytes,
+                           const std::vector<IoFile>& files) {
+  std::vector<IoOp> ops;
+  std::uint64_t pos = 0;
+  for (const SwapPiece& p : e.pieces) {
+    if (pos >= bytes) break;
+    std::uint64_t n = std::min(p.bytes, bytes - pos);
+    ops.push_back(IoOp{kind, files[p.path_index], p.offset, n, buf + pos});
+    pos += n;
+  }
+  return ops;
+}
+}  // namespace
+
+IoRequest SwapSpace::write(const SwapExtent& extent, const void* src, std::uint64_t bytes) {
+  if (bytes > extent.bytes)
+    throw Error("SwapSpace::write: " + std::to_string(bytes) + " bytes into an extent of " +
+                std::to_string(extent.bytes));
+  std::vector<IoFile> files;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = extents_.find(extent.id);
+    if (it == extents_.end())
+      throw Error("SwapSpace::write: extent " + std::to_string(extent.id) + " is not live");
+    if (options_.checksum) {
+      it->second.checksum = XXH64(src, bytes, 0);
+      it->second.checksum_bytes = bytes;
+    }
+    for (auto& p : paths_) files.push_back(p->file);
+  }
+  auto ops = make_ops(extent, IoOpKind::kWrite, static_cast<char*>(const_cast<void*>(src)), bytes, files);
+  return engine_.submit(ops);
+}
+
+IoRequest SwapSpace::read(const SwapExtent& extent, void* dst, std::uint64_t bytes) {
+  if (bytes > extent.bytes)
+    throw Error("SwapSpace::read: " + std::to_string(bytes) + " bytes from an extent of " +
+                std::to_string(extent.bytes));
+  std::vector<IoFile> files;
+  Live live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = extents_.find(extent.id);
+    if (it == extents_.end())
+      throw Error("SwapSpace::read: extent " + std::to_string(extent.id) + " is not live");
+    live = it->second;
+    for (auto& p : paths_) files.push_back(p->file);
+  }
+  auto ops = make_ops(extent, IoOpKind::kRead, static_cast<char*>(dst), bytes, files);
+  if (!options_.checksum || live.checksum_bytes != bytes || bytes == 0) return engine_.submit(ops);
+
+  auto outer = std::make_shared<detail::IoRequestState>(1);
+  IoRequest inner = engine_.submit(ops);
+  std::string path0 = file_path(extent.pieces.front().path_index);
+  std::uint64_t off0 = extent.pieces.front().offset;
+  std::uint64_t expected = live.checksum;
+  inner.on_complete([outer, dst, bytes, expected, path0, off0](std::exception_ptr err) {
+    if (!err) {
+      std::uint64_t got = XXH64(dst, bytes, 0);
+      if (got != expected) {
+        char msg[128];
+        std::snprintf(msg, sizeof msg, "checksum mismatch (xxh64 %016llx, written %016llx)",
+                      static_cast<unsigned long long>(got), static_cast<unsigned long long>(expected));
+        err = std::make_exception_ptr(IoError(path0, off0, bytes, 0, "read", msg));
+      }
+    }
+    outer->finish_one(err);
+  });
+  return IoRequest(outer);
+}
+
+SwapStats SwapSpace::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SwapStats s;
+  s.alignment_bytes = align_;
+  s.extents = extents_.size();
+  for (auto& p : paths_) {
+    SwapStats::Path ps;
+    ps.dir = p->dir;
+    ps.file = p->file_path;
+    ps.capacity_bytes = p->alloc.capacity_bytes();
+    ps.free_bytes = p->alloc.free_bytes();
+    ps.largest_free_bytes = p->alloc.largest_free_bytes();
+    ps.free_runs = p->alloc.free_runs();
+    s.capacity_bytes += ps.capacity_bytes;
+    s.free_bytes += ps.free_bytes;
+    s.largest_free_bytes = std::max(s.largest_free_bytes, ps.largest_free_bytes);
+    s.free_runs += ps.free_runs;
+    s.paths.push_back(std::move(ps));
+  }
+  s.used_bytes = s.capacity_bytes - s.free_bytes;
+  return s;
+}
+
 }  // namespace tiermem
