@@ -1,0 +1,228 @@
+// pinned_host_pool.cc — mmap'ed, NUMA-bound, mlock'ed mappings with a best-fit sub-allocator.
+#include "tiermem/pinned_host_pool.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "tiermem/error.h"
+#include "tiermem/log.h"
+#include "tiermem/tier.h"
+#include "tiermem/topology.h"
+
+#if TIERMEM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace tiermem {
+namespace {
+
+std::string memlock_advice(std::uint64_t wanted) {
+  struct rlimit rl {};
+  std::string limit = "unknown";
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+    limit = rl.rlim_cur == RLIM_INFINITY ? "unlimited" : format_bytes(rl.rlim_cur);
+  }
+  return "cannot page-lock " + format_bytes(wanted) + " of host memory (RLIMIT_MEMLOCK is " + limit +
+         "): raise it with `ulimit -l unlimited` in the launching shell, `memlock` in "
+         "/etc/security/limits.conf, LimitMEMLOCK=infinity for systemd units or "
+         "`--ulimit memlock=-1` for docker; or set pin_memory: false to use unlocked memory";
+}
+
+#if TIERMEM_HAVE_CUDA
+bool cuda_visible() {
+  static const bool visible = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  }();
+  return visible;
+}
+#endif
+
+}  // namespace
+
+PinnedHostPool::PinnedHostPool(PinnedHostPoolOptions options) : options_(options) {
+  if (options_.mapping_bytes < kAlignment) options_.mapping_bytes = kAlignment;
+  options_.mapping_bytes = allocation_size(options_.mapping_bytes);
+  options_.budget_bytes = options_.budget_bytes / kAlignment * kAlignment;
+  if (options_.numa_node < 0) options_.numa_node = current_numa_node();
+  if ((options_.pin_memory || options_.map_now) && options_.budget_bytes > 0) {
+    std::lock_guard lock(mu_);
+    add_mapping_locked(std::min(options_.mapping_bytes, options_.budget_bytes));
+  }
+}
+
+PinnedHostPool::~PinnedHostPool() {
+  for (const Mapping& m : mappings_) {
+#if TIERMEM_HAVE_CUDA
+    if (m.cuda_registered) cudaHostUnregister(m.base);
+#endif
+    if (m.locked) munlock(m.base, m.bytes);
+    munmap(m.base, m.bytes);
+  }
+}
+
+bool PinnedHostPool::add_mapping_locked(std::uint64_t at_least) {
+  if (mapped_ >= options_.budget_bytes) return false;
+  std::uint64_t room = options_.budget_bytes - mapped_;
+  std::uint64_t bytes = std::max(at_least, std::min(options_.mapping_bytes, room));
+  if (bytes > room) return false;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    throw OutOfMemoryError(Tier::kHost, bytes, room,
+                           errno_message("mmap of a host pool mapping", errno));
+  }
+  Mapping m{static_cast<char*>(p), bytes, false, false};
+  bind_to_numa_node(p, bytes, options_.numa_node);
+  if (options_.pin_memory) {
+    if (mlock(p, bytes) != 0) {
+      int err = errno;
+      munmap(p, bytes);
+      throw Error(memlock_advice(mapped_ + bytes) + " (" + errno_message("mlock", err) + ")");
+    }
+    m.locked = true;
+  } else if (!warned_unpinned_) {
+    warned_unpinned_ = true;
+    TM_LOG_WARN("HOST",
+                "host pool memory is not page-locked (pin_memory: false); NVMe and device copies "
+                "from it may be slower");
+  }
+#if TIERMEM_HAVE_CUDA
+  if (options_.cuda_register && cuda_visible()) {
+    m.cuda_registered = cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess;
+    if (!m.cuda_registered) {
+      cudaGetLastError();
+      TM_LOG_DEBUG("HOST", "cudaHostRegister of {} failed; copies will be staged", format_bytes(bytes));
+    }
+  }
+#endif
+  mappings_.push_back(m);
+  mapped_ += bytes;
+  insert_free_locked(m.base, bytes);
+  TM_LOG_DEBUG("HOST", "mapped {} on NUMA node {} ({})", format_bytes(bytes), options_.numa_node,
+               m.locked ? "locked" : "unlocked");
+  return true;
+}
+
+void PinnedHostPool::insert_free_locked(char* p, std::uint64_t bytes) {
+  // Coalesce with the neighbours inside the same mapping (mappings are not contiguous in general,
+  // and when they are, merging across them is still correct: both are ours and mapped).
+  auto next = free_by_addr_.lower_bound(p);
+  if (next != free_by_addr_.end() && p + bytes == next->first) {
+    free_by_size_.erase({next->second, next->first});
+    bytes += next->second;
+    next = free_by_addr_.erase(next);
+  }
+  if (next != free_by_addr_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == p) {
+      free_by_size_.erase({prev->second, prev->first});
+      p = prev->first;
+      bytes += prev->second;
+      free_by_addr_.erase(prev);
+    }
+  }
+  free_by_addr_[p] = bytes;
+  free_by_size_.insert({bytes, p});
+}
+
+void* PinnedHostPool::try_allocate_locked(std::uint64_t rounded) {
+  if (allocated_ + rounded > options_.budget_bytes) return nullptr;
+  auto it = free_by_size_.lower_bound({rounded, nullptr});
+  if (it == free_by_size_.end()) {
+    if (!add_mapping_locked(rounded)) return nullptr;
+    it = free_by_size_.lower_bound({rounded, nullptr});
+    if (it == free_by_size_.end()) return nullptr;
+  }
+  auto [size, p] = *it;
+  free_by_size_.erase(it);
+  free_by_addr_.erase(p);
+  if (size > rounded) {
+    free_by_addr_[p + rounded] = size - rounded;
+    free_by_size_.insert({size - rounded, p + rounded});
+  }
+  used_[p] = rounded;
+  allocated_ += rounded;
+  peak_ = std::max(peak_, allocated_);
+  return p;
+}
+
+void* PinnedHostPool::try_allocate(std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  return try_allocate_locked(allocation_size(bytes));
+}
+
+void* PinnedHostPool::allocate(std::uint64_t bytes) {
+  std::uint64_t rounded = allocation_size(bytes);
+  std::lock_guard lock(mu_);
+  void* p = try_allocate_locked(rounded);
+  if (p == nullptr) {
+    throw OutOfMemoryError(Tier::kHost, rounded, options_.budget_bytes - allocated_,
+                           "host pool (budget " + format_bytes(options_.budget_bytes) +
+                               ", allocated " + format_bytes(allocated_) +
+                               "); raise tiermem.host_budget_bytes or free blocks");
+  }
+  return p;
+}
+
+void* PinnedHostPool::allocate_wait(std::uint64_t bytes, std::chrono::duration<double> timeout) {
+  std::uint64_t rounded = allocation_size(bytes);
+  if (rounded > options_.budget_bytes) return allocate(bytes);  // throws at once
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  std::unique_lock lock(mu_);
+  while (true) {
+    if (void* p = try_allocate_locked(rounded)) return p;
+    if (freed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      if (void* p = try_allocate_locked(rounded)) return p;
+      throw OutOfMemoryError(Tier::kHost, rounded, options_.budget_bytes - allocated_,
+                             "host pool still full after waiting for a free");
+    }
+  }
+}
+
+void PinnedHostPool::free(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard lock(mu_);
+    auto it = used_.find(static_cast<char*>(ptr));
+    if (it == used_.end()) {
+      TM_LOG_ERROR("HOST", "free of a pointer the pool did not allocate ({})", ptr);
+      return;
+    }
+    allocated_ -= it->second;
+    insert_free_locked(it->first, it->second);
+    used_.erase(it);
+  }
+  freed_.notify_all();
+}
+
+std::uint64_t PinnedHostPool::allocated_bytes() const {
+  std::lock_guard lock(mu_);
+  return allocated_;
+}
+std::uint64_t PinnedHostPool::peak_allocated_bytes() const {
+  std::lock_guard lock(mu_);
+  return peak_;
+}
+std::uint64_t PinnedHostPool::mapped_bytes() const {
+  std::lock_guard lock(mu_);
+  return mapped_;
+}
+bool PinnedHostPool::pinned() const {
+  std::lock_guard lock(mu_);
+  for (const Mapping& m : mappings_) {
+    if (!m.locked) return false;
+  }
+  return true;
+}
+std::vector<HostRegion> PinnedHostPool::regions() const {
+  std::lock_guard lock(mu_);
+  std::vector<HostRegion> out;
+  for (const Mapping& m : mappings_) out.push_back({m.base, m.bytes});
+  return out;
+}
+
+}  // namespace tiermem

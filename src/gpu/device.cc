@@ -1,0 +1,110 @@
+// device.cc — DeviceOptions::from_config and make_device (auto | cuda | sim).
+#include "tiermem/device.h"
+
+#include "tiermem/config.h"
+#include "tiermem/cuda_device.h"
+#include "tiermem/error.h"
+#include "tiermem/log.h"
+#include "tiermem/sim_device.h"
+
+#if TIERMEM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace tiermem {
+
+DeviceOptions DeviceOptions::from_config(const Config& config) {
+  DeviceOptions o;
+  const std::string& d = config.tiermem.device;
+  if (d == "auto") {
+    o.choice = DeviceChoice::kAuto;
+  } else if (d == "cuda") {
+    o.choice = DeviceChoice::kCuda;
+  } else if (d == "sim") {
+    o.choice = DeviceChoice::kSim;
+  } else {
+    throw ConfigError("tiermem.device", d, "must be one of auto, cuda, sim");
+  }
+  o.budget_bytes = config.tiermem.device_budget_bytes;
+  o.sim_h2d_gbps = config.tiermem.sim_h2d_gbps;
+  o.sim_d2h_gbps = config.tiermem.sim_d2h_gbps;
+  return o;
+}
+
+bool cuda_device_available() noexcept {
+#if TIERMEM_HAVE_CUDA
+  int n = 0;
+  cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::unique_ptr<Device> make_sim(const DeviceOptions& o) {
+  SimDeviceOptions so;
+  if (o.budget_bytes != 0) so.budget_bytes = o.budget_bytes;
+  so.h2d_gbps = o.sim_h2d_gbps;
+  so.d2h_gbps = o.sim_d2h_gbps;
+  return std::make_unique<SimDevice>(so);
+}
+}  // namespace
+
+std::unique_ptr<Device> make_device(const DeviceOptions& options) {
+  switch (options.choice) {
+    case DeviceChoice::kSim: {
+      auto d = make_sim(options);
+      TM_LOG_INFO("GPU", "device: sim (tiermem.device = sim), budget {}", format_bytes(d->budget_bytes()));
+      return d;
+    }
+    case DeviceChoice::kCuda: {
+#if !TIERMEM_HAVE_CUDA
+      throw NotSupportedError(
+          "tiermem.device = cuda but this build has no CUDA (configure with -DTIERMEM_WITH_CUDA=ON "
+          "on a machine with nvcc, or use tiermem.device = sim)");
+#else
+      if (!cuda_device_available()) {
+        throw NotSupportedError(
+            "tiermem.device = cuda but no CUDA device is visible (cudaGetDeviceCount found none; "
+            "check the driver and CUDA_VISIBLE_DEVICES, or use tiermem.device = sim)");
+      }
+      auto d = make_cuda_device(options.cuda_device, options.budget_bytes);
+      TM_LOG_INFO("GPU", "device: {} (tiermem.device = cuda), budget {}", d->name(), format_bytes(d->budget_bytes()));
+      return d;
+#endif
+    }
+    case DeviceChoice::kAuto:
+      break;
+  }
+#if TIERMEM_HAVE_CUDA
+  if (cuda_device_available()) {
+    auto d = make_cuda_device(options.cuda_device, options.budget_bytes);
+    TM_LOG_INFO("GPU", "device: {} (tiermem.device = auto: a CUDA device is visible), budget {}",
+                d->name(), format_bytes(d->budget_bytes()));
+    return d;
+  }
+  const char* why = "no CUDA device is visible";
+#else
+  const char* why = "this build has no CUDA";
+#endif
+  auto d = make_sim(options);
+  TM_LOG_INFO("GPU", "device: sim (tiermem.device = auto: {}), budget {}", why, format_bytes(d->budget_bytes()));
+  return d;
+}
+
+std::unique_ptr<Device> make_device(const Config& config) {
+  return make_device(DeviceOptions::from_config(config));
+}
+
+#if !TIERMEM_HAVE_CUDA
+std::unique_ptr<Device> make_cuda_device(int, std::uint64_t) {
+  throw NotSupportedError("CudaDevice: this build has no CUDA (configure with -DTIERMEM_WITH_CUDA=ON)");
+}
+#endif
+
+}  // namespace tiermem

@@ -1,0 +1,146 @@
+// PinnedHostPool: alignment, budget, coalescing, backpressure, the memlock error.
+#include "tiermem/pinned_host_pool.h"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "tiermem/error.h"
+
+namespace tiermem {
+namespace {
+
+PinnedHostPoolOptions small(std::uint64_t budget, std::uint64_t mapping = 1 << 20) {
+  PinnedHostPoolOptions o;
+  o.budget_bytes = budget;
+  o.mapping_bytes = mapping;
+  o.pin_memory = false;
+  return o;
+}
+
+TEST(PinnedHostPool, AlignedAndWritable) {
+  PinnedHostPool pool(small(4 << 20));
+  void* a = pool.allocate(1);
+  void* b = pool.allocate(5000);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % 4096, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b) % 4096, 0u);
+  EXPECT_NE(a, b);
+  std::memset(b, 0xab, 5000);
+  EXPECT_EQ(pool.allocated_bytes(), 4096u + 8192u);
+  pool.free(a);
+  pool.free(b);
+  EXPECT_EQ(pool.allocated_bytes(), 0u);
+  EXPECT_EQ(pool.peak_allocated_bytes(), 4096u + 8192u);
+}
+
+TEST(PinnedHostPool, BudgetIsHardAndErrorHasNumbers) {
+  PinnedHostPool pool(small(1 << 20, 1 << 20));
+  void* a = pool.allocate(768 << 10);
+  try {
+    pool.allocate(512 << 10);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.tier(), Tier::kHost);
+    EXPECT_EQ(e.requested(), 512u << 10);
+    EXPECT_EQ(e.available(), 256u << 10);
+  }
+  EXPECT_EQ(pool.try_allocate(512 << 10), nullptr);
+  pool.free(a);
+  void* b = pool.allocate(1 << 20);  // whole budget after coalescing
+  EXPECT_NE(b, nullptr);
+  pool.free(b);
+  EXPECT_LE(pool.mapped_bytes(), 1u << 20);
+}
+
+TEST(PinnedHostPool, FreeCoalescesNeighbours) {
+  PinnedHostPool pool(small(64 << 10, 64 << 10));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(4096));
+  EXPECT_EQ(pool.try_allocate(1), nullptr);
+  // Free in an interleaved order; all pieces must merge back into one 64 KiB extent.
+  for (int i = 0; i < 16; i += 2) pool.free(blocks[i]);
+  for (int i = 1; i < 16; i += 2) pool.free(blocks[i]);
+  void* all = pool.try_allocate(64 << 10);
+  EXPECT_NE(all, nullptr);
+  pool.free(all);
+}
+
+TEST(PinnedHostPool, RandomAllocFreeKeepsBlocksDisjoint) {
+  PinnedHostPool pool(small(8 << 20, 2 << 20));
+  std::mt19937 rng(7);
+  std::vector<std::pair<unsigned char*, std::uint64_t>> live;
+  for (int it = 0; it < 3000; ++it) {
+    if (!live.empty() && (rng() % 3 == 0 || pool.allocated_bytes() > (6u << 20))) {
+      std::size_t k = rng() % live.size();
+      auto [p, n] = live[k];
+      unsigned char tag = static_cast<unsigned char>(reinterpret_cast<std::uintptr_t>(p) >> 12);
+      for (std::uint64_t i = 0; i < n; i += 509) ASSERT_EQ(p[i], tag) << "block overwritten";
+      pool.free(p);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    } else {
+      std::uint64_t n = 1 + rng() % (300 << 10);
+      auto* p = static_cast<unsigned char*>(pool.try_allocate(n));
+      if (p == nullptr) continue;
+      std::memset(p, static_cast<unsigned char>(reinterpret_cast<std::uintptr_t>(p) >> 12), n);
+      live.push_back({p, n});
+    }
+    ASSERT_LE(pool.allocated_bytes(), pool.budget_bytes());
+  }
+  for (auto& [p, n] : live) pool.free(p);
+  EXPECT_EQ(pool.allocated_bytes(), 0u);
+}
+
+TEST(PinnedHostPool, AllocateWaitGetsBlockFreedByAnotherThread) {
+  PinnedHostPool pool(small(1 << 20, 1 << 20));
+  void* a = pool.allocate(1 << 20);
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    pool.free(a);
+  });
+  void* b = pool.allocate_wait(512 << 10, std::chrono::seconds(10));
+  EXPECT_NE(b, nullptr);
+  t.join();
+  pool.free(b);
+  void* c = pool.allocate(1 << 20);
+  EXPECT_THROW(pool.allocate_wait(4096, std::chrono::milliseconds(10)), OutOfMemoryError);
+  pool.free(c);
+}
+
+TEST(PinnedHostPool, PinMemoryOverMemlockLimitSaysHowToRaiseIt) {
+  struct rlimit rl {};
+  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &rl), 0);
+  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (1ull << 40)) {
+    GTEST_SKIP() << "RLIMIT_MEMLOCK is unlimited here; the error path cannot be provoked";
+  }
+  PinnedHostPoolOptions o = small(rl.rlim_cur * 4 + (64 << 20), rl.rlim_cur * 4 + (64 << 20));
+  o.pin_memory = true;
+  try {
+    PinnedHostPool pool(o);
+    // Root with CAP_IPC_LOCK may lock past the limit: then it must really be pinned.
+    EXPECT_TRUE(pool.pinned());
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ulimit -l"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pin_memory: false"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PinnedHostPool, SmallPinnedPoolWithinLimitIsLocked) {
+  struct rlimit rl {};
+  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &rl), 0);
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (2 << 20)) {
+    GTEST_SKIP() << "RLIMIT_MEMLOCK below 2 MiB";
+  }
+  PinnedHostPoolOptions o = small(1 << 20, 1 << 20);
+  o.pin_memory = true;
+  PinnedHostPool pool(o);
+  EXPECT_TRUE(pool.pinned());
+  ASSERT_EQ(pool.regions().size(), 1u);
+  EXPECT_EQ(pool.regions()[0].bytes, 1u << 20);
+}
+
+}  // namespace
+}  // namespace tiermem
