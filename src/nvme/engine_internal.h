@@ -26,7 +26,7 @@ namespace detail {
 
 inline constexpr std::uint32_t kMaxFiles = 256;
 inline constexpr int kMaxBufferSlots = 64;
-inline constexpr int kMaxRetries = 10000;  // EINTR/EAGAIN per piece before giving up
+inline constexpr int kMaxRetries = 1000;   // EINTR/EAGAIN per piece before giving up
 
 struct FreeDeleter {
   void operator()(char* p) const noexcept;

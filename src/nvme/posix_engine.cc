@@ -70,7 +70,7 @@ class PosixEngine final : public EngineBase {
         int retries_before = p->retries;
         if (on_result(p, res) == Action::kDone) break;
         if (p->retries > retries_before && p->retries > 16)  // an EAGAIN storm: back off a little
-          std::this_thread::sleep_for(std::chrono::microseconds(std::min(p->retries, 1000)));
+          std::this_thread::sleep_for(std::chrono::microseconds(std::min(p->retries, 100)));
       }
     }
   }

@@ -1,0 +1,263 @@
+// SwapSpace: integrity of random extents (1 B .. 64 MiB) striped over two directories under every
+// engine configuration; checksums (and a detected corruption); growth, the max, fragmentation
+// stats; the per-directory lock within a process and across a fork; cleanup.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fcntl.h>
+#include <thread>
+
+#include "unit/nvme_test_util.h"
+#include "tiermem/error.h"
+#include "tiermem/swap_space.h"
+
+namespace tiermem {
+namespace {
+
+using test::AlignedBuf;
+using test::TempDir;
+
+SwapSpaceOptions small_options() {
+  SwapSpaceOptions o;
+  o.stripe_bytes = 256 << 10;
+  o.initial_bytes_per_path = 1 << 20;
+  o.checksum = true;
+  return o;
+}
+
+class SwapSpaceTest : public ::testing::TestWithParam<test::EngineConfig> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(a_.ok() && b_.ok());
+    try {
+      engine_ = make_io_engine(test::options_for(GetParam()));
+    } catch (const NotSupportedError& e) {
+      GTEST_SKIP() << "io_uring not available here: " << e.what();
+    }
+  }
+  TempDir a_, b_;
+  std::unique_ptr<IoEngine> engine_;
+};
+
+TEST_P(SwapSpaceTest, RandomExtentsOverTwoPathsReadBackExactly) {
+  SwapSpace swap(small_options(), {a_.path(), b_.path()}, *engine_);
+  std::mt19937_64 rng(7);
+  std::vector<std::uint64_t> sizes = {64ull << 20, 5ull << 20 | 17};
+  for (int i = 0; i < 200; ++i)
+    sizes.push_back(static_cast<std::uint64_t>(std::exp(std::uniform_real_distribution<>(0, std::log(2 << 20))(rng))));
+  struct Item {
+    SwapExtent ext;
+    std::vector<char> data;  // unaligned std::vector buffers: exercises the bounce path
+  };
+  std::vector<Item> items;
+  std::vector<IoRequest> reqs;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    Item it{swap.allocate(sizes[i]), std::vector<char>(sizes[i])};
+    test::fill_pattern(it.data.data(), it.data.size(), i + 100);
+    items.push_back(std::move(it));
+  }
+  for (auto& it : items) reqs.push_back(swap.write(it.ext, it.data.data(), it.data.size()));
+  wait_all(reqs);
+  // Free every third extent and reuse the space with new data: the others must not change.
+  for (std::size_t i = 0; i < items.size(); i += 3) {
+    swap.free(items[i].ext);
+    items[i].ext = swap.allocate(items[i].data.size());
+    test::fill_pattern(items[i].data.data(), items[i].data.size(), i + 5000);
+    swap.write(items[i].ext, items[i].data.data(), items[i].data.size()).wait();
+  }
+  // The big extent is striped over both paths.
+  bool p0 = false, p1 = false;
+  for (const auto& p : items[0].ext.pieces) (p.path_index == 0 ? p0 : p1) = true;
+  EXPECT_TRUE(p0 && p1);
+  reqs.clear();
+  std::vector<std::vector<char>> back(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    back[i].assign(items[i].data.size(), 0);
+    reqs.push_back(swap.read(items[i].ext, back[i].data(), back[i].size()));
+  }
+  wait_all(reqs);
+  for (std::size_t i = 0; i < items.size(); ++i)
+    ASSERT_TRUE(back[i] == items[i].data) << "extent " << i << " of " << sizes[i] << " bytes";
+  SwapStats s = swap.stats();
+  EXPECT_EQ(s.extents, items.size());
+  EXPECT_EQ(s.paths.size(), 2u);
+  EXPECT_EQ(s.capacity_bytes, s.used_bytes + s.free_bytes);
+  EXPECT_GE(s.capacity_bytes, 64ull << 20);  // grew from 1 MiB per path
+  for (auto& it : items) swap.free(it.ext);
+  s = swap.stats();
+  EXPECT_EQ(s.used_bytes, 0u);
+  EXPECT_EQ(s.free_runs, 2u);  // fully coalesced: one run per file
+  EXPECT_EQ(s.largest_free_bytes, std::max(s.paths[0].capacity_bytes, s.paths[1].capacity_bytes));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllEngines, SwapSpaceTest, ::testing::ValuesIn(test::all_engine_configs()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(SwapSpace, ChecksumMismatchIsDetected) {
+  TempDir d;
+  auto engine = make_io_engine(IoEngineOptions{});
+  SwapSpace swap(small_options(), {d.path()}, *engine);
+  SwapExtent keep = swap.allocate(10000), bad = swap.allocate(50000);
+  std::vector<char> k(10000), x(50000), r(50000);
+  test::fill_pattern(k.data(), k.size(), 1);
+  test::fill_pattern(x.data(), x.size(), 2);
+  swap.write(keep, k.data(), k.size()).wait();
+  swap.write(bad, x.data(), x.size()).wait();
+  // Corrupt one byte of `bad` behind the engine's back.
+  int fd = ::open(swap.file_path(0).c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char c = 0x5A;
+  ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(bad.pieces[0].offset + 30000)), 1);
+  ::close(fd);
+  try {
+    swap.read(bad, r.data(), r.size()).wait();
+    FAIL() << "expected a checksum mismatch";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    EXPECT_EQ(e.path(), swap.file_path(0));
+    EXPECT_EQ(e.offset(), bad.pieces[0].offset);
+  }
+  std::vector<char> kr(10000);
+  swap.read(keep, kr.data(), kr.size()).wait();  // the other extent still verifies
+  EXPECT_EQ(kr, k);
+}
+
+TEST(SwapSpace, MaxSizeGivesOutOfMemoryErrorAndFreeMakesRoom) {
+  TempDir d;
+  auto engine = make_io_engine(IoEngineOptions{});
+  SwapSpaceOptions o = small_options();
+  o.max_bytes_per_path = 4 << 20;
+  SwapSpace swap(o, {d.path()}, *engine);
+  SwapExtent a = swap.allocate(3 << 20);
+  try {
+    swap.allocate(2 << 20);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.tier(), Tier::kNvme);
+    EXPECT_EQ(e.requested(), 2u << 20);
+    EXPECT_EQ(e.available(), 1u << 20);
+    EXPECT_NE(std::string(e.what()).find(d.path()), std::string::npos) << e.what();
+  }
+  swap.free(a);
+  SwapExtent b = swap.allocate(4 << 20);
+  EXPECT_EQ(swap.stats().capacity_bytes, 4u << 20);
+  EXPECT_THROW(swap.free(a), Error);  // double free
+  swap.free(b);
+}
+
+TEST(SwapSpace, FragmentationStats) {
+  TempDir d;
+  auto engine = make_io_engine(IoEngineOptions{});
+  SwapSpaceOptions o = small_options();
+  o.initial_bytes_per_path = 16 * 4096;
+  o.max_bytes_per_path = 16 * 4096;
+  SwapSpace swap(o, {d.path()}, *engine);
+  std::vector<SwapExtent> e;
+  for (int i = 0; i < 16; ++i) e.push_back(swap.allocate(i % 2 ? 4096 : 1));  // 1 B pads to 4 KiB
+  for (int i = 0; i < 16; i += 2) swap.free(e[i]);
+  SwapStats s = swap.stats();
+  EXPECT_EQ(s.free_bytes, 8u * 4096);
+  EXPECT_EQ(s.largest_free_bytes, 4096u);
+  EXPECT_EQ(s.free_runs, 8u);
+  EXPECT_EQ(s.extents, 8u);
+  EXPECT_THROW(swap.allocate(8192), OutOfMemoryError);  // free, but fragmented
+}
+
+TEST(SwapSpace, SecondUserOfADirectoryGetsAClearErrorAndFilesAreRemoved) {
+  TempDir d;
+  auto engine = make_io_engine(IoEngineOptions{});
+  std::string file;
+  {
+    SwapSpace first(small_options(), {d.path()}, *engine);
+    file = first.file_path(0);
+    EXPECT_TRUE(std::filesystem::exists(file));
+    try {
+      SwapSpace second(small_options(), {d.path()}, *engine);
+      FAIL() << "expected the directory lock to refuse";
+    } catch (const Error& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("in use by process " + std::to_string(::getpid())), std::string::npos) << m;
+      EXPECT_NE(m.find(d.path()), std::string::npos) << m;
+    }
+    EXPECT_TRUE(std::filesystem::exists(file));
+  }
+  EXPECT_FALSE(std::filesystem::exists(file));
+  EXPECT_TRUE(std::filesystem::is_empty(d.path()));
+  SwapSpace again(small_options(), {d.path()}, *engine);  // the lock was released
+}
+
+TEST(SwapSpace, ForkedProcessCannotShareTheDirectoryAndDataIsUnchanged) {
+  TempDir d;
+  auto engine = make_io_engine(IoEngineOptions{});
+  SwapSpace swap(small_options(), {d.path()}, *engine);
+  SwapExtent e = swap.allocate(3 << 20);
+  std::vector<char> w(3 << 20), r(3 << 20);
+  test::fill_pattern(w.data(), w.size(), 99);
+  swap.write(e, w.data(), w.size()).wait();
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // child: a fresh engine and SwapSpace on the same directory must fail
+    ::close(pipefd[0]);
+    std::string msg = "no error";
+    int code = 1;
+    try {
+      IoEngineOptions po;
+      po.kind = IoEngineKind::kPosix;
+      auto e2 = make_io_engine(po);
+      SwapSpace s2(small_options(), {d.path()}, *e2);
+    } catch (const Error& err) {
+      msg = err.what();
+      code = 0;
+    } catch (...) {
+      msg = "unexpected exception";
+    }
+    ssize_t n = ::write(pipefd[1], msg.data(), msg.size());
+    (void)n;
+    ::_exit(code);
+  }
+  ::close(pipefd[1]);
+  std::string msg;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0) msg.append(buf, static_cast<std::size_t>(n));
+  ::close(pipefd[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << msg;
+  EXPECT_NE(msg.find("in use by process " + std::to_string(::getpid())), std::string::npos) << msg;
+  EXPECT_TRUE(std::filesystem::exists(swap.file_path(0)));
+  swap.read(e, r.data(), r.size()).wait();
+  EXPECT_EQ(r, w);
+}
+
+TEST(SwapSpace, StaleSwapFilesOfDeadProcessesAreRemoved) {
+  TempDir d;
+  std::string stale = d.path() + "/tiermem-swap-999999.bin";
+  { std::FILE* f = std::fopen(stale.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  auto engine = make_io_engine(IoEngineOptions{});
+  SwapSpace swap(small_options(), {d.path()}, *engine);
+  EXPECT_FALSE(std::filesystem::exists(stale));
+}
+
+TEST(SwapSpace, BadStripeIsAConfigError) {
+  TempDir d;
+  auto engine = make_io_engine(IoEngineOptions{});
+  SwapSpaceOptions o = small_options();
+  o.stripe_bytes = 1000;
+  try {
+    SwapSpace s(o, {d.path()}, *engine);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "tiermem.stripe_bytes");
+  }
+  EXPECT_THROW(SwapSpace(small_options(), {d.path() + "/missing"}, *engine), IoError);
+}
+
+}  // namespace
+}  // namespace tiermem
