@@ -64,6 +64,15 @@ class ResidencyPolicy {
 
   // `id` left `tier` (evicted or dropped). Default: nothing.
   virtual void on_evicted(TensorId /*id*/, Tier /*tier*/) {}
+
+  // A PREFETCH of `incoming` to `tier` needs room and choose_victim picked `victim`. Return false
+  // to drop the prefetch rather than evict `victim` ("do no harm", Cao, Felten, Karlin and Li,
+  // SIGMETRICS 1995: never evict a tensor needed sooner than the one prefetched). Demand loads
+  // never ask. Default: true (always evict). Added for the Prefetcher; without it a look-ahead into
+  // a full tier can evict what the very next accesses need.
+  virtual bool evict_for_prefetch(Tier /*tier*/, TensorId /*incoming*/, TensorId /*victim*/) {
+    return true;
+  }
 };
 
 }  // namespace tiermem

@@ -1,0 +1,120 @@
+// tiermem/prefetcher.h — the reuse-distance prefetcher: TensorStore's trace-driven ResidencyPolicy.
+//
+// The first training step is recorded (AccessTrace); later steps replay it, and because the
+// future is then known the Prefetcher
+//   * prefetches the upcoming device accesses to the device, up to `prefetch_bucket_bytes` ahead
+//     of the current access, while the device's live bytes (resident + this window) stay under
+//     `max_live_bytes` (the immediately next access is always hinted, even when larger than the
+//     bucket, so the pipeline never runs dry);
+//   * prefetches NVMe→host further ahead on its own budget, `nvme_prefetch_bytes`, over every
+//     upcoming access (it does not stop at the first tensor still on NVMe, as DeepSpeed does);
+//   * keeps a released tensor resident when its reuse distance (bytes of distinct other tensors
+//     before its next use, see reuse_distance.h) is at most `max_reuse_distance_bytes`;
+//   * evicts, among the candidates TensorStore offers, the one whose next use is furthest away —
+//     Belady's MIN ("A study of replacement algorithms for a virtual-storage computer", IBM Systems
+//     Journal, 1966), optimal in misses for equal-sized tensors when the future is known. Tensors
+//     absent from the trace count as never used again and go first;
+//   * refuses to evict, for a prefetch, a tensor that a demand load at the prefetched tensor's use
+//     might not evict: its next use must come after that use and after the next uses of every
+//     access in between (evict_for_prefetch; Cao et al.'s "do no harm" rule, adapted to pinning).
+// The trace is treated as cyclic: the look-ahead at the end of a step runs into the next step's
+// first accesses (set `prefetch_across_steps` false to stop at the step's end), and next uses wrap.
+// Without a valid trace (the first step, a step that diverged, the step after it, which
+// re-records) it is plain LRU: no hints, keep everything on release, evict the least recently
+// accessed. Every derived decision (next uses, reuse distances, look-ahead cursors) is tied to
+// the trace's generation and dropped the moment the trace is invalidated.
+//
+// Units: every field of PrefetcherOptions is in BYTES. DeepSpeed's keys are in ELEMENTS
+// (stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance; Config
+// fields *_elems): from_config() converts them with the parameter dtype,
+// bytes = elements × dtype_size(dtype) (saturating), e.g. 5e7 elements of bf16 = 1e8 bytes.
+//
+// Thread-safety: none of its own; TensorStore calls it under its policy mutex (see
+// residency_policy.h). Errors: choose_victim throws tiermem::Error on an empty candidate list.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "tiermem/access_trace.h"
+#include "tiermem/config.h"
+#include "tiermem/dtype.h"
+#include "tiermem/residency_policy.h"
+#include "tiermem/reuse_distance.h"
+
+namespace tiermem {
+
+struct PrefetcherOptions {
+  std::uint64_t prefetch_bucket_bytes = 100'000'000;     // 5e7 elements of bf16 (DeepSpeed default)
+  std::uint64_t max_live_bytes = 2'000'000'000;          // 1e9 elements of bf16
+  std::uint64_t max_reuse_distance_bytes = 2'000'000'000;  // 1e9 elements of bf16
+  std::uint64_t nvme_prefetch_bytes = 256ull << 20;      // tiermem.nvme_prefetch_bytes
+  bool prefetch_across_steps = true;                     // look-ahead wraps into the next step
+
+  // From zero_optimization.stage3_* (elements × dtype size) and tiermem.nvme_prefetch_bytes.
+  static PrefetcherOptions from_config(const Config& config, DType param_dtype);
+};
+
+class Prefetcher final : public ResidencyPolicy {
+ public:
+  explicit Prefetcher(PrefetcherOptions options = {});
+
+  void begin_step() override;
+  void end_step() override;
+  // Records/checks the access; while replaying returns device hints (nearest first) followed by
+  // host hints for the NVMe look-ahead. Each trace position is hinted at most once per step.
+  std::vector<PrefetchHint> on_access(TensorId id, std::uint64_t bytes, Tier tier, Phase phase,
+                                      const ResidencyView& view) override;
+  bool keep_on_release(TensorId id, Tier tier, const ResidencyView& view) override;
+  TensorId choose_victim(Tier tier, std::span<const TensorId> candidates) override;
+  void on_evicted(TensorId id, Tier tier) override;
+  bool evict_for_prefetch(Tier tier, TensorId incoming, TensorId victim) override;
+
+  // True when decisions come from a valid trace right now (replaying, no divergence this step).
+  bool using_trace() const { return trace_.replaying(); }
+  const AccessTrace& trace() const { return trace_; }
+  const PrefetcherOptions& options() const { return options_; }
+
+  // Accesses from the current one until the next use of `id` (1 = the next access), from the
+  // valid trace; kNoNextUse when not replaying or `id` is not in the trace.
+  std::uint64_t accesses_until_next_use(TensorId id);
+
+  struct Stats {
+    std::uint64_t device_hints = 0, host_hints = 0;
+    std::uint64_t kept = 0, dropped = 0;             // keep_on_release answers
+    std::uint64_t belady_victims = 0, lru_victims = 0;
+    std::uint64_t evictions = 0;                      // on_evicted calls
+    std::uint64_t prefetches_refused = 0;             // evict_for_prefetch said no
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  void reset_derived();
+  void ensure_derived();
+  std::uint64_t next_use_abs(TensorId id) const;  // absolute index of the next use after cur_
+
+  PrefetcherOptions options_;
+  AccessTrace trace_;
+  Stats stats_;
+
+  // Derived from trace_ at generation derived_gen_ (rebuilt lazily, dropped on invalidation).
+  std::uint64_t derived_gen_ = ~0ull;
+  std::vector<ReuseDistance> reuse_;
+  std::vector<std::uint64_t> next_;  // next_uses(trace, kCyclic)
+  std::unordered_map<TensorId, std::vector<std::uint32_t>> positions_;  // sorted trace positions
+
+  // Absolute indices into the endlessly repeated trace: step k position p is k*n + p.
+  std::int64_t base_ = 0;         // absolute index of position 0 of the current step
+  std::int64_t cur_ = -1;         // absolute index of the latest access (-1: none this replay)
+  std::int64_t dev_cursor_ = -1;  // last absolute index hinted to the device
+  std::int64_t host_cursor_ = -1; // last absolute index hinted to the host
+  bool continuing_ = false;       // the previous step replayed fully (cursors carry over)
+
+  // LRU fallback: access tick per tensor (0 = never accessed).
+  std::uint64_t tick_ = 0;
+  std::unordered_map<TensorId, std::uint64_t> last_tick_;
+};
+
+}  // namespace tiermem

@@ -1,0 +1,94 @@
+// AccessTrace: record the first step, check later ones, invalidate visibly on divergence.
+#include "tiermem/access_trace.h"
+
+#include <fmt/format.h>
+
+#include "tiermem/error.h"
+#include "tiermem/log.h"
+
+namespace tiermem {
+
+std::string_view phase_name(Phase p) {
+  switch (p) {
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kOptimizer: return "optimizer";
+    case Phase::kOther: return "other";
+  }
+  return "?";
+}
+
+void AccessTrace::begin_step() {
+  if (state_ != State::kIdle) end_step();
+  pos_ = 0;
+  if (valid_) {
+    state_ = State::kReplaying;
+  } else {
+    trace_.clear();
+    state_ = State::kRecording;
+  }
+}
+
+void AccessTrace::end_step() {
+  switch (state_) {
+    case State::kRecording:
+      if (!trace_.empty()) {
+        valid_ = true;
+        ++generation_;
+        TM_LOG_DEBUG("PREFETCH", "recorded an access trace of {} accesses", trace_.size());
+      }
+      break;
+    case State::kReplaying:
+      if (pos_ != trace_.size()) {
+        diverge(nullptr);
+      } else {
+        ++replayed_steps_;
+      }
+      break;
+    case State::kDiverged:
+    case State::kIdle:
+      break;
+  }
+  state_ = State::kIdle;
+}
+
+bool AccessTrace::on_access(const Access& a) {
+  switch (state_) {
+    case State::kIdle:
+    case State::kDiverged:
+      return false;
+    case State::kRecording:
+      trace_.push_back(a);
+      ++pos_;
+      return false;
+    case State::kReplaying:
+      if (pos_ >= trace_.size() || !(trace_[pos_] == a)) {
+        diverge(&a);
+        return false;
+      }
+      ++pos_;
+      return true;
+  }
+  return false;
+}
+
+void AccessTrace::diverge(const Access* actual) {
+  auto describe = [](const Access& x) {
+    return fmt::format("tensor {} ({}, {}, {})", x.id, format_bytes(x.bytes), phase_name(x.phase),
+                       tier_name(x.tier));
+  };
+  std::string expected =
+      pos_ < trace_.size() ? describe(trace_[pos_]) : std::string("the end of the step");
+  std::string got = actual ? describe(*actual) : std::string("the end of the step");
+  ++invalidations_;
+  TM_LOG_WARN("PREFETCH",
+              "access trace diverged at position {} of {}: expected {}, got {}; the trace is "
+              "dropped (invalidation #{}) and re-recorded next step",
+              pos_, trace_.size(), expected, got, invalidations_);
+  valid_ = false;
+  trace_.clear();
+  ++generation_;
+  state_ = State::kDiverged;
+}
+
+}  // namespace tiermem
