@@ -122,7 +122,7 @@ struct TensorStoreStats {
   std::uint64_t misses = 0;          // ... had to load it
   std::uint64_t prefetches_issued = 0;
   std::uint64_t prefetches_dropped = 0;  // did not fit without waiting, or failed
-  std::uint64_t stall_ns = 0;        // total time callers waited in acquire()/fetch().get()
+  std::uint64_t stall_ns = 0;        // total time acquire() calls that missed spent (waits + loads)
   std::uint64_t oom_errors = 0;      // OutOfMemoryError thrown by acquire/fetch
 };
 

@@ -1,0 +1,385 @@
+// TensorStore on SimDevice + a SwapSpace in a temp directory: residency, write-back, budgets,
+// the pipeline, pins and timeouts, a concurrent property test against a reference model.
+#include "tiermem/tensor_store.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "tiermem/error.h"
+#include "tiermem/io_engine.h"
+#include "tiermem/lru_policy.h"
+#include "tiermem/sim_device.h"
+#include "tiermem/swap_space.h"
+
+namespace tiermem {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Deterministic contents: byte i of (tensor, generation) .
+std::uint8_t pattern(std::uint32_t tensor, std::uint32_t gen, std::uint64_t i) {
+  std::uint64_t x = (i * 0x9E3779B97F4A7C15ull) ^ (std::uint64_t{tensor} << 40) ^ (std::uint64_t{gen} << 20);
+  return static_cast<std::uint8_t>(x >> 56);
+}
+std::vector<std::byte> make_bytes(std::uint32_t tensor, std::uint32_t gen, std::uint64_t n) {
+  std::vector<std::byte> v(n);
+  for (std::uint64_t i = 0; i < n; ++i) v[i] = std::byte{pattern(tensor, gen, i)};
+  return v;
+}
+bool matches(const void* p, std::uint32_t tensor, std::uint32_t gen, std::uint64_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    if (b[i] != pattern(tensor, gen, i)) return false;
+  }
+  return true;
+}
+
+// A SimDevice, an IoEngine and a SwapSpace in a fresh temp directory.
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tiermem-store-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    IoEngineOptions io;
+    io.o_direct = false;  // temp dirs may be tmpfs; the pipeline logic is the same
+    io.block_size_bytes = 256 << 10;
+    engine_ = make_io_engine(io);
+    SwapSpaceOptions so;
+    so.initial_bytes_per_path = 4 << 20;
+    swap_ = std::make_shared<SwapSpace>(so, std::vector<std::string>{dir_.string()}, *engine_);
+  }
+  void TearDown() override {
+    store_.reset();
+    swap_.reset();
+    engine_.reset();
+    fs::remove_all(dir_);
+  }
+  TensorStore& make(std::uint64_t device_budget, std::uint64_t host_budget,
+                    std::uint64_t chunk = 64 << 10, double timeout_s = 10,
+                    std::unique_ptr<ResidencyPolicy> policy = nullptr) {
+    TensorStoreOptions o;
+    o.device_budget_bytes = device_budget;
+    o.host_budget_bytes = host_budget;
+    o.pipeline_chunk_bytes = chunk;
+    o.pipeline_chunks = 3;
+    o.acquire_timeout = std::chrono::duration<double>(timeout_s);
+    device_ = std::make_shared<SimDevice>(SimDeviceOptions{.budget_bytes = device_budget});
+    store_ = std::make_unique<TensorStore>(o, device_, swap_, std::move(policy));
+    return *store_;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<IoEngine> engine_;
+  std::shared_ptr<SwapSpace> swap_;
+  std::shared_ptr<SimDevice> device_;
+  std::unique_ptr<TensorStore> store_;
+};
+
+TEST_F(StoreTest, RegisterValidatesAndFinds) {
+  TensorStore& s = make(1 << 20, 1 << 20);
+  TensorId a = s.register_tensor({.name = "a", .dtype = DType::kF32, .shape = {3, 5}, .home = Tier::kHost});
+  EXPECT_EQ(s.info(a).bytes, 60u);
+  EXPECT_EQ(s.find("a"), a);
+  EXPECT_EQ(s.find("nope"), kInvalidTensor);
+  EXPECT_THROW(s.register_tensor({.name = "a", .bytes = 4}), Error);
+  EXPECT_THROW(s.register_tensor({.name = "b", .dtype = DType::kF32, .shape = {2}, .bytes = 7}), Error);
+  std::vector<std::byte> zeros(60);
+  std::vector<std::byte> out(60, std::byte{1});
+  s.read(a, out);
+  EXPECT_EQ(out, zeros);  // zero-initialised
+  EXPECT_THROW(s.acquire(a, Tier::kNvme), Error);  // below home
+}
+
+TEST_F(StoreTest, DeviceCopyWrittenBackToHostHomeOnEvict) {
+  TensorStore& s = make(1 << 20, 1 << 20);
+  auto init = make_bytes(1, 0, 10000);
+  TensorId t = s.register_tensor({.name = "t", .bytes = 10000, .home = Tier::kHost, .initial = init});
+  {
+    TensorStore::Pin p = s.acquire(t, Tier::kDevice);
+    ASSERT_TRUE(matches(p.data(), 1, 0, 10000));
+    auto next = make_bytes(1, 1, 10000);
+    std::memcpy(p.data(), next.data(), 10000);  // SimDevice memory is host-addressable
+    p.mark_dirty();
+  }
+  EXPECT_TRUE(s.evict(t, Tier::kDevice));
+  std::vector<std::byte> out(10000);
+  s.read(t, out);
+  EXPECT_EQ(out, make_bytes(1, 1, 10000));
+  TensorStoreStats st = s.stats();
+  EXPECT_EQ(st.moves[1][0], 1u);
+  EXPECT_EQ(st.moves[0][1], 1u);
+  EXPECT_EQ(st.writebacks[0], 1u);
+  EXPECT_EQ(st.resident_bytes[0], 0u);
+}
+
+TEST_F(StoreTest, NvmeHomeThroughPipelineBothWays) {
+  TensorStore& s = make(4 << 20, 1 << 20, 64 << 10);
+  const std::uint64_t n = 1'000'003;  // 15.3 chunks, odd size
+  auto init = make_bytes(2, 0, n);
+  TensorId t = s.register_tensor({.name = "big", .bytes = n, .home = Tier::kNvme, .initial = init});
+  {
+    TensorStore::Pin p = s.acquire(t, Tier::kDevice);
+    ASSERT_TRUE(matches(p.data(), 2, 0, n));
+    auto next = make_bytes(2, 1, n);
+    std::memcpy(p.data(), next.data(), n);
+    p.mark_dirty();
+  }
+  s.flush();  // device -> nvme through the bounce chunks
+  EXPECT_TRUE(s.evict(t, Tier::kDevice));  // clean now: dropped
+  TensorStoreStats st = s.stats();
+  EXPECT_EQ(st.moves[2][0], 1u);
+  EXPECT_EQ(st.moves[0][2], 1u);
+  EXPECT_EQ(st.writebacks[0], 1u);
+  TensorStore::Pin h = s.acquire(t, Tier::kHost);
+  EXPECT_TRUE(matches(h.data(), 2, 1, n));
+}
+
+TEST_F(StoreTest, BudgetEvictsLruAndPeakStaysUnderBudget) {
+  TensorStore& s = make(256 << 10, 1 << 20);
+  std::vector<TensorId> ids;
+  for (std::uint32_t i = 0; i < 6; ++i) {
+    auto init = make_bytes(i, 0, 100000);
+    ids.push_back(s.register_tensor({.name = "t" + std::to_string(i), .bytes = 100000, .home = Tier::kHost, .initial = init}));
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (std::uint32_t i = 0; i < 6; ++i) {
+      TensorStore::Pin p = s.acquire(ids[i], Tier::kDevice);
+      ASSERT_TRUE(matches(p.data(), i, 0, 100000));
+    }
+  }
+  TensorStoreStats st = s.stats();
+  EXPECT_LE(st.peak_resident_bytes[0], 256u << 10);
+  EXPECT_GT(st.evictions[0], 0u);
+  EXPECT_EQ(st.writebacks[0], 0u);  // clean copies are dropped without write-back
+}
+
+TEST_F(StoreTest, EverythingPinnedWaitsThenOutOfMemoryWithNumbers) {
+  TensorStore& s = make(256 << 10, 1 << 20, 64 << 10, /*timeout_s=*/0.2);
+  TensorId a = s.register_tensor({.name = "a", .bytes = 200000, .home = Tier::kHost});
+  TensorId b = s.register_tensor({.name = "b", .bytes = 200000, .home = Tier::kHost});
+  TensorStore::Pin pa = s.acquire(a, Tier::kDevice);
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    s.acquire(b, Tier::kDevice);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.tier(), Tier::kDevice);
+    EXPECT_EQ(e.requested(), 200704u);  // rounded to 4 KiB
+    EXPECT_EQ(e.available(), (256u << 10) - 200704u);
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("pinned"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("196.0 KiB"), std::string::npos) << msg;  // the pinned bytes
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(150));  // it waited
+  EXPECT_EQ(s.stats().oom_errors, 1u);
+  // A release lets a waiting acquire through.
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pa.release();
+  });
+  TensorStore::Pin pb = s.acquire(b, Tier::kDevice);
+  releaser.join();
+  EXPECT_TRUE(pb.valid());
+}
+
+TEST_F(StoreTest, FetchAndPrefetchAreAsynchronousAndBestEffort) {
+  TensorStore& s = make(512 << 10, 1 << 20);
+  std::vector<TensorId> ids;
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    auto init = make_bytes(i, 0, 100000);
+    ids.push_back(s.register_tensor({.name = "p" + std::to_string(i), .bytes = 100000, .home = Tier::kNvme, .initial = init}));
+  }
+  s.fetch(ids[0], Tier::kDevice).get();
+  s.prefetch(std::span<const TensorId>(ids).subspan(1), Tier::kDevice);
+  s.drain();
+  std::uint64_t misses_before = s.stats().misses;
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    TensorStore::Pin p = s.acquire(ids[i], Tier::kDevice);
+    EXPECT_TRUE(matches(p.data(), i, 0, 100000));
+  }
+  EXPECT_EQ(s.stats().misses, misses_before);  // all four were already there
+  EXPECT_EQ(s.stats().prefetches_issued, 3u);
+  // Prefetch that cannot fit without waiting (everything pinned) is dropped, not waited for.
+  std::vector<TensorStore::Pin> pins;
+  for (std::uint32_t i = 0; i < 4; ++i) pins.push_back(s.acquire(ids[i], Tier::kDevice));
+  TensorId extra = s.register_tensor({.name = "extra", .bytes = 200000, .home = Tier::kNvme});
+  s.prefetch(std::span<const TensorId>(&extra, 1), Tier::kDevice);
+  s.drain();
+  EXPECT_EQ(s.stats().prefetches_dropped, 1u);
+  // A fetch that can never fit reports OutOfMemoryError through its future.
+  TensorId huge = s.register_tensor({.name = "huge", .bytes = 600 << 10, .home = Tier::kNvme});
+  EXPECT_THROW(s.fetch(huge, Tier::kDevice).get(), OutOfMemoryError);
+}
+
+// A policy that records what TensorStore tells it and asks for a prefetch of id+1.
+class RecordingPolicy : public ResidencyPolicy {
+ public:
+  std::vector<PrefetchHint> on_access(TensorId id, std::uint64_t, Tier tier, Phase,
+                                      const ResidencyView& v) override {
+    ++accesses;
+    budget_seen = v.budget_bytes[0];
+    return {{id + 1, tier}};
+  }
+  bool keep_on_release(TensorId, Tier, const ResidencyView&) override {
+    ++releases;
+    return false;  // drop right away
+  }
+  TensorId choose_victim(Tier, std::span<const TensorId> c) override { return c.back(); }
+  void begin_step() override { ++steps; }
+  int accesses = 0, releases = 0, steps = 0;
+  std::uint64_t budget_seen = 0;
+};
+
+TEST_F(StoreTest, PolicyIsConsultedAndItsHintsIssued) {
+  auto policy = std::make_unique<RecordingPolicy>();
+  RecordingPolicy* rp = policy.get();
+  TensorStore& s = make(1 << 20, 1 << 20, 64 << 10, 10, std::move(policy));
+  TensorId a = s.register_tensor({.name = "a", .bytes = 5000, .home = Tier::kHost});
+  TensorId b = s.register_tensor({.name = "b", .bytes = 5000, .home = Tier::kHost});
+  s.begin_step();
+  { TensorStore::Pin p = s.acquire(a, Tier::kDevice); }
+  s.drain();
+  TensorStoreStats st = s.stats();
+  EXPECT_EQ(st.prefetches_issued, 1u);  // hint for b (id 1); the hint for id 2 is ignored
+  EXPECT_EQ(rp->accesses, 1);
+  EXPECT_EQ(rp->releases, 1);
+  EXPECT_EQ(rp->steps, 1);
+  EXPECT_EQ(rp->budget_seen, 1u << 20);
+  EXPECT_GE(st.evictions[0], 1u);  // a dropped at release (keep_on_release false)
+  EXPECT_EQ(st.moves[1][0], 2u);   // a, and b by the hint
+  TensorStore::Pin pb = s.acquire(b, Tier::kDevice);
+  EXPECT_EQ(s.stats().hits, 1u);
+}
+
+// Thousands of round trips through all three tiers with odd sizes and a tight device budget.
+TEST_F(StoreTest, IntegrityAfterThousandsOfRoundTrips) {
+  TensorStore& s = make(160 << 10, 256 << 10, 16 << 10);
+  const std::uint64_t sizes[] = {1, 4095, 4097, 16384, 16385, 33333, 65537};
+  std::vector<TensorId> ids;
+  std::vector<std::uint32_t> gen;
+  for (std::uint32_t i = 0; i < 7; ++i) {
+    auto init = make_bytes(i, 0, sizes[i]);
+    ids.push_back(s.register_tensor({.name = "r" + std::to_string(i), .bytes = sizes[i],
+                                     .home = i % 2 ? Tier::kNvme : Tier::kHost, .initial = init}));
+    gen.push_back(0);
+  }
+  std::mt19937 rng(11);
+  for (int it = 0; it < 2000; ++it) {
+    std::uint32_t i = rng() % 7;
+    Tier t = (rng() % 3 == 0 && s.info(ids[i]).home == Tier::kNvme) ? Tier::kHost : Tier::kDevice;
+    TensorStore::Pin p = s.acquire(ids[i], t);
+    ASSERT_TRUE(matches(p.data(), i, gen[i], sizes[i])) << "iteration " << it << " tensor " << i;
+    if (rng() % 2) {
+      auto next = make_bytes(i, ++gen[i], sizes[i]);
+      std::memcpy(p.data(), next.data(), sizes[i]);
+      p.mark_dirty();
+    }
+    if (rng() % 5 == 0) {
+      p.release();
+      s.evict(ids[i], Tier::kDevice);
+      s.evict(ids[i], Tier::kHost);
+    }
+  }
+  s.flush();
+  for (std::uint32_t i = 0; i < 7; ++i) {
+    s.evict(ids[i], Tier::kDevice);
+    s.evict(ids[i], Tier::kHost);
+    std::vector<std::byte> out(sizes[i]);
+    s.read(ids[i], out);
+    EXPECT_TRUE(matches(out.data(), i, gen[i], sizes[i])) << "tensor " << i;
+  }
+  TensorStoreStats st = s.stats();
+  EXPECT_LE(st.peak_resident_bytes[0], 160u << 10);
+  EXPECT_LE(st.peak_resident_bytes[1], 256u << 10);
+  EXPECT_GT(st.moves[2][0] + st.moves[2][1], 100u);
+  EXPECT_GT(st.writebacks[0], 100u);
+}
+
+// Several threads, random operations, one reference model. Each thread owns a disjoint set of
+// tensors for writes (so the expected contents are known) and reads every tensor's home via
+// read() only when it owns it; all threads compete for the same budgets.
+TEST_F(StoreTest, ConcurrentRandomOperationsMatchReferenceModel) {
+  TensorStore& s = make(192 << 10, 384 << 10, 16 << 10, /*timeout_s=*/20);
+  constexpr int kThreads = 4, kPerThread = 5, kOps = 400;
+  std::vector<TensorId> ids;
+  std::vector<std::uint64_t> sizes;
+  for (int i = 0; i < kThreads * kPerThread; ++i) {
+    std::uint64_t n = 3000 + static_cast<std::uint64_t>(i) * 2011;
+    auto init = make_bytes(static_cast<std::uint32_t>(i), 0, n);
+    ids.push_back(s.register_tensor({.name = "c" + std::to_string(i), .bytes = n,
+                                     .home = i % 3 == 0 ? Tier::kHost : Tier::kNvme, .initial = init}));
+    sizes.push_back(n);
+  }
+  std::atomic<int> failures{0};
+  std::atomic<int> ooms{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      std::mt19937 rng(100 + th);
+      std::vector<std::uint32_t> gen(kPerThread, 0);
+      for (int op = 0; op < kOps; ++op) {
+        int k = static_cast<int>(rng() % kPerThread);
+        std::uint32_t i = static_cast<std::uint32_t>(th * kPerThread + k);
+        try {
+          switch (rng() % 6) {
+            case 0:
+            case 1: {  // acquire on the device, check, maybe write
+              TensorStore::Pin p = s.acquire(ids[i], Tier::kDevice);
+              if (!matches(p.data(), i, gen[k], sizes[i])) ++failures;
+              if (rng() % 2) {
+                auto next = make_bytes(i, ++gen[k], sizes[i]);
+                std::memcpy(p.data(), next.data(), sizes[i]);
+                p.mark_dirty();
+              }
+              break;
+            }
+            case 2: {  // acquire on the host
+              TensorStore::Pin p = s.acquire(ids[i], Tier::kHost);
+              if (!matches(p.data(), i, gen[k], sizes[i])) ++failures;
+              break;
+            }
+            case 3:
+              s.fetch(ids[i], Tier::kDevice).get();
+              break;
+            case 4: {
+              std::uint32_t other = static_cast<std::uint32_t>(rng() % ids.size());
+              s.prefetch(std::span<const TensorId>(&ids[other], 1), Tier::kDevice);
+              s.evict(ids[i], rng() % 2 ? Tier::kDevice : Tier::kHost);
+              break;
+            }
+            case 5: {
+              std::vector<std::byte> out(sizes[i]);
+              s.read(ids[i], out);
+              if (!matches(out.data(), i, gen[k], sizes[i])) ++failures;
+              break;
+            }
+          }
+        } catch (const OutOfMemoryError&) {
+          ++ooms;  // allowed only if a budget really was exhausted by pins; counted below
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  s.drain();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(ooms.load(), 0);  // each thread pins at most one tensor at a time: always fits
+  TensorStoreStats st = s.stats();
+  EXPECT_LE(st.peak_resident_bytes[0], 192u << 10);
+  EXPECT_LE(st.peak_resident_bytes[1], 384u << 10);
+  EXPECT_LE(device_->stats().peak_reserved_bytes, 192u << 10);
+}
+
+}  // namespace
+}  // namespace tiermem
