@@ -1,0 +1,41 @@
+// tiermem/loss_scaler.h — fp16 dynamic loss scaling, with DeepSpeed's rules (pure logic).
+//
+// The loss is multiplied by scale() before backward; gradients are divided by it in the
+// optimizer. After each step the caller reports whether any gradient was non-finite:
+//   overflow:    the step is skipped. If hysteresis is exhausted (hysteresis_left == 1) the scale is
+//                divided by 2 (not below min_loss_scale), else hysteresis_left is decremented.
+//   no overflow: when loss_scale_window steps have passed since the last overflow (or start), the
+//                scale doubles (and hysteresis_left is restored to hysteresis).
+// A static scale (Fp16Config::loss_scale > 0) never changes. (DeepSpeed's DynamicLossScaler with
+// consecutive_hysteresis = false.)
+// Thread-safety: a plain value; not thread-safe.
+#pragma once
+
+#include <cstdint>
+
+#include "tiermem/config.h"
+
+namespace tiermem {
+
+class DynamicLossScaler {
+ public:
+  explicit DynamicLossScaler(const Fp16Config& config);
+
+  double scale() const { return scale_; }
+  int hysteresis_left() const { return hysteresis_left_; }
+  // Reports one step's outcome (true = some gradient was NaN/Inf). Returns true when the step
+  // must be skipped (== overflow).
+  bool update(bool overflow);
+
+ private:
+  bool dynamic_;
+  double scale_;
+  double min_scale_;
+  int window_;
+  int hysteresis_;
+  int hysteresis_left_;
+  std::int64_t iter_ = 0;
+  std::int64_t last_overflow_iter_ = -1;
+};
+
+}  // namespace tiermem

@@ -1,0 +1,193 @@
+// tiermem/zero_engine.h — the ZeRO partitioner: shards optimizer state (stage 1), gradients
+// (stage 2) and parameters (stage 3) over the ranks of a Communicator, keeps fp32 master weights
+// and Adam moments in the optimizer tier (host memory, or NVMe through the swap space) and steps
+// them with CPU AdamW in sub-groups.
+//
+// Usage (the driver loop; every rank runs the same calls in the same order):
+//
+//   auto comm = make_communicator();
+//   ZeroEngine engine(cfg, *comm);                              // cfg: tiermem::Config
+//   for (int i = 0; i < n_modules; ++i) engine.register_module(name[i], init[i]);  // full fp32
+//   for (int micro = 0; micro < cfg.gradient_accumulation_steps; ++micro) {
+//     for (int m : forward_order) {
+//       ZeroEngine::Gathered p = engine.gather(m);             // stage 3: all-gather now
+//       model.forward(m, p.f32());                              // or p.half() for bf16/fp16
+//     }                                                         // p released: stage 3 frees it
+//     for (int m : backward_order) {
+//       auto p = engine.gather(m);
+//       model.backward(m, p.f32(), grad[m]);                    // grad[m]: full fp32, numel(m)
+//       engine.reduce_gradients(m, grad[m]);                    // reduce-scatter (bucketed)
+//     }
+//   }
+//   ZeroEngine::StepResult r = engine.step();                   // AdamW; r.skipped on fp16 overflow
+//
+// Stages (DeepSpeed's meanings; W = world size):
+//   0  every rank holds everything; gradients are all-reduced at step().
+//   1  each rank steps 1/W of the optimizer state; full gradients accumulate locally over
+//      micro-batches and are reduce-scattered once at step(); full working params on every rank.
+//   2  as 1, but each reduce_gradients() call reduce-scatters at once (buckets of
+//      reduce_bucket_size elements; asynchronous with overlap_comm) and only the fp32 gradient
+//      shard is kept.
+//   3  as 2, and working params are sharded too: gather(m) all-gathers module m (released when
+//      the Gathered scope ends). Modules with fewer than stage3_param_persistence_threshold
+//      elements stay whole on every rank (no gather).
+// After step() the new master weights are written, in the same AdamW pass, as the working dtype
+// (bf16 when cfg.bf16, fp16 when cfg.fp16.enabled, else fp32) into the rank's working shard;
+// stages 0–2 (and persistent stage-3 modules) then all-gather the full working params.
+//
+// Gradient convention: reduce_gradients() takes this rank's gradient of ONE micro-batch (the
+// gradient of the mean loss over its samples; with fp16, of the loss times loss_scale()). The
+// step uses the mean over ranks and micro-batches: (sum over both) / (W × micro-batches) /
+// loss_scale. Optional global-norm clipping (gradient_clipping > 0) applies to that mean.
+//
+// Optimizer offload (zero_optimization.offload_optimizer.device):
+//   none, cpu  fp32 master, m, v in host memory (this CPU engine keeps "none" on the host too).
+//   nvme       each sub-group's [master | m | v] lives in an extent of a SwapSpace under
+//              <nvme_path>/rank<r>/ and is stepped through buffer_count pinned staging buffers:
+//              the read of sub-group i+1 runs while i is stepped and i-1 is written; a staging
+//              buffer is reused only after its write completed (the pipeline waits, never asserts).
+// Parameter offload (offload_param.device, stage 3): cpu keeps the working shard in host memory
+// (as none); nvme keeps it in the swap space and reads it back before each all-gather.
+//
+// Units: counts are ELEMENTS; *_bytes are bytes. Ownership: the engine owns every buffer it
+// allocates; a Gathered view is valid until it is destroyed, and the engine must outlive it.
+// Thread-safety: not thread-safe; one thread drives an engine (collectives must be issued in the
+// same order on every rank). The Communicator must outlive the engine.
+// Errors: ConfigError (key path named) for configs the engine cannot run — sub_group_size below
+// the alignment, an unsupported optimizer type, offload_param nvme without stage 3; Error for
+// API misuse (registering after the first gather, wrong gradient size, unknown module); CommError
+// and IoError from collectives and swap I/O.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tiermem/config.h"
+#include "tiermem/dtype.h"
+
+namespace tiermem {
+
+class Communicator;
+
+// Engine settings that are not in Config.
+struct ZeroEngineOptions {
+  // Shards and sub-groups are aligned to this many elements (1024 fp32 = 4 KiB, the NVMe block).
+  std::size_t alignment_elems = 1024;
+  // With overlap_comm, at most this many reduce-scatter buckets are in flight; more waits.
+  int max_inflight_buckets = 4;
+};
+
+// Sizes this rank holds, in bytes (for tests and logs).
+struct ZeroStats {
+  std::uint64_t optimizer_state_bytes = 0;  // fp32 master + m + v owned by this rank (any tier)
+  std::uint64_t optimizer_host_bytes = 0;   // of which resident in host memory now (incl. staging)
+  std::uint64_t optimizer_nvme_bytes = 0;   // of which in the swap space
+  std::uint64_t gradient_bytes = 0;         // fp32 gradient accumulation buffers
+  std::uint64_t working_param_bytes = 0;    // persistent working params (shard or full copies)
+  std::uint64_t gathered_bytes_peak = 0;    // largest total of live stage-3 gathered buffers
+  std::uint64_t reduce_scatter_calls = 0;   // bucketed reduce-scatter collectives issued
+  std::uint64_t all_gather_calls = 0;
+  std::int64_t steps = 0;                   // optimizer steps taken (skipped ones excluded)
+  std::int64_t skipped_steps = 0;           // fp16 overflows
+};
+
+class ZeroEngine {
+ public:
+  // A module's full working parameters for as long as the scope lives (stage 3: gathered into a
+  // buffer freed on destruction; other stages: a view of the persistent full copy).
+  // Move-only. data() has numel() elements of dtype() (padding excluded).
+  class Gathered {
+   public:
+    Gathered() = default;
+    Gathered(Gathered&& o) noexcept;
+    Gathered& operator=(Gathered&& o) noexcept;
+    Gathered(const Gathered&) = delete;
+    Gathered& operator=(const Gathered&) = delete;
+    ~Gathered();
+
+    const void* data() const { return data_; }
+    std::size_t numel() const { return numel_; }
+    DType dtype() const { return dtype_; }
+    // Typed views; throw Error when dtype() differs (f32(): kF32; half(): kBF16 or kF16).
+    std::span<const float> f32() const;
+    std::span<const std::uint16_t> half() const;
+    // Ends the scope early (idempotent).
+    void release();
+
+   private:
+    friend class ZeroEngine;
+    ZeroEngine* engine_ = nullptr;
+    int module_ = -1;
+    const void* data_ = nullptr;
+    std::size_t numel_ = 0;
+    DType dtype_ = DType::kF32;
+    bool owned_ = false;  // stage-3 gathered buffer to free on release
+  };
+
+  struct StepResult {
+    bool skipped = false;      // fp16 overflow: nothing was updated
+    double loss_scale = 1.0;   // the scale to use for the next micro-batches
+    double grad_norm = 0.0;    // global L2 norm of the mean gradient (before clipping)
+    std::int64_t step = 0;     // optimizer steps taken so far
+  };
+
+  // Validates what the engine needs beyond parse_config (throws ConfigError naming the key).
+  // `comm` must outlive the engine. With offload nvme, creates <nvme_path>/rank<r>/.
+  ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptions options = {});
+  ~ZeroEngine();
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  // Registers the next module (index returned, from 0) with its full initial fp32 parameters
+  // (numel = init.size(), identical on every rank; only this rank's shard is kept). Only before
+  // the first gather/reduce_gradients/step. Throws Error afterwards.
+  int register_module(const std::string& name, std::span<const float> init);
+
+  int num_modules() const;
+  std::size_t module_numel(int module) const;
+  DType working_dtype() const { return working_dtype_; }
+
+  // The module's full working parameters (see Gathered). Stage 3: a blocking all-gather.
+  Gathered gather(int module);
+
+  // Adds this rank's micro-batch gradient of `module` (full fp32, numel elements; the caller's
+  // buffer may be reused when the call returns). Stage 2/3: reduce-scatters it now in buckets
+  // (async with overlap_comm; completed by the next step()/synchronize()).
+  void reduce_gradients(int module, std::span<const float> grad);
+
+  // Waits for every in-flight reduce-scatter.
+  void synchronize();
+
+  // Zeroes the gradient accumulation (step() does this itself after stepping or skipping).
+  void zero_grad();
+
+  // Reduces what is left, checks for overflow (fp16), clips, steps AdamW over every sub-group,
+  // refreshes the working params. Counts micro-batches itself (no gradient_accumulation_steps
+  // bookkeeping needed by the caller).
+  StepResult step();
+
+  // The fp16 loss scale (1 unless fp16 is enabled): multiply the loss by it before backward.
+  double loss_scale() const;
+
+  // The module's full fp32 master weights (numel elements), all-gathered — every rank gets them,
+  // rank 0 typically saves them. Reads NVMe-resident state as needed.
+  std::vector<float> export_master(int module);
+
+  ZeroStats stats() const;
+  const Config& config() const { return config_; }
+
+ private:
+  struct Impl;
+  friend class Gathered;
+  void release_gathered(Gathered& g) noexcept;
+
+  Config config_;
+  DType working_dtype_ = DType::kF32;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tiermem

@@ -1,0 +1,178 @@
+// tests/mpi/zero_mlp.h — a tiny deterministic MLP driven through ZeroEngine the way the GPT
+// trainer drives it, and the same model trained by plain single-process fp32 AdamW (the
+// reference). Shared by tests/unit/zero_engine_test.cc (one rank) and tests/mpi (2, 4 ranks).
+//
+// Model: y = W2 · tanh(W1 · x + b1) + b2, loss = mean over samples of 0.5·|y − t|².
+// Modules: 0 = [W1 (16×8), b1 (16)] (144 elements), 1 = [W2 (4×16), b2 (4)] (68 elements).
+// Data: 8 fixed samples; every step uses all 8 (the global batch), split evenly over ranks and
+// then over micro-batches, so the mean gradient equals the reference's.
+#pragma once
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tiermem/adam.h"
+#include "tiermem/communicator.h"
+#include "tiermem/config.h"
+#include "tiermem/zero_engine.h"
+
+namespace tiermem::testing {
+
+constexpr int kIn = 8, kHidden = 16, kOut = 4, kSamples = 8;
+
+struct MlpData {
+  std::vector<float> x, t;  // [kSamples][kIn], [kSamples][kOut]
+};
+
+inline MlpData mlp_data() {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  MlpData D;
+  for (int i = 0; i < kSamples * kIn; ++i) D.x.push_back(d(rng));
+  for (int i = 0; i < kSamples * kOut; ++i) D.t.push_back(d(rng));
+  return D;
+}
+
+inline std::vector<std::vector<float>> mlp_init() {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.0f, 0.3f);
+  std::vector<std::vector<float>> p(2);
+  p[0].resize(kHidden * kIn + kHidden);
+  p[1].resize(kOut * kHidden + kOut);
+  for (auto& m : p)
+    for (auto& x : m) x = d(rng);
+  return p;
+}
+
+// Mean loss over samples [s0, s1) and its gradient (fp32, overwritten) for both modules.
+inline float mlp_forward_backward(const MlpData& D, const float* p0, const float* p1, int s0, int s1,
+                                  std::vector<float>& g0, std::vector<float>& g1) {
+  g0.assign(kHidden * kIn + kHidden, 0.0f);
+  g1.assign(kOut * kHidden + kOut, 0.0f);
+  const float *W1 = p0, *b1 = p0 + kHidden * kIn, *W2 = p1, *b2 = p1 + kOut * kHidden;
+  const float inv = 1.0f / static_cast<float>(s1 - s0);
+  float loss = 0;
+  for (int s = s0; s < s1; ++s) {
+    const float* x = &D.x[s * kIn];
+    const float* t = &D.t[s * kOut];
+    float h[kHidden], y[kOut], dy[kOut], dh[kHidden];
+    for (int j = 0; j < kHidden; ++j) {
+      float a = b1[j];
+      for (int i = 0; i < kIn; ++i) a += W1[j * kIn + i] * x[i];
+      h[j] = std::tanh(a);
+    }
+    for (int k = 0; k < kOut; ++k) {
+      float a = b2[k];
+      for (int j = 0; j < kHidden; ++j) a += W2[k * kHidden + j] * h[j];
+      y[k] = a;
+      dy[k] = (y[k] - t[k]) * inv;
+      loss += 0.5f * (y[k] - t[k]) * (y[k] - t[k]) * inv;
+    }
+    for (int j = 0; j < kHidden; ++j) {
+      float a = 0;
+      for (int k = 0; k < kOut; ++k) {
+        a += W2[k * kHidden + j] * dy[k];
+        g1[k * kHidden + j] += dy[k] * h[j];
+      }
+      dh[j] = a * (1.0f - h[j] * h[j]);
+    }
+    for (int k = 0; k < kOut; ++k) g1[kOut * kHidden + k] += dy[k];
+    for (int j = 0; j < kHidden; ++j) {
+      for (int i = 0; i < kIn; ++i) g0[j * kIn + i] += dh[j] * x[i];
+      g0[kHidden * kIn + j] += dh[j];
+    }
+  }
+  return loss;
+}
+
+// The reference: one process, fp32, full batch, scalar AdamW with the config's hyper-parameters.
+inline std::vector<std::vector<float>> mlp_reference(const Config& cfg, int steps) {
+  MlpData D = mlp_data();
+  auto p = mlp_init();
+  std::vector<std::vector<float>> m(2), v(2);
+  for (int i = 0; i < 2; ++i) {
+    m[i].assign(p[i].size(), 0.0f);
+    v[i].assign(p[i].size(), 0.0f);
+  }
+  std::vector<float> g0, g1;
+  for (int s = 1; s <= steps; ++s) {
+    mlp_forward_backward(D, p[0].data(), p[1].data(), 0, kSamples, g0, g1);
+    AdamParams a;
+    a.lr = static_cast<float>(cfg.optimizer.lr);
+    a.beta1 = static_cast<float>(cfg.optimizer.beta1);
+    a.beta2 = static_cast<float>(cfg.optimizer.beta2);
+    a.eps = static_cast<float>(cfg.optimizer.eps);
+    a.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+    a.step = s;
+    std::vector<float>* g[2] = {&g0, &g1};
+    for (int i = 0; i < 2; ++i) {
+      adam_step(a, p[i].data(), g[i]->data(), m[i].data(), v[i].data(), p[i].size(), nullptr, DType::kBF16,
+                {AdamIsa::kScalar, 1});
+    }
+  }
+  return p;
+}
+
+inline std::vector<float> to_f32(const ZeroEngine::Gathered& g) {
+  if (g.dtype() == DType::kF32) return {g.f32().begin(), g.f32().end()};
+  std::vector<float> out;
+  for (std::uint16_t h : g.half()) out.push_back(g.dtype() == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h));
+  return out;
+}
+
+// Trains the MLP for `steps` steps through the engine; returns the exported fp32 masters.
+// `micro` micro-batches per step (kSamples must divide by world × micro).
+inline std::vector<std::vector<float>> mlp_train_engine(ZeroEngine& engine, Communicator& comm, int steps, int micro) {
+  MlpData D = mlp_data();
+  auto init = mlp_init();
+  engine.register_module("fc1", init[0]);
+  engine.register_module("fc2", init[1]);
+  const int per_rank = kSamples / comm.world_size();
+  const int per_micro = per_rank / micro;
+  std::vector<float> g0, g1;
+  for (int s = 0; s < steps; ++s) {
+    for (int mb = 0; mb < micro; ++mb) {
+      const int s0 = comm.rank() * per_rank + mb * per_micro;
+      std::vector<float> p0, p1;
+      {  // forward + backward of both modules inside their gather scopes
+        auto a = engine.gather(0);
+        auto b = engine.gather(1);
+        p0 = to_f32(a);
+        p1 = to_f32(b);
+      }
+      mlp_forward_backward(D, p0.data(), p1.data(), s0, s0 + per_micro, g0, g1);
+      const float scale = static_cast<float>(engine.loss_scale());
+      if (scale != 1.0f) {
+        for (auto& x : g0) x *= scale;
+        for (auto& x : g1) x *= scale;
+      }
+      engine.reduce_gradients(1, g1);  // backward order: last module first
+      engine.reduce_gradients(0, g0);
+    }
+    engine.step();
+  }
+  return {engine.export_master(0), engine.export_master(1)};
+}
+
+// A config for the matrix: stage × optimizer offload, small sub-groups and buckets so every
+// path (several sub-groups, several buckets) runs.
+inline Config mlp_config(int stage, const std::string& offload, const std::string& nvme_dir, int micro,
+                         const std::string& extra = "") {
+  std::string j = R"({"gradient_accumulation_steps": )" + std::to_string(micro) +
+                  R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "tiermem": {"o_direct": false, "swap_initial_bytes": "1MiB"},
+      "zero_optimization": {"stage": )" + std::to_string(stage) +
+                  R"(, "sub_group_size": 1024, "reduce_bucket_size": 2048, "overlap_comm": )" +
+                  (stage == 2 ? "true" : "false") + R"(, "stage3_param_persistence_threshold": 100)";
+  if (offload != "none") {
+    j += R"(, "offload_optimizer": {"device": ")" + offload + R"(", "buffer_count": 2)";
+    if (offload == "nvme") j += R"(, "nvme_path": ")" + nvme_dir + R"(")";
+    j += "}";
+  }
+  j += "}" + extra + "}";
+  return parse_config(j);
+}
+
+}  // namespace tiermem::testing
