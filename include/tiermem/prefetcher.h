@@ -3,13 +3,16 @@
 // The first training step is recorded (AccessTrace); later steps replay it, and because the
 // future is then known the Prefetcher
 //   * prefetches the upcoming device accesses to the device, up to `prefetch_bucket_bytes` ahead
-//     of the current access, while the device's live bytes (resident + this window) stay under
-//     `max_live_bytes` (the immediately next access is always hinted, even when larger than the
-//     bucket, so the pipeline never runs dry);
+//     of the current access, while the live bytes (the current access + the look-ahead window)
+//     stay under `max_live_bytes`; tensors merely cached (kept on release, evictable) are not
+//     live. The immediately next access is hinted even when larger than the bucket (but not past
+//     max_live), so the pipeline never runs dry;
 //   * prefetches NVMe→host further ahead on its own budget, `nvme_prefetch_bytes`, over every
 //     upcoming access (it does not stop at the first tensor still on NVMe, as DeepSpeed does);
 //   * keeps a released tensor resident when its reuse distance (bytes of distinct other tensors
-//     before its next use, see reuse_distance.h) is at most `max_reuse_distance_bytes`;
+//     before its next use, see reuse_distance.h) is at most `max_reuse_distance_bytes`; beyond
+//     it, keeps it too unless `cache_beyond_reuse_distance` is false (DeepSpeed releases it; with
+//     Belady eviction an early release can only cost bytes, never save any, so we keep it);
 //   * evicts, among the candidates TensorStore offers, the one whose next use is furthest away —
 //     Belady's MIN ("A study of replacement algorithms for a virtual-storage computer", IBM Systems
 //     Journal, 1966), optimal in misses for equal-sized tensors when the future is known. Tensors
@@ -52,6 +55,10 @@ struct PrefetcherOptions {
   std::uint64_t max_reuse_distance_bytes = 2'000'000'000;  // 1e9 elements of bf16
   std::uint64_t nvme_prefetch_bytes = 256ull << 20;      // tiermem.nvme_prefetch_bytes
   bool prefetch_across_steps = true;                     // look-ahead wraps into the next step
+  // Beyond max_reuse_distance_bytes, keep the tensor cached anyway (true) and let Belady evict it
+  // when room is needed — it is then the first victim, its next use being far — or release it at
+  // once like DeepSpeed (false; frees memory for whatever else shares the device).
+  bool cache_beyond_reuse_distance = true;
 
   // From zero_optimization.stage3_* (elements × dtype size) and tiermem.nvme_prefetch_bytes.
   static PrefetcherOptions from_config(const Config& config, DType param_dtype);

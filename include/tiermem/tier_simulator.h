@@ -19,10 +19,11 @@
 // Prefetcher). All three get the same byte options.
 //
 // Metrics are those of the last simulated step (steady state; the first step records the trace).
-// efficiency = ideal_seconds / step_seconds, where ideal_seconds = max(compute seconds, for each
-// tier pair: bytes this policy moved over it / its bandwidth) — the step time if every transfer
-// overlapped compute perfectly. Read it beside bytes_moved: efficiency says how well transfers
-// hide behind compute, bytes_moved how well the cache is used.
+// efficiency = ideal_seconds / step_seconds. ideal_seconds is the same for every policy: the
+// larger of the step's total compute and, for each tier pair, the bytes that MUST cross it in a
+// steady-state step (all distinct bytes minus what the receiving tiers can hold at the step's
+// start) at that pair's bandwidth — i.e. the step time with perfect caching and perfect overlap.
+// Read it beside bytes_moved (the cache's quality) and stall_seconds (the look-ahead's).
 //
 // Thread-safety: pure functions over their arguments; thread-safe. Errors: simulate() throws
 // OutOfMemoryError when a tensor is larger than a tier's budget, ConfigError on non-positive

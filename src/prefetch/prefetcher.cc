@@ -105,7 +105,9 @@ std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes
     for (std::int64_t a = cur_ + 1; a <= c; ++a) {
       if (at(a).tier == Tier::kDevice) window += at(a).bytes;
     }
-    const std::uint64_t live = view.resident_bytes[static_cast<int>(Tier::kDevice)];
+    // Live = in use now + fetched ahead for use. Tensors merely cached (kept on release, evictable
+    // at any time) are not live, or a well-used cache would switch prefetching off.
+    const std::uint64_t live = bytes;
     for (; c + 1 <= end; ++c) {
       const Access& x = at(c + 1);
       if (x.tier != Tier::kDevice) continue;
@@ -139,7 +141,7 @@ bool Prefetcher::keep_on_release(TensorId id, Tier /*tier*/, const ResidencyView
     ensure_derived();
     auto it = positions_.find(id);
     if (it == positions_.end()) {
-      keep = false;  // not in the trace: never used again
+      keep = options_.cache_beyond_reuse_distance;  // not in the trace: never used again
     } else {
       // The latest access of `id` at or before the current position decides.
       const std::int64_t p = cur_ - base_;
@@ -148,7 +150,8 @@ bool Prefetcher::keep_on_release(TensorId id, Tier /*tier*/, const ResidencyView
         return v < static_cast<std::int64_t>(x);
       });
       if (up != pos.begin()) {
-        keep = reuse_[*(up - 1)].bytes <= options_.max_reuse_distance_bytes;
+        keep = reuse_[*(up - 1)].bytes <= options_.max_reuse_distance_bytes ||
+               options_.cache_beyond_reuse_distance;
       }
     }
   }

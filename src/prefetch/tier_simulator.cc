@@ -183,8 +183,7 @@ class Simulator final : public SimState {
         r.compute_seconds = compute;
         r.stall_seconds = stall;
         r.step_seconds = now_ - step_start;
-        r.ideal_seconds = std::max({compute, static_cast<double>(n2h_) / (m_.nvme_to_host_gbps * 1e9),
-                                    static_cast<double>(h2d_) / (m_.host_to_device_gbps * 1e9)});
+        r.ideal_seconds = ideal_seconds(compute);
         r.efficiency = r.step_seconds > 0 ? r.ideal_seconds / r.step_seconds : 1.0;
       }
       step_start = now_;
@@ -200,6 +199,24 @@ class Simulator final : public SimState {
     double dev_ready = 0, host_ready = 0;
     double host_busy_until = 0;  // an in-flight host->device copy reads the host copy
   };
+
+  // A lower bound on a steady-state step, the same for every policy: compute is one stream, and
+  // at a step's start at most `budget` bytes are resident on a tier, so everything else must
+  // cross into it during the step: host->device at least (distinct bytes - device budget), and,
+  // NVMe-homed, NVMe->host at least (distinct bytes - host budget - device budget).
+  double ideal_seconds(double compute) const {
+    std::uint64_t all = 0;
+    for (std::uint64_t b : bytes_) all += b;
+    auto beyond = [](std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; };
+    const double h2d = static_cast<double>(beyond(all, m_.device_budget_bytes)) /
+                       (m_.host_to_device_gbps * 1e9);
+    const double n2h =
+        m_.home == Tier::kNvme
+            ? static_cast<double>(beyond(all, m_.device_budget_bytes + m_.host_budget_bytes)) /
+                  (m_.nvme_to_host_gbps * 1e9)
+            : 0.0;
+    return std::max({compute, h2d, n2h});
+  }
 
   ResidencyView view() const {
     ResidencyView v;

@@ -105,20 +105,27 @@ TEST(Prefetcher, NextTensorIsHintedEvenWhenLargerThanTheBucket) {
 TEST(Prefetcher, MaxLiveBytesStopsDeviceHintsButNotHostHints) {
   PrefetcherOptions o;
   o.prefetch_bucket_bytes = 100;
-  o.max_live_bytes = 35;
-  o.nvme_prefetch_bytes = 30;
+  o.max_live_bytes = 35;  // the current 10-byte access + two more
+  o.nvme_prefetch_bytes = 40;
   Prefetcher p(o);
-  step(p, {0, 1, 2, 3, 4});
+  step(p, {0, 1, 2, 3, 4, 5});
   p.begin_step();
   ResidencyView v;
-  v.resident_bytes[0] = 20;  // + window must stay <= 35: one more 10-byte tensor only
+  v.resident_bytes[0] = 1000;  // a full cache is not live: it does not stop prefetching
   auto h = p.on_access(0, 10, Tier::kDevice, Phase::kForward, v);
-  EXPECT_EQ(ids_of(h, Tier::kDevice), (Ids{1}));
-  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{1, 2, 3}));
-  v.resident_bytes[0] = 40;  // already over: no device hints at all
+  EXPECT_EQ(ids_of(h, Tier::kDevice), (Ids{1, 2}));
+  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{1, 2, 3, 4}));
   h = p.on_access(1, 10, Tier::kDevice, Phase::kForward, v);
-  EXPECT_TRUE(ids_of(h, Tier::kDevice).empty());
+  EXPECT_EQ(ids_of(h, Tier::kDevice), (Ids{3}));
   p.end_step();
+  o.max_live_bytes = 15;  // not even the next one fits beside the current access
+  Prefetcher q(o);
+  step(q, {0, 1, 2});
+  q.begin_step();
+  h = q.on_access(0, 10, Tier::kDevice, Phase::kForward, v);
+  EXPECT_TRUE(ids_of(h, Tier::kDevice).empty());
+  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{1, 2}));
+  q.end_step();
 }
 
 TEST(Prefetcher, LookAheadWrapsIntoTheNextStep) {
@@ -140,6 +147,7 @@ TEST(Prefetcher, LookAheadWrapsIntoTheNextStep) {
 TEST(Prefetcher, KeepsOnReleaseByReuseDistanceInBytes) {
   PrefetcherOptions o;
   o.max_reuse_distance_bytes = 25;
+  o.cache_beyond_reuse_distance = false;  // DeepSpeed's strict release
   Prefetcher p(o);
   // 0 1 2 0 3 4 5 6 1: after its first access 0 is reused past 1 and 2 (20 bytes): keep.
   // 1 is reused after 2 0 3 4 5 6 (60 bytes): drop.
@@ -155,6 +163,16 @@ TEST(Prefetcher, KeepsOnReleaseByReuseDistanceInBytes) {
   EXPECT_EQ(p.accesses_until_next_use(1), 7u);
   EXPECT_EQ(p.accesses_until_next_use(99), kNoNextUse);
   p.end_step();
+
+  o.cache_beyond_reuse_distance = true;  // the default: cache it, Belady evicts it first
+  Prefetcher q(o);
+  step(q, order);
+  q.begin_step();
+  q.on_access(0, 10, Tier::kDevice, Phase::kForward, empty_view());
+  q.on_access(1, 10, Tier::kDevice, Phase::kForward, empty_view());
+  EXPECT_TRUE(q.keep_on_release(1, Tier::kDevice, empty_view()));
+  EXPECT_EQ(q.stats().dropped, 0u);
+  q.end_step();
 }
 
 TEST(Prefetcher, VictimIsFurthestNextUseAndUnknownTensorsGoFirst) {
