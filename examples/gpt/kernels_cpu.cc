@@ -45,6 +45,8 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double al
 
 }  // namespace
 
+int compute_threads() { return omp_get_max_threads(); }
+
 
 template <class R>
 void encoder_forward(R* out, const std::int32_t* tokens, const R* wte, const R* wpe, int B, int T,

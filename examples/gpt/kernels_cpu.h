@@ -15,6 +15,9 @@
 
 namespace tiermem::gpt::cpu {
 
+// Threads the CPU kernels use (OpenMP's omp_get_max_threads(); OMP_NUM_THREADS sets it).
+int compute_threads();
+
 // out[n, c] = wte[tokens[n], c] + wpe[n % T, c]      (=)
 template <class R>
 void encoder_forward(R* out, const std::int32_t* tokens, const R* wte, const R* wpe, int B, int T,

@@ -1,0 +1,203 @@
+// The GPT model's CUDA kernels against its CPU kernels on the same random inputs. Row kernels run
+// the same gpt/layer_math.h code, so they must agree to fp32 rounding (1e-5 relative to the
+// largest reference value); GEMMs take bf16 inputs, so the CPU reference is given the same
+// bf16-rounded inputs and the bound is 1e-4 relative (fp32 accumulation order only).
+// Skips with "no CUDA device" where there is no GPU; scripts/gpu-check.sh runs it on one.
+#include <gtest/gtest.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gpt/kernels_cpu.h"
+#include "gpt/kernels_cuda.h"
+#include "tiermem/dtype.h"
+
+namespace tiermem::gpt {
+namespace {
+
+bool have_device() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_DEVICE()                                  \
+  do {                                                    \
+    if (!have_device()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+std::vector<float> randn(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+void expect_near_all(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel,
+                     const char* what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double maxref = 0, maxd = 0;
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    maxref = std::max(maxref, std::abs(static_cast<double>(cpu[i])));
+    maxd = std::max(maxd, std::abs(static_cast<double>(gpu[i]) - cpu[i]));
+  }
+  EXPECT_GT(maxref, 0.0) << what;
+  EXPECT_LE(maxd, rel * std::max(maxref, 1e-3)) << what << " max |ref| " << maxref;
+}
+
+constexpr int B = 2, T = 33, C = 64, NH = 4, N = B * T, V = 97;
+
+TEST(GptCuda, EncoderMatchesCpu) {
+  REQUIRE_DEVICE();
+  std::vector<std::int32_t> tok(N);
+  for (int i = 0; i < N; ++i) tok[i] = (i * 7 + 3) % V;
+  auto wte = randn(V * C, 1), wpe = randn(T * C, 2), dout = randn(N * C, 3);
+  std::vector<float> out(N * C), dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
+  cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+  Dev<std::int32_t> dtok(tok);
+  Dev<float> dwte_p(wte), dwpe_p(wpe), ddout(dout), dout_g(std::vector<float>(N * C)),
+      gwte(std::vector<float>(V * C, 0.0f)), gwpe(std::vector<float>(T * C, 0.0f));
+  cuda::encoder_forward(dout_g.p, dtok.p, dwte_p.p, dwpe_p.p, B, T, C, nullptr);
+  cuda::encoder_backward(gwte.p, gwpe.p, ddout.p, dtok.p, B, T, C, nullptr);
+  expect_near_all(dout_g.get(), out, 1e-6, "encoder out");
+  expect_near_all(gwte.get(), dwte, 1e-5, "encoder dwte");
+  expect_near_all(gwpe.get(), dwpe, 1e-5, "encoder dwpe");
+}
+
+TEST(GptCuda, LayerNormMatchesCpu) {
+  REQUIRE_DEVICE();
+  auto x = randn(N * C, 4, 2.0f), w = randn(C, 5), b = randn(C, 6), dout = randn(N * C, 7);
+  std::vector<float> out(N * C), mean(N), rstd(N), dx(N * C, 0.5f), dw(C, 0.0f), db(C, 0.0f);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), N, C);
+  Dev<float> gx(x), gw(w), gb(b), gdout(dout), gout(std::vector<float>(N * C)),
+      gmean(std::vector<float>(N)), grstd(std::vector<float>(N)),
+      gdx(std::vector<float>(N * C, 0.5f)), gdw(std::vector<float>(C, 0.0f)),
+      gdb(std::vector<float>(C, 0.0f));
+  cuda::layernorm_forward(gout.p, gmean.p, grstd.p, gx.p, gw.p, gb.p, N, C, nullptr);
+  cuda::layernorm_backward(gdx.p, gdw.p, gdb.p, gdout.p, gx.p, gw.p, gmean.p, grstd.p, N, C,
+                           nullptr);
+  expect_near_all(gout.get(), out, 1e-5, "layernorm out");
+  expect_near_all(gdx.get(), dx, 1e-5, "layernorm dx");
+  expect_near_all(gdw.get(), dw, 1e-5, "layernorm dw");
+  expect_near_all(gdb.get(), db, 1e-5, "layernorm db");
+}
+
+TEST(GptCuda, AttentionMatchesCpu) {
+  REQUIRE_DEVICE();
+  auto qkv = randn(N * 3 * C, 8), dout = randn(N * C, 9);
+  std::vector<float> out(N * C), att(B * NH * T * T), dqkv(N * 3 * C), dpre(B * NH * T * T);
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  cpu::attention_backward(dqkv.data(), dpre.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                          NH);
+  Dev<float> gqkv(qkv), gdout(dout), gout(std::vector<float>(N * C)),
+      gatt(std::vector<float>(att.size())), gdqkv(std::vector<float>(dqkv.size())),
+      gdpre(std::vector<float>(dpre.size()));
+  cuda::attention_forward(gout.p, gatt.p, gqkv.p, B, T, C, NH, nullptr);
+  cuda::attention_backward(gdqkv.p, gdpre.p, gdout.p, gqkv.p, gatt.p, B, T, C, NH, nullptr);
+  expect_near_all(gout.get(), out, 1e-5, "attention out");
+  expect_near_all(gatt.get(), att, 1e-5, "attention probabilities");
+  expect_near_all(gdqkv.get(), dqkv, 1e-5, "attention dqkv");
+}
+
+TEST(GptCuda, GeluResidualCrossEntropyMatchCpu) {
+  REQUIRE_DEVICE();
+  const std::int64_t n = N * 4 * C;
+  auto x = randn(n, 10, 2.0f), y = randn(n, 11), dout = randn(n, 12);
+  std::vector<float> g(n), dg(n), r(n);
+  cpu::gelu_forward(g.data(), x.data(), n);
+  cpu::gelu_backward(dg.data(), x.data(), dout.data(), n);
+  cpu::residual_forward(r.data(), x.data(), y.data(), n);
+  Dev<float> gx(x), gy(y), gdout(dout), gg(std::vector<float>(n)), gdg(std::vector<float>(n)),
+      gr(std::vector<float>(n));
+  cuda::gelu_forward(gg.p, gx.p, n, nullptr);
+  cuda::gelu_backward(gdg.p, gx.p, gdout.p, n, nullptr);
+  cuda::residual_forward(gr.p, gx.p, gy.p, n, nullptr);
+  expect_near_all(gg.get(), g, 1e-5, "gelu");
+  expect_near_all(gdg.get(), dg, 1e-5, "gelu backward");
+  expect_near_all(gr.get(), r, 1e-6, "residual");
+
+  std::vector<std::int32_t> tgt(N);
+  for (int i = 0; i < N; ++i) tgt[i] = (i * 13) % V;
+  auto logits = randn(N * V, 13, 3.0f);
+  std::vector<float> probs = logits;
+  const float loss = cpu::crossentropy_forward(probs.data(), tgt.data(), N, V);
+  Dev<float> glog(logits), glosses(std::vector<float>(N));
+  Dev<std::int32_t> gtgt(tgt);
+  cuda::crossentropy_forward(glog.p, glosses.p, gtgt.p, N, V, nullptr);
+  expect_near_all(glog.get(), probs, 1e-5, "softmax probabilities");
+  double sum = 0;
+  for (float l : glosses.get()) sum += l;
+  EXPECT_NEAR(sum / N, loss, 1e-5 * std::abs(loss));
+  cpu::crossentropy_backward(probs.data(), tgt.data(), N, V, 1.0f / N);
+  cuda::crossentropy_backward(glog.p, gtgt.p, N, V, 1.0f / N, nullptr);
+  expect_near_all(glog.get(), probs, 1e-5, "dlogits");
+}
+
+TEST(GptCuda, Bf16MatmulMatchesCpuOnRoundedInputs) {
+  REQUIRE_DEVICE();
+  const int OC = 3 * C;
+  auto round_bf16 = [](std::vector<float> v, std::vector<std::uint16_t>* bits) {
+    bits->resize(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      (*bits)[i] = f32_to_bf16(v[i]);
+      v[i] = bf16_to_f32((*bits)[i]);
+    }
+    return v;
+  };
+  std::vector<std::uint16_t> xb, wb, db16;
+  auto x = round_bf16(randn(N * C, 14), &xb);
+  auto w = round_bf16(randn(OC * C, 15, 0.1f), &wb);
+  auto dout = round_bf16(randn(N * OC, 16), &db16);
+  auto bias = randn(OC, 17);
+  std::vector<float> out(N * OC), dx(N * C), dw(OC * C, 0.25f), dbias(OC, 0.0f);
+  cpu::matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, C, OC);
+  cpu::matmul_backward(dx.data(), dw.data(), dbias.data(), dout.data(), x.data(), w.data(), N, C,
+                       OC);
+
+  // The device side also checks the cast kernel: upload fp32, cast to bf16 on the GPU.
+  Dev<float> gx32(x), gw32(w), gd32(dout), gbias(bias), gout(std::vector<float>(N * OC)),
+      gdx(std::vector<float>(N * C)), gdw(std::vector<float>(OC * C, 0.25f)),
+      gdbias(std::vector<float>(OC, 0.0f));
+  Dev<std::uint16_t> gx(std::vector<std::uint16_t>(N * C)), gw(std::vector<std::uint16_t>(OC * C)),
+      gd(std::vector<std::uint16_t>(N * OC));
+  cuda::cast_f32_to_bf16(gx.p, gx32.p, N * C, nullptr);
+  cuda::cast_f32_to_bf16(gw.p, gw32.p, OC * C, nullptr);
+  cuda::cast_f32_to_bf16(gd.p, gd32.p, N * OC, nullptr);
+  EXPECT_EQ(gx.get(), xb);  // the device cast rounds exactly as tiermem/dtype.h does
+  cublasHandle_t h;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  cuda::matmul_forward(h, gout.p, gx.p, gw.p, gbias.p, N, C, OC, nullptr);
+  cuda::matmul_backward(h, gdx.p, gdw.p, gdbias.p, gd.p, gd32.p, gx.p, gw.p, N, C, OC, nullptr);
+  expect_near_all(gout.get(), out, 1e-4, "matmul out");
+  expect_near_all(gdx.get(), dx, 1e-4, "matmul dinp");
+  expect_near_all(gdw.get(), dw, 1e-4, "matmul dw");
+  expect_near_all(gdbias.get(), dbias, 1e-4, "matmul dbias");
+  cublasDestroy(h);
+}
+
+}  // namespace
+}  // namespace tiermem::gpt
