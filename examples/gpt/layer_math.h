@@ -23,12 +23,21 @@ TM_GPT_HD float m_exp(float x) { return expf(x); }
 TM_GPT_HD double m_exp(double x) { return exp(x); }
 TM_GPT_HD float m_log(float x) { return logf(x); }
 TM_GPT_HD double m_log(double x) { return log(x); }
-TM_GPT_HD float m_tanh(float x) { return tanhf(x); }
+// tanh through one expf (cheaper than tanhf on the CPU; absolute error ~1e-7, saturates to ±1).
+TM_GPT_HD float m_tanh(float x) { return 1.0f - 2.0f / (1.0f + expf(2.0f * x)); }
 TM_GPT_HD double m_tanh(double x) { return tanh(x); }
 TM_GPT_HD float m_sqrt(float x) { return sqrtf(x); }
 TM_GPT_HD double m_sqrt(double x) { return sqrt(x); }
 
 constexpr double kLayerNormEps = 1e-5;
+
+// Lets the host compiler vectorise the sum into `s` that follows (reassociating it) under OpenMP;
+// a no-op in device code and without OpenMP.
+#if defined(_OPENMP) && !defined(__CUDA_ARCH__)
+#define TM_GPT_SIMD_SUM_S _Pragma("omp simd reduction(+ : s)")
+#else
+#define TM_GPT_SIMD_SUM_S
+#endif
 
 // GELU, tanh approximation (Hendrycks & Gimpel 2016; the form GPT-2 uses):
 //   gelu(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
@@ -98,6 +107,7 @@ TM_GPT_HD void attention_row_forward(const R* qkv, R* att, R* out, int T, int C,
   for (int j = 0; j <= t; ++j) {
     const R* k = qkv + (static_cast<long>(b) * T + j) * 3 * C + C + h * hs;
     R s = 0;
+    TM_GPT_SIMD_SUM_S
     for (int i = 0; i < hs; ++i) s += q[i] * k[i];
     s *= scale;
     a[j] = s;
@@ -134,6 +144,7 @@ TM_GPT_HD void attention_row_dpre(const R* qkv, const R* att, const R* dout, R* 
   for (int j = 0; j <= t; ++j) {
     const R* v = qkv + (static_cast<long>(b) * T + j) * 3 * C + 2 * C + h * hs;
     R s = 0;
+    TM_GPT_SIMD_SUM_S
     for (int i = 0; i < hs; ++i) s += go[i] * v[i];
     d[j] = s;
     dot += a[j] * s;
