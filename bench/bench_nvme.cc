@@ -1,0 +1,238 @@
+// tiermem-bench nvme — fio-like throughput and latency of the NVMe tier's IoEngine on one file.
+//
+//   cmake --build build-nvme --target tiermem-bench
+//   build-nvme/bench/tiermem-bench nvme --path /mnt/nvme --rw read --bs 1M --qd 16 --size 1G
+//       --runtime 5 --engine uring [--sqpoll] [--fixed-bufs] [--json]   (one line)
+//
+// --path is a directory (the file is DIR/tiermem-bench-nvme.dat) or a file. The file is opened
+// with O_DIRECT (page cache bypassed, like fio direct=1); when it is smaller than --size it is
+// first written sequentially (reads of never-written blocks would not touch the device). Each of
+// --jobs threads keeps --qd requests of --bs bytes in flight for --runtime seconds: sequential
+// jobs start at job * size / jobs and wrap; random jobs pick bs-aligned offsets uniformly
+// (fixed seed). One engine with one ring per job, block_size = bs (no splitting). Latency is
+// submit -> completion callback, per request. gbps = 1e9 bytes/s; MB/s = 1e6 bytes/s.
+// With --json the last line is {"engine","rw","bs","qd","jobs","bytes","seconds","gbps","iops",
+// "lat_us":{"p50","p99","p999"}}. Bad arguments: one line on stderr, exit status 2.
+#include <sys/stat.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/bench.h"
+#include "tiermem/config.h"
+#include "tiermem/error.h"
+#include "tiermem/io_engine.h"
+
+namespace tiermem::bench {
+namespace {
+
+struct NvmeOpts {
+  std::string path;
+  std::string rw = "read";
+  std::string bs = "1M";
+  int qd = 16;
+  std::string size = "1G";
+  int jobs = 1;
+  double runtime = 5;
+  std::string engine = "uring";
+  bool sqpoll = false;
+  bool fixed_bufs = false;
+  bool json = false;
+};
+
+struct JobResult {
+  std::uint64_t bytes = 0;
+  std::vector<double> lat_us;
+};
+
+// One job: qd requests in flight until `deadline`. Each completion callback (on the engine's
+// completion thread) records the latency and submits the slot's next request at once, so a
+// request costs one thread wake-up, as in fio; this thread only waits for the end.
+JobResult run_job(IoEngine& engine, IoFile file, char* bufs, std::uint64_t bs, int qd,
+                  std::uint64_t size, bool write, bool random, int job, int jobs, double deadline) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    JobResult res;
+    std::exception_ptr first_error;
+    int in_flight = 0;
+    std::uint64_t next_block = 0;
+    std::mt19937_64 rng;
+    std::vector<double> start;
+  } sh;
+  sh.res.lat_us.reserve(1 << 20);
+  const std::uint64_t blocks = size / bs;
+  sh.next_block = blocks * static_cast<std::uint64_t>(job) / static_cast<std::uint64_t>(jobs);
+  sh.rng.seed(1234 + static_cast<std::uint64_t>(job));
+  sh.start.resize(static_cast<std::size_t>(qd));
+  std::function<void(int)> submit = [&](int slot) {
+    std::uint64_t block;
+    {
+      std::lock_guard<std::mutex> lock(sh.mu);
+      block = random ? sh.rng() % blocks : sh.next_block++ % blocks;
+      sh.start[static_cast<std::size_t>(slot)] = now_s();
+    }
+    char* buf = bufs + static_cast<std::uint64_t>(slot) * bs;
+    IoRequest r = write ? engine.submit_write(file, block * bs, bs, buf)
+                        : engine.submit_read(file, block * bs, bs, buf);
+    r.on_complete([&, slot](std::exception_ptr e) {
+      double t = now_s();
+      bool again;
+      {
+        std::lock_guard<std::mutex> lock(sh.mu);
+        if (e && !sh.first_error) sh.first_error = e;
+        sh.res.lat_us.push_back((t - sh.start[static_cast<std::size_t>(slot)]) * 1e6);
+        sh.res.bytes += bs;
+        again = t < deadline && !sh.first_error;
+        if (!again && --sh.in_flight == 0) sh.cv.notify_all();
+      }
+      if (again) submit(slot);
+    });
+  };
+  {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    sh.in_flight = qd;
+  }
+  for (int s = 0; s < qd; ++s) submit(s);
+  std::unique_lock<std::mutex> lock(sh.mu);
+  sh.cv.wait(lock, [&] { return sh.in_flight == 0; });
+  if (sh.first_error) std::rethrow_exception(sh.first_error);
+  return std::move(sh.res);
+}
+
+int run_nvme(const NvmeOpts& o) {
+  std::uint64_t bs, size;
+  try {
+    bs = parse_size(o.bs, "--bs");
+    size = parse_size(o.size, "--size");
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "tiermem-bench nvme: %s\n", e.what());
+    return 2;
+  }
+  auto bad = [](const std::string& m) {
+    std::fprintf(stderr, "tiermem-bench nvme: %s\n", m.c_str());
+    return 2;
+  };
+  if (bs == 0 || bs % kDirectAlignment != 0) return bad("--bs must be a positive multiple of 4096");
+  if (size < bs) return bad("--size must be at least --bs");
+  if (o.qd < 1 || o.qd > 4096) return bad("--qd must be in 1..4096");
+  if (o.jobs < 1 || o.jobs > 64) return bad("--jobs must be in 1..64");
+  if (!(o.runtime > 0)) return bad("--runtime must be > 0 seconds");
+  size = size / bs * bs;
+
+  std::string file_path = o.path;
+  struct stat st {};
+  if (::stat(o.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file_path = o.path + "/tiermem-bench-nvme.dat";
+
+  IoEngineOptions eo;
+  eo.kind = o.engine == "posix" ? IoEngineKind::kPosix : IoEngineKind::kUring;
+  eo.block_size_bytes = bs;
+  eo.queue_depth = o.qd;
+  eo.rings = o.jobs;
+  eo.sqpoll = o.sqpoll;
+  eo.fixed_buffers = o.fixed_bufs;
+  auto engine = make_io_engine(eo);
+  IoFile file = engine->open_file(file_path, /*create=*/true);
+
+  const std::uint64_t pool_bytes = bs * static_cast<std::uint64_t>(o.qd) * static_cast<std::uint64_t>(o.jobs);
+  void* mem = nullptr;
+  if (posix_memalign(&mem, kDirectAlignment, pool_bytes) != 0) throw std::bad_alloc();
+  std::unique_ptr<char, decltype(&std::free)> pool(static_cast<char*>(mem), &std::free);
+  for (std::uint64_t i = 0; i < pool_bytes; ++i) pool.get()[i] = static_cast<char>(i * 131 + 7);
+  bool registered = o.fixed_bufs && engine->register_buffers(pool.get(), pool_bytes);
+
+  if (engine->file_size(file) < size) {  // lay the file out: write it once, sequentially
+    std::vector<IoRequest> reqs;
+    for (std::uint64_t off = 0; off < size; off += bs) {
+      reqs.push_back(engine->submit_write(file, off, bs, pool.get() + (off / bs % o.qd) * bs));
+      if (reqs.size() >= static_cast<std::size_t>(o.qd)) {
+        wait_all(reqs);
+        reqs.clear();
+      }
+    }
+    wait_all(reqs);
+  }
+
+  const bool write = o.rw == "write" || o.rw == "randwrite";
+  const bool random = o.rw == "randread" || o.rw == "randwrite";
+  std::vector<JobResult> results(static_cast<std::size_t>(o.jobs));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.jobs));
+  double t0 = now_s();
+  double deadline = t0 + o.runtime;
+  std::vector<std::thread> threads;
+  for (int j = 0; j < o.jobs; ++j) {
+    threads.emplace_back([&, j] {
+      try {
+        results[j] = run_job(*engine, file, pool.get() + static_cast<std::uint64_t>(j) * o.qd * bs, bs,
+                             o.qd, size, write, random, j, o.jobs, deadline);
+      } catch (...) {
+        errors[j] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  double seconds = now_s() - t0;
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  engine->close_file(file);
+
+  std::uint64_t bytes = 0;
+  std::vector<double> lat;
+  for (auto& r : results) {
+    bytes += r.bytes;
+    lat.insert(lat.end(), r.lat_us.begin(), r.lat_us.end());
+  }
+  double ios = static_cast<double>(lat.size());
+  double gbps = static_cast<double>(bytes) / seconds / 1e9;
+  double iops = ios / seconds;
+  double p50 = quantile(lat, 0.5), p99 = quantile(lat, 0.99), p999 = quantile(lat, 0.999);
+
+  std::printf("nvme: rw=%s bs=%s qd=%d jobs=%d engine=%s%s%s file=%s size=%s\n", o.rw.c_str(),
+              format_bytes(bs).c_str(), o.qd, o.jobs, engine->name(),
+              engine->sqpoll_active() ? " sqpoll" : "", registered ? " fixed-bufs" : "",
+              file_path.c_str(), format_bytes(size).c_str());
+  std::printf("  %s: IOPS=%.0f, BW=%.1fMB/s (%.3f GB/s), %.1f MB in %.2f s\n", write ? "write" : "read",
+              iops, gbps * 1e3, gbps, static_cast<double>(bytes) / 1e6, seconds);
+  std::printf("  lat (usec): p50=%.1f, p99=%.1f, p99.9=%.1f\n", p50, p99, p999);
+  if (o.json) {
+    nlohmann::json j = {{"engine", engine->name()}, {"rw", o.rw}, {"bs", bs}, {"qd", o.qd},
+                        {"jobs", o.jobs}, {"bytes", bytes}, {"seconds", seconds}, {"gbps", gbps},
+                        {"iops", iops}, {"lat_us", {{"p50", p50}, {"p99", p99}, {"p999", p999}}}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+std::function<int()> setup_nvme(CLI::App& sub) {
+  auto o = std::make_shared<NvmeOpts>();
+  sub.add_option("--path", o->path, "directory (or file) to test; O_DIRECT")->required();
+  sub.add_option("--rw", o->rw, "read|write|randread|randwrite")
+      ->check(CLI::IsMember({"read", "write", "randread", "randwrite"}));
+  sub.add_option("--bs", o->bs, "request size (4K multiple), e.g. 1M, 4K");
+  sub.add_option("--qd", o->qd, "requests in flight per job");
+  sub.add_option("--size", o->size, "file size used, e.g. 1G");
+  sub.add_option("--jobs", o->jobs, "threads, each with its own ring");
+  sub.add_option("--runtime", o->runtime, "seconds");
+  sub.add_option("--engine", o->engine, "uring|posix")->check(CLI::IsMember({"uring", "posix"}));
+  sub.add_flag("--sqpoll", o->sqpoll, "IORING_SETUP_SQPOLL");
+  sub.add_flag("--fixed-bufs", o->fixed_bufs, "register the buffers (fixed buffers)");
+  sub.add_flag("--json", o->json, "last line: one JSON object");
+  return [o] { return run_nvme(*o); };
+}
+
+}  // namespace
+
+TIERMEM_BENCH_COMMAND(nvme, "nvme", "NVMe tier: IoEngine throughput and latency on one file (fio-like)",
+                      setup_nvme);
+
+}  // namespace tiermem::bench
