@@ -46,6 +46,9 @@ struct Dev {
   }
 };
 
+std::vector<float> filled(std::size_t n, float v = 0.0f) { return std::vector<float>(n, v); }
+std::vector<std::uint16_t> filled_u16(std::size_t n) { return std::vector<std::uint16_t>(n, 0); }
+
 std::vector<float> randn(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.0f, scale);
@@ -77,8 +80,8 @@ TEST(GptCuda, EncoderMatchesCpu) {
   cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
   cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
   Dev<std::int32_t> dtok(tok);
-  Dev<float> dwte_p(wte), dwpe_p(wpe), ddout(dout), dout_g(std::vector<float>(N * C)),
-      gwte(std::vector<float>(V * C, 0.0f)), gwpe(std::vector<float>(T * C, 0.0f));
+  Dev<float> dwte_p(wte), dwpe_p(wpe), ddout(dout), dout_g(filled(N * C)),
+      gwte(filled(V * C, 0.0f)), gwpe(filled(T * C, 0.0f));
   cuda::encoder_forward(dout_g.p, dtok.p, dwte_p.p, dwpe_p.p, B, T, C, nullptr);
   cuda::encoder_backward(gwte.p, gwpe.p, ddout.p, dtok.p, B, T, C, nullptr);
   expect_near_all(dout_g.get(), out, 1e-6, "encoder out");
@@ -93,10 +96,10 @@ TEST(GptCuda, LayerNormMatchesCpu) {
   cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
                           mean.data(), rstd.data(), N, C);
-  Dev<float> gx(x), gw(w), gb(b), gdout(dout), gout(std::vector<float>(N * C)),
-      gmean(std::vector<float>(N)), grstd(std::vector<float>(N)),
-      gdx(std::vector<float>(N * C, 0.5f)), gdw(std::vector<float>(C, 0.0f)),
-      gdb(std::vector<float>(C, 0.0f));
+  Dev<float> gx(x), gw(w), gb(b), gdout(dout), gout(filled(N * C)),
+      gmean(filled(N)), grstd(filled(N)),
+      gdx(filled(N * C, 0.5f)), gdw(filled(C, 0.0f)),
+      gdb(filled(C, 0.0f));
   cuda::layernorm_forward(gout.p, gmean.p, grstd.p, gx.p, gw.p, gb.p, N, C, nullptr);
   cuda::layernorm_backward(gdx.p, gdw.p, gdb.p, gdout.p, gx.p, gw.p, gmean.p, grstd.p, N, C,
                            nullptr);
@@ -113,9 +116,9 @@ TEST(GptCuda, AttentionMatchesCpu) {
   cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
   cpu::attention_backward(dqkv.data(), dpre.data(), dout.data(), qkv.data(), att.data(), B, T, C,
                           NH);
-  Dev<float> gqkv(qkv), gdout(dout), gout(std::vector<float>(N * C)),
-      gatt(std::vector<float>(att.size())), gdqkv(std::vector<float>(dqkv.size())),
-      gdpre(std::vector<float>(dpre.size()));
+  Dev<float> gqkv(qkv), gdout(dout), gout(filled(N * C)),
+      gatt(filled(att.size())), gdqkv(filled(dqkv.size())),
+      gdpre(filled(dpre.size()));
   cuda::attention_forward(gout.p, gatt.p, gqkv.p, B, T, C, NH, nullptr);
   cuda::attention_backward(gdqkv.p, gdpre.p, gdout.p, gqkv.p, gatt.p, B, T, C, NH, nullptr);
   expect_near_all(gout.get(), out, 1e-5, "attention out");
@@ -131,8 +134,8 @@ TEST(GptCuda, GeluResidualCrossEntropyMatchCpu) {
   cpu::gelu_forward(g.data(), x.data(), n);
   cpu::gelu_backward(dg.data(), x.data(), dout.data(), n);
   cpu::residual_forward(r.data(), x.data(), y.data(), n);
-  Dev<float> gx(x), gy(y), gdout(dout), gg(std::vector<float>(n)), gdg(std::vector<float>(n)),
-      gr(std::vector<float>(n));
+  Dev<float> gx(x), gy(y), gdout(dout), gg(filled(n)), gdg(filled(n)),
+      gr(filled(n));
   cuda::gelu_forward(gg.p, gx.p, n, nullptr);
   cuda::gelu_backward(gdg.p, gx.p, gdout.p, n, nullptr);
   cuda::residual_forward(gr.p, gx.p, gy.p, n, nullptr);
@@ -145,7 +148,7 @@ TEST(GptCuda, GeluResidualCrossEntropyMatchCpu) {
   auto logits = randn(N * V, 13, 3.0f);
   std::vector<float> probs = logits;
   const float loss = cpu::crossentropy_forward(probs.data(), tgt.data(), N, V);
-  Dev<float> glog(logits), glosses(std::vector<float>(N));
+  Dev<float> glog(logits), glosses(filled(N));
   Dev<std::int32_t> gtgt(tgt);
   cuda::crossentropy_forward(glog.p, glosses.p, gtgt.p, N, V, nullptr);
   expect_near_all(glog.get(), probs, 1e-5, "softmax probabilities");
@@ -179,11 +182,11 @@ TEST(GptCuda, Bf16MatmulMatchesCpuOnRoundedInputs) {
                        OC);
 
   // The device side also checks the cast kernel: upload fp32, cast to bf16 on the GPU.
-  Dev<float> gx32(x), gw32(w), gd32(dout), gbias(bias), gout(std::vector<float>(N * OC)),
-      gdx(std::vector<float>(N * C)), gdw(std::vector<float>(OC * C, 0.25f)),
-      gdbias(std::vector<float>(OC, 0.0f));
-  Dev<std::uint16_t> gx(std::vector<std::uint16_t>(N * C)), gw(std::vector<std::uint16_t>(OC * C)),
-      gd(std::vector<std::uint16_t>(N * OC));
+  Dev<float> gx32(x), gw32(w), gd32(dout), gbias(bias), gout(filled(N * OC)),
+      gdx(filled(N * C)), gdw(filled(OC * C, 0.25f)),
+      gdbias(filled(OC, 0.0f));
+  Dev<std::uint16_t> gx(filled_u16(N * C)), gw(filled_u16(OC * C)),
+      gd(filled_u16(N * OC));
   cuda::cast_f32_to_bf16(gx.p, gx32.p, N * C, nullptr);
   cuda::cast_f32_to_bf16(gw.p, gw32.p, OC * C, nullptr);
   cuda::cast_f32_to_bf16(gd.p, gd32.p, N * OC, nullptr);
