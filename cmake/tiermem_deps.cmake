@@ -39,6 +39,9 @@ if(NOT TIERMEM_WITH_CUDA STREQUAL "OFF")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 90)  # H100/H200; override with -DCMAKE_CUDA_ARCHITECTURES=...
     endif()
+    # CUDA sources are C++17: CMake 3.25 does not know nvcc's C++20 flag, and the kernels need no more.
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
     find_package(CUDAToolkit)
     if(CUDAToolkit_FOUND)
