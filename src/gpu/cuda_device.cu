@@ -7,7 +7,7 @@
 #include "gpu/caching_allocator.h"
 #include "tiermem/cuda_device.h"
 #include "tiermem/error.h"
-#include "tiermem/log.h"
+#include "gpu/gpu_log.h"
 
 #ifndef TM_CUDA_CHECK
 #define TM_CUDA_CHECK(expr)                                                                     \
@@ -123,7 +123,7 @@ class CudaDevice final : public Device {
   }
   void free(void* ptr) noexcept override {
     if (ptr != nullptr && !alloc_->free(ptr)) {
-      TM_LOG_ERROR("GPU", "CudaDevice::free of unknown pointer {}", ptr);
+      detail::gpu_log_error("CudaDevice::free of an unknown pointer");
     }
   }
   void empty_cache() override { alloc_->empty_cache(); }
@@ -152,8 +152,8 @@ class CudaDevice final : public Device {
     cudaError_t rc = cudaHostRegister(base, bytes, cudaHostRegisterDefault);
     if (rc != cudaSuccess) {
       cudaGetLastError();
-      TM_LOG_WARN("GPU", "cudaHostRegister({}) failed: {}; copies from it will be staged",
-                  format_bytes(bytes), cudaGetErrorString(rc));
+      detail::gpu_log_warn("cudaHostRegister(" + format_bytes(bytes) + ") failed: " +
+                           cudaGetErrorString(rc) + "; copies from it will be staged");
       return false;
     }
     return true;

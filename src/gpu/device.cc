@@ -1,6 +1,7 @@
 // device.cc — DeviceOptions::from_config and make_device (auto | cuda | sim).
 #include "tiermem/device.h"
 
+#include "gpu/gpu_log.h"
 #include "tiermem/config.h"
 #include "tiermem/cuda_device.h"
 #include "tiermem/error.h"
@@ -12,6 +13,11 @@
 #endif
 
 namespace tiermem {
+
+namespace detail {
+void gpu_log_warn(const std::string& message) { TM_LOG_WARN("GPU", "{}", message); }
+void gpu_log_error(const std::string& message) { TM_LOG_ERROR("GPU", "{}", message); }
+}  // namespace detail
 
 DeviceOptions DeviceOptions::from_config(const Config& config) {
   DeviceOptions o;
