@@ -11,7 +11,8 @@
 // What a request does: a request of any size is split into `block_size_bytes` pieces, spread
 // round-robin over `rings` rings (DeepSpeed's aio.intra_op_parallelism); each ring keeps at most
 // `queue_depth` pieces in flight and has its own completion thread. Every completion is checked:
-// a short transfer is resubmitted for the rest, EINTR/EAGAIN are retried (bounded, with backoff),
+// a short transfer is resubmitted for the rest, EINTR/EAGAIN are retried (up to 1000 times per
+// piece; the posix engine backs off a little),
 // any other failure completes that request's IoRequest with an IoError(path, offset, bytes,
 // errno) naming the failing piece. Other requests are not affected.
 //
@@ -61,7 +62,7 @@ struct IoFile {
   friend bool operator==(IoFile, IoFile) = default;
 };
 
-enum class IoOpKind : std::uint8_t { kRead, kWrite, kFallocate };
+enum class IoOpKind : std::uint8_t { kRead, kWrite, kFallocate, kOpen };
 
 // One operation of a batch: read `bytes` at `offset` of `file` into `buf`, or write them from it.
 struct IoOp {
@@ -73,8 +74,9 @@ struct IoOp {
 };
 
 // Fault injection for tests (tests/unit/nvme_fault_test.cc): the engines consult it before every
-// piece they issue (including resubmissions of the rest of a short transfer and retries) and
-// before every fallocate. It sees the path, the byte range and the kind of the operation.
+// piece they issue (including resubmissions of the rest of a short transfer and retries), before
+// every fallocate and before every open (kOpen, offset 0, bytes 0: fail_errno makes open_file fail
+// as if open(2) had returned that errno). It sees the path, the byte range and the kind.
 class IoInterceptor {
  public:
   struct Decision {
@@ -118,7 +120,7 @@ struct IoStats {
   std::uint64_t bounced_pieces = 0;    // went through an aligned bounce buffer
   std::uint64_t short_transfers = 0;   // resubmitted for the rest
   std::uint64_t retries = 0;           // EINTR/EAGAIN retries
-  std::uint64_t errors = 0;            // requests completed with an error
+  std::uint64_t errors = 0;            // pieces that failed (each fails its request)
 };
 
 namespace detail {
@@ -221,8 +223,9 @@ class IoEngine {
   // Submits several operations as one request: complete when all are, failed if any failed (the
   // first error is kept; the others still run to completion). kFallocate ops are not allowed.
   virtual IoRequest submit(std::span<const IoOp> ops) = 0;
-  // Like submit, but adds the ops to an existing state (one pending part per op); for layers
-  // that combine requests. Used by SwapSpace.
+  // Like submit, but adds the ops' parts to an existing state, which stays incomplete until they
+  // are done; the caller holds a pending part of its own while calling (so the state cannot
+  // complete early) and finishes it afterwards. For layers that combine requests.
   virtual void submit_into(std::span<const IoOp> ops,
                            const std::shared_ptr<detail::IoRequestState>& state) = 0;
 

@@ -25,6 +25,7 @@ const char* op_name(IoOpKind k) {
     case IoOpKind::kRead: return "read";
     case IoOpKind::kWrite: return "write";
     case IoOpKind::kFallocate: return "fallocate";
+    case IoOpKind::kOpen: return "open";
   }
   return "io";
 }
@@ -62,9 +63,12 @@ EngineBase::~EngineBase() {
 
 IoFile EngineBase::open_file(const std::string& path, bool create) {
   int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0) | (options_.o_direct ? O_DIRECT : 0);
-  int f = ::open(path.c_str(), flags, 0600);
+  int injected = options_.interceptor
+                     ? options_.interceptor->before_io(IoOpKind::kOpen, path, 0, 0).fail_errno
+                     : 0;
+  int f = injected != 0 ? -1 : ::open(path.c_str(), flags, 0600);
   if (f < 0) {
-    int err = errno;
+    int err = injected != 0 ? injected : errno;
     if (err == EINVAL && options_.o_direct)
       throw IoError(path, 0, 0, err, "open",
                     "the filesystem does not support O_DIRECT (e.g. tmpfs); put the swap path on a "

@@ -29,6 +29,7 @@ class Injector : public IoInterceptor {
   Decision before_io(IoOpKind kind, const std::string&, std::uint64_t offset,
                      std::uint64_t bytes) override {
     Decision d;
+    if (kind == IoOpKind::kOpen) return d;
     if (kind == IoOpKind::kFallocate) {
       d.fail_errno = fallocate_errno.load();
       return d;

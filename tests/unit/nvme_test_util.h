@@ -62,7 +62,8 @@ inline void fill_pattern(char* p, std::size_t n, std::uint64_t seed) {
     x ^= x << 17;
     std::memcpy(p + i, &x, 8);
   }
-  for (; i < n; ++i) p[i] = static_cast<char>((seed + i) & 0xFF);
+  x ^= x << 13;
+  if (i < n) std::memcpy(p + i, &x, n - i);  // the last 1..7 bytes
 }
 
 struct EngineConfig {
