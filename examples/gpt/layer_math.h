@@ -35,8 +35,10 @@ constexpr double kLayerNormEps = 1e-5;
 // a no-op in device code and without OpenMP.
 #if defined(_OPENMP) && !defined(__CUDA_ARCH__)
 #define TM_GPT_SIMD_SUM_S _Pragma("omp simd reduction(+ : s)")
+#define TM_GPT_SIMD _Pragma("omp simd")  // the loop that follows has no aliasing between rows
 #else
 #define TM_GPT_SIMD_SUM_S
+#define TM_GPT_SIMD
 #endif
 
 // GELU, tanh approximation (Hendrycks & Gimpel 2016; the form GPT-2 uses):
@@ -125,7 +127,9 @@ TM_GPT_HD void attention_row_forward(const R* qkv, R* att, R* out, int T, int C,
   for (int i = 0; i < hs; ++i) o[i] = 0;
   for (int j = 0; j <= t; ++j) {
     const R* v = qkv + (static_cast<long>(b) * T + j) * 3 * C + 2 * C + h * hs;
-    for (int i = 0; i < hs; ++i) o[i] += a[j] * v[i];
+    const R aj = a[j];
+    TM_GPT_SIMD
+    for (int i = 0; i < hs; ++i) o[i] += aj * v[i];
   }
 }
 
@@ -165,6 +169,7 @@ TM_GPT_HD void attention_row_dq(const R* qkv, const R* dpre, R* dqkv, int T, int
   for (int j = 0; j <= t; ++j) {
     const R* k = qkv + (static_cast<long>(b) * T + j) * 3 * C + C + h * hs;
     R s = d[j] * scale;
+    TM_GPT_SIMD
     for (int i = 0; i < hs; ++i) dq[i] += s * k[i];
   }
 }
@@ -185,6 +190,7 @@ TM_GPT_HD void attention_row_dkv(const R* qkv, const R* att, const R* dpre, cons
     R a = att[(base + t) * T + j];
     const R* q = qkv + (static_cast<long>(b) * T + t) * 3 * C + h * hs;
     const R* go = dout + (static_cast<long>(b) * T + t) * C + h * hs;
+    TM_GPT_SIMD
     for (int i = 0; i < hs; ++i) {
       dk[i] += dp * q[i];
       dv[i] += a * go[i];
