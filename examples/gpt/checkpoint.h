@@ -1,0 +1,115 @@
+// examples/gpt/checkpoint.h — tiermem-train checkpoints: a JSON manifest plus one state file per
+// rank, written durably, verified by xxHash64 on load.
+//
+// Layout of `--save DIR` (one subdirectory per rank, so ranks never write the same file):
+//   DIR/rank<r>/manifest.json         the manifest (the commit point)
+//   DIR/rank<r>/state-<step>.bin      the tensors, each at an offset aligned to 4 KiB
+// manifest.json:
+//   {"format":"tiermem-train-checkpoint","version":1,"rank":r,"world_size":R,"step":N,
+//    "meta":{ model config, effective config, seed, data position, RNG state, ... },
+//    "tensors":[{"name","dtype","shape","bytes","tier","file","offset","xxh64"}, ...]}
+//   where "tier" is the tier the tensor lived in during training (device/host/nvme) and
+//   "file"/"offset" its location in the checkpoint; xxh64 is the XXH64 (seed 0) of its bytes,
+//   as 16 hex digits.
+// Durability: the state file is written to "<name>.tmp", fsynced and renamed; then the manifest
+// the same way; then the directory is fsynced. A crash at any point leaves either the previous
+// checkpoint (old manifest + its state file, which is deleted only after the new manifest is in
+// place) or the new one — never a manifest that names missing data.
+//
+// Errors: CheckpointError (a tiermem::Error) naming the file and what is wrong: a missing or
+// unparsable manifest, a missing key (with its name), a state file shorter than the manifest says
+// (expected vs found bytes), a checksum mismatch (tensor name, expected vs found), a tensor of
+// another size than the program expects. I/O failures while writing are IoError (path, offset).
+//
+// Thread-safety: writer and reader objects are used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tiermem/error.h"
+#include "tiermem/tier.h"
+
+namespace tiermem::train {
+
+class CheckpointError : public Error {
+ public:
+  explicit CheckpointError(const std::string& message) : Error(message) {}
+};
+
+inline constexpr const char* kCheckpointFormat = "tiermem-train-checkpoint";
+inline constexpr int kCheckpointVersion = 1;
+
+// XXH64 (seed 0) of `bytes` bytes at `data`.
+std::uint64_t checksum64(const void* data, std::uint64_t bytes);
+
+struct CheckpointTensor {
+  std::string name;
+  std::string dtype;               // "f32", "bf16", ...
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes = 0;
+  Tier tier = Tier::kHost;         // where it lived while training
+  std::string file;                // relative to the rank directory
+  std::uint64_t offset = 0;        // bytes into `file`
+  std::uint64_t xxh64 = 0;
+};
+
+// Writes one rank's checkpoint. Tensors are streamed to the temporary state file as they are
+// added (the caller's buffer is only read during add_tensor). commit() makes it durable.
+class CheckpointWriter {
+ public:
+  // Creates DIR/rank<rank>/ (and DIR) if needed. Throws IoError.
+  CheckpointWriter(std::string dir, int rank, int world_size, int step);
+  ~CheckpointWriter();  // an uncommitted checkpoint's temporary file is removed
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  void add_tensor(const std::string& name, Tier tier, const void* data, std::uint64_t bytes,
+                  const std::string& dtype = "f32", std::vector<std::int64_t> shape = {});
+  // Writes the manifest with `meta`, fsyncs, renames, fsyncs the directory, then removes older
+  // state files of this rank. Returns the manifest path.
+  std::string commit(const nlohmann::json& meta);
+
+ private:
+  std::string rank_dir_, state_name_, tmp_path_;
+  int rank_, world_size_, step_;
+  int fd_ = -1;
+  std::uint64_t offset_ = 0;
+  bool committed_ = false;
+  std::vector<CheckpointTensor> tensors_;
+};
+
+// Reads one rank's checkpoint. The constructor parses and validates the manifest (format,
+// version, required keys, every tensor inside the state file's size); tensors are read and
+// checksum-verified by read_tensor.
+class CheckpointReader {
+ public:
+  CheckpointReader(std::string dir, int rank);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  int step() const { return step_; }
+  int world_size() const { return world_size_; }
+  const nlohmann::json& meta() const { return meta_; }
+  const std::string& manifest_path() const { return manifest_path_; }
+  const std::vector<CheckpointTensor>& tensors() const { return tensors_; }
+  bool has(const std::string& name) const;
+
+  // Reads tensor `name` into dst (exactly `bytes` bytes, which must equal the manifest's) and
+  // verifies its checksum. Throws CheckpointError.
+  void read_tensor(const std::string& name, void* dst, std::uint64_t bytes);
+
+ private:
+  const CheckpointTensor& find(const std::string& name) const;
+  std::string rank_dir_, manifest_path_, state_path_;
+  int fd_ = -1;
+  int step_ = 0, world_size_ = 1;
+  nlohmann::json meta_;
+  std::vector<CheckpointTensor> tensors_;
+};
+
+}  // namespace tiermem::train

@@ -1,0 +1,70 @@
+// examples/gpt/train_engines.cc — engine choice and rank detection (train_engines.h).
+#include "train_engines.h"
+
+#include <cstdlib>
+#include <fmt/format.h>
+
+#include "tiermem/env.h"
+#include "tiermem/error.h"
+#include "tiermem/log.h"
+
+namespace tiermem::train {
+namespace {
+
+int env_int(const char* name, int fallback) {
+  auto v = env_param(name);
+  if (!v) return fallback;
+  try {
+    return std::stoi(*v);
+  } catch (const std::exception&) {
+    throw ConfigError(name, *v, "expected an integer");
+  }
+}
+
+}  // namespace
+
+RankInfo detect_ranks() {
+  RankInfo r;
+  if (env_param("OMPI_COMM_WORLD_SIZE")) {
+    r.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+    r.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+  } else if (env_param("PMI_SIZE")) {
+    r.rank = env_int("PMI_RANK", 0);
+    r.world_size = env_int("PMI_SIZE", 1);
+  } else {
+    r.rank = env_int("RANK", 0);
+    r.world_size = env_int("WORLD_SIZE", 1);
+  }
+  return r;
+}
+
+std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptions& opts) {
+  const Config& c = plan.config;
+  const bool offload = c.zero.offload_param.device != OffloadDevice::kNone ||
+                       c.zero.offload_optimizer.device != OffloadDevice::kNone;
+  std::string kind = opts.engine.empty() ? "auto" : opts.engine;
+  if (kind == "auto") {
+    if (plan.world_size > 1) {
+      kind = "zero";
+    } else if (c.zero.stage == 0 && !offload) {
+      kind = "resident";
+    } else {
+      kind = "store";
+    }
+  }
+  if (kind == "resident") {
+    if (plan.world_size > 1)
+      throw NotSupportedError("--engine resident runs one rank; use --engine zero with mpirun");
+    return std::make_unique<ResidentEngine>(plan.model, plan.seed);
+  }
+  if (kind == "store") {
+    if (plan.world_size > 1)
+      throw NotSupportedError(
+          "--engine store runs one rank (its TensorStore is per process); use --engine zero "
+          "with mpirun");
+    return make_store_engine(plan);
+  }
+  if (kind == "zero") return make_zero_engine(plan);
+  throw ConfigError("--engine", kind, "expected auto, resident, store or zero");
+}
+}  // namespace tiermem::train

@@ -1,0 +1,378 @@
+// examples/gpt/train_loop.cc — the training run (train_loop.h), top-down: plan, data, engine,
+// resume, the step loop, eval, checkpoint, summary.
+#include "train_loop.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint.h"
+#include "data.h"
+#include "tiermem/error.h"
+#include "tiermem/log.h"
+#include "tiermem/trace.h"
+#include "train_engine.h"
+#include "train_engines.h"
+#include "train_stats.h"
+
+namespace tiermem::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Demo defaults per model preset, used for values not given on the command line or in --config.
+struct Defaults {
+  int steps, batch, seq_len, warmup, eval_every;
+  double lr;
+};
+Defaults defaults_for(const std::string& model) {
+  if (model == "tiny") return {20, 4, 16, 2, 10, 3e-3};
+  if (model == "mini") return {kMiniDemoSteps, 8, 128, 10, 25, 2e-3};
+  return {3, 1, 128, 1, 0, 3e-4};  // gpt2*: a few steps to measure throughput
+}
+
+TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int world) {
+  TrainPlan p;
+  p.model_name = o.model;
+  p.model = gpt::GptConfig::named(o.model);
+  const Defaults d = defaults_for(o.model);
+  p.steps = o.steps > 0 ? o.steps : d.steps;
+  // Batch and accumulation: command line > --config > demo default.
+  p.batch = o.batch_given ? o.batch
+            : !o.config_path.empty() ? cfg.train_micro_batch_size_per_gpu
+                                      : d.batch;
+  p.grad_accum = cfg.gradient_accumulation_steps;
+  p.seq_len = o.seq_len > 0 ? o.seq_len : std::min(d.seq_len, p.model.seq_len);
+  if (p.seq_len > p.model.seq_len) {
+    throw ConfigError("--seq-len", std::to_string(p.seq_len),
+                      fmt::format("exceeds model '{}' context of {} tokens", o.model,
+                                  p.model.seq_len));
+  }
+  p.lr = o.lr_given ? o.lr : !o.config_path.empty() ? cfg.optimizer.lr : d.lr;
+  p.warmup = o.warmup >= 0 ? o.warmup : std::min(d.warmup, std::max(0, p.steps / 10));
+  p.eval_every = o.eval_every >= 0 ? o.eval_every : d.eval_every;
+  p.eval_batches = o.eval_batches;
+  p.seed = o.seed;
+  p.rank = rank;
+  p.world_size = world;
+  p.config = cfg;
+  p.config.optimizer.lr = p.lr;  // engines that take no per-step lr use this one
+  p.config.train_micro_batch_size_per_gpu = p.batch;
+  return p;
+}
+
+struct Timers {
+  double compute = 0;
+};
+
+// Forward (and backward) of one micro-batch through the engine. Returns the loss.
+float run_micro_batch(gpt::Model& model, TrainEngine& engine, const Batch& b, bool backward,
+                      Timers* timers) {
+  const gpt::GptConfig& cfg = model.config();
+  model.set_batch(b.inputs, b.targets);
+  for (const gpt::Step& s : gpt::forward_steps(cfg)) {
+    gpt::ParamView p = engine.acquire_params(s.module, Phase::kForward);
+    {
+      TraceSpan span(backward ? "fwd " + gpt::step_name(s) : "eval " + gpt::step_name(s),
+                     "compute");
+      auto t0 = Clock::now();
+      model.forward(s, p);
+      timers->compute += seconds_since(t0);
+    }
+    engine.release_params(s.module);
+  }
+  const float loss = model.loss();
+  if (!backward) return loss;
+  for (const gpt::Step& s : gpt::backward_steps(cfg)) {
+    const bool needs_params = s.kind != gpt::StepKind::kEmbed;
+    gpt::ParamView p;
+    if (needs_params) p = engine.acquire_params(s.module, Phase::kBackward);
+    {
+      TraceSpan span("bwd " + gpt::step_name(s), "compute");
+      auto t0 = Clock::now();
+      model.backward(s, p, engine.grads(s.module));
+      timers->compute += seconds_since(t0);
+    }
+    if (needs_params) engine.release_params(s.module);
+    if (s.module != 0 || s.kind == gpt::StepKind::kEmbed) engine.grads_done(s.module);
+  }
+  return loss;
+}
+
+double evaluate(gpt::Model& model, TrainEngine& engine, const BatchSampler& eval_sampler,
+                const TrainPlan& plan, Timers* timers) {
+  Batch b;
+  double sum = 0;
+  const std::uint64_t global_rows = static_cast<std::uint64_t>(plan.batch) * plan.world_size;
+  for (int i = 0; i < plan.eval_batches; ++i) {
+    eval_sampler.fill(i * global_rows + static_cast<std::uint64_t>(plan.rank) * plan.batch,
+                      plan.batch, &b);
+    sum += run_micro_batch(model, engine, b, /*backward=*/false, timers);
+  }
+  return engine.all_reduce_sum(sum) / (plan.eval_batches * plan.world_size);
+}
+
+nlohmann::json model_json(const TrainPlan& p) {
+  return {{"name", p.model_name},         {"n_layer", p.model.n_layer},
+          {"n_head", p.model.n_head},     {"d_model", p.model.d_model},
+          {"seq_len", p.model.seq_len},   {"vocab_size", p.model.vocab_size}};
+}
+
+void save_checkpoint(const std::string& dir, int step, const TrainPlan& plan,
+                     TrainEngine& engine, const BatchSampler& sampler, double last_loss,
+                     double initial_loss) {
+  TraceSpan span("checkpoint", "checkpoint");
+  CheckpointWriter w(dir, plan.rank, plan.world_size, step);
+  engine.save(w);
+  nlohmann::json meta;
+  meta["model"] = model_json(plan);
+  meta["step"] = step;
+  meta["steps"] = plan.steps;
+  meta["seed"] = plan.seed;
+  meta["data"] = {{"sampler", "splitmix64"},
+                  {"seed", sampler.seed()},
+                  {"position", sampler.position()}};
+  meta["batch"] = plan.batch;
+  meta["grad_accum"] = plan.grad_accum;
+  meta["seq_len"] = plan.seq_len;
+  meta["lr"] = plan.lr;
+  meta["warmup"] = plan.warmup;
+  meta["initial_loss"] = initial_loss;
+  meta["last_loss"] = last_loss;
+  meta["engine"] = {{"zero_stage", engine.zero_stage()},
+                    {"param_home", engine.param_home()},
+                    {"optimizer_home", engine.optimizer_home()}};
+  meta["config"] = nlohmann::json::parse(config_to_json(plan.config));
+  const std::string path = w.commit(meta);
+  TM_LOG_INFO("TRAIN", "checkpoint of step {} written: {}", step, path);
+}
+
+template <typename T>
+void expect_same(const std::string& manifest, const char* key, const T& saved, const T& now) {
+  if (saved != now) {
+    throw CheckpointError(fmt::format("checkpoint {}: key '{}' is {} but this run has {} "
+                                      "(resume with the same settings)",
+                                      manifest, key, nlohmann::json(saved).dump(),
+                                      nlohmann::json(now).dump()));
+  }
+}
+
+}  // namespace
+
+double learning_rate(const TrainPlan& plan, int t) {
+  if (plan.warmup > 0 && t <= plan.warmup) return plan.lr * t / plan.warmup;
+  const int decay_steps = std::max(1, plan.steps - plan.warmup);
+  const double progress = std::min(1.0, static_cast<double>(t - plan.warmup) / decay_steps);
+  const double min_lr = plan.lr / 10;
+  return min_lr + 0.5 * (plan.lr - min_lr) * (1 + std::cos(M_PI * progress));
+}
+
+int run_training(const TrainOptions& opts) {
+  const auto t_start = Clock::now();
+  std::unique_ptr<TrainEngine> engine;
+  try {
+    // ---- 1. Rank, configuration and plan.
+    const RankInfo ranks = detect_ranks();
+    Config cfg = effective_config(opts, ranks.rank);
+    TrainPlan plan = make_plan(opts, cfg, ranks.rank, ranks.world_size);
+
+    // ---- 2. Data, checked before anything heavy is built. Text is byte-level: vocab 256.
+    const std::string data_path = opts.data.empty() ? kDefaultCorpus : opts.data;
+    {
+      std::error_code ec;
+      const bool is_bin = std::filesystem::path(data_path).extension() == ".bin" &&
+                          !std::filesystem::is_directory(data_path, ec);
+      if (!is_bin) plan.model.vocab_size = kByteVocab;
+    }
+    Corpus corpus = load_corpus(data_path, plan.model.vocab_size);
+    const Split split = split_corpus(corpus, plan.seq_len);
+    BatchSampler sampler(split.train, split.train_tokens, plan.seq_len, plan.seed);
+    const BatchSampler eval_sampler(split.eval, split.eval_tokens, plan.seq_len,
+                                    plan.seed ^ 0x5eed0e7a1ull);
+
+    // ---- 3. Engine (parameters, gradients, optimizer state) and model (activations).
+    engine = make_engine(plan, opts);
+    gpt::Model model(plan.model, plan.batch, plan.seq_len);
+    const bool lead = plan.rank == 0;
+
+    if (!opts.trace_path.empty()) {
+      std::string path = opts.trace_path;
+      if (plan.world_size > 1) path += fmt::format(".rank{}", plan.rank);
+      Trace::global().start(path, fmt::format("tiermem-train rank {}", plan.rank), plan.rank);
+    }
+
+    // ---- 4. Resume.
+    int first_step = 1;
+    double initial_loss = std::nan("");
+    if (!opts.resume_dir.empty()) {
+      CheckpointReader r(opts.resume_dir, plan.rank);
+      const std::string& mf = r.manifest_path();
+      expect_same(mf, "world_size", r.world_size(), plan.world_size);
+      expect_same(mf, "meta.model", r.meta().at("model"), model_json(plan));
+      expect_same(mf, "meta.batch", r.meta().value("batch", 0), plan.batch);
+      expect_same(mf, "meta.grad_accum", r.meta().value("grad_accum", 0), plan.grad_accum);
+      expect_same(mf, "meta.seq_len", r.meta().value("seq_len", 0), plan.seq_len);
+      expect_same(mf, "meta.seed", r.meta().value("seed", std::uint64_t{0}), plan.seed);
+      engine->load(r);
+      sampler.set_position(r.meta().at("data").at("position").get<std::uint64_t>());
+      first_step = r.step() + 1;
+      initial_loss = r.meta().value("initial_loss", std::nan(""));
+      TM_LOG_INFO("TRAIN", "resumed from {} at step {}", mf, r.step());
+    }
+
+    // ---- 5. Header.
+    // Only rank 0 prints.
+    Reporter reporter(opts.json, !opts.json && ::isatty(STDOUT_FILENO), lead ? stdout : nullptr);
+    const std::uint64_t tokens_per_step = static_cast<std::uint64_t>(plan.batch) *
+                                          plan.seq_len * plan.grad_accum * plan.world_size;
+    reporter.header(fmt::format(
+        "tiermem-train: {}\n"
+        "data    {} ({}, {} file{}, {} tokens: {} train / {} held out)\n"
+        "batch   {} x {} tokens x {} micro-batch{} x {} rank{} = {} tokens/step, {} steps, lr {} "
+        "(warm-up {})\n"
+        "engine  {}\n"
+        "state   params {} + optimizer {} = {}; device budget {}\n\n",
+        plan.model.describe(plan.model_name), corpus.path, corpus_format_name(corpus.format),
+        corpus.files.size(), corpus.files.size() == 1 ? "" : "s", corpus.tokens.size(),
+        split.train_tokens, split.eval_tokens, plan.batch, plan.seq_len, plan.grad_accum,
+        plan.grad_accum == 1 ? "" : "es", plan.world_size, plan.world_size == 1 ? "" : "s",
+        tokens_per_step, plan.steps, plan.lr, plan.warmup, engine->describe(),
+        format_bytes(engine->param_bytes()), format_bytes(engine->optimizer_bytes()),
+        format_bytes(engine->param_bytes() + engine->optimizer_bytes()),
+        engine->stats().budget_bytes[0] ? format_bytes(engine->stats().budget_bytes[0])
+                                        : std::string("unbounded")));
+
+    // ---- 6. The step loop.
+    const double flops_per_step =
+        gpt::flops_per_token(plan.model, plan.seq_len) * static_cast<double>(tokens_per_step);
+    Timers timers;
+    Batch batch;
+    double last_loss = std::nan("");
+    std::optional<double> last_eval;
+    const auto t_loop = Clock::now();
+    EngineStats prev = engine->stats();
+    int steps_run = 0;
+    const int last_step = opts.stop_at > 0 ? std::min(opts.stop_at, plan.steps) : plan.steps;
+    for (int t = first_step; t <= last_step; ++t) {
+      const auto t0 = Clock::now();
+      engine->begin_step();
+      engine->zero_grad();
+      double loss_sum = 0;
+      for (int micro = 0; micro < plan.grad_accum; ++micro) {
+        sampler.next_batch(plan.batch * plan.world_size, plan.rank * plan.batch, plan.batch,
+                           &batch);
+        loss_sum += run_micro_batch(model, *engine, batch, /*backward=*/true, &timers);
+      }
+      OptimStep os;
+      os.t = t;
+      os.lr = static_cast<float>(engine->constant_lr() ? plan.lr : learning_rate(plan, t));
+      os.beta1 = static_cast<float>(plan.config.optimizer.beta1);
+      os.beta2 = static_cast<float>(plan.config.optimizer.beta2);
+      os.eps = static_cast<float>(plan.config.optimizer.eps);
+      os.weight_decay = static_cast<float>(plan.config.optimizer.weight_decay);
+      os.grad_scale = 1.0f / static_cast<float>(plan.grad_accum * plan.world_size);
+      {
+        TraceSpan span(fmt::format("adamw step {}", t), "optimizer");
+        engine->step(os);
+      }
+      engine->end_step();
+      const double loss = engine->all_reduce_sum(loss_sum) / (plan.grad_accum * plan.world_size);
+      if (std::isnan(initial_loss)) initial_loss = loss;
+      last_loss = loss;
+      ++steps_run;
+
+      const EngineStats now = engine->stats();
+      StepReport rep;
+      rep.step = t;
+      rep.steps = plan.steps;
+      rep.loss = loss;
+      rep.lr = os.lr;
+      rep.tokens = tokens_per_step;
+      rep.seconds = seconds_since(t0);
+      rep.flops = flops_per_step;
+      rep.moved = now.moved - prev.moved;
+      rep.stall_seconds = now.stall_seconds - prev.stall_seconds;
+      const double per_step = seconds_since(t_loop) / steps_run;
+      rep.eta_seconds = per_step * (plan.steps - t);
+      prev = now;
+      const bool eval_now = plan.eval_every > 0 && (t % plan.eval_every == 0 || t == plan.steps);
+      reporter.step(rep, eval_now || t == last_step || t == first_step);
+      if (!std::isfinite(loss)) {
+        throw Error(fmt::format("loss is {} at step {} (diverged): lower --lr", loss, t));
+      }
+      if (eval_now) {
+        TraceSpan span(fmt::format("eval after step {}", t), "eval");
+        last_eval = evaluate(model, *engine, eval_sampler, plan, &timers);
+        reporter.eval(t, *last_eval);
+      }
+      if (!opts.save_dir.empty() &&
+          (t == last_step || (opts.save_every > 0 && t % opts.save_every == 0))) {
+        save_checkpoint(opts.save_dir, t, plan, *engine, sampler, last_loss, initial_loss);
+      }
+    }
+
+    // ---- 7. Summary.
+    const EngineStats st = engine->stats();
+    Summary s;
+    s.model = plan.model_name;
+    s.world_size = plan.world_size;
+    s.zero_stage = engine->zero_stage();
+    s.param_offload = engine->param_home();
+    s.optimizer_offload = engine->optimizer_home();
+    s.device_kind = engine->device_kind();
+    s.steps = steps_run;
+    s.final_step = plan.steps;
+    s.tokens = tokens_per_step * static_cast<std::uint64_t>(steps_run);
+    s.seconds = seconds_since(t_loop);
+    s.initial_loss = initial_loss;
+    s.final_loss = last_loss;
+    s.final_eval_loss = last_eval;
+    s.param_count = static_cast<std::uint64_t>(gpt::num_params(plan.model));
+    s.param_bytes = engine->param_bytes();
+    s.optimizer_bytes = engine->optimizer_bytes();
+    s.device_budget_bytes = st.budget_bytes[0];
+    s.device_peak_bytes = st.peak_bytes[0];
+    s.host_budget_bytes = st.budget_bytes[1];
+    s.host_peak_bytes = st.peak_bytes[1];
+    s.nvme_peak_bytes = st.peak_bytes[2];
+    s.nvme_bytes_read = st.nvme_read_bytes;
+    s.nvme_bytes_written = st.nvme_written_bytes;
+    s.moved = st.moved;
+    s.stall_seconds = st.stall_seconds;
+    s.flops = flops_per_step * steps_run;
+    s.split.compute = timers.compute;
+    // Waits inside the optimizer step count as optimizer time (it includes its swaps).
+    s.split.io_wait = std::max(0.0, st.stall_seconds - st.optimizer_stall_seconds);
+    s.split.comm = st.comm_seconds;
+    s.split.optimizer = st.optimizer_seconds;
+    s.split.other = s.seconds - (timers.compute + s.split.io_wait + st.comm_seconds +
+                                 st.optimizer_seconds);
+    if (s.split.other < 0) s.split.other = 0;
+    reporter.summary(s);
+    if (Trace::global().enabled()) {
+      Trace::global().stop();
+      if (lead) TM_LOG_INFO("TRAIN", "trace written to {} (open in https://ui.perfetto.dev)",
+                            opts.trace_path);
+    }
+    engine.reset();
+    TM_LOG_DEBUG("TRAIN", "done in {:.1f}s", seconds_since(t_start));
+    return 0;
+  } catch (const std::exception& e) {
+    engine.reset();
+    std::string msg = e.what();
+    for (char& c : msg)
+      if (c == '\n') c = ' ';
+    std::fprintf(stderr, "tiermem-train: error: %s\n", msg.c_str());
+    return 1;
+  }
+}
+
+}  // namespace tiermem::train

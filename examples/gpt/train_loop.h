@@ -1,0 +1,43 @@
+// examples/gpt/train_loop.h — tiermem-train's training run: resolve the plan from the options,
+// load the data, build the engine (where parameters and optimizer state live), train, evaluate,
+// checkpoint, report.
+//
+// Thread-safety: run_training is called once per process from main.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gpt/model.h"
+#include "tiermem/config.h"
+#include "train_options.h"
+
+namespace tiermem::train {
+
+// Everything the run does, resolved from the options, the --config file and the demo defaults.
+struct TrainPlan {
+  std::string model_name;
+  gpt::GptConfig model;
+  int steps = 0;
+  int batch = 0;        // micro-batch per rank
+  int grad_accum = 1;
+  int seq_len = 0;
+  double lr = 0;
+  int warmup = 0;
+  int eval_every = 0;
+  int eval_batches = 4;
+  std::uint64_t seed = 0;
+  int rank = 0, world_size = 1;
+  Config config;
+};
+
+// The learning rate of 1-based step t: linear warm-up over `warmup` steps to `lr`, then cosine
+// decay to lr / 10 at step `steps`.
+double learning_rate(const TrainPlan& plan, int t);
+
+// Runs the whole program after option parsing. Returns the process exit code (0 ok, 1 error;
+// the error is printed as one line "tiermem-train: error: ..." on stderr).
+int run_training(const TrainOptions& opts);
+
+}  // namespace tiermem::train

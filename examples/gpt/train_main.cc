@@ -1,0 +1,30 @@
+// tiermem-train — trains a GPT whose parameters and optimizer state do not fit the device,
+// paging them through pinned host memory and NVMe (ZeRO stage 3 over tiermem's TensorStore).
+//
+// Build and run (from the repository root):
+//   cmake --preset default && cmake --build --preset default --target tiermem-train
+//   build/default/examples/gpt/tiermem-train              # the demo: `mini` on the fortunes
+//                                                         # corpus, ZeRO-3, params + Adam on NVMe
+//   build/default/examples/gpt/tiermem-train --help
+//   build/default/examples/gpt/tiermem-train --data my.txt --steps 500 --save ckpt
+//   build/default/examples/gpt/tiermem-train --resume ckpt --steps 1000
+//   build/default/examples/gpt/tiermem-train --config ds_config.json --json --trace t.json
+//   mpirun -np 2 build/default/examples/gpt/tiermem-train --batch 4
+//
+// What it does, in order (train_loop.cc): parse the command line (train_options.cc), merge it
+// with the DeepSpeed-style --config, load and check the data before anything else
+// (data.cc), build the engine that holds parameters, gradients and optimizer state in their
+// tiers (train_engines.cc), resume from a checkpoint if asked (checkpoint.cc), then train:
+// each step runs the model module by module, acquiring each module's parameters just before it
+// runs and releasing them after, accumulates gradients over micro-batches and steps AdamW;
+// progress per step, held-out loss every --eval-every steps, a summary at the end.
+// Exit codes: 0 done, 1 an error during the run (one line on stderr), 2 a bad command line.
+#include "train_loop.h"
+#include "train_options.h"
+
+int main(int argc, char** argv) {
+  tiermem::train::TrainOptions opts;
+  const int rc = tiermem::train::parse_train_options(argc, argv, &opts);
+  if (rc >= 0) return rc;
+  return tiermem::train::run_training(opts);
+}

@@ -1,0 +1,188 @@
+// examples/gpt/train_options.cc — command line and effective configuration (train_options.h).
+#include "train_options.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fmt/format.h>
+
+#include "tiermem/error.h"
+
+namespace tiermem::train {
+namespace {
+
+constexpr const char* kPresets[] = {"tiny",       "mini",       "gpt2", "gpt2-medium",
+                                    "gpt2-large", "gpt2-xl",    nullptr};
+
+bool known_preset(const std::string& name) {
+  for (const char* const* p = kPresets; *p; ++p)
+    if (name == *p) return true;
+  return false;
+}
+
+std::string preset_list() {
+  std::string s;
+  for (const char* const* p = kPresets; *p; ++p) s += (s.empty() ? "" : ", ") + std::string(*p);
+  return s;
+}
+
+}  // namespace
+
+const char* const* model_preset_names() { return kPresets; }
+
+int parse_train_options(int argc, char** argv, TrainOptions* out) {
+  TrainOptions o;
+  CLI::App app{
+      "tiermem-train: trains a GPT whose parameters and optimizer state do not fit the device,\n"
+      "paging them through pinned host memory and NVMe (ZeRO stage 3 over tiermem).\n"
+      "With no arguments: the `mini` model on the fortunes corpus, byte-level tokens, ZeRO-3\n"
+      "with parameters and Adam state offloaded to NVMe in ./tiermem-swap, on a device budget\n"
+      "8x smaller than that state (about three minutes on two CPU cores).",
+      "tiermem-train"};
+  app.get_formatter()->column_width(34);
+  std::string budget_text, offload_text;
+
+  app.add_option("--model", o.model, "model preset: " + preset_list())
+      ->default_val(o.model)
+      ->check([](const std::string& v) {
+        return known_preset(v) ? std::string() : "unknown model '" + v + "' (known: " +
+                                                     preset_list() + ")";
+      });
+  app.add_option("--data", o.data,
+                 "training data: a text file, a directory of text files (recursive), or a "
+                 "uint16 token file *.bin (llm.c with header, or nanoGPT headerless) "
+                 "[default: /usr/share/games/fortunes]");
+  app.add_option("--steps", o.steps, "optimizer steps [default: the demo's, per model]")
+      ->check(CLI::Range(1, 100000000));
+  app.add_option("--batch", o.batch,
+                 "micro-batch per rank, sequences (config: train_micro_batch_size_per_gpu)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--grad-accum", o.grad_accum,
+                 "micro-batches per optimizer step (config: gradient_accumulation_steps)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--seq-len", o.seq_len, "tokens per sequence [default: the model's]")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", o.lr, "peak learning rate (config: optimizer.params.lr)")
+      ->check(CLI::Range(1e-12, 10.0));
+  app.add_option("--warmup", o.warmup, "linear warm-up steps, then cosine decay to lr/10")
+      ->check(CLI::Range(0, 100000000));
+  app.add_option("--eval-every", o.eval_every,
+                 "held-out eval loss every N steps and at the end; 0 = never")
+      ->check(CLI::Range(0, 100000000));
+  app.add_option("--eval-batches", o.eval_batches, "micro-batches per eval")
+      ->default_val(o.eval_batches)
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--config", o.config_path,
+                 "DeepSpeed-style ds_config.json (zero_optimization, bf16/fp16, aio, tiermem; "
+                 "see docs/config.md)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--device", o.device, "compute device: auto (CUDA if visible, else sim), cuda, sim")
+      ->check(CLI::IsMember({"auto", "cuda", "sim"}));
+  app.add_option("--device-budget", budget_text,
+                 "device memory tiermem may use, e.g. 64MiB [default: (params + optimizer "
+                 "state) / 8 on sim]")
+      ->check([](const std::string& v) {
+        try {
+          if (parse_size(v, "--device-budget") == 0) return std::string("must be > 0");
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      });
+  app.add_option("--swap-dir", o.swap_dir,
+                 "NVMe swap directory; rank r uses DIR/rank<r> [default: the config's nvme_path, "
+                 "else ./tiermem-swap]");
+  app.add_option("--offload", offload_text,
+                 "shortcut: offload_param and offload_optimizer device (none, cpu, nvme); "
+                 "cpu/nvme imply ZeRO stage 3")
+      ->check(CLI::IsMember({"none", "cpu", "nvme"}));
+  app.add_option("--engine", o.engine,
+                 "who holds parameters and optimizer state: store (TensorStore: device budget, "
+                 "host, NVMe; one rank), zero (ZeroEngine over MPI ranks), resident (plain host "
+                 "memory), auto (zero with several ranks, resident for stage 0 without offload, "
+                 "else store)")
+      ->default_val(o.engine)
+      ->check(CLI::IsMember({"auto", "store", "zero", "resident"}));
+  app.add_option("--save", o.save_dir, "write a checkpoint to DIR at the end (and --save-every)");
+  app.add_option("--save-every", o.save_every, "checkpoint every N steps (needs --save)")
+      ->check(CLI::Range(1, 100000000));
+  app.add_option("--stop-at", o.stop_at,
+                 "stop after step N as if interrupted (checkpointing first with --save); the "
+                 "schedule still runs to --steps, so --resume continues exactly")
+      ->check(CLI::Range(1, 100000000));
+  app.add_option("--resume", o.resume_dir, "continue from the checkpoint in DIR")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--trace", o.trace_path,
+                 "write a Chrome trace (open in https://ui.perfetto.dev)");
+  app.add_flag("--json", o.json,
+               "stdout: one JSON object per step, and {\"summary\": {...}} as the last line");
+  app.add_option("--seed", o.seed, "seed of the initial weights and the data order")
+      ->default_val(o.seed);
+
+  try {
+    app.parse(argc, argv);
+    if (!budget_text.empty()) o.device_budget_bytes = parse_size(budget_text, "--device-budget");
+    o.offload = offload_text;
+    o.batch_given = app.count("--batch") > 0;
+    o.grad_accum_given = app.count("--grad-accum") > 0;
+    o.lr_given = app.count("--lr") > 0;
+    if (o.save_every > 0 && o.save_dir.empty())
+      throw CLI::ValidationError("--save-every", "needs --save DIR");
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::string msg = e.what();
+    for (char& c : msg)
+      if (c == '\n') c = ' ';
+    std::fprintf(stderr, "tiermem-train: error: %s (see --help)\n", msg.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tiermem-train: error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  *out = std::move(o);
+  return -1;
+}
+
+Config effective_config(const TrainOptions& opts, int rank) {
+  Config c;
+  if (!opts.config_path.empty()) {
+    c = load_config(opts.config_path);
+  } else {
+    // The demo: ZeRO-3, parameters and optimizer state with their home on NVMe.
+    c.zero.stage = 3;
+    c.zero.offload_param.device = OffloadDevice::kNvme;
+    c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+    c.optimizer.lr = 1e-3;
+    c.optimizer.weight_decay = 0.0;
+  }
+  if (!opts.offload.empty()) {
+    OffloadDevice d = opts.offload == "nvme"  ? OffloadDevice::kNvme
+                      : opts.offload == "cpu" ? OffloadDevice::kCpu
+                                              : OffloadDevice::kNone;
+    c.zero.offload_param.device = d;
+    c.zero.offload_optimizer.device = d;
+    if (d != OffloadDevice::kNone) c.zero.stage = 3;
+  }
+  if (opts.batch_given) c.train_micro_batch_size_per_gpu = opts.batch;
+  if (opts.grad_accum_given) c.gradient_accumulation_steps = opts.grad_accum;
+  if (opts.lr_given) c.optimizer.lr = opts.lr;
+  if (!opts.device.empty()) c.tiermem.device = opts.device;
+  if (opts.device_budget_bytes) c.tiermem.device_budget_bytes = opts.device_budget_bytes;
+  // Swap directories: --swap-dir, else the config's nvme_path, else ./tiermem-swap. The engines
+  // put rank r's files in <dir>/rank<r>.
+  for (OffloadConfig* oc : {&c.zero.offload_param, &c.zero.offload_optimizer}) {
+    if (oc->device != OffloadDevice::kNvme) continue;
+    if (!opts.swap_dir.empty()) {
+      oc->nvme_path = {opts.swap_dir};
+    } else if (oc->nvme_path.empty()) {
+      oc->nvme_path = {"./tiermem-swap"};
+    }
+  }
+  (void)rank;
+  if (!opts.trace_path.empty()) c.tiermem.trace_path = opts.trace_path;
+  return c;
+}
+
+}  // namespace tiermem::train

@@ -1,0 +1,61 @@
+// examples/gpt/train_options.h — tiermem-train's command line (CLI11) and how it combines with
+// the DeepSpeed-style `--config` file.
+//
+// Precedence: a flag given on the command line > the --config file > the built-in default. The
+// built-in default is the demo: ZeRO stage 3 with parameters and optimizer state offloaded to
+// NVMe under --swap-dir, on the simulated device when no GPU is visible.
+//
+// Thread-safety: plain values and reentrant functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "tiermem/config.h"
+
+namespace tiermem::train {
+
+struct TrainOptions {
+  std::string model = "mini";      // preset name (tiny, mini, gpt2, gpt2-medium, ...)
+  std::string data;                // "" = the default corpus (data.h)
+  int steps = 0;                   // optimizer steps; 0 = the demo default for the model
+  int batch = 0;                   // micro-batch per rank (sequences); 0 = config / default
+  int grad_accum = 0;              // micro-batches per step; 0 = config / 1
+  int seq_len = 0;                 // tokens per sequence; 0 = the model's default
+  double lr = 0;                   // peak learning rate; 0 = config optimizer.params.lr / default
+  int warmup = -1;                 // linear warm-up steps; -1 = default (steps / 10, max 100)
+  int eval_every = -1;             // eval loss every N steps (and at the end); 0 = never
+  int eval_batches = 4;            // held-out micro-batches per eval
+  std::string config_path;         // --config ds_config.json
+  std::string device;              // auto | cuda | sim; "" = config / auto
+  std::uint64_t device_budget_bytes = 0;  // 0 = auto: (params + optimizer state) / 8 ... see .cc
+  std::string swap_dir;            // "" = config nvme_path, else ./tiermem-swap
+  std::string offload;             // none | cpu | nvme: shortcut for both offload_* devices
+  std::string engine = "auto";     // auto | store | zero | resident (train_engines.h)
+  std::string save_dir;
+  int save_every = 0;
+  int stop_at = 0;                 // stop after this step, as if interrupted (0 = run to --steps)              // 0 = only at the end (when --save is given)
+  std::string resume_dir;
+  std::string trace_path;
+  bool json = false;
+  std::uint64_t seed = 1337;
+
+  // Which values came from the command line (they override the config file).
+  bool batch_given = false, grad_accum_given = false, lr_given = false;
+};
+
+// Parses argv. On --help prints the help to stdout and returns 0; on a bad flag or value prints
+// one line "tiermem-train: error: ..." to stderr and returns 2; on success returns -1 and fills
+// *out. Never throws.
+int parse_train_options(int argc, char** argv, TrainOptions* out);
+
+// Builds the effective Config: the --config file (or the demo's defaults), then the command-line
+// overrides. nvme_path holds the base swap directories; rank r's engine swaps into
+// <dir>/rank<r>. Throws ConfigError (bad file or value).
+Config effective_config(const TrainOptions& opts, int rank);
+
+// The model presets tiermem-train accepts.
+const char* const* model_preset_names();  // nullptr-terminated
+
+}  // namespace tiermem::train

@@ -1,0 +1,11 @@
+# tiermem-train (examples/gpt/train_*, data, checkpoint): unit tests of its pieces, and
+# end-to-end runs of the binary (tests/unit/train_e2e.sh) with small settings. Label "train".
+if(TARGET tiermem_train)
+  tiermem_test(NAME train_unit_test
+               SOURCES train_data_test.cc train_checkpoint_test.cc train_options_test.cc
+               DEPS tiermem_train LABELS train TIMEOUT 60)
+  tiermem_test(NAME train_e2e_test SOURCES train_e2e_test.cc
+               DEPS nlohmann_json::nlohmann_json LABELS train TIMEOUT 240)
+  target_compile_definitions(train_e2e_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
+  add_dependencies(train_e2e_test tiermem-train)
+endif()

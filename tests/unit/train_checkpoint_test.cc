@@ -1,0 +1,136 @@
+// Tests of tiermem-train's checkpoint files (examples/gpt/checkpoint.h): round trip, and clear
+// errors for corrupt, truncated and partial checkpoints.
+#include "checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace tiermem::train {
+namespace {
+namespace fs = std::filesystem;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tiermem_train_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    a_.resize(1000);
+    b_.resize(37);
+    for (std::size_t i = 0; i < a_.size(); ++i) a_[i] = 0.5f * static_cast<float>(i);
+    for (std::size_t i = 0; i < b_.size(); ++i) b_[i] = -1.0f * static_cast<float>(i);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void save(int step) {
+    CheckpointWriter w(dir_.string(), 0, 1, step);
+    w.add_tensor("a", Tier::kNvme, a_.data(), a_.size() * 4, "f32", {1000});
+    w.add_tensor("b", Tier::kHost, b_.data(), b_.size() * 4, "f32", {37});
+    w.commit({{"hello", step}});
+  }
+  std::string error_of_load() {
+    try {
+      CheckpointReader r(dir_.string(), 0);
+      std::vector<float> a(1000), b(37);
+      r.read_tensor("a", a.data(), a.size() * 4);
+      r.read_tensor("b", b.data(), b.size() * 4);
+    } catch (const CheckpointError& e) {
+      return e.what();
+    }
+    return "";
+  }
+  fs::path rank_dir() const { return dir_ / "rank0"; }
+  std::string manifest_text() const {
+    std::ifstream in(rank_dir() / "manifest.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  void write_manifest(const std::string& s) const {
+    std::ofstream(rank_dir() / "manifest.json", std::ios::trunc) << s;
+  }
+
+  fs::path dir_;
+  std::vector<float> a_, b_;
+};
+
+TEST_F(CheckpointTest, RoundTripAndOldStateRemoved) {
+  save(5);
+  save(10);
+  EXPECT_FALSE(fs::exists(rank_dir() / "state-00000005.bin"));
+  EXPECT_TRUE(fs::exists(rank_dir() / "state-00000010.bin"));
+  EXPECT_FALSE(fs::exists(rank_dir() / "manifest.json.tmp"));
+  CheckpointReader r(dir_.string(), 0);
+  EXPECT_EQ(r.step(), 10);
+  EXPECT_EQ(r.meta().at("hello"), 10);
+  ASSERT_EQ(r.tensors().size(), 2u);
+  EXPECT_EQ(r.tensors()[0].tier, Tier::kNvme);
+  EXPECT_EQ(r.tensors()[1].offset % 4096, 0u);
+  std::vector<float> a(1000), b(37);
+  r.read_tensor("a", a.data(), a.size() * 4);
+  r.read_tensor("b", b.data(), b.size() * 4);
+  EXPECT_EQ(a, a_);
+  EXPECT_EQ(b, b_);
+  EXPECT_EQ(error_of_load(), "");
+}
+
+TEST_F(CheckpointTest, FlippedByteIsAChecksumMismatchNamingTheTensor) {
+  save(3);
+  const fs::path state = rank_dir() / "state-00000003.bin";
+  {
+    std::fstream f(state, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  const std::string e = error_of_load();
+  EXPECT_NE(e.find("tensor 'a'"), std::string::npos) << e;
+  EXPECT_NE(e.find("checksum mismatch"), std::string::npos) << e;
+  EXPECT_NE(e.find(state.string()), std::string::npos) << e;
+}
+
+TEST_F(CheckpointTest, TruncatedStateFileSaysExpectedAndFoundBytes) {
+  save(3);
+  const fs::path state = rank_dir() / "state-00000003.bin";
+  fs::resize_file(state, 2000);
+  const std::string e = error_of_load();
+  EXPECT_NE(e.find("size mismatch"), std::string::npos) << e;
+  EXPECT_NE(e.find("the file has 2000"), std::string::npos) << e;
+}
+
+TEST_F(CheckpointTest, MissingManifestOrKeyOrBadJson) {
+  save(3);
+  const std::string good = manifest_text();
+  fs::remove(rank_dir() / "manifest.json");
+  EXPECT_NE(error_of_load().find("missing manifest.json"), std::string::npos);
+
+  std::string no_step = good;
+  const auto pos = no_step.find("\"step\"");
+  ASSERT_NE(pos, std::string::npos);
+  no_step.replace(pos, 6, "\"stop\"");
+  write_manifest(no_step);
+  EXPECT_NE(error_of_load().find("missing key 'step'"), std::string::npos) << error_of_load();
+
+  write_manifest(good.substr(0, good.size() / 2));
+  EXPECT_NE(error_of_load().find("not valid JSON"), std::string::npos) << error_of_load();
+
+  fs::remove_all(dir_);
+  EXPECT_NE(error_of_load().find("no such directory"), std::string::npos) << error_of_load();
+}
+
+TEST_F(CheckpointTest, WrongSizeAndUnknownTensor) {
+  save(3);
+  CheckpointReader r(dir_.string(), 0);
+  std::vector<float> x(10);
+  EXPECT_THROW(r.read_tensor("a", x.data(), 40), CheckpointError);
+  EXPECT_THROW(r.read_tensor("zzz", x.data(), 40), CheckpointError);
+}
+
+}  // namespace
+}  // namespace tiermem::train

@@ -1,0 +1,227 @@
+// End-to-end tests of the tiermem-train program (examples/gpt/train_main.cc): the binary is run
+// with small settings (the `tiny` model, a few steps) and its --json output is checked.
+//   1. offloaded (params + Adam state on NVMe, small SimDevice budget) vs all-resident: the same
+//      losses, bit for bit, for 20 steps;
+//   2. on the default corpus (fortunes) the loss falls below a stated threshold;
+//   3. resume: the losses after the resume point equal the uninterrupted run's, bit for bit;
+//      a corrupt checkpoint is refused with a message naming the tensor;
+//   5. the device's measured peak never exceeds its budget;
+//   data errors: each bad --data gives one line naming the file and a nonzero exit before any
+//   step; bad flags exit with code 2.
+// (4, mpirun -np 2, is tests/unit/train_mpi_test.cc, label "mpi".)
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifndef TIERMEM_TRAIN_BIN
+#error "TIERMEM_TRAIN_BIN must name the tiermem-train executable"
+#endif
+
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+  std::vector<json> steps;  // {"step":..} lines
+  json summary;             // the last line's "summary"
+};
+
+class TrainE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tiermem_train_e2e_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // A small text corpus (byte-level), deterministic.
+    std::string text;
+    for (int i = 0; i < 400; ++i) {
+      text += "the quick brown fox " + std::to_string(i * 7919 % 1000) +
+              " jumps over the lazy dog.\n";
+    }
+    std::ofstream(dir_ / "corpus.txt") << text;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs tiermem-train with `args` (cwd = the test dir); stdout and stderr captured.
+  RunResult run(const std::string& args, const std::string& prefix = "") {
+    const std::string out = (dir_ / "stdout.txt").string(), err = (dir_ / "stderr.txt").string();
+    const std::string cmd = "cd " + dir_.string() + " && " + prefix + " OMP_NUM_THREADS=1 " +
+                            TIERMEM_TRAIN_BIN + " " + args + " >" + out + " 2>" + err;
+    const int status = std::system(cmd.c_str());
+    RunResult r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    std::istringstream lines(r.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty() || line[0] != '{') continue;
+      json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) continue;
+      if (j.contains("step")) r.steps.push_back(j);
+      if (j.contains("summary")) r.summary = j["summary"];
+    }
+    return r;
+  }
+  static std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  std::string corpus() const { return (dir_ / "corpus.txt").string(); }
+
+  fs::path dir_;
+};
+
+// Losses (as doubles, compared bitwise) of steps [first, last].
+std::vector<double> losses(const RunResult& r, int first = 1, int last = 1 << 30) {
+  std::vector<double> v;
+  for (const json& s : r.steps) {
+    const int t = s["step"].get<int>();
+    if (t >= first && t <= last) v.push_back(s["loss"].get<double>());
+  }
+  return v;
+}
+
+const char* kTiny = "--model tiny --seq-len 16 --batch 4 --eval-every 0 --json --seed 7";
+
+TEST_F(TrainE2E, OffloadedEqualsResidentBitwiseAndPeakWithinBudget) {
+  const std::string data = " --data " + corpus() + " --steps 20 ";
+  RunResult resident = run(std::string(kTiny) + data + "--engine resident");
+  ASSERT_EQ(resident.exit_code, 0) << resident.err;
+  RunResult offloaded = run(std::string(kTiny) + data +
+                            "--engine store --offload nvme --swap-dir swap --device sim "
+                            "--device-budget 96KiB");
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.err;
+  const auto a = losses(resident), b = losses(offloaded);
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i], b[i]) << "step " << i + 1 << ": resident " << a[i] << " vs offloaded " << b[i];
+  }
+  // The state really lived on NVMe and paged through a device 8x smaller than it... 
+  const json& s = offloaded.summary;
+  ASSERT_FALSE(s.is_null()) << offloaded.out;
+  EXPECT_EQ(s["param_offload"], "nvme");
+  EXPECT_EQ(s["optimizer_offload"], "nvme");
+  EXPECT_GT(s["nvme_bytes_read"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(s["nvme_bytes_written"].get<std::uint64_t>(), 0u);
+  const auto budget = s["device_budget_bytes"].get<std::uint64_t>();
+  const auto peak = s["device_peak_bytes"].get<std::uint64_t>();
+  EXPECT_EQ(budget, 96u * 1024);
+  // ...and (5) its measured peak never exceeded the budget.
+  EXPECT_GT(peak, 0u);
+  EXPECT_LE(peak, budget);
+  EXPECT_GE(s["param_bytes"].get<std::uint64_t>() + s["optimizer_bytes"].get<std::uint64_t>(),
+            4 * budget);
+  // The summary is the last line printed.
+  EXPECT_NE(offloaded.out.rfind("{\"summary\""), std::string::npos);
+  EXPECT_EQ(offloaded.out.find('\n', offloaded.out.rfind("{\"summary\"")), offloaded.out.size() - 1);
+}
+
+TEST_F(TrainE2E, DefaultCorpusLossFalls) {
+  if (!fs::exists("/usr/share/games/fortunes")) GTEST_SKIP() << "fortunes not installed";
+  // The default corpus and engine (ZeRO-3 over TensorStore, params + Adam on NVMe), shortened:
+  // the `tiny` model widened to byte vocabulary, 60 steps. ln(256) = 5.55 at the start.
+  RunResult r = run("--model tiny --seq-len 16 --batch 8 --steps 60 --eval-every 0 --json "
+                    "--swap-dir swap");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const double first = r.summary["initial_loss"].get<double>();
+  const double last = r.summary["final_loss"].get<double>();
+  EXPECT_GT(first, 5.0);
+  EXPECT_LT(first, 6.0);
+  EXPECT_LT(last, 3.6) << "loss " << first << " -> " << last;
+  EXPECT_EQ(r.summary["param_offload"], "nvme");
+}
+
+TEST_F(TrainE2E, ResumeIsBitwiseIdentical) {
+  const std::string base = std::string(kTiny) + " --data " + corpus() +
+                           " --steps 20 --swap-dir swap ";
+  RunResult full = run(base);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  RunResult first = run(base + "--save ckpt --stop-at 10");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(losses(first).size(), 10u);
+  ASSERT_TRUE(fs::exists(dir_ / "ckpt/rank0/manifest.json"));
+  RunResult second = run(base + "--resume ckpt");
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  const auto want = losses(full, 11, 20), got = losses(second);
+  ASSERT_EQ(got.size(), 10u);
+  ASSERT_EQ(want.size(), 10u);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i], got[i]) << "step " << i + 11;
+  }
+  // Corrupt one byte of the state: a clear error naming the tensor, before any step.
+  fs::path state;
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt/rank0"))
+    if (e.path().extension() == ".bin") state = e.path();
+  ASSERT_FALSE(state.empty());
+  {
+    std::fstream f(state, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(64);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(64);
+    f.put(static_cast<char>(c ^ 0x40));
+  }
+  RunResult bad = run(base + "--resume ckpt");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("checksum mismatch"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("tensor '"), std::string::npos) << bad.err;
+  EXPECT_TRUE(bad.steps.empty());
+}
+
+TEST_F(TrainE2E, BadDataFailsBeforeTrainingNamingTheFile) {
+  std::ofstream(dir_ / "empty.txt") << "";
+  std::ofstream(dir_ / "odd.bin") << "abc";
+  {
+    std::ofstream f(dir_ / "big.bin", std::ios::binary);
+    for (int i = 0; i < 1000; ++i) {
+      const std::uint16_t t = i == 500 ? 300 : 10;
+      f.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  fs::create_directories(dir_ / "nothing");
+  struct Case {
+    std::string path, expect;
+  } cases[] = {
+      {(dir_ / "missing.txt").string(), "no such file"},
+      {(dir_ / "empty.txt").string(), "empty"},
+      {(dir_ / "odd.bin").string(), "not a multiple of 2"},
+      {(dir_ / "big.bin").string(), "token 300 (index 500"},
+      {(dir_ / "nothing").string(), "no non-empty text files"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = run(std::string(kTiny) + " --steps 2 --engine resident --data " + c.path);
+    EXPECT_EQ(r.exit_code, 1) << c.path;
+    EXPECT_TRUE(r.steps.empty()) << c.path;
+    EXPECT_NE(r.err.find(c.path), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
+  }
+}
+
+TEST_F(TrainE2E, BadFlagsExitWithCode2) {
+  for (const char* args : {"--steps -1", "--model nope", "--device-budget 12parsecs",
+                           "--batch x", "--frobnicate"}) {
+    RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_NE(r.err.find("tiermem-train: error:"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
+  }
+}
+
+}  // namespace
