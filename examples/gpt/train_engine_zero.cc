@@ -16,6 +16,7 @@
 #include "checkpoint.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
+#include "tiermem/trace.h"
 #include "train_engines.h"
 
 #if defined(TIERMEM_TRAIN_HAVE_ZERO) && defined(TIERMEM_TRAIN_HAVE_COMM)
@@ -73,7 +74,10 @@ class ZeroTrainEngine final : public TrainEngine {
   gpt::ParamView acquire_params(int module, Phase) override {
     const auto t0 = Clock::now();
     auto& g = gathered_.at(static_cast<std::size_t>(module));
-    g = zero_->gather(module);
+    {
+      TraceSpan span(fmt::format("all-gather module {}", module), "allgather");
+      g = zero_->gather(module);
+    }
     comm_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     if (g.dtype() == DType::kF32) return gpt::ParamView(g.f32());
     if (g.dtype() == DType::kBF16) return gpt::ParamView::bf16(g.half());
@@ -85,7 +89,10 @@ class ZeroTrainEngine final : public TrainEngine {
   void grads_done(int module) override {
     auto& g = grads_.at(static_cast<std::size_t>(module));
     const auto t0 = Clock::now();
-    zero_->reduce_gradients(module, g);
+    {
+      TraceSpan span(fmt::format("reduce-scatter module {}", module), "reduce-scatter");
+      zero_->reduce_gradients(module, g);
+    }
     comm_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     std::fill(g.begin(), g.end(), 0.0f);
   }
