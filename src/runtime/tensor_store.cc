@@ -461,9 +461,13 @@ struct TensorStore::Impl {
   }
 
   // Allocates `size` accounted bytes at `t`, evicting per the policy; waits for releases until
-  // `deadline`. Returns nullptr for a prefetch that would have to wait. Throws OutOfMemoryError.
+  // `deadline`. Returns nullptr for a prefetch that would have to wait, or whose victims the
+  // policy refuses: a prefetch of `incoming` first plans every victim it needs (choose_victim
+  // over the remaining candidates) and asks evict_for_prefetch once per planned victim; it evicts
+  // none unless all are accepted, so a refused prefetch costs nothing. Throws OutOfMemoryError.
   void* make_room(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size, Mode mode,
-                  std::chrono::steady_clock::time_point deadline) {
+                  std::chrono::steady_clock::time_point deadline,
+                  TensorId incoming = kInvalidTensor) {
     if (size > budget_[idx(t)]) {
       throw OutOfMemoryError(t, size, budget_[idx(t)],
                              fmt::format("larger than the whole {} budget", tier_name(t)));
@@ -480,6 +484,10 @@ struct TensorStore::Impl {
         if (c.state == State::kResident && c.pins == 0 && c.readers == 0 && !c.writing && e.info.home != t) {
           candidates.push_back(i);
         }
+      }
+      if (!candidates.empty() && mode == Mode::kPrefetch) {
+        if (!plan_prefetch_evictions(lock, t, size, incoming, candidates)) return nullptr;
+        continue;
       }
       if (!candidates.empty()) {
         TensorId victim = policy_->choose_victim(t, candidates);
@@ -506,6 +514,38 @@ struct TensorStore::Impl {
                         format_bytes(used_[idx(t)]), format_bytes(pinned), n, tier_name(t)));
       }
     }
+  }
+
+  // For a prefetch of `incoming` needing `size` bytes at `t`: picks victims among `candidates`
+  // (consumed) until the budget fits (at least one when the budget fits but the allocator does
+  // not), asking the policy's evict_for_prefetch for each; evicts them all only if every one is
+  // accepted. Returns false (nothing evicted, the caller drops the prefetch) on a refusal or when
+  // the candidates cannot free enough. mu_ held; released during write-backs.
+  bool plan_prefetch_evictions(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size,
+                               TensorId incoming, std::vector<TensorId>& candidates) {
+    std::vector<TensorId> plan;
+    std::uint64_t freed = 0;
+    while (used_[idx(t)] - freed + size > budget_[idx(t)] || plan.empty()) {
+      if (candidates.empty()) return false;
+      TensorId victim = policy_->choose_victim(t, candidates);
+      auto it = std::find(candidates.begin(), candidates.end(), victim);
+      if (it == candidates.end()) {
+        it = candidates.begin();  // a policy bug must not corrupt the store
+        victim = *it;
+      }
+      if (!policy_->evict_for_prefetch(t, incoming, victim)) return false;
+      plan.push_back(victim);
+      freed += entries_[victim]->copy[idx(t)].alloc_bytes;
+      candidates.erase(it);
+    }
+    for (TensorId v : plan) {
+      // evict_locked releases mu_ during a write-back: re-check each victim is still evictable.
+      const Copy& c = entries_[v]->copy[idx(t)];
+      if (c.state == State::kResident && c.pins == 0 && c.readers == 0 && !c.writing) {
+        evict_locked(lock, v, t);
+      }
+    }
+    return true;
   }
 
   // ---------------------------------------------------------------- ensure (mu_ held)
@@ -559,7 +599,7 @@ struct TensorStore::Impl {
       }
       if (c.state == State::kAbsent) {
         std::uint64_t size = alloc_size(t, e.info.bytes);
-        void* p = make_room(lock, t, size, mode, deadline);
+        void* p = make_room(lock, t, size, mode, deadline, id);
         if (p == nullptr) return nullptr;
         if (c.state != State::kAbsent) {  // someone else started meanwhile (mu_ was released)
           tier_free(t, p);

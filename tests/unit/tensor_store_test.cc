@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -379,6 +380,84 @@ TEST_F(StoreTest, ConcurrentRandomOperationsMatchReferenceModel) {
   EXPECT_LE(st.peak_resident_bytes[0], 192u << 10);
   EXPECT_LE(st.peak_resident_bytes[1], 384u << 10);
   EXPECT_LE(device_->stats().peak_reserved_bytes, 192u << 10);
+}
+
+// A policy that keeps everything on release, picks the lowest id as victim and refuses, for a
+// prefetch, to evict the ids in `refuse` (recording every question).
+class GatePolicy : public ResidencyPolicy {
+ public:
+  std::vector<PrefetchHint> on_access(TensorId, std::uint64_t, Tier, Phase,
+                                      const ResidencyView&) override {
+    return {};
+  }
+  bool keep_on_release(TensorId, Tier, const ResidencyView&) override { return true; }
+  TensorId choose_victim(Tier, std::span<const TensorId> c) override {
+    return *std::min_element(c.begin(), c.end());
+  }
+  bool evict_for_prefetch(Tier tier, TensorId incoming, TensorId victim) override {
+    asked.push_back({incoming, victim});
+    EXPECT_EQ(tier, Tier::kDevice);
+    return std::find(refuse.begin(), refuse.end(), victim) == refuse.end();
+  }
+  std::vector<TensorId> refuse;
+  std::vector<std::pair<TensorId, TensorId>> asked;  // (incoming, victim)
+};
+
+// A prefetch that needs room asks evict_for_prefetch once per planned victim and evicts none
+// unless every one is accepted; demand loads never ask.
+TEST_F(StoreTest, PrefetchEvictsOnlyWhenPolicyAcceptsEveryVictim) {
+  auto policy = std::make_unique<GatePolicy>();
+  GatePolicy* gp = policy.get();
+  // 256 KiB device: three 80000-byte tensors (80 KiB each, rounded) fit; "big" (148 KiB) needs
+  // two of them gone.
+  TensorStore& s = make(256 << 10, 1 << 20, 64 << 10, 10, std::move(policy));
+  std::vector<TensorId> small;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    auto init = make_bytes(i, 0, 80000);
+    small.push_back(s.register_tensor(
+        {.name = "s" + std::to_string(i), .bytes = 80000, .home = Tier::kHost, .initial = init}));
+  }
+  auto big_init = make_bytes(9, 0, 150000);
+  TensorId big = s.register_tensor({.name = "big", .bytes = 150000, .home = Tier::kHost, .initial = big_init});
+  for (TensorId id : small) s.acquire(id, Tier::kDevice);  // resident, unpinned, kept
+  ASSERT_EQ(s.stats().resident_bytes[0], 3u * 81920u);
+  EXPECT_TRUE(gp->asked.empty());  // demand loads never ask
+
+  // The second planned victim (s1) is refused: nothing is evicted, the prefetch is dropped.
+  gp->refuse = {small[1]};
+  s.prefetch(std::span<const TensorId>(&big, 1), Tier::kDevice);
+  s.drain();
+  ASSERT_EQ(gp->asked.size(), 2u);
+  EXPECT_EQ(gp->asked[0], std::make_pair(big, small[0]));
+  EXPECT_EQ(gp->asked[1], std::make_pair(big, small[1]));
+  TensorStoreStats st = s.stats();
+  EXPECT_EQ(st.prefetches_dropped, 1u);
+  EXPECT_EQ(st.evictions[0], 0u);
+  EXPECT_EQ(st.resident_bytes[0], 3u * 81920u);
+  const std::uint64_t hits = st.hits;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    TensorStore::Pin p = s.acquire(small[i], Tier::kDevice);
+    EXPECT_TRUE(matches(p.data(), i, 0, 80000));
+  }
+  EXPECT_EQ(s.stats().hits, hits + 3);  // all three stayed resident
+
+  // Both accepted: exactly the two planned victims go, the third stays, big lands.
+  gp->refuse.clear();
+  gp->asked.clear();
+  s.prefetch(std::span<const TensorId>(&big, 1), Tier::kDevice);
+  s.drain();
+  EXPECT_EQ(gp->asked.size(), 2u);
+  st = s.stats();
+  EXPECT_EQ(st.prefetches_dropped, 1u);
+  EXPECT_EQ(st.evictions[0], 2u);
+  EXPECT_EQ(st.resident_bytes[0], 81920u + 151552u);
+  const std::uint64_t misses = st.misses;
+  {
+    TensorStore::Pin p = s.acquire(big, Tier::kDevice);
+    EXPECT_TRUE(matches(p.data(), 9, 0, 150000));
+  }
+  { TensorStore::Pin p = s.acquire(small[2], Tier::kDevice); }
+  EXPECT_EQ(s.stats().misses, misses);  // big and s2 were resident
 }
 
 }  // namespace
