@@ -43,11 +43,22 @@
 // Optimizer offload (zero_optimization.offload_optimizer.device):
 //   none, cpu  fp32 master, m, v in host memory (this CPU engine keeps "none" on the host too).
 //   nvme       each sub-group's [master | m | v] lives in an extent of a SwapSpace under
-//              <nvme_path>/rank<r>/ and is stepped through buffer_count pinned staging buffers:
-//              the read of sub-group i+1 runs while i is stepped and i-1 is written; a staging
-//              buffer is reused only after its write completed (the pipeline waits, never asserts).
-// Parameter offload (offload_param.device, stage 3): cpu keeps the working shard in host memory
-// (as none); nvme keeps it in the swap space and reads it back before each all-gather.
+//              <nvme_path>/rank<r>/ and is stepped through buffer_count staging buffers (from a
+//              PinnedHostPool, page-locked when offload_optimizer.pin_memory): the read of
+//              sub-group i+1 runs while i is stepped and i-1 is written; a staging buffer is
+//              reused only after its write completed (the pipeline waits, never asserts).
+// Parameter offload (offload_param.device, stage 3): none keeps each module's working shard in
+// one host buffer. cpu and nvme put each non-persistent module's working shard in a TensorStore
+// as a tensor "zero.param.<module name>" with home tier host (cpu) or nvme, whose host pool is
+// page-locked when offload_param.pin_memory and capped at tiermem.host_budget_bytes (raised, with
+// a warning, to what the home tier needs: every shard for cpu, the largest for nvme). gather()
+// acquires the shard at the host tier (reading it from NVMe unless already there), copies it into
+// the all-gather buffer and releases it; the store's policy is the reuse-distance Prefetcher,
+// which records the first step's accesses (gathers and optimizer writes; a step ends at step())
+// and replays later steps, reading the shards of the next modules from NVMe while the current
+// one computes (NVMe->host look-ahead of tiermem.nvme_prefetch_bytes). AdamW writes the new
+// working shard into the acquired host copy and marks it dirty; the store writes it back to NVMe
+// when it evicts it, so no second full-size host copy exists (stats().param_store_*).
 //
 // Units: counts are ELEMENTS; *_bytes are bytes. Ownership: the engine owns every buffer it
 // allocates; a Gathered view is valid until it is destroyed, and the engine must outlive it.
@@ -93,6 +104,17 @@ struct ZeroStats {
   std::uint64_t all_gather_calls = 0;
   std::int64_t steps = 0;                   // optimizer steps taken (skipped ones excluded)
   std::int64_t skipped_steps = 0;           // fp16 overflows
+  // Stage 3 with offload_param cpu|nvme (the parameter TensorStore); all 0 otherwise.
+  std::uint64_t param_store_bytes = 0;              // working shards held in the store (exact)
+  std::uint64_t param_store_host_bytes = 0;         // of the store's host tier resident now (rounded)
+  std::uint64_t param_store_host_peak_bytes = 0;    // max ever; <= param_store_host_budget_bytes
+  std::uint64_t param_store_host_budget_bytes = 0;
+  std::uint64_t param_store_nvme_reads = 0;         // shard transfers NVMe -> host
+  std::uint64_t param_store_nvme_writes = 0;        // dirty shards written host -> NVMe
+  std::uint64_t param_store_hits = 0;               // acquires that found the shard resident
+  std::uint64_t param_store_misses = 0;             // ... that had to wait for a load
+  std::uint64_t param_prefetches_issued = 0;        // Prefetcher hints issued to the store
+  bool optimizer_staging_pinned = false;  // offload_optimizer nvme: staging page-locked (mlock)
 };
 
 class ZeroEngine {

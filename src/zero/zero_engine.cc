@@ -1,5 +1,6 @@
 // src/zero/zero_engine.cc — ZeroEngine (see include/tiermem/zero_engine.h): shard bookkeeping,
-// bucketed reduce-scatter, the sub-group AdamW step (host or NVMe-pipelined) and stage-3 gathers.
+// bucketed reduce-scatter, the sub-group AdamW step (host or NVMe-pipelined) and stage-3 gathers
+// (from host memory, or through a TensorStore + Prefetcher when offload_param is cpu or nvme).
 #include "tiermem/zero_engine.h"
 
 #include <algorithm>
@@ -17,8 +18,11 @@
 #include "tiermem/io_engine.h"
 #include "tiermem/log.h"
 #include "tiermem/loss_scaler.h"
+#include "tiermem/pinned_host_pool.h"
+#include "tiermem/prefetcher.h"
 #include "tiermem/shard.h"
 #include "tiermem/swap_space.h"
+#include "tiermem/tensor_store.h"
 
 namespace tiermem {
 namespace {
@@ -79,10 +83,18 @@ struct ZeroEngine::Impl {
   // Optimizer state (host) or its NVMe home.
   bool nvme_opt = false;
   std::vector<float> master, m, v;  // host: rank_flat each
+  // Staging buffers (buffer_count × 3 × max sub-group fp32) from a PinnedHostPool that honours
+  // offload_optimizer.pin_memory. Declared before `io`: outlives the engine's registrations.
+  struct Staging {
+    void* p = nullptr;
+    std::size_t bytes = 0;
+    float* f() const { return static_cast<float*>(p); }
+  };
+  std::unique_ptr<PinnedHostPool> staging_pool;
+  std::vector<Staging> staging;
   std::unique_ptr<IoEngine> io;
-  std::unique_ptr<SwapSpace> swap;
+  std::shared_ptr<SwapSpace> swap;
   std::vector<SwapExtent> sg_extents;  // [master | m | v] per sub-group
-  std::vector<AlignedBuf> staging;     // buffer_count × 3 × max sub-group
 
   // Gradients.
   std::vector<float> full_grad;   // stages 0, 1: full padded flat
@@ -95,11 +107,19 @@ struct ZeroEngine::Impl {
   };
   std::deque<Inflight> inflight;
 
-  // Working parameters.
-  AlignedBuf work_shard;                   // rank_flat × wsize (stage 0: the full copy)
+  // Working parameters. Without a parameter store work_shard holds the whole rank-flat shard
+  // (stage 0: the full copy) and shard_off == flat_offset; with one it holds only the persistent
+  // modules' shards, packed (shard_off), and the others live in pstore.
+  AlignedBuf work_shard;
+  std::vector<std::size_t> shard_off;      // module's offset in work_shard (elements)
   std::vector<AlignedBuf> work_full;       // per module, padded × wsize (stages 1–2, persistent)
   bool nvme_param = false;
-  std::vector<SwapExtent> param_extents;   // stage 3 + offload_param nvme: module shard homes
+  // Stage 3 + offload_param cpu|nvme: each non-persistent module's working shard is a tensor of
+  // pstore with home host|nvme, acquired at the host tier for gathers and for the AdamW output,
+  // prefetched by the Prefetcher (the policy pstore owns) from the recorded trace of a step.
+  bool store_param = false;
+  std::unique_ptr<TensorStore> pstore;     // after swap/io: destroyed first
+  std::vector<TensorId> ptensor;           // per module; kInvalidTensor when not in pstore
   std::uint64_t gathered_live = 0;
 
   std::unique_ptr<DynamicLossScaler> scaler;
@@ -108,12 +128,34 @@ struct ZeroEngine::Impl {
   Impl(Communicator& c, ZeroEngineOptions o) : comm(c), opts(o) {}
 
   void finalize(const Config& cfg);
+  void make_param_store(const Config& cfg, const std::vector<float>& init_flat);
 
   float* grad_ptr() { return stage == 0 ? full_grad.data() : shard_grad.data(); }
 
   std::byte* work_ptr(int mod) {
     if (stage == 0) return work_shard.b() + layout.flat_offset[mod] * wsize;
     return work_full[mod].b();
+  }
+
+  // The module's working shard in work_shard (not for modules in pstore).
+  std::byte* mem_shard(std::size_t mod) { return work_shard.b() + shard_off[mod] * wsize; }
+
+  bool in_store(std::size_t mod) const { return store_param && ptensor[mod] != kInvalidTensor; }
+
+  // The module whose rank-flat shard range contains element `a` (a < rank_flat).
+  std::size_t module_at(std::size_t a) const {
+    auto it = std::upper_bound(layout.flat_offset.begin(), layout.flat_offset.end(), a);
+    return static_cast<std::size_t>(it - layout.flat_offset.begin()) - 1;
+  }
+
+  // fp32 -> working dtype (n elements).
+  void to_working(const float* src, std::byte* dst, std::size_t n, bool bf16) const {
+    if (wsize == 4) {
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    }
+    auto* d = reinterpret_cast<std::uint16_t*>(dst);
+    for (std::size_t i = 0; i < n; ++i) d[i] = bf16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
   }
 
   void complete_front() {
@@ -258,6 +300,7 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptio
   I.opt_rank = z.stage == 0 ? 0 : I.rank;
   I.nvme_opt = z.offload_optimizer.device == OffloadDevice::kNvme;
   I.nvme_param = z.offload_param.device == OffloadDevice::kNvme;
+  I.store_param = z.stage == 3 && z.offload_param.device != OffloadDevice::kNone;
   if (config_.fp16.enabled) I.scaler = std::make_unique<DynamicLossScaler>(config_.fp16);
 }
 
@@ -267,9 +310,9 @@ ZeroEngine::~ZeroEngine() {
   } catch (const std::exception& e) {
     TM_LOG_ERROR("ZERO", "reduce-scatter pending at ZeroEngine destruction failed: {}", e.what());
   }
+  impl_->pstore.reset();  // frees its swap extents
   if (impl_->swap) {
     for (auto& e : impl_->sg_extents) impl_->swap->free(e);
-    for (auto& e : impl_->param_extents) impl_->swap->free(e);
   }
 }
 
@@ -335,24 +378,31 @@ void ZeroEngine::Impl::finalize(const Config& cfg) {
   if (stage >= 1) shard_grad.assign(R, 0.0f);
 
   // Working params: the rank's shard (stage 0: everything), written from the initial master.
-  work_shard = AlignedBuf(R * wsize);
   std::vector<float> init_flat(R);
   for (std::size_t i = 0; i < numels.size(); ++i) {
     std::copy(init_shards[i].begin(), init_shards[i].end(), init_flat.begin() + static_cast<std::ptrdiff_t>(layout.flat_offset[i]));
   }
   init_shards.clear();
   init_shards.shrink_to_fit();
-  for (std::size_t i = 0; i < R; ++i) {
-    if (wsize == 4) work_shard.f()[i] = init_flat[i];
-    else if (comm_dtype == DType::kU16 && cfg.bf16) reinterpret_cast<std::uint16_t*>(work_shard.p)[i] = f32_to_bf16(init_flat[i]);
-    else reinterpret_cast<std::uint16_t*>(work_shard.p)[i] = f32_to_f16(init_flat[i]);
+  std::size_t mem_elems = 0;
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    const bool stored = store_param && !persistent[i] && layout.modules[i].shard > 0;
+    shard_off.push_back(store_param ? mem_elems : layout.flat_offset[i]);
+    if (store_param && !stored) mem_elems += layout.modules[i].shard;
+  }
+  work_shard = AlignedBuf((store_param ? mem_elems : R) * wsize);
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    if (store_param && (!persistent[i] || layout.modules[i].shard == 0)) continue;
+    if (!store_param && i > 0) continue;  // the whole rank-flat range at once
+    const std::size_t n = store_param ? layout.modules[i].shard : R;
+    to_working(init_flat.data() + (store_param ? layout.flat_offset[i] : 0), mem_shard(store_param ? i : 0), n,
+               cfg.bf16);
   }
   work_full.resize(numels.size());
   for (std::size_t i = 0; i < numels.size(); ++i) {
     if (stage == 1 || stage == 2 || persistent[i]) {
       work_full[i] = AlignedBuf(layout.modules[i].padded * wsize);
-      comm.all_gather(work_shard.b() + layout.flat_offset[i] * wsize, work_full[i].p, layout.modules[i].shard,
-                      comm_dtype);
+      comm.all_gather(mem_shard(i), work_full[i].p, layout.modules[i].shard, comm_dtype);
       ++st.all_gather_calls;
     }
   }
@@ -361,8 +411,9 @@ void ZeroEngine::Impl::finalize(const Config& cfg) {
   if (nvme_opt || nvme_param) {
     io = make_io_engine(cfg);
     const auto& paths = nvme_opt ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path;
-    swap = std::make_unique<SwapSpace>(cfg, rank_dirs(paths, rank), *io);
+    swap = std::make_shared<SwapSpace>(cfg, rank_dirs(paths, rank), *io);
   }
+  if (store_param) make_param_store(cfg, init_flat);
   if (!nvme_opt) {
     master = std::move(init_flat);
     m.assign(R, 0.0f);
@@ -371,10 +422,16 @@ void ZeroEngine::Impl::finalize(const Config& cfg) {
     std::size_t max_sg = 0;
     for (const auto& g : sub_groups) max_sg = std::max(max_sg, g.size());
     const int nbuf = std::max(1, z.offload_optimizer.buffer_count);
-    for (int b = 0; b < nbuf; ++b) {
-      staging.emplace_back(3 * max_sg * sizeof(float));
-      io->register_buffers(staging.back().p, staging.back().bytes);
-    }
+    const std::size_t buf_bytes = 3 * max_sg * sizeof(float);
+    PinnedHostPoolOptions po;
+    po.budget_bytes = static_cast<std::uint64_t>(nbuf) * PinnedHostPool::allocation_size(buf_bytes);
+    po.mapping_bytes = po.budget_bytes;
+    po.pin_memory = z.offload_optimizer.pin_memory;
+    po.numa_node = cfg.tiermem.numa_node;
+    po.map_now = true;
+    staging_pool = std::make_unique<PinnedHostPool>(po);
+    for (int b = 0; b < nbuf; ++b) staging.push_back({staging_pool->allocate(buf_bytes), buf_bytes});
+    for (const HostRegion& r : staging_pool->regions()) io->register_buffers(r.base, r.bytes);
     for (const auto& g : sub_groups) {
       SwapExtent e = swap->allocate(3 * g.size() * sizeof(float));
       float* s = staging[0].f();
@@ -384,18 +441,55 @@ void ZeroEngine::Impl::finalize(const Config& cfg) {
       sg_extents.push_back(e);
     }
   }
-  if (nvme_param) {
-    for (std::size_t i = 0; i < numels.size(); ++i) {
-      const std::size_t bytes = layout.modules[i].shard * wsize;
-      param_extents.push_back(bytes ? swap->allocate(bytes) : SwapExtent{});
-      if (bytes) swap->write(param_extents.back(), work_shard.b() + layout.flat_offset[i] * wsize, bytes).wait();
-    }
-  }
   TM_LOG_INFO("ZERO",
               "stage {}: {} modules, rank {} of {}: {} elements of optimizer state ({} in {} sub-groups, {}), "
               "working {}",
               stage, numels.size(), rank, world, R, format_bytes(12 * R), sub_groups.size(),
               nvme_opt ? "nvme" : "host", dtype_name(cfg.bf16 ? DType::kBF16 : cfg.fp16.enabled ? DType::kF16 : DType::kF32));
+}
+
+// Stage 3 + offload_param cpu|nvme: registers every non-persistent module's working shard in a
+// TensorStore (home host|nvme) driven by the Prefetcher, and opens the first recorded step.
+void ZeroEngine::Impl::make_param_store(const Config& cfg, const std::vector<float>& init_flat) {
+  TensorStoreOptions so = TensorStoreOptions::from_config(cfg);
+  so.pin_memory = cfg.zero.offload_param.pin_memory;
+  const Tier home = nvme_param ? Tier::kNvme : Tier::kHost;
+  std::uint64_t homes = 0, largest = 0;
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    if (persistent[i] || layout.modules[i].shard == 0) continue;
+    const std::uint64_t a = PinnedHostPool::allocation_size(layout.modules[i].shard * wsize);
+    homes += a;
+    largest = std::max(largest, a);
+  }
+  // Home host: every shard lives in the pool. Home nvme: the pool caches shards; it must hold at
+  // least the largest (acquire pins one at a time).
+  const std::uint64_t need = home == Tier::kHost ? homes : largest;
+  if (so.host_budget_bytes < need) {
+    TM_LOG_WARN("ZERO", "parameter store host budget raised from {} to {} (offload_param {}: {})",
+                format_bytes(so.host_budget_bytes), format_bytes(need), nvme_param ? "nvme" : "cpu",
+                home == Tier::kHost ? "every shard lives in host memory" : "the largest shard");
+    so.host_budget_bytes = need;
+  }
+  so.device_budget_bytes = 0;
+  pstore = std::make_unique<TensorStore>(so, nullptr, nvme_param ? swap : nullptr,
+                                         std::make_unique<Prefetcher>(PrefetcherOptions::from_config(
+                                             cfg, wsize == 4 ? DType::kF32 : cfg.bf16 ? DType::kBF16 : DType::kF16)));
+  ptensor.assign(numels.size(), kInvalidTensor);
+  std::vector<std::byte> tmp;
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    const std::size_t n = layout.modules[i].shard;
+    if (persistent[i] || n == 0) continue;
+    tmp.resize(n * wsize);
+    to_working(init_flat.data() + layout.flat_offset[i], tmp.data(), n, cfg.bf16);
+    TensorSpec spec;
+    spec.name = "zero.param." + names[i];
+    spec.dtype = wsize == 4 ? DType::kF32 : cfg.bf16 ? DType::kBF16 : DType::kF16;
+    spec.shape = {static_cast<std::int64_t>(n)};
+    spec.home = home;
+    spec.initial = tmp;
+    ptensor[i] = pstore->register_tensor(spec);
+  }
+  pstore->begin_step();
 }
 
 ZeroEngine::Gathered ZeroEngine::gather(int module) {
@@ -413,10 +507,13 @@ ZeroEngine::Gathered ZeroEngine::gather(int module) {
   const ModuleShard& s = I.layout.modules[module];
   AlignedBuf buf(s.padded * I.wsize);
   std::byte* mine = buf.b() + static_cast<std::size_t>(I.rank) * s.shard * I.wsize;
-  if (I.nvme_param) {
-    if (s.shard) I.swap->read(I.param_extents[module], mine, s.shard * I.wsize).wait();
+  if (I.in_store(static_cast<std::size_t>(module))) {
+    // Resident at the host tier (read from NVMe unless prefetched); acquiring it feeds the
+    // Prefetcher, whose hints start reading the next modules' shards while this one computes.
+    TensorStore::Pin pin = I.pstore->acquire(I.ptensor[module], Tier::kHost);
+    std::memcpy(mine, pin.data(), s.shard * I.wsize);
   } else {
-    std::memcpy(mine, I.work_shard.b() + I.layout.flat_offset[module] * I.wsize, s.shard * I.wsize);
+    std::memcpy(mine, I.mem_shard(static_cast<std::size_t>(module)), s.shard * I.wsize);
   }
   I.comm.all_gather(mine, buf.p, s.shard, I.comm_dtype);  // in place
   ++I.st.all_gather_calls;
@@ -516,6 +613,10 @@ ZeroEngine::StepResult ZeroEngine::step() {
       ++I.st.skipped_steps;
       TM_LOG_WARN("ZERO", "fp16 gradient overflow: step skipped, loss scale {} -> {}", used_scale, I.scaler->scale());
       zero_grad();
+      if (I.pstore) {
+        I.pstore->end_step();
+        I.pstore->begin_step();
+      }
       res.skipped = true;
       res.loss_scale = I.scaler->scale();
       res.step = I.st.steps;
@@ -549,11 +650,28 @@ ZeroEngine::StepResult ZeroEngine::step() {
   ap.grad_scale = static_cast<float>(grad_scale);
   const bool half = I.wsize == 2;
 
-  // One sub-group: state pointers given; writes the working shard in the same pass.
+  // One sub-group: state pointers given; writes the working shard in the same pass. Split at
+  // module boundaries: a module's shard is in work_shard or in the parameter store (acquired at
+  // the host tier and marked dirty: the store writes it back to NVMe when it evicts it).
   auto step_group = [&](const ElemRange& g, float* pm, float* mm, float* vm) {
-    void* out = half ? static_cast<void*>(I.work_shard.b() + g.begin * 2) : nullptr;
-    adam_step(ap, pm, gp + g.begin, mm, vm, g.size(), out, working_dtype_);
-    if (!half) std::memcpy(I.work_shard.f() + g.begin, pm, g.size() * sizeof(float));
+    for (std::size_t a = g.begin; a < g.end;) {
+      const std::size_t mod = I.module_at(a);
+      const std::size_t mb = I.layout.flat_offset[mod];
+      const std::size_t hi = std::min(g.end, mb + I.layout.modules[mod].shard);
+      const std::size_t k = a - g.begin;
+      TensorStore::Pin pin;
+      std::byte* out;
+      if (I.in_store(mod)) {
+        pin = I.pstore->acquire(I.ptensor[mod], Tier::kHost, Phase::kOptimizer);
+        out = pin.as<std::byte>() + (a - mb) * I.wsize;
+      } else {
+        out = I.mem_shard(mod) + (a - mb) * I.wsize;
+      }
+      adam_step(ap, pm + k, gp + a, mm + k, vm + k, hi - a, half ? out : nullptr, working_dtype_);
+      if (!half) std::memcpy(out, pm + k, (hi - a) * sizeof(float));
+      if (pin.valid()) pin.mark_dirty();
+      a = hi;
+    }
   };
 
   if (!I.nvme_opt) {
@@ -592,11 +710,13 @@ ZeroEngine::StepResult ZeroEngine::step() {
   for (std::size_t i = 0; i < I.numels.size(); ++i) {
     const ModuleShard& s = I.layout.modules[i];
     if (I.stage == 1 || I.stage == 2 || I.persistent[i]) {
-      I.comm.all_gather(I.work_shard.b() + I.layout.flat_offset[i] * I.wsize, I.work_full[i].p, s.shard, I.comm_dtype);
+      I.comm.all_gather(I.mem_shard(i), I.work_full[i].p, s.shard, I.comm_dtype);
       ++I.st.all_gather_calls;
-    } else if (I.nvme_param && s.shard) {
-      I.swap->write(I.param_extents[i], I.work_shard.b() + I.layout.flat_offset[i] * I.wsize, s.shard * I.wsize).wait();
     }
+  }
+  if (I.pstore) {  // the step's trace ends here (the Prefetcher records the first, replays later)
+    I.pstore->end_step();
+    I.pstore->begin_step();
   }
   ++I.st.steps;
   zero_grad();
@@ -633,6 +753,22 @@ ZeroStats ZeroEngine::stats() const {
   s.gradient_bytes = 4 * (I.full_grad.size() + I.shard_grad.size());
   s.working_param_bytes = I.work_shard.bytes;
   for (const auto& b : I.work_full) s.working_param_bytes += b.bytes;
+  if (I.pstore) {
+    TensorStoreStats t = I.pstore->stats();
+    const int h = static_cast<int>(Tier::kHost), n = static_cast<int>(Tier::kNvme);
+    s.param_store_host_bytes = t.resident_bytes[h];
+    s.param_store_host_peak_bytes = t.peak_resident_bytes[h];
+    s.param_store_host_budget_bytes = t.budget_bytes[h];
+    s.param_store_nvme_reads = t.moves[n][h];
+    s.param_store_nvme_writes = t.moves[h][n];
+    s.param_store_hits = t.hits;
+    s.param_store_misses = t.misses;
+    s.param_prefetches_issued = t.prefetches_issued;
+    for (std::size_t i = 0; i < I.ptensor.size(); ++i) {
+      if (I.ptensor[i] != kInvalidTensor) s.param_store_bytes += I.layout.modules[i].shard * I.wsize;
+    }
+  }
+  if (I.staging_pool) s.optimizer_staging_pinned = I.staging_pool->pinned();
   return s;
 }
 

@@ -175,4 +175,16 @@ inline Config mlp_config(int stage, const std::string& offload, const std::strin
   return parse_config(j);
 }
 
+// The same config with stage-3 parameter offload: offload_param.device = `param` ("none", "cpu"
+// or "nvme"; nvme under nvme_dir) and small pipeline chunks (64 KiB, 2 in flight).
+inline Config with_param_offload(Config cfg, const std::string& param, const std::string& nvme_dir) {
+  cfg.zero.offload_param.device = param == "nvme" ? OffloadDevice::kNvme
+                                  : param == "cpu" ? OffloadDevice::kCpu
+                                                   : OffloadDevice::kNone;
+  if (param == "nvme") cfg.zero.offload_param.nvme_path = {nvme_dir};
+  cfg.tiermem.pipeline_chunk_bytes = 64 << 10;
+  cfg.tiermem.pipeline_chunks = 2;
+  return cfg;
+}
+
 }  // namespace tiermem::testing
