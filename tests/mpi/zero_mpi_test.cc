@@ -1,5 +1,5 @@
 // ZeroEngine across ranks (mpirun -np 1/2/4): the deterministic MLP trained 10 steps through
-// every stage 0-3 × optimizer offload none/cpu/nvme equals the single-process fp32 reference
+// every stage 0-3 × optimizer offload none/cpu/nvme (stage 3 also with offload_param cpu/nvme) equals the single-process fp32 reference
 // within kTol; every rank ends with identical parameters; per-rank optimizer bytes scale as 1/W;
 // an Inf on one rank skips the step on all ranks.
 #include <gtest/gtest.h>
@@ -41,7 +41,8 @@ const std::string& nvme_base() {
 
 struct Case {
   int stage;
-  const char* offload;
+  const char* offload;         // offload_optimizer.device
+  const char* param = "none";  // offload_param.device (stage 3: TensorStore + Prefetcher)
 };
 class ZeroMpiMatrix : public ::testing::TestWithParam<Case> {};
 
@@ -49,7 +50,9 @@ TEST_P(ZeroMpiMatrix, TenStepsMatchSingleProcessReference) {
   Communicator& c = world_comm();
   const int W = c.world_size();
   const int micro = W <= 4 ? 2 : 1;  // 8 samples = W × micro × per-micro
-  Config cfg = testing::mlp_config(GetParam().stage, GetParam().offload, nvme_base(), micro);
+  Config cfg = testing::with_param_offload(
+      testing::mlp_config(GetParam().stage, GetParam().offload, nvme_base(), micro), GetParam().param,
+      nvme_base());
   auto ref = testing::mlp_reference(cfg, 10);
   ZeroEngine engine(cfg, c);
   auto got = testing::mlp_train_engine(engine, c, 10, micro);
@@ -71,9 +74,12 @@ TEST_P(ZeroMpiMatrix, TenStepsMatchSingleProcessReference) {
 INSTANTIATE_TEST_SUITE_P(StageOffload, ZeroMpiMatrix,
                          ::testing::Values(Case{0, "none"}, Case{1, "none"}, Case{1, "cpu"}, Case{1, "nvme"},
                                            Case{2, "none"}, Case{2, "cpu"}, Case{2, "nvme"}, Case{3, "none"},
-                                           Case{3, "cpu"}, Case{3, "nvme"}),
+                                           Case{3, "cpu"}, Case{3, "nvme"}, Case{3, "none", "cpu"},
+                                           Case{3, "cpu", "nvme"}, Case{3, "nvme", "nvme"}),
                          [](const auto& info) {
-                           return "stage" + std::to_string(info.param.stage) + "_" + info.param.offload;
+                           std::string p = info.param.param;
+                           return "stage" + std::to_string(info.param.stage) + "_" + info.param.offload +
+                                  (p == "none" ? "" : "_param_" + p);
                          });
 
 TEST(ZeroMpi, OptimizerBytesScaleAsOneOverWorld) {
