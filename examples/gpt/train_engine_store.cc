@@ -114,10 +114,15 @@ class StoreEngine final : public TrainEngine {
     }
 
     // Host tier: tiermem.host_budget_bytes, else 1/4 of the state (at least 4 of the largest
-    // module's tensors, so param + m + v of one module and a prefetch fit).
+    // module's tensors, so param + m + v of one module and a prefetch fit) as a cache ...
     TensorStoreOptions sopt = TensorStoreOptions::from_config(c);
     if (c.tiermem.host_budget_bytes == 0) {
-      sopt.host_budget_bytes = round_up(std::max(state / 4, 4 * largest), 64 << 10);
+      // ... plus the home copies of whatever lives on the host (offload cpu).
+      const std::uint64_t host_homes = (param_home_ == Tier::kHost ? param_bytes() : 0) +
+                                        (opt_home_ == Tier::kHost ? optimizer_bytes() : 0);
+      const std::uint64_t per_tensor_slack = 4096 * 3 * layouts_.size();
+      sopt.host_budget_bytes =
+          round_up(host_homes + per_tensor_slack + std::max(state / 4, 4 * largest), 64 << 10);
     }
     sopt.pipeline_chunk_bytes = std::min<std::uint64_t>(sopt.pipeline_chunk_bytes,
                                                         round_up(std::max<std::uint64_t>(largest / 4, 4096), 4096));
