@@ -16,7 +16,7 @@ build: setup
 	cmake --build --preset $(PRESET) -j $(JOBS)
 
 demo: build
-	$(BUILD)/bench/tiermem-bench nvme --path ./tiermem-swap --rw read --size 256M --runtime 5
+	$(BUILD)/examples/gpt/tiermem-train
 
 test: build
 	ctest --preset $(PRESET) -j $(JOBS) --output-on-failure

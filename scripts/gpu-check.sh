@@ -66,12 +66,35 @@ check_pipeline_bench() {
   fi
 }
 
-# ---- Checks of other subsystems: add a function here and its name to CHECKS below. ----------
-# check_adam_gpu()   { ... }   # GPU Adam kernel vs CPU Adam
-# check_gpt_kernels(){ ... }   # GPT CUDA kernels vs CPU kernels (their gtests carry label gpu)
-# check_train_cuda() { ... }   # tiermem-train --device cuda, a few steps, loss decreases
+# ---- Checks of other subsystems. The GPU Adam kernel (gpu_adam_test) and the GPT CUDA kernels
+# (gpt_cuda_test) are gtests with label gpu, so check_gpu_tests runs them. ----------------------
 
-CHECKS=(check_gpu_tests "check_copy_bench h2d" "check_copy_bench d2h" check_pipeline_bench)
+# tiermem-train with the CUDA device: parameters + optimizer state paged through NVMe and host
+# into a device budget 8x smaller (the default), then the same with everything resident.
+# The GPT model computes on the CPU (its CUDA kernels are tested separately), so this checks the
+# CUDA device tier under the trainer, and reports tokens/s of both runs.
+check_train_cuda() {
+  local train=$BUILD_DIR/examples/gpt/tiermem-train out=/tmp/gpu-check-train.log
+  local swap; swap=$(mktemp -d "$NVME_DIR/tiermem-gpu-check.XXXX")
+  if timeout 240 "$train" --device cuda --model mini --steps 20 --swap-dir "$swap" --json >"$out" 2>&1; then
+    local j; j=$(last_json "$out")
+    local s; s=$(python3 -c "import json,sys; d=json.loads(sys.argv[1])['summary']; print(d['initial_loss'], d['final_loss'], d['device_peak_bytes'], d['device_budget_bytes'], d.get('tokens_per_s',''))" "$j" 2>/dev/null)
+    read -r l0 l1 peak budget tps <<<"$s"
+    local status=ok
+    python3 -c "import sys; sys.exit(0 if float('$l1') < float('$l0') and int('$peak') <= int('$budget') else 1)" || status=FAIL
+    record "train --device cuda" "$status" "loss $l0 -> $l1, device peak $peak <= budget $budget, $tps tok/s"
+  else
+    record "train --device cuda" FAIL "$(tail -1 "$out")"
+  fi
+  if timeout 240 "$train" --device cuda --model mini --steps 20 --offload none --json >"$out.resident" 2>&1; then
+    record "train resident" ok "$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['summary'].get('tokens_per_s',''), 'tok/s')" "$(last_json "$out.resident")" 2>/dev/null)"
+  else
+    record "train resident" FAIL "$(tail -1 "$out.resident")"
+  fi
+  rm -rf "$swap"
+}
+
+CHECKS=(check_gpu_tests "check_copy_bench h2d" "check_copy_bench d2h" check_pipeline_bench check_train_cuda)
 
 start=$(date +%s)
 if check_build; then
