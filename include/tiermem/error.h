@@ -45,8 +45,14 @@ class IoError : public Error {
   std::uint64_t offset() const noexcept { return offset_; }
   std::uint64_t bytes() const noexcept { return bytes_; }
   int err() const noexcept { return err_; }
+  // The same error (path, offset, bytes, errno) with `context` put in front of the message:
+  // "<context>: <what()>". Layers use it to say what was being moved, e.g. TensorStore's
+  // "tensor 'layer0.w' (nvme->device)". Never throws other than std::bad_alloc.
+  IoError with_context(const std::string& context) const;
 
  private:
+  struct Rewrap {};
+  IoError(Rewrap, const std::string& message, const IoError& from);
   std::string path_;
   std::uint64_t offset_;
   std::uint64_t bytes_;

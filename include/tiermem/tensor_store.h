@@ -124,6 +124,12 @@ struct TensorStoreStats {
   std::uint64_t prefetches_dropped = 0;  // did not fit without waiting, or failed
   std::uint64_t stall_ns = 0;        // total time acquire() calls that missed spent (waits + loads)
   std::uint64_t oom_errors = 0;      // OutOfMemoryError thrown by acquire/fetch
+  // Leak checks (tests/fault/soak_test.cc). Both are gauges read now, not counters.
+  // Bytes the store's PinnedHostPool has handed out (host homes + cached host copies, rounded);
+  // equals resident_bytes[kHost] unless a block leaked.
+  std::uint64_t host_pool_allocated_bytes = 0;
+  // Pinned bounce chunks held by NVMe<->device transfers now; 0 when no transfer runs.
+  std::uint64_t bounce_chunks_in_use = 0;
 };
 
 class TensorStore {

@@ -42,6 +42,13 @@ IoError::IoError(std::string path, std::uint64_t offset, std::uint64_t bytes, in
       bytes_(bytes),
       err_(err) {}
 
+IoError::IoError(Rewrap, const std::string& message, const IoError& from)
+    : Error(message), path_(from.path_), offset_(from.offset_), bytes_(from.bytes_), err_(from.err_) {}
+
+IoError IoError::with_context(const std::string& context) const {
+  return IoError(Rewrap{}, context + ": " + what(), *this);
+}
+
 OutOfMemoryError::OutOfMemoryError(Tier tier, std::uint64_t requested, std::uint64_t available,
                                    const std::string& detail)
     : Error(oom_message(tier, requested, available, detail)),

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -59,6 +61,16 @@ int lock_dir(const std::string& dir) {
     struct stat a {}, b {};
     if (fstat(fd, &a) == 0 && stat(lock_path.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
         a.st_dev == b.st_dev) {
+      // A pid left in the file means its process ended without the destructor's cleanup (crash,
+      // SIGKILL): the kernel dropped its flock, so the lock is ours; say so once.
+      char old[32] = {};
+      ssize_t n = ::pread(fd, old, sizeof old - 1, 0);
+      long old_pid = n > 0 ? std::strtol(old, nullptr, 10) : 0;
+      if (old_pid > 0 && old_pid != static_cast<long>(::getpid())) {
+        bool alive = ::kill(static_cast<pid_t>(old_pid), 0) == 0 || errno == EPERM;
+        TM_LOG_INFO("NVME", "reclaimed stale swap directory lock {} of {} process {}", lock_path,
+                    alive ? "(no longer holding; pid reused?)" : "dead", old_pid);
+      }
       std::string pid = std::to_string(::getpid()) + "\n";
       if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
         int err = errno;
@@ -228,10 +240,12 @@ SwapExtent SwapSpace::allocate(std::uint64_t bytes) {
       std::optional<std::uint64_t> off;
       try {
         off = alloc_in(*this, p.alloc, engine_, p.file, p.dir, padded, max, align_);
-      } catch (const OutOfMemoryError&) {
+      } catch (const OutOfMemoryError& e) {
         if (i == order.back()) {
           throw OutOfMemoryError(Tier::kNvme, bytes, available(),
-                                 "no space left for swap in " + p.dir);
+                                 "no space left to grow swap file " + p.file_path + " (" +
+                                     format_bytes(p.alloc.capacity_bytes()) + " now) for " +
+                                     format_bytes(padded) + ": " + e.what());
         }
         continue;
       }
@@ -261,7 +275,7 @@ SwapExtent SwapSpace::allocate(std::uint64_t bytes) {
         off = alloc_in(*this, p.alloc, engine_, p.file, p.dir, share[i], max, align_);
         if (!off) why = "reached tiermem.swap_max_bytes (" + format_bytes(max) + ")";
       } catch (const OutOfMemoryError& e) {
-        why = "no space left on its filesystem";
+        why = std::string("cannot grow (") + e.what() + ")";
       }
       if (!off) {
         for (std::uint32_t j : done) paths_[j]->alloc.free(base[j], share[j]);

@@ -95,6 +95,7 @@ class BouncePool {
  public:
   BouncePool(PinnedHostPool& pool, int count, std::uint64_t chunk_bytes) {
     for (int i = 0; i < count; ++i) free_.push_back(pool.allocate(chunk_bytes));
+    count_ = free_.size();
   }
   void* acquire() {
     std::unique_lock lock(mu_);
@@ -117,11 +118,17 @@ class BouncePool {
     }
     cv_.notify_one();
   }
+  // Chunks acquired and not yet released.
+  std::uint64_t in_use() {
+    std::lock_guard lock(mu_);
+    return count_ - free_.size();
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<void*> free_;  // guarded by mu_
+  std::size_t count_ = 0;    // const after construction
 };
 
 }  // namespace
@@ -245,6 +252,20 @@ struct TensorStore::Impl {
     const std::uint64_t bytes = e.info.bytes;
     if (bytes == 0) return;
     TraceSpan span(e.info.name, track(from, to));
+    try {
+      transfer_bytes(e, from, from_ptr, to, to_ptr);
+    } catch (const IoError& err) {
+      throw err.with_context(io_context(e, track(from, to)));
+    }
+  }
+
+  // "tensor 'name' (<what>)": what TensorStore puts in front of the IoErrors it propagates.
+  static std::string io_context(const Entry& e, const std::string& what) {
+    return "tensor '" + e.info.name + "' (" + what + ")";
+  }
+
+  void transfer_bytes(const Entry& e, Tier from, void* from_ptr, Tier to, void* to_ptr) {
+    const std::uint64_t bytes = e.info.bytes;
     if (from == Tier::kHost && to == Tier::kDevice) {
       device->copy_h2d(to_ptr, from_ptr, bytes);
     } else if (from == Tier::kDevice && to == Tier::kHost) {
@@ -896,6 +917,14 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
         }
         m.bounce->release(zero);
       }
+    } catch (const IoError& io) {
+      for (const SwapExtent& x : e->extents) m.swap->free(x);
+      throw io.with_context(Impl::io_context(*e, "initial write to nvme"));
+    } catch (const OutOfMemoryError& oom) {
+      for (const SwapExtent& x : e->extents) m.swap->free(x);
+      throw OutOfMemoryError(oom.tier(), oom.requested(), oom.available(),
+                             "registering tensor '" + spec.name + "' (" + std::to_string(bytes) +
+                                 " bytes, home nvme): " + oom.what());
     } catch (...) {
       for (const SwapExtent& x : e->extents) m.swap->free(x);
       throw;
@@ -1143,6 +1172,8 @@ void TensorStore::read(TensorId id, std::span<std::byte> out) {
     } else {
       m.nvme_to_host(e, out.data());
     }
+  } catch (const IoError& io) {
+    err = std::make_exception_ptr(io.with_context(Impl::io_context(e, "nvme->caller")));
   } catch (...) {
     err = std::current_exception();
   }
@@ -1174,38 +1205,60 @@ void TensorStore::write(TensorId id, std::span<const std::byte> in) {
     if (!busy) break;
     m.cv_.wait(lock);
   }
-  for (int t = 0; t < 2; ++t) {
-    Copy& c = e.copy[t];
-    if (tier_at(t) != home && c.state == State::kResident) {
-      m.tier_free(tier_at(t), c.ptr);
-      m.account(tier_at(t), -static_cast<std::int64_t>(c.alloc_bytes));
-      c = Copy{};
-      m.policy_->on_evicted(id, tier_at(t));
-    }
+  // Every resident copy is marked `writing` for the duration: nobody loads from, pins or evicts
+  // this tensor meanwhile. Cached copies are dropped only once the new bytes are safely at home,
+  // so a failed write leaves the tensor exactly as it was (nothing lost).
+  for (int t = 0; t < kNumTiers; ++t) {
+    if (e.copy[t].state == State::kResident) e.copy[t].writing = true;
   }
-  Copy& h = e.copy[idx(home)];
-  h.writing = true;
   lock.unlock();
   std::exception_ptr err;
+  std::vector<SwapExtent> fresh;  // home kNvme: the new bytes go to new extents, swapped in at the end
   try {
     TraceSpan span(e.info.name, "caller->" + std::string(tier_name(home)));
+    Copy& h = e.copy[idx(home)];
     if (home == Tier::kDevice) {
       m.device->copy_h2d(h.ptr, in.data(), e.info.bytes);
     } else if (home == Tier::kHost) {
       std::memcpy(h.ptr, in.data(), e.info.bytes);
     } else {
-      m.host_to_nvme(e, in.data());
+      // Not in place: a failure halfway must not leave the home copy half old, half new.
+      for (const SwapExtent& x : e.extents) fresh.push_back(m.swap->allocate(x.bytes));
+      std::vector<IoRequest> reqs;
+      for (std::size_t k = 0; k < fresh.size() && e.info.bytes > 0; ++k) {
+        reqs.push_back(m.swap->write(fresh[k], in.data() + k * m.opts.pipeline_chunk_bytes,
+                                     m.chunk_len(e, k)));
+      }
+      wait_all(reqs);
     }
+  } catch (const IoError& io) {
+    err = std::make_exception_ptr(io.with_context(Impl::io_context(e, "caller->nvme")));
   } catch (...) {
     err = std::current_exception();
   }
+  if (err) {
+    for (const SwapExtent& x : fresh) m.swap->free(x);
+    fresh.clear();
+  }
   lock.lock();
-  h.writing = false;
+  for (int t = 0; t < kNumTiers; ++t) e.copy[t].writing = false;
   if (!err) {
+    if (home == Tier::kNvme) std::swap(fresh, e.extents);  // `fresh` now holds the old extents
+    for (int t = 0; t < idx(home); ++t) {
+      Copy& c = e.copy[t];
+      if (c.state == State::kResident) {
+        m.tier_free(tier_at(t), c.ptr);
+        m.account(tier_at(t), -static_cast<std::int64_t>(c.alloc_bytes));
+        c = Copy{};
+        m.policy_->on_evicted(id, tier_at(t));
+      }
+    }
     ++e.latest;
-    h.version = e.latest;
+    e.copy[idx(home)].version = e.latest;
   }
   m.cv_.notify_all();
+  lock.unlock();
+  for (const SwapExtent& x : fresh) m.swap->free(x);  // old extents; no I/O on them remains
   if (err) std::rethrow_exception(err);
 }
 
@@ -1232,6 +1285,8 @@ TensorStoreStats TensorStore::stats() const {
       if (e->copy[t].pins > 0) s.pinned_bytes[t] += e->copy[t].alloc_bytes;
     }
   }
+  s.host_pool_allocated_bytes = m.host_pool ? m.host_pool->allocated_bytes() : 0;
+  s.bounce_chunks_in_use = m.bounce ? m.bounce->in_use() : 0;
   return s;
 }
 
