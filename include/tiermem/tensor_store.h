@@ -230,6 +230,10 @@ class TensorStore {
   // Synchronous access to the newest bytes, for checkpoints and export. read(): copies the tensor
   // (out.size() == bytes) from the tier holding its newest copy. write(): replaces the contents at
   // home and drops every cached copy; throws Error when a copy is pinned at another tier.
+  // Both name the tensor in the IoErrors they throw. write() is all or nothing: an NVMe home is
+  // written to fresh extents (so it briefly needs the tensor's size again in swap space) that
+  // replace the old ones on success; on IoError/OutOfMemoryError the tensor keeps every copy and
+  // its previous contents.
   void read(TensorId id, std::span<std::byte> out);
   void write(TensorId id, std::span<const std::byte> in);
 
