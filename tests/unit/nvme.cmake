@@ -3,7 +3,7 @@
 tiermem_test(NAME nvme_extent_allocator_test SOURCES nvme_extent_allocator_test.cc
   DEPS tiermem::nvme LABELS nvme TIMEOUT 60)
 tiermem_test(NAME io_engine_test SOURCES io_engine_test.cc
-  DEPS tiermem::nvme LABELS nvme TIMEOUT 120)
+  DEPS tiermem::nvme LABELS nvme concurrent TIMEOUT 120)
 tiermem_test(NAME swap_space_test SOURCES swap_space_test.cc
   DEPS tiermem::nvme LABELS nvme TIMEOUT 120)
 tiermem_test(NAME nvme_fault_test SOURCES nvme_fault_test.cc
