@@ -1,5 +1,6 @@
 // examples/gpt/checkpoint.cc — durable checkpoints with a verified manifest (checkpoint.h).
 #include "checkpoint.h"
+#include "kill_point.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -58,25 +59,6 @@ void rename_or_throw(const std::string& from, const std::string& to) {
   throw CheckpointError(fmt::format("checkpoint {}: {}", file, what));
 }
 
-template <typename T>
-T get_key(const nlohmann::json& j, const char* key, const std::string& file,
-          const std::string& where = {}) {
-  auto it = j.find(key);
-  if (it == j.end()) bad(file, fmt::format("missing key '{}{}'", where, key));
-  try {
-    return it->template get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    bad(file, fmt::format("key '{}{}' has the wrong type: {}", where, key, e.what()));
-  }
-}
-
-Tier tier_from_name(const std::string& s, const std::string& file) {
-  if (s == "device") return Tier::kDevice;
-  if (s == "host") return Tier::kHost;
-  if (s == "nvme") return Tier::kNvme;
-  bad(file, fmt::format("unknown tier '{}'", s));
-}
-
 }  // namespace
 
 std::uint64_t checksum64(const void* data, std::uint64_t bytes) {
@@ -90,6 +72,11 @@ CheckpointWriter::CheckpointWriter(std::string dir, int rank, int world_size, in
   fs::create_directories(rank_dir_, ec);
   if (ec) throw IoError(rank_dir_, 0, 0, ec.value(), "mkdir", "checkpoint directory");
   state_name_ = fmt::format("state-{:08d}.bin", step);
+  // Never overwrite an existing state file: the current manifest may name it (a run resumed from
+  // an older checkpoint saving the same step into this directory), and a crash between that
+  // rename and the manifest's would leave the manifest naming data it did not checksum.
+  for (int k = 1; fs::exists(fs::path(rank_dir_) / state_name_); ++k)
+    state_name_ = fmt::format("state-{:08d}-{}.bin", step, k);
   tmp_path_ = (fs::path(rank_dir_) / (state_name_ + ".tmp")).string();
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError(tmp_path_, 0, 0, errno, "open", "checkpoint state file");
@@ -115,6 +102,7 @@ void CheckpointWriter::add_tensor(const std::string& name, Tier tier, const void
   write_all(fd_, tmp_path_, data, bytes, offset_);
   offset_ = (offset_ + bytes + kAlign - 1) / kAlign * kAlign;
   tensors_.push_back(std::move(t));
+  kill_point("ckpt-tensor");  // TEST-ONLY (kill_point.h)
 }
 
 std::string CheckpointWriter::commit(const nlohmann::json& meta) {
@@ -127,6 +115,9 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta) {
   const std::string state_path = (fs::path(rank_dir_) / state_name_).string();
   rename_or_throw(tmp_path_, state_path);
   committed_ = true;
+  // The state file's name must be durable before a manifest naming it can be.
+  fsync_dir(rank_dir_);
+  kill_point("ckpt-state");  // TEST-ONLY (kill_point.h)
 
   nlohmann::json m;
   m["format"] = kCheckpointFormat;
@@ -162,8 +153,10 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta) {
     throw;
   }
   ::close(fd);
+  kill_point("ckpt-manifest");  // TEST-ONLY (kill_point.h)
   rename_or_throw(manifest_tmp, manifest);
   fsync_dir(rank_dir_);
+  kill_point("ckpt-gc");  // TEST-ONLY (kill_point.h)
   // The new manifest is durable: older state files are garbage now.
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(rank_dir_, ec)) {
@@ -185,32 +178,14 @@ CheckpointReader::CheckpointReader(std::string dir, int rank) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    bad(manifest_path_, fmt::format("manifest is not valid JSON (byte {}): {}", e.byte, e.what()));
-  }
-  const auto format = get_key<std::string>(m, "format", manifest_path_);
-  if (format != kCheckpointFormat)
-    bad(manifest_path_, fmt::format("key 'format': expected '{}', found '{}'", kCheckpointFormat,
-                                    format));
-  const int version = get_key<int>(m, "version", manifest_path_);
-  if (version != kCheckpointVersion)
-    bad(manifest_path_, fmt::format("key 'version': expected {}, found {}", kCheckpointVersion,
-                                    version));
-  step_ = get_key<int>(m, "step", manifest_path_);
-  world_size_ = get_key<int>(m, "world_size", manifest_path_);
-  const int file_rank = get_key<int>(m, "rank", manifest_path_);
-  if (file_rank != rank)
-    bad(manifest_path_, fmt::format("key 'rank': expected {}, found {}", rank, file_rank));
-  const auto state_file = get_key<std::string>(m, "state_file", manifest_path_);
-  const auto state_bytes = get_key<std::uint64_t>(m, "state_bytes", manifest_path_);
-  meta_ = get_key<nlohmann::json>(m, "meta", manifest_path_);
-  auto tensors = get_key<nlohmann::json>(m, "tensors", manifest_path_);
-  if (!tensors.is_array()) bad(manifest_path_, "key 'tensors' is not an array");
+  CheckpointManifest m = parse_manifest(ss.str(), manifest_path_);
+  if (m.rank != rank)
+    bad(manifest_path_, fmt::format("key 'rank': expected {}, found {}", rank, m.rank));
+  step_ = m.step;
+  world_size_ = m.world_size;
+  meta_ = std::move(m.meta);
 
-  state_path_ = (fs::path(rank_dir_) / state_file).string();
+  state_path_ = (fs::path(rank_dir_) / m.state_file).string();
   fd_ = ::open(state_path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) {
     bad(state_path_, errno_message("state file named by the manifest cannot be opened", errno));
@@ -218,39 +193,13 @@ CheckpointReader::CheckpointReader(std::string dir, int rank) {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) bad(state_path_, errno_message("cannot stat", errno));
   const auto found = static_cast<std::uint64_t>(st.st_size);
-  if (found != state_bytes) {
+  if (found != m.state_bytes) {
     bad(state_path_, fmt::format("size mismatch: the manifest expects {} bytes, the file has {} "
                                  "(truncated or partial checkpoint)",
-                                 state_bytes, found));
+                                 m.state_bytes, found));
   }
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const nlohmann::json& j = tensors[i];
-    const std::string where = fmt::format("tensors[{}].", i);
-    CheckpointTensor t;
-    t.name = get_key<std::string>(j, "name", manifest_path_, where);
-    t.dtype = get_key<std::string>(j, "dtype", manifest_path_, where);
-    t.shape = get_key<std::vector<std::int64_t>>(j, "shape", manifest_path_, where);
-    t.bytes = get_key<std::uint64_t>(j, "bytes", manifest_path_, where);
-    t.tier = tier_from_name(get_key<std::string>(j, "tier", manifest_path_, where),
-                            manifest_path_);
-    t.file = get_key<std::string>(j, "file", manifest_path_, where);
-    t.offset = get_key<std::uint64_t>(j, "offset", manifest_path_, where);
-    const auto hex = get_key<std::string>(j, "xxh64", manifest_path_, where);
-    try {
-      std::size_t pos = 0;
-      t.xxh64 = std::stoull(hex, &pos, 16);
-      if (pos != hex.size()) throw std::invalid_argument(hex);
-    } catch (const std::exception&) {
-      bad(manifest_path_, fmt::format("key '{}xxh64' = '{}' is not a hex checksum", where, hex));
-    }
-    if (t.file != state_file)
-      bad(manifest_path_, fmt::format("tensor '{}' is in file '{}', expected '{}'", t.name,
-                                      t.file, state_file));
-    if (t.offset + t.bytes > found)
-      bad(state_path_, fmt::format("tensor '{}' needs bytes [{}, {}) but the file has {} bytes",
-                                   t.name, t.offset, t.offset + t.bytes, found));
-    tensors_.push_back(std::move(t));
-  }
+  // parse_manifest checked every tensor lies inside state_bytes, which is the file's size.
+  tensors_ = std::move(m.tensors);
 }
 
 CheckpointReader::~CheckpointReader() {

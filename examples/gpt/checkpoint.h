@@ -57,6 +57,22 @@ struct CheckpointTensor {
   std::uint64_t xxh64 = 0;
 };
 
+// A parsed, validated manifest.json (see the layout above).
+struct CheckpointManifest {
+  int rank = 0, world_size = 1, step = 0;
+  std::string state_file;          // a plain file name inside the rank directory
+  std::uint64_t state_bytes = 0;   // the state file's exact size
+  nlohmann::json meta;             // an object
+  std::vector<CheckpointTensor> tensors;  // unique names, each inside [0, state_bytes)
+};
+
+// Parses the text of a manifest without touching any file: JSON syntax, format, version, every
+// required key with its type and range (rank < world_size, non-negative integers, known tiers,
+// hex checksums, each tensor inside state_bytes without overflow, no duplicate names). `path`
+// only names the file in messages. Throws CheckpointError naming the key and the value found;
+// never anything else for any input. Pure and reentrant.
+CheckpointManifest parse_manifest(const std::string& text, const std::string& path);
+
 // Writes one rank's checkpoint. Tensors are streamed to the temporary state file as they are
 // added (the caller's buffer is only read during add_tensor). commit() makes it durable.
 class CheckpointWriter {

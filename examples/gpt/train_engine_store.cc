@@ -15,11 +15,14 @@
 // marks them dirty (written back to NVMe when evicted or flushed) and prefetches the next
 // module's state while it computes. Gradients are fp32 host buffers (not tiered).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fmt/format.h>
+#include <thread>
 
 #include "checkpoint.h"
+#include "kill_point.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "train_engines.h"
@@ -161,9 +164,28 @@ class StoreEngine final : public TrainEngine {
     }
     pins_.resize(static_cast<std::size_t>(n));
     base_ = store_->stats();
+    // TEST-ONLY (kill_point.h): count growth of the bytes written to NVMe as swap-out passes.
+    if (kill_point_armed("swap-out")) {
+      swap_watch_ = std::thread([this] {
+        auto written = [this] {
+          const TensorStoreStats st = store_->stats();
+          const int nv = static_cast<int>(Tier::kNvme);
+          return st.bytes_moved[0][nv] + st.bytes_moved[1][nv];
+        };
+        std::uint64_t last = written();
+        while (!stop_watch_.load()) {
+          const std::uint64_t now = written();
+          if (now != last) kill_point("swap-out");
+          last = now;
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      });
+    }
   }
 
   ~StoreEngine() override {
+    stop_watch_.store(true);
+    if (swap_watch_.joinable()) swap_watch_.join();
     for (auto& p : pins_) p.release();
     store_.reset();  // before the swap space and the device it uses
   }
@@ -218,6 +240,7 @@ class StoreEngine final : public TrainEngine {
       p.mark_dirty();
       m.mark_dirty();
       v.mark_dirty();
+      kill_point("optimizer");  // TEST-ONLY (kill_point.h)
     }
     optimizer_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     optimizer_stall_ns_ += store_->stats().stall_ns - stall0;
@@ -290,6 +313,8 @@ class StoreEngine final : public TrainEngine {
   double optimizer_seconds_ = 0;
   std::uint64_t nvme_home_bytes_ = 0;
   std::uint64_t optimizer_stall_ns_ = 0;
+  std::atomic<bool> stop_watch_{false};
+  std::thread swap_watch_;  // TEST-ONLY swap-out kill point; joined first in the destructor
 };
 
 }  // namespace

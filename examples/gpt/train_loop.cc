@@ -13,6 +13,7 @@
 
 #include "checkpoint.h"
 #include "data.h"
+#include "kill_point.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "tiermem/trace.h"
@@ -52,7 +53,7 @@ TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int worl
   p.grad_accum = cfg.gradient_accumulation_steps;
   p.seq_len = o.seq_len > 0 ? o.seq_len : std::min(d.seq_len, p.model.seq_len);
   if (p.seq_len > p.model.seq_len) {
-    throw ConfigError("--seq-len", std::to_string(p.seq_len),
+    throw UsageError("--seq-len", std::to_string(p.seq_len),
                       fmt::format("exceeds model '{}' context of {} tokens", o.model,
                                   p.model.seq_len));
   }
@@ -67,6 +68,27 @@ TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int worl
   p.config.optimizer.lr = p.lr;  // engines that take no per-step lr use this one
   p.config.train_micro_batch_size_per_gpu = p.batch;
   return p;
+}
+
+// A device budget must hold the largest single tensor (a module's fp32 parameters), which is
+// acquired whole on the device to compute with it.
+void check_device_budget(const TrainOptions& o, const TrainPlan& p) {
+  const std::uint64_t budget = p.config.tiermem.device_budget_bytes;
+  if (budget == 0) return;  // auto
+  const gpt::ModuleLayout* largest = nullptr;
+  const auto layouts = gpt::module_layouts(p.model);
+  for (const auto& l : layouts)
+    if (!largest || l.numel > largest->numel) largest = &l;
+  if (!largest) return;
+  const std::uint64_t need = static_cast<std::uint64_t>(largest->numel) * 4;
+  if (budget < need) {
+    throw UsageError(o.device_budget_bytes ? "--device-budget" : "tiermem.device_budget_bytes",
+                     format_bytes(budget),
+                     fmt::format("device budget {} is smaller than the largest tensor: '{}.param' "
+                                 "of model '{}' needs {} ({} bytes, fp32)",
+                                 format_bytes(budget), largest->name, p.model_name,
+                                 format_bytes(need), need));
+  }
 }
 
 struct Timers {
@@ -183,6 +205,7 @@ int run_training(const TrainOptions& opts) {
     const RankInfo ranks = detect_ranks();
     Config cfg = effective_config(opts, ranks.rank);
     TrainPlan plan = make_plan(opts, cfg, ranks.rank, ranks.world_size);
+    check_run_paths(opts, cfg);
 
     // ---- 2. Data, checked before anything heavy is built. Text is byte-level: vocab 256.
     const std::string data_path = opts.data.empty() ? kDefaultCorpus : opts.data;
@@ -192,6 +215,7 @@ int run_training(const TrainOptions& opts) {
                           !std::filesystem::is_directory(data_path, ec);
       if (!is_bin) plan.model.vocab_size = kByteVocab;
     }
+    check_device_budget(opts, plan);
     Corpus corpus = load_corpus(data_path, plan.model.vocab_size);
     const Split split = split_corpus(corpus, plan.seq_len);
     BatchSampler sampler(split.train, split.train_tokens, plan.seq_len, plan.seed);
@@ -262,6 +286,7 @@ int run_training(const TrainOptions& opts) {
     int steps_run = 0;
     const int last_step = opts.stop_at > 0 ? std::min(opts.stop_at, plan.steps) : plan.steps;
     for (int t = first_step; t <= last_step; ++t) {
+      kill_point("step");  // TEST-ONLY (kill_point.h)
       const auto t0 = Clock::now();
       engine->begin_step();
       engine->zero_grad();
@@ -365,6 +390,13 @@ int run_training(const TrainOptions& opts) {
     engine.reset();
     TM_LOG_DEBUG("TRAIN", "done in {:.1f}s", seconds_since(t_start));
     return 0;
+  } catch (const UsageError& e) {
+    engine.reset();
+    std::string msg = e.key_path() + ": " + e.what();
+    for (char& c : msg)
+      if (c == '\n') c = ' ';
+    std::fprintf(stderr, "tiermem-train: error: %s\n", msg.c_str());
+    return 2;
   } catch (const std::exception& e) {
     engine.reset();
     std::string msg = e.what();

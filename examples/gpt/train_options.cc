@@ -1,8 +1,14 @@
 // examples/gpt/train_options.cc — command line and effective configuration (train_options.h).
 #include "train_options.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
 
@@ -183,6 +189,66 @@ Config effective_config(const TrainOptions& opts, int rank) {
   (void)rank;
   if (!opts.trace_path.empty()) c.tiermem.trace_path = opts.trace_path;
   return c;
+}
+
+namespace {
+
+// Creates `dir` if needed and proves a file can be created in it (with O_DIRECT when asked).
+void check_dir(const std::string& key, const std::string& dir, bool o_direct,
+               const char* what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw UsageError(key, dir, fmt::format("{} '{}' is a file, not a directory", what, dir));
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw UsageError(key, dir, fmt::format("cannot create {} '{}': {}", what, dir, ec.message()));
+  const std::string probe = (fs::path(dir) / fmt::format(".tiermem-probe-{}", ::getpid())).string();
+  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (o_direct ? O_DIRECT : 0),
+                  0600);
+  if (fd < 0 && o_direct && errno == EINVAL) {
+    // EINVAL on create with O_DIRECT: the filesystem cannot do direct I/O (the file may exist).
+    ::unlink(probe.c_str());
+    throw UsageError(key, dir,
+                     fmt::format("{} '{}' is on a filesystem without O_DIRECT (e.g. tmpfs, ramfs); "
+                                 "put it on a local disk, or set tiermem.o_direct false in "
+                                 "--config",
+                                 what, dir));
+  }
+  if (fd < 0) {
+    const int e = errno;
+    throw UsageError(key, dir, fmt::format("{} '{}' is not writable: {}", what, dir,
+                                           std::strerror(e)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+}  // namespace
+
+void check_run_paths(const TrainOptions& opts, const Config& cfg) {
+  constexpr std::uint64_t kPiB = std::uint64_t{1} << 50;
+  if (cfg.tiermem.device_budget_bytes > kPiB) {
+    const bool flag = opts.device_budget_bytes != 0;
+    throw UsageError(flag ? "--device-budget" : "tiermem.device_budget_bytes",
+                     std::to_string(cfg.tiermem.device_budget_bytes),
+                     fmt::format("device budget {} is absurd: more than 1 PiB",
+                                 format_bytes(cfg.tiermem.device_budget_bytes)));
+  }
+  std::vector<std::string> swap_dirs;
+  for (const OffloadConfig* oc : {&cfg.zero.offload_param, &cfg.zero.offload_optimizer}) {
+    if (oc->device != OffloadDevice::kNvme) continue;
+    for (const std::string& d : oc->nvme_path)
+      if (std::find(swap_dirs.begin(), swap_dirs.end(), d) == swap_dirs.end())
+        swap_dirs.push_back(d);
+  }
+  if (opts.engine == "resident") swap_dirs.clear();  // it never swaps
+  for (const std::string& d : swap_dirs) {
+    check_dir(opts.swap_dir.empty() ? "zero_optimization.offload_*.nvme_path" : "--swap-dir", d,
+              cfg.tiermem.o_direct, "swap directory");
+  }
+  if (!opts.save_dir.empty()) check_dir("--save", opts.save_dir, false, "checkpoint directory");
 }
 
 }  // namespace tiermem::train

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "tiermem/config.h"
+#include "tiermem/error.h"
 
 namespace tiermem::train {
 
@@ -45,6 +46,14 @@ struct TrainOptions {
   bool batch_given = false, grad_accum_given = false, lr_given = false;
 };
 
+// A command-line value that parses but cannot work (a swap or save path that is a file, on a
+// read-only filesystem or without O_DIRECT; an absurd or too small device budget). run_training
+// prints it as one line and exits with code 2, like a flag CLI11 rejects.
+class UsageError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 // Parses argv. On --help prints the help to stdout and returns 0; on a bad flag or value prints
 // one line "tiermem-train: error: ..." to stderr and returns 2; on success returns -1 and fills
 // *out. Never throws.
@@ -54,6 +63,13 @@ int parse_train_options(int argc, char** argv, TrainOptions* out);
 // overrides. nvme_path holds the base swap directories; rank r's engine swaps into
 // <dir>/rank<r>. Throws ConfigError (bad file or value).
 Config effective_config(const TrainOptions& opts, int rank);
+
+// Checks, before anything is built, that every directory the run will write is usable: each
+// swap directory (nvme offload; created if missing; a probe file opened with O_DIRECT unless
+// tiermem.o_direct is false) and the --save directory (created if missing; a probe file
+// written). Also rejects a device budget above 1 PiB (no device has that). Throws UsageError
+// naming the flag (or config key), the path and the reason (errno text); leaves no probe files.
+void check_run_paths(const TrainOptions& opts, const Config& cfg);
 
 // The model presets tiermem-train accepts.
 const char* const* model_preset_names();  // nullptr-terminated
