@@ -71,6 +71,9 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& pa
     m = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     bad(path, fmt::format("manifest is not valid JSON (byte {}): {}", e.byte, e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // e.g. out_of_range 406: a number literal that overflows a double (found by manifest_fuzz).
+    bad(path, fmt::format("manifest is not valid JSON: {}", e.what()));
   }
   if (!m.is_object()) bad(path, fmt::format("manifest must be a JSON object, found {}",
                                             m.type_name()));

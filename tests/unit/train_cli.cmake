@@ -5,3 +5,7 @@ if(TARGET tiermem-train)
   target_compile_definitions(train_cli_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
   add_dependencies(train_cli_test tiermem-train)
 endif()
+if(TARGET tiermem_train)
+  tiermem_test(NAME train_manifest_test SOURCES train_manifest_test.cc DEPS tiermem_train
+               LABELS train TIMEOUT 30)
+endif()
