@@ -42,9 +42,10 @@ else
   build=build/$kind
 fi
 # Only targets that exist in this checkout (e.g. prefetch_store_test needs the runtime).
+help=$(cmake --build "$build" --target help)
 have=()
 for t in "${targets[@]}"; do
-  if cmake --build "$build" --target help | grep -q "^\.\.\. $t\$"; then have+=("$t"); fi
+  if grep -qx "\.\.\. $t" <<<"$help"; then have+=("$t"); fi
 done
 cmake --build "$build" -j "$jobs" --target "${have[@]}"
 ctest --test-dir "$build" -j "$jobs" --output-on-failure "${select[@]}" \
