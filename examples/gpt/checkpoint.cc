@@ -166,6 +166,29 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta) {
   return manifest;
 }
 
+int remove_stale_checkpoint_files(const std::string& dir, int rank) {
+  const fs::path rank_dir = fs::path(dir) / fmt::format("rank{}", rank);
+  std::ifstream in(rank_dir / "manifest.json");
+  if (!in) return 0;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string keep;
+  try {
+    keep = parse_manifest(ss.str(), (rank_dir / "manifest.json").string()).state_file;
+  } catch (const CheckpointError&) {
+    return 0;
+  }
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(rank_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if ((name.rfind("state-", 0) == 0 && name != keep) || name == "manifest.json.tmp") {
+      if (fs::remove(e.path(), ec)) ++removed;
+    }
+  }
+  return removed;
+}
+
 CheckpointReader::CheckpointReader(std::string dir, int rank) {
   rank_dir_ = (fs::path(dir) / fmt::format("rank{}", rank)).string();
   manifest_path_ = (fs::path(rank_dir_) / "manifest.json").string();

@@ -98,6 +98,12 @@ class CheckpointWriter {
   std::vector<CheckpointTensor> tensors_;
 };
 
+// Deletes what crashed writers left in DIR/rank<rank>: state files (and temporaries) the current
+// manifest does not name, and manifest.json.tmp. Does nothing when there is no manifest or it
+// does not parse (nothing is deleted on doubt). Call before writing into DIR; one writer per
+// rank directory at a time. Returns the number of files removed.
+int remove_stale_checkpoint_files(const std::string& dir, int rank);
+
 // Reads one rank's checkpoint. The constructor parses and validates the manifest (format,
 // version, required keys, every tensor inside the state file's size); tensors are read and
 // checksum-verified by read_tensor.

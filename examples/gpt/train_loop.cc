@@ -252,6 +252,14 @@ int run_training(const TrainOptions& opts) {
       TM_LOG_INFO("TRAIN", "resumed from {} at step {}", mf, r.step());
     }
 
+    // Files a crashed run left in the checkpoint directory (a state file written but never
+    // named by a manifest, or an old one the crash kept from being deleted) go now.
+    if (!opts.save_dir.empty()) {
+      if (const int n = remove_stale_checkpoint_files(opts.save_dir, plan.rank))
+        TM_LOG_INFO("TRAIN", "removed {} stale file{} of an interrupted checkpoint from {}", n,
+                    n == 1 ? "" : "s", opts.save_dir);
+    }
+
     // ---- 5. Header.
     // Only rank 0 prints.
     Reporter reporter(opts.json, !opts.json && ::isatty(STDOUT_FILENO), lead ? stdout : nullptr);
