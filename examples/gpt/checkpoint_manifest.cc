@@ -35,13 +35,13 @@ std::int64_t get_int(const nlohmann::json& j, const char* key, std::int64_t lo, 
   const nlohmann::json& v = need(j, key, file, where);
   if (!v.is_number_integer())
     bad(file, fmt::format("key '{}{}' must be an integer, found {}", where, key, v.type_name()));
-  const bool too_big = v.is_number_unsigned() &&
-                       v.get<std::uint64_t>() >
-                           static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  const bool too_big =
+      v.is_number_unsigned() &&
+      v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   const std::int64_t x = too_big ? hi : v.get<std::int64_t>();
   if (too_big || x < lo || x > hi)
-    bad(file, fmt::format("key '{}{}' = {} is out of range [{}, {}]", where, key, v.dump(), lo,
-                          hi));
+    bad(file,
+        fmt::format("key '{}{}' = {} is out of range [{}, {}]", where, key, v.dump(), lo, hi));
   return x;
 }
 
@@ -75,8 +75,8 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& pa
     // e.g. out_of_range 406: a number literal that overflows a double (found by manifest_fuzz).
     bad(path, fmt::format("manifest is not valid JSON: {}", e.what()));
   }
-  if (!m.is_object()) bad(path, fmt::format("manifest must be a JSON object, found {}",
-                                            m.type_name()));
+  if (!m.is_object())
+    bad(path, fmt::format("manifest must be a JSON object, found {}", m.type_name()));
   CheckpointManifest out;
   const std::string format = get_string(m, "format", path);
   if (format != kCheckpointFormat)
@@ -115,8 +115,8 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& pa
           (shape[d].is_number_unsigned() &&
            shape[d].get<std::uint64_t>() >
                static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
-        bad(path, fmt::format("key '{}shape[{}]' = {} is not a dimension (integer >= 0)", where,
-                              d, shape[d].dump()));
+        bad(path, fmt::format("key '{}shape[{}]' = {} is not a dimension (integer >= 0)", where, d,
+                              shape[d].dump()));
       t.shape.push_back(shape[d].get<std::int64_t>());
     }
     t.bytes = get_u64(j, "bytes", path, where);
@@ -126,8 +126,8 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& pa
     const std::string hex = get_string(j, "xxh64", path, where);
     if (hex.empty() || hex.size() > 16 ||
         hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
-      bad(path, fmt::format("key '{}xxh64' = '{}' is not a hex checksum (1-16 hex digits)", where,
-                            hex));
+      bad(path,
+          fmt::format("key '{}xxh64' = '{}' is not a hex checksum (1-16 hex digits)", where, hex));
     t.xxh64 = std::stoull(hex, nullptr, 16);
     if (t.file != out.state_file)
       bad(path, fmt::format("key '{}file': tensor '{}' is in file '{}', expected '{}'", where,

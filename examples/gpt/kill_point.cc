@@ -28,8 +28,10 @@ const KillAt& kill_at() {
     char* end = nullptr;
     const long n = colon == std::string::npos ? 0 : std::strtol(v->c_str() + colon + 1, &end, 10);
     if (colon == std::string::npos || colon == 0 || n <= 0 || !end || *end != '\0') {
-      std::fprintf(stderr, "tiermem-train: warning: ignoring TIERMEM_TEST_KILL_AT='%s' "
-                   "(expected <phase>:<n>, n >= 1)\n", v->c_str());
+      std::fprintf(stderr,
+                   "tiermem-train: warning: ignoring TIERMEM_TEST_KILL_AT='%s' "
+                   "(expected <phase>:<n>, n >= 1)\n",
+                   v->c_str());
       return r;
     }
     r.phase = v->substr(0, colon);

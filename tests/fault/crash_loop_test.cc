@@ -78,11 +78,28 @@ class CrashLoop : public ::testing::Test {
 
   std::vector<std::string> args(const std::string& save, const std::string& swap,
                                 bool resume) const {
-    std::vector<std::string> a = {TIERMEM_TRAIN_BIN, "--model", "tiny", "--seq-len", "16",
-                                  "--batch", "2", "--eval-every", "0", "--json", "--seed", "11",
-                                  "--steps", std::to_string(kSteps), "--data",
-                                  (dir_ / "corpus.txt").string(), "--swap-dir", swap,
-                                  "--save", save, "--save-every", "2"};
+    std::vector<std::string> a = {TIERMEM_TRAIN_BIN,
+                                  "--model",
+                                  "tiny",
+                                  "--seq-len",
+                                  "16",
+                                  "--batch",
+                                  "2",
+                                  "--eval-every",
+                                  "0",
+                                  "--json",
+                                  "--seed",
+                                  "11",
+                                  "--steps",
+                                  std::to_string(kSteps),
+                                  "--data",
+                                  (dir_ / "corpus.txt").string(),
+                                  "--swap-dir",
+                                  swap,
+                                  "--save",
+                                  save,
+                                  "--save-every",
+                                  "2"};
     if (resume) {
       a.push_back("--resume");
       a.push_back(save);
@@ -169,8 +186,8 @@ TEST_F(CrashLoop, KilledAnywhereResumesBitForBit) {
     int max_n;  // passes per run to choose from
   };
   const PhaseSpec phases[] = {
-      {"swap-out", 6},  {"optimizer", 16}, {"ckpt-tensor", 24}, {"ckpt-state", 2},
-      {"delay", 0},     {"ckpt-manifest", 2}, {"step", 6},      {"ckpt-gc", 2},
+      {"swap-out", 6}, {"optimizer", 16},    {"ckpt-tensor", 24}, {"ckpt-state", 2},
+      {"delay", 0},    {"ckpt-manifest", 2}, {"step", 6},         {"ckpt-gc", 2},
   };
   const fs::path save = dir_ / "ckpt";
   const std::string swap = (dir_ / "swap").string();
@@ -180,8 +197,8 @@ TEST_F(CrashLoop, KilledAnywhereResumesBitForBit) {
   auto check_losses = [&](const Outcome& o, const std::string& what) {
     for (const auto& [step, loss] : o.losses) {
       ASSERT_TRUE(want.losses.count(step)) << what << ": step " << step;
-      EXPECT_EQ(loss, want.losses.at(step)) << what << ": loss of step " << step
-                                            << " differs from the uninterrupted run's";
+      EXPECT_EQ(loss, want.losses.at(step))
+          << what << ": loss of step " << step << " differs from the uninterrupted run's";
       got[step] = loss;
     }
   };
@@ -255,11 +272,11 @@ TEST_F(CrashLoop, KilledAnywhereResumesBitForBit) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::string by;
   for (const auto& [p, n] : kills_by_phase) by += " " + p + "=" + std::to_string(n);
-  std::printf("crash loop: seed %u, %d SIGKILLs survived (%s), %d runs finished early and "
-              "restarted, %zu steps compared bit for bit, final checkpoint identical (%zu "
-              "tensors), %.1f s\n",
-              seed, kills, by.empty() ? "" : by.c_str() + 1, restarts, got.size(),
-              got_sums.size(), secs);
+  std::printf(
+      "crash loop: seed %u, %d SIGKILLs survived (%s), %d runs finished early and "
+      "restarted, %zu steps compared bit for bit, final checkpoint identical (%zu "
+      "tensors), %.1f s\n",
+      seed, kills, by.empty() ? "" : by.c_str() + 1, restarts, got.size(), got_sums.size(), secs);
   RecordProperty("kills", kills);
 }
 

@@ -4,8 +4,8 @@
 // checked against the promises the reader relies on (rank < world_size, every tensor inside the
 // state file, unique names) and must survive a round trip through its own fields.
 //
-//   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DTIERMEM_BUILD_FUZZ=ON
-//   cmake --build build/fuzz --target manifest_fuzz
+//   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
+//   -DTIERMEM_BUILD_FUZZ=ON cmake --build build/fuzz --target manifest_fuzz
 //   build/fuzz/tests/fuzz/manifest_fuzz tests/fuzz/corpus/manifest -max_total_time=30
 //   (or tests/fuzz/run.sh manifest_fuzz)
 #include <cstdint>

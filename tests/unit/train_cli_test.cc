@@ -45,7 +45,8 @@ class TrainCli : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::string text;
-    for (int i = 0; i < 200; ++i) text += "bad input, one line, exit code two " + std::to_string(i) + "\n";
+    for (int i = 0; i < 200; ++i)
+      text += "bad input, one line, exit code two " + std::to_string(i) + "\n";
     std::ofstream(dir_ / "corpus.txt") << text;
     std::ofstream(dir_ / "a_file") << "not a directory\n";
   }
