@@ -80,12 +80,13 @@ void check_device_budget(const TrainOptions& o, const TrainPlan& p) {
   for (const auto& l : layouts)
     if (!largest || l.numel > largest->numel) largest = &l;
   if (!largest) return;
-  const std::uint64_t need = static_cast<std::uint64_t>(largest->numel) * 4;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(largest->numel) * 4;
+  const std::uint64_t need = (bytes + 4095) / 4096 * 4096;  // the device allocates 4 KiB pages
   if (budget < need) {
     throw UsageError(o.device_budget_bytes ? "--device-budget" : "tiermem.device_budget_bytes",
                      format_bytes(budget),
                      fmt::format("device budget {} is smaller than the largest tensor: '{}.param' "
-                                 "of model '{}' needs {} ({} bytes, fp32)",
+                                 "of model '{}' needs {} ({} bytes, fp32, in 4 KiB pages)",
                                  format_bytes(budget), largest->name, p.model_name,
                                  format_bytes(need), need));
   }

@@ -111,12 +111,14 @@ TEST_F(TrainCli, NegativeAbsurdAndZeroSizes) {
 }
 
 TEST_F(TrainCli, DeviceBudgetBelowTheLargestTensorNamesIt) {
-  // tiny on byte-level text: the largest module is a transformer block (50816 bytes, fp32).
+  // tiny on byte-level text: the largest module is a transformer block (50816 bytes, fp32; 53248
+  // in 4 KiB device pages).
   expect_usage_error("--device-budget 4KiB", {"--device-budget", "largest tensor",
-                                              "'block.0.param'", "needs 49.6 KiB (50816 bytes"});
-  expect_usage_error("--device-budget 50815", {"--device-budget", "'block.0.param'"});
+                                              "'block.0.param'", "needs 52.0 KiB (53248 bytes"});
+  expect_usage_error("--device-budget 50816", {"--device-budget", "'block.0.param'"});
+  expect_usage_error("--device-budget 53247", {"--device-budget", "'block.0.param'"});
   // A budget that holds it is accepted (the run trains its two steps).
-  Result ok = run("--device-budget 1MiB --swap-dir swap");
+  Result ok = run("--device-budget 53248 --swap-dir swap");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
