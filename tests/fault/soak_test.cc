@@ -203,6 +203,8 @@ TEST(Soak, RandomOperationsUnderInjectedFaultsLoseNothing) {
         if (e.path().empty()) report_wrong("IoError without a path: " + what);
       } catch (const OutOfMemoryError&) {
         ++n.oom_errors;  // a budget with every candidate pinned by the other threads
+      } catch (const std::exception& e) {  // e.g. a timeout: the store lost track of the newest bytes
+        report_wrong("unexpected error from op " + std::to_string(op) + " on " + name + ": " + e.what());
       }
     }
   };
