@@ -1,12 +1,13 @@
 # The two commands of the README:
 #   make demo   set up, build, and run the main job (tiermem-train on its embedded default)
 #   make test   set up, build, and run every test
-# Other targets: build, bench, test-debug (ASan+UBSan), test-tsan, clean.
+# Other targets: build, test-quick (main suite only), test-debug (ASan+UBSan), test-tsan,
+# test-fuzz, bench, clean.
 JOBS ?= $(shell nproc)
 PRESET ?= default
 BUILD := build/$(PRESET)
 
-.PHONY: setup build demo test test-debug test-tsan bench clean
+.PHONY: setup build demo test test-quick test-debug test-tsan test-fuzz bench clean
 
 setup:
 	scripts/setup.sh
@@ -18,18 +19,27 @@ build: setup
 demo: build
 	$(BUILD)/examples/gpt/tiermem-train
 
+# Every test: the whole suite (unit, mpi, fault, soak, crash loop, gpu = skipped without a GPU),
+# then the library tiers under ASan+UBSan, the concurrent tests under ThreadSanitizer, and 30 s of
+# each libFuzzer target (config and checkpoint manifest loaders).
 test: build
+	ctest --preset $(PRESET) -j $(JOBS) --output-on-failure
+	tests/sanitize.sh debug
+	tests/sanitize.sh tsan
+	FUZZ_SECONDS=30 tests/fuzz/run.sh
+
+# Only the main suite (no sanitizers, no fuzzing): the quick loop while developing.
+test-quick: build
 	ctest --preset $(PRESET) -j $(JOBS) --output-on-failure
 
 test-debug: setup
-	cmake --preset debug >/dev/null
-	cmake --build --preset debug -j $(JOBS)
-	ctest --preset debug -j $(JOBS) --output-on-failure -L unit -LE "slow|soak|crash|bench"
+	tests/sanitize.sh debug
 
 test-tsan: setup
-	cmake --preset tsan >/dev/null
-	cmake --build --preset tsan -j $(JOBS)
-	ctest --preset tsan -j $(JOBS) --output-on-failure -L concurrent
+	tests/sanitize.sh tsan
+
+test-fuzz: setup
+	tests/fuzz/run.sh
 
 bench: build
 	$(BUILD)/bench/tiermem-bench --help
