@@ -30,6 +30,8 @@
 // its own OpenMP parallel region over chunks (threads = AdamOptions::threads or OpenMP's default).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -93,7 +95,24 @@ struct AdamCoeffs {
   float decay;         // 1 - lr * weight_decay
   float grad_scale;
 };
-AdamCoeffs adam_coeffs(const AdamParams& p);
+// Inline so the CPU kernels (src/cpu) and the CUDA kernel (src/gpu, which does not link
+// tiermem::cpu) derive the coefficients from one definition. Bias corrections in double.
+inline AdamCoeffs adam_coeffs(const AdamParams& p) {
+  AdamCoeffs c;
+  double t = static_cast<double>(std::max<std::int64_t>(p.step, 1));
+  double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
+  double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
+  c.beta1 = p.beta1;
+  c.one_minus_beta1 = 1.0f - p.beta1;
+  c.beta2 = p.beta2;
+  c.one_minus_beta2 = 1.0f - p.beta2;
+  c.step_size = static_cast<float>(static_cast<double>(p.lr) / bc1);
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.eps = p.eps;
+  c.decay = static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay);
+  c.grad_scale = p.grad_scale;
+  return c;
+}
 
 // half_kind: 0 = no copy, 1 = bf16, 2 = fp16. Single-threaded kernels over [0, n).
 void adam_kernel_scalar(const AdamCoeffs& c, float* master, const float* grad, float* m, float* v,

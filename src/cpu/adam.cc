@@ -73,23 +73,6 @@ AdamIsa adam_best_isa() {
 
 namespace detail {
 
-AdamCoeffs adam_coeffs(const AdamParams& p) {
-  AdamCoeffs c;
-  double t = static_cast<double>(std::max<std::int64_t>(p.step, 1));
-  double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
-  double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
-  c.beta1 = p.beta1;
-  c.one_minus_beta1 = 1.0f - p.beta1;
-  c.beta2 = p.beta2;
-  c.one_minus_beta2 = 1.0f - p.beta2;
-  c.step_size = static_cast<float>(static_cast<double>(p.lr) / bc1);
-  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  c.eps = p.eps;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay);
-  c.grad_scale = p.grad_scale;
-  return c;
-}
-
 void adam_kernel_scalar(const AdamCoeffs& c, float* master, const float* grad, float* m, float* v,
                         std::size_t n, std::uint16_t* half, int half_kind) {
   for (std::size_t i = 0; i < n; ++i) {

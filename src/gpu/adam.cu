@@ -1,8 +1,7 @@
 // src/gpu/adam.cu — multi-tensor AdamW on the device (see include/tiermem/gpu_adam.h).
 // Each launch takes up to kMaxTensors tensors by value in the kernel arguments; blockIdx.y picks
-// the tensor and a grid-stride loop covers its elements. The per-step coefficients are computed
-// as detail::adam_coeffs does for the CPU kernels (src/cpu/adam.cc); src/gpu does not link
-// tiermem::cpu (tiers do not depend on each other), so the few lines are repeated here.
+// the tensor and a grid-stride loop covers its elements. The per-step coefficients come from
+// detail::adam_coeffs (inline in tiermem/adam.h), the same as the CPU kernels'.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -47,23 +46,6 @@ __global__ void adam_kernel(TensorBatch batch, detail::AdamCoeffs c, int half_ki
   }
 }
 
-detail::AdamCoeffs coeffs(const AdamParams& p) {
-  detail::AdamCoeffs c;
-  double t = static_cast<double>(p.step < 1 ? 1 : p.step);
-  double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
-  double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
-  c.beta1 = p.beta1;
-  c.one_minus_beta1 = 1.0f - p.beta1;
-  c.beta2 = p.beta2;
-  c.one_minus_beta2 = 1.0f - p.beta2;
-  c.step_size = static_cast<float>(static_cast<double>(p.lr) / bc1);
-  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  c.eps = p.eps;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay);
-  c.grad_scale = p.grad_scale;
-  return c;
-}
-
 }  // namespace
 
 void gpu_adam_step(const AdamParams& params, const GpuAdamTensor* tensors, std::size_t tensor_count,
@@ -72,7 +54,7 @@ void gpu_adam_step(const AdamParams& params, const GpuAdamTensor* tensors, std::
   if (half_kind == 0) {
     throw NotSupportedError("gpu_adam_step: half dtype " + std::string(dtype_name(half_dtype)) + " is not bf16 or f16");
   }
-  const detail::AdamCoeffs c = coeffs(params);
+  const detail::AdamCoeffs c = detail::adam_coeffs(params);
   auto s = static_cast<cudaStream_t>(stream);
   for (std::size_t b = 0; b < tensor_count; b += kMaxTensors) {
     TensorBatch batch{};
