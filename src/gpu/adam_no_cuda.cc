@@ -1,4 +1,5 @@
-// src/gpu/adam_stub.cc — gpu_adam_step in builds without CUDA: a clear NotSupportedError.
+// src/gpu/adam_no_cuda.cc — gpu_adam_step in builds without CUDA: the backend is absent, so it
+// throws NotSupportedError (style: a missing backend is a clear error, not a link failure).
 #include "tiermem/error.h"
 #include "tiermem/gpu_adam.h"
 
