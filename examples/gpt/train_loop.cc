@@ -406,6 +406,13 @@ int run_training(const TrainOptions& opts) {
       if (c == '\n') c = ' ';
     std::fprintf(stderr, "tiermem-train: error: %s\n", msg.c_str());
     return 2;
+  } catch (const ConfigError& e) {  // a bad --config file or value: bad input, like a bad option
+    engine.reset();
+    std::string msg = e.what();
+    for (char& c : msg)
+      if (c == '\n') c = ' ';
+    std::fprintf(stderr, "tiermem-train: error: %s\n", msg.c_str());
+    return 2;
   } catch (const std::exception& e) {
     engine.reset();
     std::string msg = e.what();

@@ -18,7 +18,8 @@
 // each step runs the model module by module, acquiring each module's parameters just before it
 // runs and releasing them after, accumulates gradients over micro-batches and steps AdamW;
 // progress per step, held-out loss every --eval-every steps, a summary at the end.
-// Exit codes: 0 done, 1 an error during the run (one line on stderr), 2 a bad command line.
+// Exit codes: 0 done, 1 an error during the run (one line on stderr), 2 a bad command line or
+// --config file (one line on stderr, naming the option or config key).
 #include "train_loop.h"
 #include "train_options.h"
 

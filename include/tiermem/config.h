@@ -133,7 +133,8 @@ Config load_config(const std::string& path);
 
 // "64MiB" -> 67108864. Accepts an unsigned integer, scientific notation that is integral ("1e9"),
 // and suffixes K/M/G/T (binary, like fio), KiB/MiB/GiB/TiB (binary), KB/MB/GB/TB (decimal),
-// B. Case-insensitive; blanks between number and suffix allowed. Throws ConfigError with key_path.
+// B. Case-insensitive; blanks between number and suffix allowed. Throws ConfigError with key_path
+// (a key_path starting with "-" is named as a command-line option in the message).
 std::uint64_t parse_size(std::string_view text, std::string_view key_path = "size");
 
 // The effective configuration as JSON (every key, resolved), for logs and checkpoint manifests.

@@ -233,8 +233,10 @@ std::string_view offload_device_name(OffloadDevice d) {
 
 std::uint64_t parse_size(std::string_view text, std::string_view key_path) {
   auto fail = [&](const std::string& why) -> std::uint64_t {
+    // A command-line option ("--device-budget") is named as such, not as a config key.
+    const char* what = key_path.starts_with('-') ? "option '" : "config key '";
     throw ConfigError(std::string(key_path), std::string(text),
-                      "config key '" + std::string(key_path) + "' = \"" + std::string(text) +
+                      what + std::string(key_path) + "' = \"" + std::string(text) +
                           "\" is not a valid size: " + why +
                           " (use a number of bytes or e.g. \"4KiB\", \"64MiB\", \"1G\", \"500MB\", \"1e9\")");
   };

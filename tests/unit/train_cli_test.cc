@@ -4,7 +4,7 @@
 //   tensor (the message names the tensor and what it needs); a --swap-dir on a filesystem without
 //   O_DIRECT (a ramfs mount; skipped loudly when mount is not permitted); a read-only directory
 //   (a read-only bind mount, else chattr +i, else skipped loudly: root ignores permission bits);
-//   a --swap-dir / --save / --resume that is a file or lies under a file.
+//   a --swap-dir / --save / --resume that is a file or lies under a file; a bad --config file.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -129,6 +129,18 @@ TEST_F(TrainCli, PathThatIsAFile) {
   expect_usage_error("--swap-dir swap --save a_file/ck", {"--save", "cannot create"});
   expect_usage_error("--swap-dir swap --resume a_file", {"--resume", "a_file"});
   expect_usage_error("--swap-dir swap --config a_dir_that_is_missing.json", {"--config"});
+}
+
+// A bad --config file is bad input too: exit 2 and one line naming the file or the key.
+TEST_F(TrainCli, BadConfigFile) {
+  std::ofstream(dir_ / "not_json.json") << "zero_optimization: {stage: 3}\n";
+  expect_usage_error("--swap-dir swap --config not_json.json", {"not_json.json"});
+  std::ofstream(dir_ / "bad_stage.json") << R"({"zero_optimization": {"stage": 7}})";
+  expect_usage_error("--swap-dir swap --config bad_stage.json", {"zero_optimization.stage", "7"});
+  std::ofstream(dir_ / "bad_size.json")
+      << R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "lots"}})";
+  expect_usage_error("--swap-dir swap --config bad_size.json",
+                     {"zero_optimization.stage3_prefetch_bucket_size", "lots"});
 }
 
 TEST_F(TrainCli, SwapDirWithoutODirect) {
