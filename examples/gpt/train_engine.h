@@ -14,6 +14,7 @@
 // Thread-safety: an engine is driven by one thread.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -64,8 +65,13 @@ class TrainEngine {
   virtual std::uint64_t param_bytes() const = 0;
   virtual std::uint64_t optimizer_bytes() const = 0;
 
-  // True when the engine ignores OptimStep::lr and uses the configured lr throughout.
-  virtual bool constant_lr() const { return false; }
+  // True when step() computes the global gradient norm and applies the config's
+  // gradient_clipping itself (ZeroEngine: gradients are sharded across ranks); it then reports
+  // the norm through last_grad_norm(). Otherwise the loop clips through OptimStep::grad_scale,
+  // from grads() of every module.
+  virtual bool clips_gradients() const { return false; }
+  // Global L2 norm of the mean gradient of the last step(), before clipping; NaN when unknown.
+  virtual double last_grad_norm() const { return std::nan(""); }
 
   virtual void begin_step() {}
   virtual void end_step() {}

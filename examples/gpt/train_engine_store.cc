@@ -93,6 +93,17 @@ class StoreEngine final : public TrainEngine {
     dopt.budget_bytes = budget;
     device_ = make_device(dopt);
     compute_tier_ = device_->host_addressable() ? Tier::kDevice : Tier::kHost;
+    if (param_home_ == Tier::kDevice && !device_->host_addressable()) {
+      // The CPU model and CPU AdamW cannot touch device memory: keep the parameters' home on
+      // the host instead (what offload_param cpu would do).
+      TM_LOG_WARN("TRAIN", "{}: parameters stay on the host tier (the CPU model and AdamW cannot "
+                  "address device memory); set zero_optimization.offload_param to silence this",
+                  device_->name());
+      param_home_ = Tier::kHost;
+    }
+    // AdamW (CPU) updates the parameters where they live when that is host-addressable device
+    // memory (the SimDevice, params not offloaded), else on the host tier.
+    param_step_tier_ = param_home_ == Tier::kDevice ? Tier::kDevice : Tier::kHost;
     if (compute_tier_ == Tier::kHost) {
       TM_LOG_WARN("TRAIN", "{}: device memory is not host-addressable and the GPT kernels of "
                   "tiermem-train run on the CPU: parameters are computed on from the host tier",
@@ -229,10 +240,12 @@ class StoreEngine final : public TrainEngine {
     for (std::size_t i = 0; i < n; ++i) {
       // Read the next module's state from NVMe while this one is stepped.
       if (i + 1 < n) {
-        const TensorId next[] = {p_[i + 1], m_[i + 1], v_[i + 1]};
-        store_->prefetch(next, Tier::kHost);
+        const TensorId next_p[] = {p_[i + 1]};
+        const TensorId next_state[] = {m_[i + 1], v_[i + 1]};
+        store_->prefetch(next_p, param_step_tier_);
+        store_->prefetch(next_state, Tier::kHost);
       }
-      TensorStore::Pin p = store_->acquire(p_[i], Tier::kHost, Phase::kOptimizer);
+      TensorStore::Pin p = store_->acquire(p_[i], param_step_tier_, Phase::kOptimizer);
       TensorStore::Pin m = store_->acquire(m_[i], Tier::kHost, Phase::kOptimizer);
       TensorStore::Pin v = store_->acquire(v_[i], Tier::kHost, Phase::kOptimizer);
       adamw_update(s, p.as<float>(), grads_[i].data(), m.as<float>(), v.as<float>(),
@@ -299,6 +312,7 @@ class StoreEngine final : public TrainEngine {
   std::vector<gpt::ModuleLayout> layouts_;
   std::uint64_t total_params_ = 0;
   Tier param_home_ = Tier::kNvme, opt_home_ = Tier::kNvme, compute_tier_ = Tier::kDevice;
+  Tier param_step_tier_ = Tier::kHost;  // where AdamW updates the parameters
   std::string policy_name_;
   std::vector<std::string> swap_dirs_;
   // Destruction order: store_ first (explicitly), then swap_, io_, device_.

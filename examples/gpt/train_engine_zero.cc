@@ -69,7 +69,8 @@ class ZeroTrainEngine final : public TrainEngine {
     return total_params_ * dtype_size(zero_->working_dtype());
   }
   std::uint64_t optimizer_bytes() const override { return total_params_ * 12; }
-  bool constant_lr() const override { return true; }
+  bool clips_gradients() const override { return true; }
+  double last_grad_norm() const override { return last_grad_norm_; }
 
   gpt::ParamView acquire_params(int module, Phase) override {
     const auto t0 = Clock::now();
@@ -98,9 +99,11 @@ class ZeroTrainEngine final : public TrainEngine {
   }
   void zero_grad() override {}  // ZeroEngine::step() zeroes its accumulation
 
-  void step(const OptimStep&) override {
+  void step(const OptimStep& s) override {
     const auto t0 = Clock::now();
+    zero_->set_learning_rate(s.lr);  // the loop's schedule (warm-up, cosine decay)
     const ZeroEngine::StepResult r = zero_->step();
+    last_grad_norm_ = r.skipped ? std::nan("") : r.grad_norm;
     optimizer_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     if (r.skipped) TM_LOG_WARN("TRAIN", "step {} skipped (fp16 overflow), loss scale now {}", r.step, r.loss_scale);
   }
@@ -146,6 +149,7 @@ class ZeroTrainEngine final : public TrainEngine {
   std::vector<std::vector<float>> grads_;
   std::uint64_t total_params_ = 0;
   double comm_seconds_ = 0, optimizer_seconds_ = 0;
+  double last_grad_norm_ = std::nan("");
 };
 
 }  // namespace

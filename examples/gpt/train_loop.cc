@@ -307,16 +307,34 @@ int run_training(const TrainOptions& opts) {
       }
       OptimStep os;
       os.t = t;
-      os.lr = static_cast<float>(engine->constant_lr() ? plan.lr : learning_rate(plan, t));
+      os.lr = static_cast<float>(learning_rate(plan, t));
       os.beta1 = static_cast<float>(plan.config.optimizer.beta1);
       os.beta2 = static_cast<float>(plan.config.optimizer.beta2);
       os.eps = static_cast<float>(plan.config.optimizer.eps);
       os.weight_decay = static_cast<float>(plan.config.optimizer.weight_decay);
       os.grad_scale = 1.0f / static_cast<float>(plan.grad_accum * plan.world_size);
+      double grad_norm = std::nan("");
+      if (!engine->clips_gradients()) {
+        // Global L2 norm of the mean gradient; DeepSpeed's gradient_clipping scales the whole
+        // gradient by clip / norm when the norm exceeds it (torch.nn.utils.clip_grad_norm_).
+        double sumsq = 0;
+        for (int m = 0; m < gpt::num_modules(plan.model); ++m) {
+          const std::span<float> g = engine->grads(m);
+          const std::int64_t n = static_cast<std::int64_t>(g.size());
+#pragma omp parallel for reduction(+ : sumsq) schedule(static) if (n > (1 << 18))
+          for (std::int64_t i = 0; i < n; ++i) sumsq += static_cast<double>(g[i]) * g[i];
+        }
+        grad_norm = std::sqrt(sumsq) * os.grad_scale;
+        const double clip = plan.config.gradient_clipping;
+        if (clip > 0 && grad_norm > clip) {
+          os.grad_scale = static_cast<float>(os.grad_scale * clip / (grad_norm + 1e-6));
+        }
+      }
       {
         TraceSpan span(fmt::format("adamw step {}", t), "optimizer");
         engine->step(os);
       }
+      if (engine->clips_gradients()) grad_norm = engine->last_grad_norm();
       engine->end_step();
       const double loss = engine->all_reduce_sum(loss_sum) / (plan.grad_accum * plan.world_size);
       if (std::isnan(initial_loss)) initial_loss = loss;
@@ -329,6 +347,7 @@ int run_training(const TrainOptions& opts) {
       rep.steps = plan.steps;
       rep.loss = loss;
       rep.lr = os.lr;
+      rep.grad_norm = grad_norm;
       rep.tokens = tokens_per_step;
       rep.seconds = seconds_since(t0);
       rep.flops = flops_per_step;

@@ -93,6 +93,7 @@ void Reporter::step(const StepReport& r, bool keep_line) {
     j["steps"] = r.steps;
     j["loss"] = r.loss;
     j["lr"] = r.lr;
+    if (std::isfinite(r.grad_norm)) j["grad_norm"] = r.grad_norm;
     j["tokens"] = r.tokens;
     j["seconds"] = r.seconds;
     j["tokens_per_s"] = tps;

@@ -36,6 +36,7 @@ struct StepReport {
   int step = 0, steps = 0;    // 1-based step, total steps
   double loss = 0;            // mean training loss over the step's micro-batches (and ranks)
   double lr = 0;
+  double grad_norm = 0;       // global L2 norm of the mean gradient, before clipping (NaN: unknown)
   std::uint64_t tokens = 0;   // tokens processed this step (all ranks)
   double seconds = 0;         // wall time of the step
   double flops = 0;           // model FLOPs this step (all ranks): forward + backward

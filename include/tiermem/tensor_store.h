@@ -94,10 +94,10 @@ struct TensorStoreOptions {
 struct TensorSpec {
   std::string name;                  // unique, for traces, errors and find()
   DType dtype = DType::kU8;
-  std::vector<std::int64_t> shape;   // elements per dimension
+  std::vector<std::int64_t> shape{}; // elements per dimension
   std::uint64_t bytes = 0;
   Tier home = Tier::kHost;           // kNvme needs a SwapSpace
-  std::span<const std::byte> initial;
+  std::span<const std::byte> initial{};
 };
 
 struct TensorInfo {

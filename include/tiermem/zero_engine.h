@@ -192,6 +192,11 @@ class ZeroEngine {
   // bookkeeping needed by the caller).
   StepResult step();
 
+  // Sets the AdamW learning rate used by the next step() calls (a schedule's value for the
+  // step; the config's optimizer.params.lr until called). Must be finite and >= 0, else throws
+  // ConfigError naming optimizer.params.lr. Call it between steps, from the stepping thread.
+  void set_learning_rate(double lr);
+
   // The fp16 loss scale (1 unless fp16 is enabled): multiply the loss by it before backward.
   double loss_scale() const;
 

@@ -579,6 +579,14 @@ void ZeroEngine::zero_grad() {
   std::fill(I.grad_calls.begin(), I.grad_calls.end(), 0);
 }
 
+void ZeroEngine::set_learning_rate(double lr) {
+  if (!std::isfinite(lr) || lr < 0) {
+    throw ConfigError("optimizer.params.lr", fmt::format("{}", lr),
+                      fmt::format("learning rate {} must be finite and >= 0", lr));
+  }
+  config_.optimizer.lr = lr;
+}
+
 double ZeroEngine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
 
 ZeroEngine::StepResult ZeroEngine::step() {

@@ -6,6 +6,7 @@
 //   3. resume: the losses after the resume point equal the uninterrupted run's, bit for bit;
 //      a corrupt checkpoint is refused with a message naming the tensor;
 //   5. the device's measured peak never exceeds its budget;
+//   gradient_clipping from the config clips (and grad_norm is reported per step);
 //   data errors: each bad --data gives one line naming the file and a nonzero exit before any
 //   step; bad flags exit with code 2.
 // (4, mpirun -np 2, is tests/unit/train_mpi_test.cc, label "mpi".)
@@ -130,6 +131,50 @@ TEST_F(TrainE2E, OffloadedEqualsResidentBitwiseAndPeakWithinBudget) {
   // The summary is the last line printed.
   EXPECT_NE(offloaded.out.rfind("{\"summary\""), std::string::npos);
   EXPECT_EQ(offloaded.out.find('\n', offloaded.out.rfind("{\"summary\"")), offloaded.out.size() - 1);
+}
+
+// gradient_clipping (DeepSpeed key): each step reports the pre-clip global norm; a threshold
+// above every norm changes nothing (bitwise); one below them rescales every step's gradient to
+// that norm, which Adam sees from step 2 on (its first update is scale-invariant).
+TEST_F(TrainE2E, GradientClippingFromTheConfig) {
+  const std::string data = " --data " + corpus() + " --steps 6 --engine store --offload nvme "
+                           "--swap-dir swap --device sim ";
+  auto with_clip = [&](const char* name, double clip) {
+    const fs::path cfg = dir_ / name;
+    std::ofstream(cfg) << "{\"zero_optimization\": {\"stage\": 3}, \"gradient_clipping\": " << clip
+                       << ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.003}}}";
+    return run(std::string(kTiny) + data + "--config " + cfg.string());
+  };
+  const RunResult off = with_clip("off.json", 0), high = with_clip("high.json", 1e9),
+                  low = with_clip("low.json", 0.05);
+  for (const RunResult* r : {&off, &high, &low}) {
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+    ASSERT_EQ(r->steps.size(), 6u) << r->out;
+    for (const json& s : r->steps) {
+      ASSERT_TRUE(s.contains("grad_norm")) << s.dump();
+      EXPECT_GT(s["grad_norm"].get<double>(), 0.05) << "the low threshold must really clip";
+    }
+  }
+  EXPECT_EQ(losses(off), losses(high));
+  EXPECT_EQ(off.steps[0]["grad_norm"].get<double>(), low.steps[0]["grad_norm"].get<double>());
+  const auto a = losses(off, 3), b = losses(low, 3);
+  bool differs = false;
+  for (std::size_t i = 0; i < a.size(); ++i) differs |= a[i] != b[i];
+  EXPECT_TRUE(differs) << "clipping to 0.05 left the trajectory unchanged";
+}
+
+// A ds_config with stage 3 and no offload on one rank: the parameters' home is the (sim) device
+// and AdamW updates them there; same losses as the all-resident engine, bit for bit.
+TEST_F(TrainE2E, Stage3WithoutOffloadEqualsResident) {
+  const std::string data = " --data " + corpus() + " --steps 5 ";
+  std::ofstream(dir_ / "s3.json") << R"({"zero_optimization": {"stage": 3}})";
+  const RunResult resident = run(std::string(kTiny) + data + "--engine resident --config s3.json");
+  const RunResult s3 = run(std::string(kTiny) + data + "--device sim --config s3.json");
+  ASSERT_EQ(resident.exit_code, 0) << resident.err;
+  ASSERT_EQ(s3.exit_code, 0) << s3.err;
+  ASSERT_EQ(losses(s3).size(), 5u);
+  EXPECT_EQ(losses(s3), losses(resident));
+  EXPECT_EQ(s3.summary["param_offload"], "device") << s3.summary.dump();
 }
 
 TEST_F(TrainE2E, DefaultCorpusLossFalls) {
