@@ -6,9 +6,9 @@
 // reduce_gradients (then the local buffer is zeroed, because the model accumulates into it and
 // ZeroEngine takes one micro-batch's gradient per call); step() runs AdamW over the rank's
 // optimizer shard (on NVMe through ZeroEngine's swap space with offload_optimizer nvme).
-// ZeroEngine divides by ranks × micro-batches itself and reads the learning rate from the
-// config, so this engine runs a constant learning rate (no warm-up/decay) and cannot checkpoint
-// Adam moments (ZeroEngine exports master weights only): --save/--resume are refused.
+// ZeroEngine divides by ranks × micro-batches itself, clips by the config's gradient_clipping,
+// and takes the loop's scheduled learning rate each step (set_learning_rate). It cannot
+// checkpoint Adam moments (ZeroEngine exports master weights only): --save/--resume are refused.
 #include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
@@ -53,7 +53,7 @@ class ZeroTrainEngine final : public TrainEngine {
     const Config& c = zero_->config();
     return fmt::format(
         "zero (tiermem::ZeroEngine, stage {}, {} over {} rank{}): params -> {}, optimizer -> {}, "
-        "working dtype {}; constant lr (ZeroEngine reads optimizer.params.lr)",
+        "working dtype {}",
         c.zero.stage, comm_->backend(), comm_->world_size(), comm_->world_size() == 1 ? "" : "s",
         param_home(), optimizer_home(), dtype_name(zero_->working_dtype()));
   }
