@@ -3,8 +3,10 @@
 #
 #   bench/compare_fio.sh DIR [SIZE] [RUNTIME_S] [PAIRS]        (defaults: 1G 5 5)
 #   TIERMEM_BENCH=build/default/bench/tiermem-bench bench/compare_fio.sh /mnt/nvme 512M 3 5
+#   SEQ_QD="8 16 64" RANDREAD=0 bench/compare_fio.sh /mnt/nvme 512M 3 5   # a queue-depth sweep
 #
-# Cases: seq read 1 MiB qd 16, seq write 1 MiB qd 16, 4 KiB randread qd 64 (one job each). For
+# Cases: seq read 1 MiB and seq write 1 MiB at each queue depth in SEQ_QD (default 16), and 4 KiB
+# randread qd 64 unless RANDREAD=0 (one job each). For
 # each case it runs PAIRS rounds of {tiermem-bench, fio ioengine=io_uring, fio ioengine=libaio},
 # rotating which goes first, all with O_DIRECT (direct=1) on DIR/tiermem-bench-nvme.dat (laid out
 # once by a full sequential write), same bs / iodepth / size / runtime (time_based). Prints the
@@ -39,7 +41,10 @@ median() { python3 -c 'import sys,statistics; print(statistics.median(float(x) f
 
 printf "%-14s %10s %10s %10s %10s %10s %8s %8s\n" case tm_GB/s uring_GB/s libaio_GB/s tm_IOPS \
     uring_IOPS tm/uring tm/libaio
-for c in "seq-read read 1M 16" "seq-write write 1M 16" "randread-4k randread 4K 64"; do
+cases=()
+for q in ${SEQ_QD:-16}; do cases+=("seq-read-qd$q read 1M $q" "seq-write-qd$q write 1M $q"); done
+[ "${RANDREAD:-1}" = 0 ] || cases+=("randread-4k randread 4K 64")
+for c in "${cases[@]}"; do
   set -- $c
   name=$1 rw=$2 bs=$3 qd=$4
   tg=() ti=() ug=() ui=() lg=() li=()

@@ -307,64 +307,84 @@ struct TensorStore::Impl {
     wait_all(reqs);
   }
 
-  // NVMe -> device through bounce chunks: the read of chunk k+1 overlaps the H2D copy of chunk k.
-  // Deadlock-free with other pipelines: it blocks for a chunk only when it holds none; otherwise
-  // it finishes its own oldest copy to free one.
-  void nvme_to_device(const Entry& e, void* dst) {
+  // A two-stage chunk pipeline through bounce buffers (the NVMe <-> device paths): for each
+  // chunk k < n, start_first(k, buf) starts stage one into/out of a bounce buffer; when it has
+  // completed, start_second(k, buf) starts stage two, so stage one of chunk k+1 overlaps stage two
+  // of chunk k, with at most opts.pipeline_chunks chunks in flight. Each start returns a handle
+  // with wait() (blocks, rethrows the operation's error) and ready() (IoRequest, DeviceEvent).
+  // Deadlock-free with other pipelines sharing the bounce pool: it blocks for a buffer only when
+  // it holds none; otherwise it finishes its own oldest chunk to free one. On an error (a failed
+  // or refused operation) it waits for everything it started, returns every buffer, rethrows.
+  template <class StartFirst, class StartSecond>
+  void bounce_pipeline(std::size_t n, StartFirst start_first, StartSecond start_second) {
+    using First = decltype(start_first(std::size_t{}, static_cast<void*>(nullptr)));
+    using Second = decltype(start_second(std::size_t{}, static_cast<void*>(nullptr)));
     struct Slot {
       std::size_t k;
       void* buf;
-      IoRequest read;
-      DeviceEvent copy;
+      First first;
+      Second second;
     };
-    const std::size_t n = e.extents.size();
     const std::size_t window = std::min<std::size_t>(n, static_cast<std::size_t>(opts.pipeline_chunks));
-    std::deque<Slot> reading, copying;
+    std::deque<Slot> in_first, in_second;
     std::size_t next = 0;
-    auto retire = [&] {
-      Slot s = std::move(copying.front());
-      copying.pop_front();
+    // Waits for `h`, gives its chunk's buffer back, rethrows h's error.
+    auto finish = [&](auto& h, void* buf) {
       try {
-        s.copy.wait();
+        h.wait();
       } catch (...) {
-        bounce->release(s.buf);
+        bounce->release(buf);
         throw;
       }
-      bounce->release(s.buf);
+      bounce->release(buf);
+    };
+    auto retire = [&] {
+      Slot s = std::move(in_second.front());
+      in_second.pop_front();
+      finish(s.second, s.buf);
     };
     try {
-      while (next < n || !reading.empty() || !copying.empty()) {
-        while (next < n && reading.size() + copying.size() < window) {
-          void* buf = (reading.empty() && copying.empty()) ? bounce->acquire() : bounce->try_acquire();
+      while (next < n || !in_first.empty() || !in_second.empty()) {
+        while (next < n && in_first.size() + in_second.size() < window) {
+          void* buf = (in_first.empty() && in_second.empty()) ? bounce->acquire() : bounce->try_acquire();
           if (buf == nullptr) break;
-          reading.push_back({next, buf, swap->read(e.extents[next], buf, chunk_len(e, next)), {}});
+          First h;
+          try {
+            h = start_first(next, buf);
+          } catch (...) {  // refused at submission: nothing in flight on buf
+            bounce->release(buf);
+            throw;
+          }
+          in_first.push_back({next, buf, std::move(h), {}});
           ++next;
         }
-        if (!reading.empty()) {
-          Slot s = std::move(reading.front());
-          reading.pop_front();
-          try {
-            s.read.wait();
+        if (!in_first.empty()) {
+          Slot s = std::move(in_first.front());
+          in_first.pop_front();
+          try {  // a failed stage one, or a stage two refused at submission: buf is idle
+            s.first.wait();
+            s.second = start_second(s.k, s.buf);
           } catch (...) {
             bounce->release(s.buf);
             throw;
           }
-          s.copy = device->copy_h2d_async(static_cast<char*>(dst) + s.k * opts.pipeline_chunk_bytes,
-                                          s.buf, chunk_len(e, s.k));
-          copying.push_back(std::move(s));
-          while (!copying.empty() && copying.front().copy.ready()) retire();
-        } else if (!copying.empty()) {
+          in_second.push_back(std::move(s));
+          while (!in_second.empty() && in_second.front().second.ready()) retire();
+        } else if (!in_second.empty()) {
           retire();
         }
       }
     } catch (...) {
-      for (Slot& s : reading) {
-        s.read.wait_for(std::chrono::hours(1));
+      for (Slot& s : in_first) {
+        try {
+          s.first.wait();
+        } catch (...) {
+        }
         bounce->release(s.buf);
       }
-      for (Slot& s : copying) {
+      for (Slot& s : in_second) {
         try {
-          s.copy.wait();
+          s.second.wait();
         } catch (...) {
         }
         bounce->release(s.buf);
@@ -373,66 +393,26 @@ struct TensorStore::Impl {
     }
   }
 
+  // NVMe -> device: the read of chunk k+1 overlaps the H2D copy of chunk k.
+  void nvme_to_device(const Entry& e, void* dst) {
+    bounce_pipeline(
+        e.extents.size(),
+        [&](std::size_t k, void* buf) { return swap->read(e.extents[k], buf, chunk_len(e, k)); },
+        [&](std::size_t k, void* buf) {
+          return device->copy_h2d_async(static_cast<char*>(dst) + k * opts.pipeline_chunk_bytes, buf,
+                                        chunk_len(e, k));
+        });
+  }
+
   // Device -> NVMe: the D2H copy of chunk k+1 overlaps the NVMe write of chunk k.
   void device_to_nvme(const Entry& e, const void* src) {
-    struct Slot {
-      std::size_t k;
-      void* buf;
-      DeviceEvent copy;
-      IoRequest write;
-    };
-    const std::size_t n = e.extents.size();
-    const std::size_t window = std::min<std::size_t>(n, static_cast<std::size_t>(opts.pipeline_chunks));
-    std::deque<Slot> copying, writing;
-    std::size_t next = 0;
-    auto retire = [&] {
-      Slot s = std::move(writing.front());
-      writing.pop_front();
-      s.write.wait_for(std::chrono::hours(1));
-      bounce->release(s.buf);
-      s.write.wait();  // rethrows
-    };
-    try {
-      while (next < n || !copying.empty() || !writing.empty()) {
-        while (next < n && copying.size() + writing.size() < window) {
-          void* buf = (copying.empty() && writing.empty()) ? bounce->acquire() : bounce->try_acquire();
-          if (buf == nullptr) break;
-          copying.push_back({next, buf,
-                             device->copy_d2h_async(buf, static_cast<const char*>(src) + next * opts.pipeline_chunk_bytes,
-                                                    chunk_len(e, next)),
-                             {}});
-          ++next;
-        }
-        if (!copying.empty()) {
-          Slot s = std::move(copying.front());
-          copying.pop_front();
-          try {
-            s.copy.wait();
-          } catch (...) {
-            bounce->release(s.buf);
-            throw;
-          }
-          s.write = swap->write(e.extents[s.k], s.buf, chunk_len(e, s.k));
-          writing.push_back(std::move(s));
-          while (!writing.empty() && writing.front().write.ready()) retire();
-        } else if (!writing.empty()) {
-          retire();
-        }
-      }
-    } catch (...) {
-      for (Slot& s : copying) {
-        try {
-          s.copy.wait();
-        } catch (...) {
-        }
-        bounce->release(s.buf);
-      }
-      for (Slot& s : writing) {
-        s.write.wait_for(std::chrono::hours(1));
-        bounce->release(s.buf);
-      }
-      throw;
-    }
+    bounce_pipeline(
+        e.extents.size(),
+        [&](std::size_t k, void* buf) {
+          return device->copy_d2h_async(
+              buf, static_cast<const char*>(src) + k * opts.pipeline_chunk_bytes, chunk_len(e, k));
+        },
+        [&](std::size_t k, void* buf) { return swap->write(e.extents[k], buf, chunk_len(e, k)); });
   }
 
   // ---------------------------------------------------------------- eviction (mu_ held)

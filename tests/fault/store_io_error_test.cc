@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fault/fault_util.h"
 #include "tiermem/error.h"
@@ -49,7 +51,8 @@ class RangeFault : public IoInterceptor {
 
 class StoreFaultTest : public ::testing::Test {
  protected:
-  void make(bool checksum) {
+  // `device`: the store's device instead of device_ (which is still made).
+  void make(bool checksum, std::shared_ptr<Device> device = nullptr) {
     ASSERT_TRUE(dir_.ok());
     fault_ = std::make_shared<RangeFault>();
     IoEngineOptions io;
@@ -68,7 +71,7 @@ class StoreFaultTest : public ::testing::Test {
     o.pipeline_chunk_bytes = 64 << 10;
     o.pipeline_chunks = 2;
     o.acquire_timeout = std::chrono::seconds(10);
-    store_ = std::make_unique<TensorStore>(o, device_, swap_);
+    store_ = std::make_unique<TensorStore>(o, device ? device : device_, swap_);
     // A parameter shard and an optimizer moment, both homed on NVMe, 3 pipeline chunks each.
     param_ = store_->register_tensor({.name = "layer3.attn.w_qkv", .dtype = DType::kU8,
                                       .shape = {}, .bytes = kBytes, .home = Tier::kNvme,
@@ -241,6 +244,78 @@ TEST_F(StoreFaultTest, FlippedBitOnDiskIsDetectedAndNamed) {
   store_->write(param_, fault::make_bytes(1, 5, kBytes));
   TensorStore::Pin p = store_->acquire(param_, Tier::kDevice);
   EXPECT_EQ(fault::first_mismatch(p.data(), 1, 5, kBytes), kBytes);
+}
+
+// A SimDevice whose copies can be refused at submission (a synchronous throw, as a CUDA launch
+// error would be): `refuse_h2d` / `refuse_d2h` are how many of the next copies to refuse.
+class RefusingDevice final : public Device {
+ public:
+  explicit RefusingDevice(std::shared_ptr<SimDevice> d) : d_(std::move(d)) {}
+  std::atomic<int> refuse_h2d{0}, refuse_d2h{0};
+  DeviceKind kind() const noexcept override { return d_->kind(); }
+  std::string name() const override { return "refusing " + d_->name(); }
+  bool host_addressable() const noexcept override { return d_->host_addressable(); }
+  std::uint64_t budget_bytes() const noexcept override { return d_->budget_bytes(); }
+  std::uint64_t allocation_size(std::uint64_t b) const noexcept override { return d_->allocation_size(b); }
+  void* allocate(std::uint64_t b) override { return d_->allocate(b); }
+  void* try_allocate(std::uint64_t b) noexcept override { return d_->try_allocate(b); }
+  void free(void* p) noexcept override { d_->free(p); }
+  void empty_cache() override { d_->empty_cache(); }
+  DeviceEvent copy_h2d_async(void* dst, const void* src, std::uint64_t b) override {
+    if (take(refuse_h2d)) throw Error("injected: H2D copy refused at submission");
+    return d_->copy_h2d_async(dst, src, b);
+  }
+  DeviceEvent copy_d2h_async(void* dst, const void* src, std::uint64_t b) override {
+    if (take(refuse_d2h)) throw Error("injected: D2H copy refused at submission");
+    return d_->copy_d2h_async(dst, src, b);
+  }
+  DeviceEvent copy_d2d_async(void* dst, const void* src, std::uint64_t b) override {
+    return d_->copy_d2d_async(dst, src, b);
+  }
+  DeviceEvent memset_async(void* dst, int v, std::uint64_t b) override { return d_->memset_async(dst, v, b); }
+  void synchronize() override { d_->synchronize(); }
+  bool register_host(void* base, std::uint64_t b) override { return d_->register_host(base, b); }
+  void unregister_host(void* base) override { d_->unregister_host(base); }
+  DeviceStats stats() const override { return d_->stats(); }
+
+ private:
+  static bool take(std::atomic<int>& n) {
+    int v = n.load();
+    while (v > 0 && !n.compare_exchange_weak(v, v - 1)) {
+    }
+    return v > 0;
+  }
+  std::shared_ptr<SimDevice> d_;
+};
+
+// A device copy refused at submission in the middle of an NVMe <-> device chunk pipeline: the
+// acquire fails with that error, every bounce chunk is given back (more failures than the store
+// has chunks would otherwise leave the next pipeline waiting forever for one), and the next
+// transfers carry the right bytes both ways.
+TEST_F(StoreFaultTest, DeviceCopyRefusedMidPipelineReturnsItsBounceChunks) {
+  auto dev = std::make_shared<RefusingDevice>(
+      std::make_shared<SimDevice>(SimDeviceOptions{.budget_bytes = 4 << 20}));
+  make(/*checksum=*/false, dev);
+  for (int i = 0; i < 5; ++i) {  // more than pipeline_chunks (2)
+    dev->refuse_h2d = 1;
+    EXPECT_THROW((void)store_->acquire(param_, Tier::kDevice), Error) << "round " << i;
+  }
+  {
+    TensorStore::Pin p = store_->acquire(param_, Tier::kDevice);
+    EXPECT_EQ(fault::first_mismatch(p.data(), 1, 0, kBytes), kBytes);
+    std::memcpy(p.data(), fault::make_bytes(1, 9, kBytes).data(), kBytes);
+    p.mark_dirty();
+  }
+  // Device -> NVMe: the write-back refused at its D2H copies; the dirty copy stays, a later
+  // eviction writes it down.
+  for (int i = 0; i < 5; ++i) {
+    dev->refuse_d2h = 1;
+    EXPECT_THROW((void)store_->evict(param_, Tier::kDevice), Error) << "round " << i;
+  }
+  EXPECT_TRUE(store_->evict(param_, Tier::kDevice));
+  std::vector<std::byte> out(kBytes);
+  store_->read(param_, out);
+  EXPECT_EQ(fault::first_mismatch(out.data(), 1, 9, kBytes), kBytes);
 }
 
 }  // namespace
