@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "checkpoint.h"
 #include "data.h"
 #include "kill_point.h"
+#include "tiermem/dir_lock.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "tiermem/trace.h"
@@ -253,9 +255,19 @@ int run_training(const TrainOptions& opts) {
       TM_LOG_INFO("TRAIN", "resumed from {} at step {}", mf, r.step());
     }
 
+    // One writer per checkpoint directory and rank: a second run saving into the same --save
+    // would delete this one's files as stale and overwrite its manifest. The lock lives in
+    // DIR/rank<r>.lock for the whole run (a crashed run's is reclaimed, with one log line).
+    std::optional<DirLock> save_lock;
     // Files a crashed run left in the checkpoint directory (a state file written but never
     // named by a manifest, or an old one the crash kept from being deleted) go now.
     if (!opts.save_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(opts.save_dir, ec);  // checked at startup; errors below
+      save_lock.emplace(
+          (std::filesystem::path(opts.save_dir) / fmt::format("rank{}.lock", plan.rank)).string(),
+          fmt::format("checkpoint directory '{}' (rank {})", opts.save_dir, plan.rank),
+          "give each run its own --save directory", "TRAIN");
       if (const int n = remove_stale_checkpoint_files(opts.save_dir, plan.rank))
         TM_LOG_INFO("TRAIN", "removed {} stale file{} of an interrupted checkpoint from {}", n,
                     n == 1 ? "" : "s", opts.save_dir);

@@ -17,9 +17,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "nvme/extent_allocator.h"
 #include "tiermem/config.h"
+#include "tiermem/dir_lock.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 
@@ -35,53 +37,6 @@ std::uint64_t fs_free_bytes(const std::string& dir) {
   struct statvfs s {};
   if (statvfs(dir.c_str(), &s) != 0) return 0;
   return static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
-}
-
-// Takes the exclusive lock of `dir`, writes our pid into it; returns the lock fd.
-int lock_dir(const std::string& dir) {
-  const std::string lock_path = dir + "/" + kLockName;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) throw IoError(lock_path, 0, 0, errno, "open", "cannot create the swap directory's lock file");
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      int err = errno;
-      char buf[32] = {};
-      ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
-      ::close(fd);
-      if (err == EWOULDBLOCK) {
-        std::string pid = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("?");
-        pid.erase(std::remove_if(pid.begin(), pid.end(), [](char c) { return c == '\n' || c == ' '; }),
-                  pid.end());
-        throw Error("swap directory '" + dir + "' is in use by process " + pid + " (lock file " +
-                    lock_path + "); give each process its own nvme_path directory");
-      }
-      throw IoError(lock_path, 0, 0, err, "flock");
-    }
-    // The holder before us may have unlinked the file between our open and flock: retry then.
-    struct stat a {}, b {};
-    if (fstat(fd, &a) == 0 && stat(lock_path.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
-        a.st_dev == b.st_dev) {
-      // A pid left in the file means its process ended without the destructor's cleanup (crash,
-      // SIGKILL): the kernel dropped its flock, so the lock is ours; say so once.
-      char old[32] = {};
-      ssize_t n = ::pread(fd, old, sizeof old - 1, 0);
-      long old_pid = n > 0 ? std::strtol(old, nullptr, 10) : 0;
-      if (old_pid > 0 && old_pid != static_cast<long>(::getpid())) {
-        bool alive = ::kill(static_cast<pid_t>(old_pid), 0) == 0 || errno == EPERM;
-        TM_LOG_INFO("NVME", "reclaimed stale swap directory lock {} of {} process {}", lock_path,
-                    alive ? "(no longer holding; pid reused?)" : "dead", old_pid);
-      }
-      std::string pid = std::to_string(::getpid()) + "\n";
-      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
-        int err = errno;
-        ::close(fd);
-        throw IoError(lock_path, 0, pid.size(), err, "write");
-      }
-      return fd;
-    }
-    ::close(fd);
-  }
-  throw Error("could not lock swap directory '" + dir + "' (its lock file keeps changing)");
 }
 
 // Deletes swap files left by processes that died without cleaning up (we hold the lock).
@@ -112,7 +67,7 @@ SwapSpaceOptions SwapSpaceOptions::from_config(const Config& c) {
 struct SwapSpace::PathState {
   std::string dir;
   std::string file_path;
-  int lock_fd = -1;
+  std::optional<DirLock> lock;  // held for the swap space's life (see swap_space.h)
   IoFile file;
   detail::ExtentAllocator alloc{0, 4096};
 };
@@ -143,7 +98,8 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::vector<std::string> d
     for (const auto& dir : dirs_) {
       auto ps = std::make_unique<PathState>();
       ps->dir = dir;
-      ps->lock_fd = lock_dir(dir);
+      ps->lock.emplace(dir + "/" + kLockName, "swap directory '" + dir + "'",
+                       "give each process its own nvme_path directory", "NVME");
       paths_.push_back(std::move(ps));
       PathState& p = *paths_.back();
       remove_stale_swap_files(dir);
@@ -158,8 +114,7 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::vector<std::string> d
         engine_.close_file(p->file);
         ::unlink(p->file_path.c_str());
       }
-      ::unlink((p->dir + "/" + kLockName).c_str());
-      ::close(p->lock_fd);
+      p->lock.reset();
     }
     throw;
   }
@@ -172,8 +127,7 @@ SwapSpace::~SwapSpace() {
     engine_.close_file(p->file);
     if (::unlink(p->file_path.c_str()) != 0)
       TM_LOG_WARN("NVME", "{}", errno_message("removing swap file " + p->file_path, errno));
-    ::unlink((p->dir + "/" + kLockName).c_str());
-    ::close(p->lock_fd);  // releases the flock
+    p->lock.reset();  // removes the lock file, releases the flock
   }
 }
 

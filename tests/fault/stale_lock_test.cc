@@ -90,11 +90,12 @@ TEST(StaleLock, DeadHolderIsReclaimedWithOneLogLine) {
   }
   const std::string log = ::testing::internal::GetCapturedStderr();
   std::size_t lines = 0, at = 0;
-  while ((at = log.find("reclaimed stale swap directory lock", at)) != std::string::npos) {
+  while ((at = log.find("reclaimed stale lock", at)) != std::string::npos) {
     ++lines;
     ++at;
   }
   EXPECT_EQ(lines, 1u) << log;
+  EXPECT_NE(log.find("of the swap directory"), std::string::npos) << log;
   EXPECT_NE(log.find("dead process " + std::to_string(pid)), std::string::npos) << log;
   EXPECT_NE(log.find(lock), std::string::npos) << log;
   EXPECT_FALSE(std::filesystem::exists(stale_swap));

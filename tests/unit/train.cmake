@@ -5,7 +5,7 @@ if(TARGET tiermem_train)
                SOURCES train_data_test.cc train_checkpoint_test.cc train_options_test.cc
                DEPS tiermem_train LABELS train TIMEOUT 60)
   tiermem_test(NAME train_e2e_test SOURCES train_e2e_test.cc
-               DEPS nlohmann_json::nlohmann_json LABELS train TIMEOUT 240)
+               DEPS nlohmann_json::nlohmann_json tiermem::core LABELS train TIMEOUT 240)
   target_compile_definitions(train_e2e_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
   add_dependencies(train_e2e_test tiermem-train)
 endif()

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "tiermem/dir_lock.h"
+
 #ifndef TIERMEM_TRAIN_BIN
 #error "TIERMEM_TRAIN_BIN must name the tiermem-train executable"
 #endif
@@ -175,6 +177,33 @@ TEST_F(TrainE2E, Stage3WithoutOffloadEqualsResident) {
   ASSERT_EQ(losses(s3).size(), 5u);
   EXPECT_EQ(losses(s3), losses(resident));
   EXPECT_EQ(s3.summary["param_offload"], "device") << s3.summary.dump();
+}
+
+// Two runs saving into one --save directory would delete each other's files: the second is
+// refused, naming the directory and the first one's pid, and the first one's checkpoint is
+// untouched. A lock left by a dead run is taken over (crash_loop_test kills runs mid-save).
+TEST_F(TrainE2E, SecondWriterOfACheckpointDirectoryIsRefused) {
+  const std::string args = std::string(kTiny) + " --data " + corpus() +
+                           " --steps 3 --engine store --offload nvme --save ck";
+  ASSERT_EQ(run(args + " --swap-dir swap").exit_code, 0);
+  const std::string manifest = slurp((dir_ / "ck" / "rank0" / "manifest.json").string());
+  ASSERT_FALSE(manifest.empty());
+  {
+    // This process plays the first writer, still running.
+    tiermem::DirLock held((dir_ / "ck" / "rank0.lock").string(), "checkpoint directory 'ck'",
+                          "test");
+    const RunResult second = run(args + " --swap-dir swap2");
+    EXPECT_NE(second.exit_code, 0);
+    EXPECT_NE(second.err.find("checkpoint directory 'ck' (rank 0) is in use by process " +
+                              std::to_string(::getpid())),
+              std::string::npos)
+        << second.err;
+    EXPECT_TRUE(second.steps.empty()) << second.out;
+    EXPECT_EQ(slurp((dir_ / "ck" / "rank0" / "manifest.json").string()), manifest);
+  }
+  const RunResult third = run(args + " --swap-dir swap");  // the lock was released: it runs
+  EXPECT_EQ(third.exit_code, 0) << third.err;
+  EXPECT_FALSE(fs::exists(dir_ / "ck" / "rank0.lock"));  // removed at exit
 }
 
 TEST_F(TrainE2E, DefaultCorpusLossFalls) {
