@@ -7,8 +7,22 @@
 // ZeroEngine takes one micro-batch's gradient per call); step() runs AdamW over the rank's
 // optimizer shard (on NVMe through ZeroEngine's swap space with offload_optimizer nvme).
 // ZeroEngine divides by ranks × micro-batches itself, clips by the config's gradient_clipping,
-// and takes the loop's scheduled learning rate each step (set_learning_rate). It cannot
-// checkpoint Adam moments (ZeroEngine exports master weights only): --save/--resume are refused.
+// and takes the loop's scheduled learning rate each step (set_learning_rate).
+//
+// Checkpoints (--save/--resume), as DeepSpeed's per-rank ZeRO checkpoints: each rank writes its
+// own optimizer shard to DIR/rank<r>/ (CheckpointWriter's per-rank directory), from
+// ZeroEngine::export_optimizer_state, and reads it back with import_optimizer_state (which also
+// republishes the working parameters from the restored master). Tensors of a rank:
+//   zero.master, zero.exp_avg, zero.exp_avg_sq  f32 [shard_numel]  the rank-flat fp32 master
+//                                               weights and Adam m, v (tier: nvme or host)
+//   zero.partition  i64 [4 + modules]  world size, rank, alignment (elements), module count,
+//                                      each module's numel: checked on resume
+//   zero.steps      i64 [2]            optimizer steps taken (Adam bias correction), skipped steps
+//   zero.loss_scale f64 [1], zero.loss_scaler i64 [3]   fp16 only: the dynamic loss scale;
+//                   hysteresis left, scaler iteration, iteration of the last overflow
+// The manifest format is unchanged (train_loop.cc writes meta; these are ordinary tensors). A
+// resume needs the same world size (train_loop checks it), model and alignment; the stage (1–3),
+// offload devices and sub_group_size may differ.
 #include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
@@ -117,15 +131,83 @@ class ZeroTrainEngine final : public TrainEngine {
   int rank() const override { return comm_->rank(); }
   int world_size() const override { return comm_->world_size(); }
 
-  void save(CheckpointWriter&) override {
-    throw NotSupportedError(
-        "checkpoints with --engine zero: ZeroEngine has no API to export/import Adam moments "
-        "(only export_master); use --engine store for --save/--resume");
+  void save(CheckpointWriter& w) override {
+    const ZeroOptimizerState st = zero_->export_optimizer_state();
+    const Tier tier = zero_->config().zero.offload_optimizer.device == OffloadDevice::kNvme
+                          ? Tier::kNvme
+                          : Tier::kHost;
+    const std::int64_t n = static_cast<std::int64_t>(st.master.size());
+    w.add_tensor("zero.master", tier, st.master.data(), st.master.size() * 4, "f32", {n});
+    w.add_tensor("zero.exp_avg", tier, st.exp_avg.data(), st.exp_avg.size() * 4, "f32", {n});
+    w.add_tensor("zero.exp_avg_sq", tier, st.exp_avg_sq.data(), st.exp_avg_sq.size() * 4, "f32",
+                 {n});
+    std::vector<std::int64_t> part = {st.world_size, st.rank,
+                                      static_cast<std::int64_t>(st.alignment_elems),
+                                      static_cast<std::int64_t>(st.module_numels.size())};
+    for (std::size_t x : st.module_numels) part.push_back(static_cast<std::int64_t>(x));
+    w.add_tensor("zero.partition", Tier::kHost, part.data(), part.size() * 8, "i64",
+                 {static_cast<std::int64_t>(part.size())});
+    const std::int64_t steps[2] = {st.steps, st.skipped_steps};
+    w.add_tensor("zero.steps", Tier::kHost, steps, sizeof steps, "i64", {2});
+    if (st.loss_scaler) {
+      const double scale = st.loss_scaler->scale;
+      const std::int64_t c[3] = {st.loss_scaler->hysteresis_left, st.loss_scaler->iter,
+                                 st.loss_scaler->last_overflow_iter};
+      w.add_tensor("zero.loss_scale", Tier::kHost, &scale, sizeof scale, "f64", {1});
+      w.add_tensor("zero.loss_scaler", Tier::kHost, c, sizeof c, "i64", {3});
+    }
   }
-  void load(CheckpointReader&) override {
-    throw NotSupportedError(
-        "--resume with --engine zero: ZeroEngine has no API to import Adam moments; use "
-        "--engine store");
+
+  void load(CheckpointReader& r) override {
+    const std::string& mf = r.manifest_path();
+    if (!r.has("zero.master")) {
+      throw CheckpointError(fmt::format(
+          "checkpoint {}: no tensor 'zero.master' (not written by --engine zero?)", mf));
+    }
+    ZeroOptimizerState st;
+    const std::size_t n = zero_->shard_numel();
+    const std::size_t modules = static_cast<std::size_t>(zero_->num_modules());
+    std::vector<std::int64_t> part(4 + modules);
+    r.read_tensor("zero.partition", part.data(), part.size() * 8);
+    st.world_size = static_cast<int>(part[0]);
+    st.rank = static_cast<int>(part[1]);
+    st.alignment_elems = static_cast<std::size_t>(part[2]);
+    for (std::size_t i = 0; i < modules; ++i) {
+      st.module_numels.push_back(static_cast<std::size_t>(part[4 + i]));
+    }
+    if (part[3] != static_cast<std::int64_t>(modules)) {
+      throw CheckpointError(fmt::format("checkpoint {}: {} modules saved, the model has {}", mf,
+                                        part[3], modules));
+    }
+    st.master.resize(n);
+    st.exp_avg.resize(n);
+    st.exp_avg_sq.resize(n);
+    r.read_tensor("zero.master", st.master.data(), n * 4);
+    r.read_tensor("zero.exp_avg", st.exp_avg.data(), n * 4);
+    r.read_tensor("zero.exp_avg_sq", st.exp_avg_sq.data(), n * 4);
+    std::int64_t steps[2] = {0, 0};
+    r.read_tensor("zero.steps", steps, sizeof steps);
+    st.steps = steps[0];
+    st.skipped_steps = steps[1];
+    if (r.has("zero.loss_scale")) {
+      LossScalerState ls;
+      std::int64_t c[3] = {0, 0, 0};
+      r.read_tensor("zero.loss_scale", &ls.scale, sizeof ls.scale);
+      r.read_tensor("zero.loss_scaler", c, sizeof c);
+      ls.hysteresis_left = static_cast<int>(c[0]);
+      ls.iter = c[1];
+      ls.last_overflow_iter = c[2];
+      st.loss_scaler = ls;
+    }
+    try {
+      zero_->import_optimizer_state(st);
+    } catch (const IoError&) {
+      throw;
+    } catch (const CommError&) {
+      throw;
+    } catch (const Error& e) {  // a state that does not fit this engine: name the checkpoint
+      throw CheckpointError(fmt::format("checkpoint {}: {}", mf, e.what()));
+    }
   }
 
   EngineStats stats() const override {

@@ -17,6 +17,15 @@
 
 namespace tiermem {
 
+// Everything a DynamicLossScaler's future decisions depend on (for checkpoints): restoring it into
+// a scaler built from the same Fp16Config makes that scaler behave exactly like the saved one.
+struct LossScalerState {
+  double scale = 1.0;                     // the current loss scale
+  int hysteresis_left = 1;                // overflows still tolerated before the scale halves
+  std::int64_t iter = 0;                  // update() calls so far
+  std::int64_t last_overflow_iter = -1;   // iter of the last overflow (-1: none yet)
+};
+
 class DynamicLossScaler {
  public:
   explicit DynamicLossScaler(const Fp16Config& config);
@@ -26,6 +35,12 @@ class DynamicLossScaler {
   // Reports one step's outcome (true = some gradient was NaN/Inf). Returns true when the step
   // must be skipped (== overflow).
   bool update(bool overflow);
+
+  // The state to checkpoint, and its restoration. restore() throws Error (naming the field and
+  // value) when the state is impossible: scale not finite or <= 0, hysteresis_left outside
+  // [1, the config's hysteresis], iter < 0, last_overflow_iter outside [-1, iter).
+  LossScalerState state() const;
+  void restore(const LossScalerState& s);
 
  private:
   bool dynamic_;

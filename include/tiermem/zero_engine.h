@@ -60,6 +60,13 @@
 // working shard into the acquired host copy and marks it dirty; the store writes it back to NVMe
 // when it evicts it, so no second full-size host copy exists (stats().param_store_*).
 //
+// Checkpoints (as DeepSpeed's per-rank ZeRO checkpoints: each rank saves and loads only its own
+// optimizer partition): export_optimizer_state() copies this rank's shard of fp32 master weights
+// and Adam moments, the step count and the fp16 loss-scaler state out; import_optimizer_state()
+// puts them back into an engine with the same modules and world size and republishes the working
+// params, after which training continues bit for bit. export_master() gives one module's full
+// master weights on every rank.
+//
 // Units: counts are ELEMENTS; *_bytes are bytes. Ownership: the engine owns every buffer it
 // allocates; a Gathered view is valid until it is destroyed, and the engine must outlive it.
 // Thread-safety: not thread-safe; one thread drives an engine (collectives must be issued in the
@@ -73,12 +80,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "tiermem/config.h"
 #include "tiermem/dtype.h"
+#include "tiermem/loss_scaler.h"
 
 namespace tiermem {
 
@@ -115,6 +124,24 @@ struct ZeroStats {
   std::uint64_t param_store_misses = 0;             // ... that had to wait for a load
   std::uint64_t param_prefetches_issued = 0;        // Prefetcher hints issued to the store
   bool optimizer_staging_pinned = false;  // offload_optimizer nvme: staging page-locked (mlock)
+};
+
+// One rank's optimizer shard as a per-rank checkpoint holds it (as in DeepSpeed's ZeRO
+// checkpoints, each rank saves and loads only its own partition of the optimizer state).
+// The three vectors are this rank's rank-flat shard: shard_numel() fp32 elements each, the
+// registered modules' shards back to back in registration order, each padded to the alignment
+// (padding elements stay 0). The partition fields describe which shard it is; import checks them.
+struct ZeroOptimizerState {
+  int world_size = 1;                      // ranks the optimizer state is split over (1: stage 0)
+  int rank = 0;                            // this shard's index among them
+  std::size_t alignment_elems = 0;         // ZeroEngineOptions::alignment_elems of the writer
+  std::vector<std::size_t> module_numels;  // numel of every registered module, in order
+  std::vector<float> master;               // fp32 master weights
+  std::vector<float> exp_avg;              // Adam first moment (m)
+  std::vector<float> exp_avg_sq;           // Adam second moment (v)
+  std::int64_t steps = 0;                  // optimizer steps taken (bias correction: steps + 1 next)
+  std::int64_t skipped_steps = 0;          // fp16 overflows so far (statistics)
+  std::optional<LossScalerState> loss_scaler;  // present iff fp16 is enabled
 };
 
 class ZeroEngine {
@@ -203,6 +230,34 @@ class ZeroEngine {
   // The module's full fp32 master weights (numel elements), all-gathered — every rank gets them,
   // rank 0 typically saves them. Reads NVMe-resident state as needed.
   std::vector<float> export_master(int module);
+
+  // Elements of this rank's rank-flat optimizer shard (the size of each vector of
+  // ZeroOptimizerState). Finalizes the module registration (collective: call on every rank).
+  std::size_t shard_numel();
+
+  // Copies this rank's optimizer shard (master, exp_avg, exp_avg_sq: shard_numel() fp32 each),
+  // step counts and fp16 loss-scaler state out, for a per-rank checkpoint. With offload_optimizer
+  // nvme it reads every sub-group's [master | m | v] extent through a staging buffer (blocking
+  // I/O, about 12 × shard_numel() bytes). Call between steps: gradients in flight are waited for
+  // but not part of the state. Finalizes first if needed (collective: call on every rank).
+  // Throws IoError from the swap space.
+  ZeroOptimizerState export_optimizer_state();
+
+  // Replaces this rank's optimizer shard, step counts and loss-scaler state with `state` (as
+  // export_optimizer_state returned it, typically from a checkpoint of the same rank), writes it
+  // where the state lives (host vectors, or each sub-group's NVMe extent through a staging
+  // buffer), then republishes the working parameters from the imported master exactly as step()
+  // does (to the working dtype; stage 3 shards in the parameter store are rewritten at their
+  // home; stages 1–2 and persistent stage-3 modules are all-gathered), so the next gather() sees
+  // the restored weights and the next step() continues bit for bit as the saved run would have.
+  // Accumulated gradients are discarded (as zero_grad()). The partition may differ in stage (1–3
+  // share it), offload devices and sub_group_size, not in world size, rank, alignment or modules.
+  // Collective (the all-gathers): call on every rank, between steps, from the stepping thread.
+  // Throws Error naming what differs (world size, rank, alignment, module count or a module's
+  // numel, a vector's length, loss-scaler state present vs fp16 enabled, a negative step count,
+  // an impossible loss-scaler state); nothing is changed then. IoError from the swap space /
+  // parameter store (the state is then partly written: import again or discard the engine).
+  void import_optimizer_state(const ZeroOptimizerState& state);
 
   ZeroStats stats() const;
   const Config& config() const { return config_; }

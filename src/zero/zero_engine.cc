@@ -747,6 +747,138 @@ std::vector<float> ZeroEngine::export_master(int module) {
   return full;
 }
 
+std::size_t ZeroEngine::shard_numel() {
+  impl_->finalize(config_);
+  return impl_->layout.rank_flat;
+}
+
+ZeroOptimizerState ZeroEngine::export_optimizer_state() {
+  Impl& I = *impl_;
+  I.finalize(config_);
+  I.sync();
+  const std::size_t R = I.layout.rank_flat;
+  ZeroOptimizerState out;
+  out.world_size = I.opt_world;
+  out.rank = I.opt_rank;
+  out.alignment_elems = I.opts.alignment_elems;
+  out.module_numels = I.numels;
+  out.steps = I.st.steps;
+  out.skipped_steps = I.st.skipped_steps;
+  if (I.scaler) out.loss_scaler = I.scaler->state();
+  if (!I.nvme_opt) {
+    out.master = I.master;
+    out.exp_avg = I.m;
+    out.exp_avg_sq = I.v;
+    return out;
+  }
+  out.master.resize(R);
+  out.exp_avg.resize(R);
+  out.exp_avg_sq.resize(R);
+  for (std::size_t k = 0; k < I.sub_groups.size(); ++k) {  // extent k: [master | m | v]
+    const ElemRange& g = I.sub_groups[k];
+    const std::size_t n = g.size();
+    I.swap->read(I.sg_extents[k], I.staging[0].p, 3 * n * sizeof(float)).wait();
+    const float* s = I.staging[0].f();
+    std::copy(s, s + n, out.master.begin() + static_cast<std::ptrdiff_t>(g.begin));
+    std::copy(s + n, s + 2 * n, out.exp_avg.begin() + static_cast<std::ptrdiff_t>(g.begin));
+    std::copy(s + 2 * n, s + 3 * n, out.exp_avg_sq.begin() + static_cast<std::ptrdiff_t>(g.begin));
+  }
+  return out;
+}
+
+void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& state) {
+  Impl& I = *impl_;
+  I.finalize(config_);
+  const std::size_t R = I.layout.rank_flat;
+  // Validate everything before changing anything.
+  auto mismatch = [](const std::string& what, const std::string& got, const std::string& want) {
+    return Error("ZeroEngine::import_optimizer_state: " + what + " is " + got + " in the imported state but " +
+                 want + " in this engine (import the shard this rank exported, with the same world size, "
+                 "modules and alignment)");
+  };
+  if (state.world_size != I.opt_world) {
+    throw mismatch("the optimizer partition's world size", std::to_string(state.world_size),
+                   std::to_string(I.opt_world));
+  }
+  if (state.rank != I.opt_rank) {
+    throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(I.opt_rank));
+  }
+  if (state.alignment_elems != I.opts.alignment_elems) {
+    throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(I.opts.alignment_elems));
+  }
+  if (state.module_numels.size() != I.numels.size()) {
+    throw mismatch("the module count", std::to_string(state.module_numels.size()), std::to_string(I.numels.size()));
+  }
+  for (std::size_t i = 0; i < I.numels.size(); ++i) {
+    if (state.module_numels[i] != I.numels[i]) {
+      throw mismatch("module " + std::to_string(i) + " (" + I.names[i] + ")'s numel",
+                     std::to_string(state.module_numels[i]), std::to_string(I.numels[i]));
+    }
+  }
+  for (const auto& [name, vec] : {std::pair<const char*, const std::vector<float>*>{"master", &state.master},
+                                  {"exp_avg", &state.exp_avg},
+                                  {"exp_avg_sq", &state.exp_avg_sq}}) {
+    if (vec->size() != R) {
+      throw mismatch(std::string(name) + "'s length (elements)", std::to_string(vec->size()), std::to_string(R));
+    }
+  }
+  if (state.steps < 0 || state.skipped_steps < 0) {
+    throw Error("ZeroEngine::import_optimizer_state: step counts must be >= 0 (steps " + std::to_string(state.steps) +
+                ", skipped_steps " + std::to_string(state.skipped_steps) + ")");
+  }
+  if (state.loss_scaler.has_value() != (I.scaler != nullptr)) {
+    throw mismatch("fp16 loss-scaler state", state.loss_scaler ? "present" : "absent",
+                   I.scaler ? "expected (fp16.enabled)" : "not expected (fp16 disabled)");
+  }
+  if (state.loss_scaler) {
+    DynamicLossScaler probe = *I.scaler;
+    probe.restore(*state.loss_scaler);  // throws on an impossible state, before anything changes
+  }
+
+  zero_grad();  // also waits for in-flight reduce-scatters
+  // 1. The optimizer state, where it lives.
+  if (!I.nvme_opt) {
+    I.master = state.master;
+    I.m = state.exp_avg;
+    I.v = state.exp_avg_sq;
+  } else {
+    for (std::size_t k = 0; k < I.sub_groups.size(); ++k) {
+      const ElemRange& g = I.sub_groups[k];
+      const std::size_t n = g.size();
+      const auto b = static_cast<std::ptrdiff_t>(g.begin), e = static_cast<std::ptrdiff_t>(g.end);
+      float* s = I.staging[0].f();
+      std::copy(state.master.begin() + b, state.master.begin() + e, s);
+      std::copy(state.exp_avg.begin() + b, state.exp_avg.begin() + e, s + n);
+      std::copy(state.exp_avg_sq.begin() + b, state.exp_avg_sq.begin() + e, s + 2 * n);
+      I.swap->write(I.sg_extents[k], s, 3 * n * sizeof(float)).wait();
+    }
+  }
+  I.st.steps = state.steps;
+  I.st.skipped_steps = state.skipped_steps;
+  if (I.scaler) I.scaler->restore(*state.loss_scaler);
+
+  // 2. The working params from the imported master, as step() publishes them.
+  std::vector<std::byte> tmp;
+  for (std::size_t i = 0; i < I.numels.size(); ++i) {
+    const std::size_t n = I.layout.modules[i].shard;
+    if (n == 0) continue;
+    const float* src = state.master.data() + I.layout.flat_offset[i];
+    if (I.in_store(i)) {
+      tmp.resize(n * I.wsize);
+      I.to_working(src, tmp.data(), n, config_.bf16);
+      I.pstore->write(I.ptensor[i], tmp);  // at home; cached copies dropped
+    } else {
+      I.to_working(src, I.mem_shard(i), n, config_.bf16);
+    }
+  }
+  for (std::size_t i = 0; i < I.numels.size(); ++i) {
+    if (I.stage == 1 || I.stage == 2 || I.persistent[i]) {
+      I.comm.all_gather(I.mem_shard(i), I.work_full[i].p, I.layout.modules[i].shard, I.comm_dtype);
+      ++I.st.all_gather_calls;
+    }
+  }
+}
+
 ZeroStats ZeroEngine::stats() const {
   const Impl& I = *impl_;
   ZeroStats s = I.st;

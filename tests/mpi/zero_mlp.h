@@ -122,13 +122,11 @@ inline std::vector<float> to_f32(const ZeroEngine::Gathered& g) {
   return out;
 }
 
-// Trains the MLP for `steps` steps through the engine; returns the exported fp32 masters.
-// `micro` micro-batches per step (kSamples must divide by world × micro).
-inline std::vector<std::vector<float>> mlp_train_engine(ZeroEngine& engine, Communicator& comm, int steps, int micro) {
+// Runs `steps` more training steps of the MLP through an engine whose two modules are
+// registered (the same data every step). `micro` micro-batches per step (kSamples must divide by
+// world × micro).
+inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, int micro) {
   MlpData D = mlp_data();
-  auto init = mlp_init();
-  engine.register_module("fc1", init[0]);
-  engine.register_module("fc2", init[1]);
   const int per_rank = kSamples / comm.world_size();
   const int per_micro = per_rank / micro;
   std::vector<float> g0, g1;
@@ -153,6 +151,15 @@ inline std::vector<std::vector<float>> mlp_train_engine(ZeroEngine& engine, Comm
     }
     engine.step();
   }
+}
+
+// Registers the MLP's modules, trains it for `steps` steps through the engine (see
+// mlp_train_steps); returns the exported fp32 masters.
+inline std::vector<std::vector<float>> mlp_train_engine(ZeroEngine& engine, Communicator& comm, int steps, int micro) {
+  auto init = mlp_init();
+  engine.register_module("fc1", init[0]);
+  engine.register_module("fc2", init[1]);
+  mlp_train_steps(engine, comm, steps, micro);
   return {engine.export_master(0), engine.export_master(1)};
 }
 

@@ -1,11 +1,13 @@
 // tiermem-train under `mpirun -np 2` (ZeroEngine stage 3 over MPI, each rank its own swap dir
 // <swap>/rank<r>) against one rank with the same global batch: the losses agree within a
 // relative 1e-5 for 8 steps (the only differences are fp32 summation orders in the reduce-scatter
-// and the loss all-reduce). Label "mpi".
+// and the loss all-reduce); and a two-rank --save/--resume equals an uninterrupted two-rank run
+// bit for bit. Label "mpi".
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifndef TIERMEM_TRAIN_BIN
@@ -65,6 +68,87 @@ TEST(TrainMpi, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
   EXPECT_GT(one.front() - one.back(), 0.2) << "the loss should fall";
   for (std::size_t i = 0; i < one.size(); ++i) {
     EXPECT_NEAR(two[i], one[i], 1e-5 * std::abs(one[i])) << "step " << i + 1;
+  }
+}
+
+// Steps and losses of a run (--json lines with "step"), in order.
+std::vector<std::pair<int, double>> run_step_losses(const std::string& cmd, const fs::path& dir,
+                                                    std::string* err) {
+  const std::string out = (dir / "out.txt").string();
+  const int status = std::system(("cd " + dir.string() + " && " + cmd + " >" + out + " 2>" +
+                                  (dir / "err.txt").string()).c_str());
+  std::ifstream e(dir / "err.txt");
+  std::stringstream es;
+  es << e.rdbuf();
+  *err = es.str();
+  std::vector<std::pair<int, double>> steps;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    *err = "exit status " + std::to_string(status) + ": " + cmd + "\n" + *err;
+    return steps;
+  }
+  std::ifstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step") && j.contains("loss")) {
+      steps.emplace_back(j["step"].get<int>(), j["loss"].get<double>());
+    }
+  }
+  return steps;
+}
+
+// --engine zero checkpoints (each rank its own optimizer shard in ck/rank<r>/): two ranks
+// stopped after step 4 with --save, then resumed with --resume, give losses for steps 5..8 equal,
+// bit for bit, to an uninterrupted two-rank run (master weights, Adam moments, step count, data
+// position and learning-rate schedule all restored). Stage 3, params and optimizer on NVMe.
+TEST(TrainMpi, TwoRankCheckpointResumesBitForBit) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = fs::temp_directory_path() / ("tiermem_train_mpi_ck_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "corpus.txt");
+    for (int i = 0; i < 400; ++i) f << "the quick brown fox " << i * 7919 % 1000 << " jumps.\n";
+  }
+  const std::string mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 ";
+  const std::string common = std::string(TIERMEM_TRAIN_BIN) +
+                             " --model tiny --seq-len 16 --steps 8 --eval-every 0 --json "
+                             "--engine zero --offload nvme --data corpus.txt --seed 5 --batch 2 ";
+  std::string err_full, err_first, err_resumed;
+  const auto full = run_step_losses(mpirun + common + "--swap-dir swap-full", dir, &err_full);
+  const auto first =
+      run_step_losses(mpirun + common + "--swap-dir swap-a --save ck --stop-at 4", dir, &err_first);
+  const bool manifests = fs::exists(dir / "ck" / "rank0" / "manifest.json") &&
+                         fs::exists(dir / "ck" / "rank1" / "manifest.json");
+  nlohmann::json m1;
+  if (manifests) {
+    std::ifstream f(dir / "ck" / "rank1" / "manifest.json");
+    m1 = nlohmann::json::parse(f, nullptr, false);
+  }
+  const auto resumed =
+      run_step_losses(mpirun + common + "--swap-dir swap-b --resume ck", dir, &err_resumed);
+  fs::remove_all(dir);
+
+  ASSERT_EQ(full.size(), 8u) << err_full;
+  ASSERT_EQ(first.size(), 4u) << err_first;
+  ASSERT_TRUE(manifests) << "each rank writes ck/rank<r>/manifest.json\n" << err_first;
+  ASSERT_EQ(resumed.size(), 4u) << err_resumed;
+  // Rank 1's manifest is its own (rank 1 of 2) and holds its optimizer shard.
+  ASSERT_TRUE(m1.is_object());
+  EXPECT_EQ(m1.value("rank", -1), 1);
+  EXPECT_EQ(m1.value("world_size", -1), 2);
+  EXPECT_EQ(m1.value("step", -1), 4);
+  std::vector<std::string> names;
+  for (const auto& t : m1.at("tensors")) names.push_back(t.at("name").get<std::string>());
+  for (const char* want : {"zero.master", "zero.exp_avg", "zero.exp_avg_sq", "zero.steps"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  }
+  EXPECT_GT(full.front().second - full.back().second, 0.05) << "the loss should fall";
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(first[i].first, i + 1);
+    EXPECT_EQ(first[i].second, full[i].second) << "step " << i + 1;  // same run until the stop
+    EXPECT_EQ(resumed[i].first, i + 5);
+    EXPECT_EQ(resumed[i].second, full[i + 4].second) << "step " << i + 5;  // bit for bit
   }
 }
 

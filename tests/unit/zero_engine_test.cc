@@ -1,5 +1,6 @@
 // ZeroEngine on one rank (single communicator): MLP training equals the fp32 reference for every
-// stage × optimizer offload, bf16 working params, fp16 overflow handling, bad configs.
+// stage × optimizer offload, bf16 working params, fp16 overflow handling, bad configs, and
+// checkpoint export/import of the optimizer shard (resume equals an uninterrupted run bit for bit).
 // The 2- and 4-rank versions run under mpirun in tests/mpi.
 #include "tiermem/zero_engine.h"
 
@@ -10,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
+#include <ostream>
 #include <random>
 
 #include "mpi/zero_mlp.h"
@@ -263,6 +266,193 @@ TEST(ZeroEngine, Fp16HysteresisTwoNeedsTwoOverflows) {
   engine.reduce_gradients(0, g);
   EXPECT_TRUE(engine.step().skipped);
   EXPECT_EQ(engine.loss_scale(), 128.0);
+}
+
+// ---- Checkpoints: export_optimizer_state / import_optimizer_state -----------------------------
+
+struct ResumeCase {
+  const char* name;
+  int stage;
+  const char* offload;         // offload_optimizer.device
+  const char* param = "none";  // offload_param.device (stage 3)
+  const char* extra = "";      // appended to the config JSON (bf16 / fp16)
+};
+
+void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.name; }
+
+class ZeroResume : public ::testing::TestWithParam<ResumeCase> {};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// K steps, export, a fresh engine (fresh init, its own swap directory) imports, M more steps:
+// masters, moments, working params and the loss scale equal, bit for bit, an uninterrupted K + M
+// run. Resuming without the moments (zeroed m and v) does not (the moments are what is tested).
+TEST_P(ZeroResume, ExportImportContinuesBitForBit) {
+  const ResumeCase& c = GetParam();
+  auto comm = make_single_communicator();
+  const std::string dir = nvme_dir();
+  constexpr int kFirst = 4, kThen = 4, kMicro = 2;
+  auto config = [&](const std::string& sub) {
+    const std::string d = dir + "/" + sub;
+    return testing::with_param_offload(testing::mlp_config(c.stage, c.offload, d, kMicro, c.extra), c.param, d);
+  };
+  auto ref = std::make_unique<ZeroEngine>(config("ref"), *comm);
+  const auto want = testing::mlp_train_engine(*ref, *comm, kFirst + kThen, kMicro);
+  const ZeroOptimizerState want_state = ref->export_optimizer_state();
+
+  ZeroOptimizerState saved;
+  std::vector<std::vector<float>> at_k;
+  {
+    ZeroEngine first(config("first"), *comm);
+    at_k = testing::mlp_train_engine(first, *comm, kFirst, kMicro);
+    saved = first.export_optimizer_state();
+    EXPECT_EQ(saved.steps, kFirst);
+    ASSERT_EQ(saved.master.size(), first.shard_numel());
+    EXPECT_EQ(saved.loss_scaler.has_value(), std::string(c.extra).find("fp16") != std::string::npos);
+  }
+  // The saved master is the trained one, not the init (non-vacuous), and the moments are set.
+  EXPECT_NE(at_k[0], testing::mlp_init()[0]);
+  EXPECT_NE(saved.exp_avg[0], 0.0f);
+  EXPECT_GT(saved.exp_avg_sq[0], 0.0f);
+
+  auto resume = [&](const std::string& sub, const ZeroOptimizerState& st) {
+    auto e = std::make_unique<ZeroEngine>(config(sub), *comm);
+    auto init = testing::mlp_init();
+    for (auto& m : init)
+      for (auto& x : m) x = -x;  // a different init: import must overwrite it everywhere
+    e->register_module("fc1", init[0]);
+    e->register_module("fc2", init[1]);
+    e->import_optimizer_state(st);
+    return e;
+  };
+  auto second = resume("second", saved);
+  // Right after import: masters are the saved ones, a second export returns the same state, and
+  // gather() sees the working params of the saved master.
+  for (int m = 0; m < 2; ++m) ASSERT_TRUE(same_bits(second->export_master(m), at_k[m])) << "module " << m;
+  {
+    const ZeroOptimizerState again = second->export_optimizer_state();
+    EXPECT_TRUE(same_bits(again.master, saved.master));
+    EXPECT_TRUE(same_bits(again.exp_avg, saved.exp_avg));
+    EXPECT_TRUE(same_bits(again.exp_avg_sq, saved.exp_avg_sq));
+    EXPECT_EQ(again.steps, kFirst);
+    EXPECT_EQ(second->loss_scale(), saved.loss_scaler ? saved.loss_scaler->scale : 1.0);
+    for (int m = 0; m < 2; ++m) {
+      auto g = second->gather(m);
+      const std::vector<float> w = testing::to_f32(g);
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        const float x = at_k[m][i];
+        const float expect = g.dtype() == DType::kBF16   ? bf16_to_f32(f32_to_bf16(x))
+                             : g.dtype() == DType::kF16 ? f16_to_f32(f32_to_f16(x))
+                                                        : x;
+        ASSERT_EQ(w[i], expect) << "module " << m << " element " << i;
+      }
+    }
+  }
+  testing::mlp_train_steps(*second, *comm, kThen, kMicro);
+  for (int m = 0; m < 2; ++m) {
+    EXPECT_TRUE(same_bits(second->export_master(m), want[m])) << "module " << m;
+    auto a = ref->gather(m);
+    auto b = second->gather(m);
+    ASSERT_EQ(a.numel(), b.numel());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.numel() * dtype_size(a.dtype())), 0) << "module " << m;
+  }
+  const ZeroOptimizerState got_state = second->export_optimizer_state();
+  EXPECT_TRUE(same_bits(got_state.exp_avg, want_state.exp_avg));
+  EXPECT_TRUE(same_bits(got_state.exp_avg_sq, want_state.exp_avg_sq));
+  EXPECT_EQ(second->stats().steps, kFirst + kThen);
+  EXPECT_EQ(second->loss_scale(), ref->loss_scale());
+  if (want_state.loss_scaler) {
+    EXPECT_EQ(got_state.loss_scaler->iter, want_state.loss_scaler->iter);
+    EXPECT_EQ(got_state.loss_scaler->hysteresis_left, want_state.loss_scaler->hysteresis_left);
+  }
+  second.reset();
+  ref.reset();
+
+  // Control: the same resume without the Adam moments ends elsewhere.
+  ZeroOptimizerState no_moments = saved;
+  std::fill(no_moments.exp_avg.begin(), no_moments.exp_avg.end(), 0.0f);
+  std::fill(no_moments.exp_avg_sq.begin(), no_moments.exp_avg_sq.end(), 0.0f);
+  auto third = resume("third", no_moments);
+  testing::mlp_train_steps(*third, *comm, kThen, kMicro);
+  EXPECT_FALSE(same_bits(third->export_master(0), want[0]));
+  third.reset();
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    StageOffload, ZeroResume,
+    ::testing::Values(ResumeCase{"stage0", 0, "none"}, ResumeCase{"stage1_none", 1, "none"},
+                      ResumeCase{"stage1_nvme", 1, "nvme"}, ResumeCase{"stage2_cpu_bf16", 2, "cpu", "none",
+                                                                      R"(, "bf16": {"enabled": true})"},
+                      ResumeCase{"stage3_none", 3, "none"}, ResumeCase{"stage3_nvme", 3, "nvme"},
+                      ResumeCase{"stage3_nvme_param_nvme", 3, "nvme", "nvme"},
+                      ResumeCase{"stage3_cpu_param_cpu", 3, "cpu", "cpu"},
+                      // loss_scale_window 3: the scale doubles at updates 2, 5, 8, so a scaler that
+                      // forgot its iteration count would double at the wrong step after resuming.
+                      ResumeCase{"stage1_fp16", 1, "none", "none",
+                                 R"(, "fp16": {"enabled": true, "initial_scale_power": 4, "loss_scale_window": 3})"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The state's partition and sizes are checked before anything changes; the error names what
+// differs.
+TEST(ZeroEngine, ImportRejectsAMismatchedStateAndChangesNothing) {
+  auto comm = make_single_communicator();
+  Config cfg = mlp_config(2, "none", "", 1);
+  ZeroEngine engine(cfg, *comm);
+  auto trained = testing::mlp_train_engine(engine, *comm, 2, 1);
+  const ZeroOptimizerState good = engine.export_optimizer_state();
+  auto expect_error = [&](const ZeroOptimizerState& bad, const std::string& names) {
+    try {
+      engine.import_optimizer_state(bad);
+      ADD_FAILURE() << "no Error for a state whose " << names << " differs";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+    }
+  };
+  ZeroOptimizerState s = good;
+  s.world_size = 2;
+  expect_error(s, "world size");
+  s = good;
+  s.rank = 1;
+  expect_error(s, "rank");
+  s = good;
+  s.alignment_elems = 512;
+  expect_error(s, "alignment_elems");
+  s = good;
+  s.module_numels.push_back(10);
+  expect_error(s, "module count");
+  s = good;
+  s.module_numels[1] = 67;
+  expect_error(s, "module 1 (fc2)'s numel is 67");
+  s = good;
+  s.exp_avg_sq.pop_back();
+  expect_error(s, "exp_avg_sq's length");
+  s = good;
+  s.loss_scaler = LossScalerState{};
+  expect_error(s, "loss-scaler state is present");
+  s = good;
+  s.steps = -1;
+  expect_error(s, "steps -1");
+  // Nothing changed: the masters and the step count are the trained ones.
+  EXPECT_EQ(engine.export_master(0), trained[0]);
+  EXPECT_EQ(engine.export_master(1), trained[1]);
+  EXPECT_EQ(engine.stats().steps, 2);
+  // An fp16 engine rejects a state without the scaler, and an impossible scaler state.
+  Config f16 = mlp_config(2, "none", "", 1, R"(, "fp16": {"enabled": true})");
+  ZeroEngine e16(f16, *comm);
+  testing::mlp_train_engine(e16, *comm, 1, 1);
+  EXPECT_THROW(e16.import_optimizer_state(good), Error);
+  ZeroOptimizerState g16 = e16.export_optimizer_state();
+  ASSERT_TRUE(g16.loss_scaler.has_value());
+  g16.loss_scaler->scale = -1;
+  try {
+    e16.import_optimizer_state(g16);
+    ADD_FAILURE() << "no Error for a negative loss scale";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scale"), std::string::npos) << e.what();
+  }
 }
 
 void expect_config_error(const std::string& json, const std::string& key) {
