@@ -11,15 +11,25 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "tiermem/tier.h"
 
 namespace tiermem {
 
 // Base of every tiermem exception. what() is a complete, one-line, human-readable message.
+// The message is this object's own std::string, not std::runtime_error's: libstdc++ keeps that
+// one in a reference-counted copy-on-write buffer shared by every copy, so an error made on an
+// I/O completion thread and read by the waiting thread would share a buffer whose count lives in
+// uninstrumented libstdc++ code (ThreadSanitizer reports the last release as a race). The base
+// holds an empty string (libstdc++'s static empty representation: never counted or freed).
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(std::string message) : std::runtime_error(""), message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
 };
 
 // A configuration value is wrong. key_path is the JSON path ("zero_optimization.stage"),
