@@ -170,6 +170,10 @@ Corpus load_corpus(const std::string& path, int vocab_size) {
     c.format = CorpusFormat::kText;
     std::string text = read_file(path);
     if (text.empty()) fail(path, "file is empty");
+    if (looks_binary(text)) {  // the same test that skips binary files in a directory
+      fail(path, "does not look like text (binary bytes); give a text file, a directory of text "
+                 "files, or uint16 tokens in a .bin file");
+    }
     if (vocab_size < kByteVocab) {
       fail(path, fmt::format("text is byte-level (vocabulary 256) but the model's vocabulary is "
                              "{}", vocab_size));

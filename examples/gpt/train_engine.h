@@ -92,6 +92,9 @@ class TrainEngine {
   virtual double all_reduce_sum(double value) { return value; }
   virtual int rank() const { return 0; }
   virtual int world_size() const { return 1; }
+  // Ends every rank of the job (MPI_Abort) after a failure on this one, which the other ranks
+  // would otherwise wait for in their next collective; no-op with one rank. Never throws.
+  virtual void abort_job(int exit_code) noexcept { (void)exit_code; }
 
   // Checkpoint every parameter and optimizer tensor this rank owns / restore them.
   virtual void save(CheckpointWriter& w) = 0;

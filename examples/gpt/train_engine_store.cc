@@ -84,8 +84,9 @@ class StoreEngine final : public TrainEngine {
       const std::uint64_t need = round_up(largest + largest / 4 + 65536, 4096);
       if (budget < need) {
         TM_LOG_WARN("TRAIN",
-                    "device budget {} (1/8 of the state) cannot hold the largest module ({}): "
-                    "using {}",
+                    "the default device budget, {} (1/8 of the state), leaves no room to prefetch "
+                    "next to the largest module ({}): using {} (--device-budget sets it; the "
+                    "least that runs is one largest module in 4 KiB pages)",
                     format_bytes(budget), format_bytes(largest), format_bytes(need));
         budget = need;
       }

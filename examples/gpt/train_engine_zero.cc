@@ -51,6 +51,11 @@ class ZeroTrainEngine final : public TrainEngine {
                                   comm_->rank(), comm_->world_size(), plan.rank,
                                   plan.world_size));
     }
+    if (plan.config.fp16.enabled) {  // before any collective: every rank refuses alike
+      throw ConfigError("fp16.enabled", "true",
+                        "config key 'fp16.enabled' = true: tiermem-train's CPU model computes in "
+                        "fp32 or bf16, not fp16; use bf16.enabled instead");
+    }
     zero_ = std::make_unique<ZeroEngine>(plan.config, *comm_);
     const auto layouts = gpt::module_layouts(cfg_);
     for (int m = 0; m < static_cast<int>(layouts.size()); ++m) {
@@ -130,6 +135,9 @@ class ZeroTrainEngine final : public TrainEngine {
   }
   int rank() const override { return comm_->rank(); }
   int world_size() const override { return comm_->world_size(); }
+  void abort_job(int exit_code) noexcept override {
+    if (comm_->world_size() > 1) comm_->abort(exit_code);
+  }
 
   void save(CheckpointWriter& w) override {
     const ZeroOptimizerState st = zero_->export_optimizer_state();

@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -190,6 +192,21 @@ void expect_same(const std::string& manifest, const char* key, const T& saved, c
   }
 }
 
+// SIGINT / SIGTERM: the first one asks the step loop to stop after the current step (with
+// --save, checkpointing first), print the summary and clean up (swap files, locks); the handler
+// is reset by it (SA_RESETHAND), so a second signal ends the process at once.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
+}
+
 }  // namespace
 
 double learning_rate(const TrainPlan& plan, int t) {
@@ -203,6 +220,21 @@ double learning_rate(const TrainPlan& plan, int t) {
 int run_training(const TrainOptions& opts) {
   const auto t_start = Clock::now();
   std::unique_ptr<TrainEngine> engine;
+  // One line on stderr, then the exit code. With several ranks the job is aborted (MPI_Abort):
+  // the other ranks would wait for this one in their next collective forever.
+  auto fail = [&engine](std::string msg, int rc) {
+    for (char& c : msg)
+      if (c == '\n') c = ' ';
+    if (engine && engine->world_size() > 1) {
+      std::fprintf(stderr, "tiermem-train: error: rank %d: %s (aborting all ranks)\n",
+                   engine->rank(), msg.c_str());
+      std::fflush(stderr);
+      engine->abort_job(rc);
+    }
+    engine.reset();
+    std::fprintf(stderr, "tiermem-train: error: %s\n", msg.c_str());
+    return rc;
+  };
   try {
     // ---- 1. Rank, configuration and plan.
     const RankInfo ranks = detect_ranks();
@@ -253,6 +285,17 @@ int run_training(const TrainOptions& opts) {
       first_step = r.step() + 1;
       initial_loss = r.meta().value("initial_loss", std::nan(""));
       TM_LOG_INFO("TRAIN", "resumed from {} at step {}", mf, r.step());
+      // A run restarted after it had finished (a crash-restart loop, a rerun of the same command)
+      // has nothing left to do: say so and succeed, without a summary of zero steps.
+      const int until = opts.stop_at > 0 ? std::min(opts.stop_at, plan.steps) : plan.steps;
+      if (first_step > until) {
+        TM_LOG_WARN("TRAIN", "the checkpoint in '{}' is already at step {}: nothing left to run "
+                    "up to {} {}; give a larger --steps to train further", opts.resume_dir,
+                    r.step(), opts.stop_at > 0 && opts.stop_at < plan.steps ? "--stop-at" : "--steps",
+                    until);
+        engine.reset();
+        return 0;
+      }
     }
 
     // One writer per checkpoint directory and rank: a second run saving into the same --save
@@ -306,6 +349,9 @@ int run_training(const TrainOptions& opts) {
     EngineStats prev = engine->stats();
     int steps_run = 0;
     const int last_step = opts.stop_at > 0 ? std::min(opts.stop_at, plan.steps) : plan.steps;
+    g_stop_signal.store(0);
+    install_stop_handlers();
+    int stopped_by = 0;  // the signal that ended the loop early
     for (int t = first_step; t <= last_step; ++t) {
       kill_point("step");  // TEST-ONLY (kill_point.h)
       const auto t0 = Clock::now();
@@ -378,9 +424,26 @@ int run_training(const TrainOptions& opts) {
         last_eval = evaluate(model, *engine, eval_sampler, plan, &timers);
         reporter.eval(t, *last_eval);
       }
+      // Ranks agree on stopping (a signal may reach them at different steps).
+      int sig = g_stop_signal.load();
+      if (plan.world_size > 1) {
+        const double any = engine->all_reduce_sum(sig != 0 ? 1.0 : 0.0);
+        if (any > 0 && sig == 0) sig = SIGTERM;
+      }
+      const bool interrupted = sig != 0 && t < last_step;
+      if (interrupted && lead) {
+        reporter.flush_line();
+        TM_LOG_WARN("TRAIN", "{} received: stopping after step {}{}; a second one ends the "
+                    "process at once", sig == SIGINT ? "SIGINT" : "SIGTERM", t,
+                    opts.save_dir.empty() ? "" : fmt::format(", checkpointing to {}", opts.save_dir));
+      }
       if (!opts.save_dir.empty() &&
-          (t == last_step || (opts.save_every > 0 && t % opts.save_every == 0))) {
+          (t == last_step || interrupted || (opts.save_every > 0 && t % opts.save_every == 0))) {
         save_checkpoint(opts.save_dir, t, plan, *engine, sampler, last_loss, initial_loss);
+      }
+      if (interrupted) {
+        stopped_by = sig;
+        break;
       }
     }
 
@@ -423,34 +486,22 @@ int run_training(const TrainOptions& opts) {
     if (s.split.other < 0) s.split.other = 0;
     reporter.summary(s);
     if (Trace::global().enabled()) {
-      Trace::global().stop();
-      if (lead) TM_LOG_INFO("TRAIN", "trace written to {} (open in https://ui.perfetto.dev)",
-                            opts.trace_path);
+      const std::string trace_path = Trace::global().path();
+      if (!Trace::global().stop()) {  // the reason was logged by Trace
+        throw Error(fmt::format("the trace was not written to '{}' (see the error above)",
+                                trace_path));
+      }
+      TM_LOG_INFO("TRAIN", "trace written to {} (open in https://ui.perfetto.dev)", trace_path);
     }
     engine.reset();
     TM_LOG_DEBUG("TRAIN", "done in {:.1f}s", seconds_since(t_start));
-    return 0;
+    return stopped_by != 0 ? 128 + stopped_by : 0;  // as a shell reports a signal
   } catch (const UsageError& e) {
-    engine.reset();
-    std::string msg = e.key_path() + ": " + e.what();
-    for (char& c : msg)
-      if (c == '\n') c = ' ';
-    std::fprintf(stderr, "tiermem-train: error: %s\n", msg.c_str());
-    return 2;
+    return fail(e.key_path() + ": " + e.what(), 2);
   } catch (const ConfigError& e) {  // a bad --config file or value: bad input, like a bad option
-    engine.reset();
-    std::string msg = e.what();
-    for (char& c : msg)
-      if (c == '\n') c = ' ';
-    std::fprintf(stderr, "tiermem-train: error: %s\n", msg.c_str());
-    return 2;
+    return fail(e.what(), 2);
   } catch (const std::exception& e) {
-    engine.reset();
-    std::string msg = e.what();
-    for (char& c : msg)
-      if (c == '\n') c = ' ';
-    std::fprintf(stderr, "tiermem-train: error: %s\n", msg.c_str());
-    return 1;
+    return fail(e.what(), 1);
   }
 }
 

@@ -134,6 +134,8 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
     o.lr_given = app.count("--lr") > 0;
     if (o.save_every > 0 && o.save_dir.empty())
       throw CLI::ValidationError("--save-every", "needs --save DIR");
+    if (o.stop_at > 0 && app.count("--steps") > 0 && o.stop_at > o.steps)
+      throw CLI::ValidationError("--stop-at", fmt::format("step {} is past --steps {}", o.stop_at, o.steps));
   } catch (const CLI::CallForHelp&) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
@@ -249,6 +251,20 @@ void check_run_paths(const TrainOptions& opts, const Config& cfg) {
               cfg.tiermem.o_direct, "swap directory");
   }
   if (!opts.save_dir.empty()) check_dir("--save", opts.save_dir, false, "checkpoint directory");
+  if (!opts.trace_path.empty()) {
+    // The trace is written at the end through "<path>.tmp": find out now that it cannot be.
+    const std::string probe = opts.trace_path + ".tmp";
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) {
+      throw UsageError("--trace", opts.trace_path,
+                       fmt::format("cannot write the trace file '{}': {}", probe,
+                                   std::strerror(errno)));
+    }
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
+    }
+  }
 }
 
 }  // namespace tiermem::train

@@ -121,6 +121,13 @@ void Reporter::step(const StepReport& r, bool keep_line) {
   std::fflush(out_);
 }
 
+void Reporter::flush_line() {
+  if (!out_ || !pending_cr_) return;
+  std::fputs("\n", out_);
+  std::fflush(out_);
+  pending_cr_ = false;
+}
+
 void Reporter::eval(int step, double loss) {
   if (!out_) return;
   if (json_) {

@@ -82,6 +82,8 @@ class Reporter {
   void header(const std::string& text);  // text mode only: printed as is
   void step(const StepReport& r, bool keep_line);
   void eval(int step, double loss);
+  // Ends a live (carriage-return) step line so a log line can follow. Text mode only.
+  void flush_line();
   void summary(const Summary& s);
 
  private:

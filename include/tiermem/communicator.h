@@ -93,6 +93,11 @@ class Communicator {
   // Returns when every rank has called barrier().
   virtual void barrier() = 0;
 
+  // Ends every rank of the job with `exit_code` (MPI_Abort); for a failure on one rank that the
+  // others would otherwise wait for forever inside their next collective. Does not return on
+  // mpi/nccl; a no-op for the single-rank backend (the caller exits normally). Never throws.
+  virtual void abort(int exit_code) noexcept { (void)exit_code; }
+
   // Blocking forms: the async call followed by wait().
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
     all_gather_async(send, recv, count, dtype).wait();

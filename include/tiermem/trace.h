@@ -42,8 +42,10 @@ class Trace {
 
   // Writes the file (atomically) and keeps recording. Returns false (and logs) on I/O failure.
   bool save();
-  // save() and stop recording.
-  void stop();
+  // save() and stop recording; returns save()'s result.
+  bool stop();
+  // The file start() was given ("" before start()).
+  std::string path() const;
 
   std::size_t event_count() const;
 

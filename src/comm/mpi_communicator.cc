@@ -187,6 +187,8 @@ class MpiCommunicator final : public Communicator {
     issue("MPI_Ibarrier", nullptr, 0, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }).wait();
   }
 
+  void abort(int exit_code) noexcept override { MPI_Abort(MPI_COMM_WORLD, exit_code); }
+
  private:
   template <typename Start>
   CommHandle issue(const char* op, float* avg_buf, std::size_t avg_count, Start&& start) {

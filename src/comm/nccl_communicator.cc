@@ -167,6 +167,10 @@ class NcclCommunicator final : public Communicator {
     }
     TM_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   }
+  void abort(int exit_code) noexcept override {
+    ncclCommAbort(comm_);  // unblocks kernels waiting on peers
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+  }
 
  private:
   static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }

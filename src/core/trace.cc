@@ -110,9 +110,15 @@ bool Trace::save() {
   return true;
 }
 
-void Trace::stop() {
-  save();
+bool Trace::stop() {
+  const bool ok = save();
   enabled_.store(false, std::memory_order_relaxed);
+  return ok;
+}
+
+std::string Trace::path() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return path_;
 }
 
 }  // namespace tiermem

@@ -105,8 +105,18 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::vector<std::string> d
       remove_stale_swap_files(dir);
       p.file_path = dir + "/" + kSwapPrefix + std::to_string(::getpid()) + ".bin";
       p.file = engine_.open_file(p.file_path, /*create=*/true);
-      engine_.allocate_space(p.file, 0, initial);
-      p.alloc = detail::ExtentAllocator(initial, align_);
+      std::uint64_t first = initial;
+      try {
+        engine_.allocate_space(p.file, 0, first);
+      } catch (const OutOfMemoryError&) {
+        // A small filesystem: start with one block and grow on demand (a real shortage is
+        // reported by the allocation that cannot be met, with its size).
+        first = align_;
+        engine_.allocate_space(p.file, 0, first);
+        TM_LOG_INFO("NVME", "{} has less than tiermem.swap_initial_bytes ({}) free: the swap file "
+                    "starts at {} and grows as needed", dir, format_bytes(initial), format_bytes(first));
+      }
+      p.alloc = detail::ExtentAllocator(first, align_);
     }
   } catch (...) {
     for (auto& p : paths_) {

@@ -958,6 +958,7 @@ std::size_t TensorStore::size() const {
 TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
   Impl& m = *impl_;
   const auto start = std::chrono::steady_clock::now();
+  const std::uint64_t trace_start = Trace::global().enabled() ? Trace::now_ns() : 0;
   const auto deadline =
       start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(m.opts.acquire_timeout);
   std::unique_lock lock(m.mu_);
@@ -971,6 +972,11 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
     ++m.stats_.misses;
     m.stats_.stall_ns += static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+    // The caller was blocked on this move: a span on the `wait` track (the time lost to I/O).
+    if (trace_start != 0) {
+      Trace::global().complete("miss " + e.info.name + " -> " + std::string(tier_name(tier)), "wait",
+                               trace_start, Trace::now_ns() - trace_start);
+    }
   }
   return Pin(this, id, tier, p, e.info.bytes);
 }

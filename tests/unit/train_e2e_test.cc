@@ -206,6 +206,43 @@ TEST_F(TrainE2E, SecondWriterOfACheckpointDirectoryIsRefused) {
   EXPECT_FALSE(fs::exists(dir_ / "ck" / "rank0.lock"));  // removed at exit
 }
 
+// Ctrl-C (SIGINT) in the middle of a long run with --save: the step in flight finishes, a
+// checkpoint of it is written, the summary is printed, the swap file and the locks are removed,
+// and the exit code is 130 (128 + SIGINT); --resume continues from that step.
+TEST_F(TrainE2E, SigintCheckpointsAndCleansUp) {
+  const std::string cmd = std::string(TIERMEM_TRAIN_BIN) + " " + kTiny + " --data " + corpus() +
+                          " --steps 1000000 --engine store --offload nvme --swap-dir swap --save ck";
+  // Start it, wait for its first step line, then send SIGINT (a script file: no quoting games).
+  std::ofstream(dir_ / "interrupt.sh")
+      << "cd '" << dir_.string() << "'\n"
+      << "OMP_NUM_THREADS=1 " << cmd << " >out.txt 2>err.txt &\n"
+      << "pid=$!\n"
+      << "for i in $(seq 1200); do grep -q '\"step\"' out.txt 2>/dev/null && break; sleep 0.05; done\n"
+      << "kill -INT $pid\n"
+      << "wait $pid\n"
+      << "echo $? >rc.txt\n";
+  ASSERT_EQ(std::system(("bash " + (dir_ / "interrupt.sh").string()).c_str()), 0);
+  const std::string out = slurp((dir_ / "out.txt").string()), err = slurp((dir_ / "err.txt").string());
+  EXPECT_EQ(std::stoi(slurp((dir_ / "rc.txt").string())), 130) << err;
+  EXPECT_NE(err.find("SIGINT received: stopping after step"), std::string::npos) << err;
+  const std::size_t at = out.rfind("{\"summary\"");
+  ASSERT_NE(at, std::string::npos) << out;
+  const json summary = json::parse(out.substr(at))["summary"];
+  const int stopped = summary["steps"].get<int>();
+  EXPECT_GE(stopped, 1);
+  // Nothing left behind but the checkpoint.
+  for (const auto& e : fs::directory_iterator(dir_ / "swap" / "rank0"))
+    ADD_FAILURE() << "left in the swap directory: " << e.path();
+  EXPECT_FALSE(fs::exists(dir_ / "ck" / "rank0.lock"));
+  // It resumes from the interrupted step.
+  const RunResult resumed =
+      run(std::string(kTiny) + " --data " + corpus() + " --steps " + std::to_string(stopped + 2) +
+          " --engine store --offload nvme --swap-dir swap --resume ck");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  ASSERT_EQ(resumed.steps.size(), 2u) << resumed.out;
+  EXPECT_EQ(resumed.steps.front()["step"].get<int>(), stopped + 1);
+}
+
 TEST_F(TrainE2E, DefaultCorpusLossFalls) {
   if (!fs::exists("/usr/share/games/fortunes")) GTEST_SKIP() << "fortunes not installed";
   // The default corpus and engine (ZeRO-3 over TensorStore, params + Adam on NVMe), shortened:

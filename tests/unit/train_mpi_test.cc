@@ -127,7 +127,28 @@ TEST(TrainMpi, TwoRankCheckpointResumesBitForBit) {
   }
   const auto resumed =
       run_step_losses(mpirun + common + "--swap-dir swap-b --resume ck", dir, &err_resumed);
+  // Only rank 1's checkpoint damaged: rank 1 fails, and it must end the whole job (MPI_Abort),
+  // not leave rank 0 waiting in a collective. `timeout` turns a hang into exit code 124.
+  int damaged_rc = -1;
+  std::string damaged_err;
+  for (const auto& e : fs::directory_iterator(dir / "ck" / "rank1")) {
+    if (e.path().filename().string().rfind("state-", 0) == 0) fs::resize_file(e.path(), 1000);
+  }
+  {
+    const int status = std::system(("cd " + dir.string() + " && timeout 120 " + mpirun + common +
+                                    "--swap-dir swap-c --resume ck >damaged.out 2>damaged.err")
+                                       .c_str());
+    damaged_rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream f(dir / "damaged.err");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    damaged_err = ss.str();
+  }
   fs::remove_all(dir);
+  EXPECT_NE(damaged_rc, 0) << damaged_err;
+  EXPECT_NE(damaged_rc, 124) << "the job hung after rank 1 failed\n" << damaged_err;
+  EXPECT_NE(damaged_err.find("rank 1: checkpoint"), std::string::npos) << damaged_err;
+  EXPECT_NE(damaged_err.find("aborting all ranks"), std::string::npos) << damaged_err;
 
   ASSERT_EQ(full.size(), 8u) << err_full;
   ASSERT_EQ(first.size(), 4u) << err_first;
