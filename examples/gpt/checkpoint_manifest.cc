@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <utility>
 
 #include "checkpoint.h"
 
@@ -120,6 +121,28 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& pa
       t.shape.push_back(shape[d].get<std::int64_t>());
     }
     t.bytes = get_u64(j, "bytes", path, where);
+    // dtype, shape and bytes must agree (an edited shape or dtype would be read wrongly).
+    static constexpr std::pair<const char*, std::uint64_t> kDtypes[] = {
+        {"f32", 4}, {"f64", 8}, {"i64", 8}, {"i32", 4}, {"bf16", 2}, {"f16", 2}, {"u8", 1}};
+    std::uint64_t elem = 0;
+    for (const auto& [name, size] : kDtypes)
+      if (t.dtype == name) elem = size;
+    if (elem == 0)
+      bad(path, fmt::format("key '{}dtype' = '{}' is not one of f32, f64, i64, i32, bf16, f16, u8",
+                            where, t.dtype));
+    if (!t.shape.empty()) {
+      std::uint64_t n = elem;
+      bool overflow = false;
+      for (std::int64_t d : t.shape)
+        overflow |= __builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n);
+      if (overflow || n != t.bytes)
+        bad(path, fmt::format("key '{}bytes' = {} does not match tensor '{}''s shape and dtype {} "
+                              "({} bytes)", where, t.bytes, t.name, t.dtype,
+                              overflow ? std::string("overflowing") : std::to_string(n)));
+    } else if (t.bytes % elem != 0) {
+      bad(path, fmt::format("key '{}bytes' = {} is not a whole number of {} elements of tensor "
+                            "'{}'", where, t.bytes, t.dtype, t.name));
+    }
     t.tier = tier_from_name(get_string(j, "tier", path, where), path, where);
     t.file = get_string(j, "file", path, where);
     t.offset = get_u64(j, "offset", path, where);

@@ -73,6 +73,13 @@ TEST(ParseManifest, EveryBadKeyIsNamed) {
       {"\"offset\":4096", "\"offset\":8180", "key 'tensors[1].offset'"},
       {"\"name\":\"embed.adam_m\"", "\"name\":\"embed.param\"", "appears twice"},
       {"\"format\":\"tiermem-train-checkpoint\",", "", "missing key 'format'"},
+      // shape, dtype and bytes must agree (found by the new-user trial: edits went unnoticed)
+      {"\"shape\":[2,3]", "\"shape\":[2,4]", "key 'tensors[0].bytes' = 24 does not match"},
+      {"\"dtype\":\"f32\",\"shape\":[2,3]", "\"dtype\":\"bf16\",\"shape\":[2,3]",
+       "key 'tensors[0].bytes' = 24 does not match"},
+      {"\"dtype\":\"f32\",\"shape\":[2,3]", "\"dtype\":\"q4\",\"shape\":[2,3]",
+       "key 'tensors[0].dtype' = 'q4'"},
+      {"\"shape\":[2,3]", "\"shape\":[4294967296,4294967296,4]", "overflowing"},
   };
   for (const Case& c : cases) {
     const std::string e = error_of(with(kGood, c.from, c.to));
