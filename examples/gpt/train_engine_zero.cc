@@ -224,7 +224,11 @@ class ZeroTrainEngine final : public TrainEngine {
     const int host = static_cast<int>(Tier::kHost), nv = static_cast<int>(Tier::kNvme);
     e.peak_bytes[host] = z.optimizer_host_bytes + z.gradient_bytes + z.working_param_bytes +
                          z.gathered_bytes_peak;
-    e.peak_bytes[nv] = z.optimizer_nvme_bytes;
+    e.peak_bytes[nv] = z.optimizer_nvme_bytes + z.param_store_bytes * (param_home() == "nvme");
+    e.moved.bytes[nv][host] = z.optimizer_nvme_read_bytes + z.param_store_nvme_read_bytes;
+    e.moved.bytes[host][nv] = z.optimizer_nvme_written_bytes + z.param_store_nvme_written_bytes;
+    e.nvme_read_bytes = e.moved.bytes[nv][host];
+    e.nvme_written_bytes = e.moved.bytes[host][nv];
     e.comm_seconds = comm_seconds_;
     e.optimizer_seconds = optimizer_seconds_;
     return e;

@@ -196,18 +196,22 @@ void Reporter::summary(const Summary& s) {
   text += fmt::format("loss            {:.4f} -> {:.4f}", s.initial_loss, s.final_loss);
   if (s.final_eval_loss) text += fmt::format(" (held-out {:.4f})", *s.final_eval_loss);
   text += fmt::format("\nthroughput      {:.0f} tokens/s, {:.2f} GFLOP/s\n", tps, gflops);
-  text += fmt::format("state           params {} + optimizer {} = {} ({:.1f}x the device budget)\n",
-                      format_bytes(s.param_bytes), format_bytes(s.optimizer_bytes),
-                      format_bytes(s.param_bytes + s.optimizer_bytes),
+  text += fmt::format("state           params {} + optimizer {} = {}{}\n", format_bytes(s.param_bytes),
+                      format_bytes(s.optimizer_bytes), format_bytes(s.param_bytes + s.optimizer_bytes),
                       s.device_budget_bytes
-                          ? static_cast<double>(s.param_bytes + s.optimizer_bytes) /
-                                static_cast<double>(s.device_budget_bytes)
-                          : 0.0);
+                          ? fmt::format(" ({:.1f}x the device budget)",
+                                        static_cast<double>(s.param_bytes + s.optimizer_bytes) /
+                                            static_cast<double>(s.device_budget_bytes))
+                          : std::string());
   text += fmt::format("zero            stage {}, params -> {}, optimizer -> {}, device {}\n",
                       s.zero_stage, s.param_offload, s.optimizer_offload, s.device_kind);
-  text += fmt::format("peak device     {} of budget {}{}\n", format_bytes(s.device_peak_bytes),
-                      format_bytes(s.device_budget_bytes),
-                      s.device_peak_bytes <= s.device_budget_bytes ? "" : "  ** OVER BUDGET **");
+  if (s.device_budget_bytes == 0 && s.device_peak_bytes == 0) {
+    text += "peak device     - (no device tier: this engine computes from host memory)\n";
+  } else {
+    text += fmt::format("peak device     {} of budget {}{}\n", format_bytes(s.device_peak_bytes),
+                        format_bytes(s.device_budget_bytes),
+                        s.device_peak_bytes <= s.device_budget_bytes ? "" : "  ** OVER BUDGET **");
+  }
   text += fmt::format("peak host       {}{}\n", format_bytes(s.host_peak_bytes),
                       s.host_budget_bytes
                           ? fmt::format(" of budget {}", format_bytes(s.host_budget_bytes))

@@ -113,6 +113,10 @@ struct ZeroStats {
   std::uint64_t all_gather_calls = 0;
   std::int64_t steps = 0;                   // optimizer steps taken (skipped ones excluded)
   std::int64_t skipped_steps = 0;           // fp16 overflows
+  // Optimizer state moved through the swap space by step() and export_master() (bytes; the
+  // checkpoint export/import is not counted).
+  std::uint64_t optimizer_nvme_read_bytes = 0;
+  std::uint64_t optimizer_nvme_written_bytes = 0;
   // Stage 3 with offload_param cpu|nvme (the parameter TensorStore); all 0 otherwise.
   std::uint64_t param_store_bytes = 0;              // working shards held in the store (exact)
   std::uint64_t param_store_host_bytes = 0;         // of the store's host tier resident now (rounded)
@@ -120,6 +124,8 @@ struct ZeroStats {
   std::uint64_t param_store_host_budget_bytes = 0;
   std::uint64_t param_store_nvme_reads = 0;         // shard transfers NVMe -> host
   std::uint64_t param_store_nvme_writes = 0;        // dirty shards written host -> NVMe
+  std::uint64_t param_store_nvme_read_bytes = 0;    // bytes of those reads
+  std::uint64_t param_store_nvme_written_bytes = 0; // bytes of those writes
   std::uint64_t param_store_hits = 0;               // acquires that found the shard resident
   std::uint64_t param_store_misses = 0;             // ... that had to wait for a load
   std::uint64_t param_prefetches_issued = 0;        // Prefetcher hints issued to the store

@@ -188,6 +188,7 @@ struct ZeroEngine::Impl {
       std::size_t lo = std::max(a, g.begin), hi = std::min(b, g.end);
       if (lo >= hi) continue;
       swap->read(sg_extents[k], staging[0].p, g.size() * 4).wait();  // master part only
+      st.optimizer_nvme_read_bytes += g.size() * 4;
       std::copy(staging[0].f() + (lo - g.begin), staging[0].f() + (hi - g.begin), dst + (lo - a));
     }
   }
@@ -703,6 +704,7 @@ ZeroEngine::StepResult ZeroEngine::step() {
           else prev.wait();                    // rethrows its error, if any
         }
         reads[issued] = I.swap->read(I.sg_extents[issued], I.staging[issued % B].p, bytes_of(issued));
+        I.st.optimizer_nvme_read_bytes += bytes_of(issued);
         ++issued;
       }
       reads[k].wait();
@@ -710,6 +712,7 @@ ZeroEngine::StepResult ZeroEngine::step() {
       float* s = I.staging[k % B].f();
       step_group(g, s, s + g.size(), s + 2 * g.size());
       writes[k] = I.swap->write(I.sg_extents[k], s, bytes_of(k));
+      I.st.optimizer_nvme_written_bytes += bytes_of(k);
     }
     wait_all(writes);
   }
@@ -900,6 +903,8 @@ ZeroStats ZeroEngine::stats() const {
     s.param_store_host_peak_bytes = t.peak_resident_bytes[h];
     s.param_store_host_budget_bytes = t.budget_bytes[h];
     s.param_store_nvme_reads = t.moves[n][h];
+    s.param_store_nvme_read_bytes = t.bytes_moved[n][h];
+    s.param_store_nvme_written_bytes = t.bytes_moved[h][n];
     s.param_store_nvme_writes = t.moves[h][n];
     s.param_store_hits = t.hits;
     s.param_store_misses = t.misses;
