@@ -164,6 +164,8 @@ Corpus load_corpus(const std::string& path, int vocab_size) {
     }
     c.tokens.assign(all.begin(), all.end());
     for (std::size_t i = 0; i < all.size(); ++i) c.tokens[i] = static_cast<unsigned char>(all[i]);
+  } else if (!fs::is_regular_file(st)) {  // a FIFO or device would block or never end
+    fail(path, "is not a regular file or a directory");
   } else if (fs::path(path).extension() == ".bin") {
     load_token_file(path, &c, vocab_size);
   } else {

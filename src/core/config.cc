@@ -34,7 +34,9 @@ class Section {
   Section(const json& obj, std::string path, Config& cfg) : obj_(obj), path_(std::move(path)), cfg_(cfg) {
     if (!obj_.is_object()) {
       throw ConfigError(path_, show(obj_),
-                        "config key '" + path_ + "' must be a JSON object, got " + show(obj_));
+                        (path_.empty() ? std::string("the config must be a JSON object {...}")
+                                       : "config key '" + path_ + "' must be a JSON object") +
+                            ", got " + show(obj_));
     }
   }
   ~Section() = default;
