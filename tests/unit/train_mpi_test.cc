@@ -25,52 +25,6 @@
 namespace {
 namespace fs = std::filesystem;
 
-std::vector<double> run_losses(const std::string& cmd, const fs::path& dir, std::string* err) {
-  const std::string out = (dir / "out.txt").string();
-  const int status = std::system(("cd " + dir.string() + " && " + cmd + " >" + out + " 2>" +
-                                  (dir / "err.txt").string()).c_str());
-  std::ifstream e(dir / "err.txt");
-  std::stringstream es;
-  es << e.rdbuf();
-  *err = es.str();
-  std::vector<double> losses;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return losses;
-  std::ifstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.contains("step")) losses.push_back(j["loss"].get<double>());
-  }
-  return losses;
-}
-
-TEST(TrainMpi, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
-  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
-  const fs::path dir = fs::temp_directory_path() / ("tiermem_train_mpi_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  {
-    std::ofstream f(dir / "corpus.txt");
-    for (int i = 0; i < 400; ++i) f << "the quick brown fox " << i * 7919 % 1000 << " jumps.\n";
-  }
-  const std::string common = std::string(TIERMEM_TRAIN_BIN) +
-                             " --model tiny --seq-len 16 --steps 8 --eval-every 0 --json "
-                             "--engine zero --offload nvme --data corpus.txt --seed 3 ";
-  std::string err1, err2;
-  const auto one = run_losses("OMP_NUM_THREADS=1 " + common + "--batch 4 --swap-dir swap1", dir, &err1);
-  const auto two = run_losses(
-      "mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + common +
-          "--batch 2 --swap-dir swap2",
-      dir, &err2);
-  fs::remove_all(dir);
-  ASSERT_EQ(one.size(), 8u) << err1;
-  ASSERT_EQ(two.size(), 8u) << err2;
-  EXPECT_GT(one.front() - one.back(), 0.2) << "the loss should fall";
-  for (std::size_t i = 0; i < one.size(); ++i) {
-    EXPECT_NEAR(two[i], one[i], 1e-5 * std::abs(one[i])) << "step " << i + 1;
-  }
-}
-
 // Steps and losses of a run (--json lines with "step"), in order.
 std::vector<std::pair<int, double>> run_step_losses(const std::string& cmd, const fs::path& dir,
                                                     std::string* err) {
@@ -97,19 +51,51 @@ std::vector<std::pair<int, double>> run_step_losses(const std::string& cmd, cons
   return steps;
 }
 
+// The losses of a run's steps, in order (empty when it failed; then *err says why).
+std::vector<double> run_losses(const std::string& cmd, const fs::path& dir, std::string* err) {
+  std::vector<double> losses;
+  for (const auto& [step, loss] : run_step_losses(cmd, dir, err)) losses.push_back(loss);
+  return losses;
+}
+
+// A fresh test directory under /tmp holding corpus.txt (a small deterministic text).
+fs::path make_dir_with_corpus(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream f(dir / "corpus.txt");
+  for (int i = 0; i < 400; ++i) f << "the quick brown fox " << i * 7919 % 1000 << " jumps.\n";
+  return dir;
+}
+
+TEST(TrainMpi, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = make_dir_with_corpus("tiermem_train_mpi");
+  const std::string common = std::string(TIERMEM_TRAIN_BIN) +
+                             " --model tiny --seq-len 16 --steps 8 --eval-every 0 --json "
+                             "--engine zero --offload nvme --data corpus.txt --seed 3 ";
+  std::string err1, err2;
+  const auto one = run_losses("OMP_NUM_THREADS=1 " + common + "--batch 4 --swap-dir swap1", dir, &err1);
+  const auto two = run_losses(
+      "mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + common +
+          "--batch 2 --swap-dir swap2",
+      dir, &err2);
+  fs::remove_all(dir);
+  ASSERT_EQ(one.size(), 8u) << err1;
+  ASSERT_EQ(two.size(), 8u) << err2;
+  EXPECT_GT(one.front() - one.back(), 0.2) << "the loss should fall";
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(two[i], one[i], 1e-5 * std::abs(one[i])) << "step " << i + 1;
+  }
+}
+
 // --engine zero checkpoints (each rank its own optimizer shard in ck/rank<r>/): two ranks
 // stopped after step 4 with --save, then resumed with --resume, give losses for steps 5..8 equal,
 // bit for bit, to an uninterrupted two-rank run (master weights, Adam moments, step count, data
 // position and learning-rate schedule all restored). Stage 3, params and optimizer on NVMe.
 TEST(TrainMpi, TwoRankCheckpointResumesBitForBit) {
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
-  const fs::path dir = fs::temp_directory_path() / ("tiermem_train_mpi_ck_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  {
-    std::ofstream f(dir / "corpus.txt");
-    for (int i = 0; i < 400; ++i) f << "the quick brown fox " << i * 7919 % 1000 << " jumps.\n";
-  }
+  const fs::path dir = make_dir_with_corpus("tiermem_train_mpi_ck");
   const std::string mpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 ";
   const std::string common = std::string(TIERMEM_TRAIN_BIN) +
                              " --model tiny --seq-len 16 --steps 8 --eval-every 0 --json "
