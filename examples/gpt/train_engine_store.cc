@@ -55,7 +55,7 @@ std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / 
 
 class StoreEngine final : public TrainEngine {
  public:
-  explicit StoreEngine(const TrainPlan& plan) : cfg_(plan.model) {
+  explicit StoreEngine(const TrainPlan& plan) : cfg_(plan.model), stage_(plan.config.zero.stage) {
     const Config& c = plan.config;
     layouts_ = gpt::module_layouts(cfg_);
     const int n = static_cast<int>(layouts_.size());
@@ -203,16 +203,19 @@ class StoreEngine final : public TrainEngine {
   }
 
   std::string describe() const override {
+    // One rank has nothing to partition: every stage pages the same way here.
     return fmt::format(
-        "store (one-rank ZeRO-3 over TensorStore): params -> {}, Adam state -> {}, compute on "
-        "{} [{}], policy {}{}",
+        "store ({}): params -> {}, Adam state -> {}, compute on {} [{}], policy {}{}",
+        stage_ == 3 ? std::string("one-rank ZeRO-3 over TensorStore")
+                    : fmt::format("one rank over TensorStore; ZeRO stage {} has nothing to "
+                                  "partition on one rank", stage_),
         tier_name(param_home_), tier_name(opt_home_), device_->name(),
         tier_name(compute_tier_), policy_name_,
         swap_dirs_.empty() ? std::string() : fmt::format(", swap {}", fmt::join(swap_dirs_, ",")));
   }
   std::string param_home() const override { return std::string(tier_name(param_home_)); }
   std::string optimizer_home() const override { return std::string(tier_name(opt_home_)); }
-  int zero_stage() const override { return 3; }
+  int zero_stage() const override { return stage_; }
   std::string device_kind() const override {
     return device_->kind() == DeviceKind::kSim ? "sim" : "cuda";
   }
@@ -313,6 +316,7 @@ class StoreEngine final : public TrainEngine {
   std::vector<gpt::ModuleLayout> layouts_;
   std::uint64_t total_params_ = 0;
   Tier param_home_ = Tier::kNvme, opt_home_ = Tier::kNvme, compute_tier_ = Tier::kDevice;
+  int stage_ = 3;  // the config's zero_optimization.stage (reported; paging is the same)
   Tier param_step_tier_ = Tier::kHost;  // where AdamW updates the parameters
   std::string policy_name_;
   std::vector<std::string> swap_dirs_;

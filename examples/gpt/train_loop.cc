@@ -154,8 +154,8 @@ nlohmann::json model_json(const TrainPlan& p) {
 }
 
 void save_checkpoint(const std::string& dir, int step, const TrainPlan& plan,
-                     TrainEngine& engine, const BatchSampler& sampler, double last_loss,
-                     double initial_loss) {
+                     TrainEngine& engine, const BatchSampler& sampler, const Corpus& corpus,
+                     double last_loss, double initial_loss) {
   TraceSpan span("checkpoint", "checkpoint");
   CheckpointWriter w(dir, plan.rank, plan.world_size, step);
   engine.save(w);
@@ -166,7 +166,9 @@ void save_checkpoint(const std::string& dir, int step, const TrainPlan& plan,
   meta["seed"] = plan.seed;
   meta["data"] = {{"sampler", "splitmix64"},
                   {"seed", sampler.seed()},
-                  {"position", sampler.position()}};
+                  {"position", sampler.position()},
+                  {"path", corpus.path},
+                  {"tokens", corpus.tokens.size()}};
   meta["batch"] = plan.batch;
   meta["grad_accum"] = plan.grad_accum;
   meta["seq_len"] = plan.seq_len;
@@ -189,6 +191,16 @@ void expect_same(const std::string& manifest, const char* key, const T& saved, c
                                       "(resume with the same settings)",
                                       manifest, key, nlohmann::json(saved).dump(),
                                       nlohmann::json(now).dump()));
+  }
+}
+
+// Settings a resumed run may change on purpose (a longer run, new data, another tier), but that
+// make it no longer the same run: one warning naming the key, the saved and the new value.
+void warn_if_changed(const std::string& manifest, const char* key, const nlohmann::json& saved,
+                     const nlohmann::json& now) {
+  if (!saved.is_null() && saved != now) {
+    TM_LOG_WARN("TRAIN", "resuming {} with {} = {} (the checkpoint has {}): the run continues, but "
+                "not as the saved one would have", manifest, key, now.dump(), saved.dump());
   }
 }
 
@@ -280,6 +292,21 @@ int run_training(const TrainOptions& opts) {
       expect_same(mf, "meta.grad_accum", r.meta().value("grad_accum", 0), plan.grad_accum);
       expect_same(mf, "meta.seq_len", r.meta().value("seq_len", 0), plan.seq_len);
       expect_same(mf, "meta.seed", r.meta().value("seed", std::uint64_t{0}), plan.seed);
+      const nlohmann::json& meta = r.meta();
+      const nlohmann::json none;
+      const nlohmann::json& data = meta.contains("data") ? meta.at("data") : none;
+      warn_if_changed(mf, "--data", data.is_object() ? data.value("path", none) : none, corpus.path);
+      warn_if_changed(mf, "data tokens", data.is_object() ? data.value("tokens", none) : none,
+                      corpus.tokens.size());
+      warn_if_changed(mf, "--steps", meta.value("steps", none), plan.steps);
+      warn_if_changed(mf, "--lr", meta.value("lr", none), plan.lr);
+      warn_if_changed(mf, "--warmup", meta.value("warmup", none), plan.warmup);
+      if (meta.contains("engine") && meta.at("engine").is_object()) {
+        warn_if_changed(mf, "params home", meta.at("engine").value("param_home", none),
+                        engine->param_home());
+        warn_if_changed(mf, "optimizer home", meta.at("engine").value("optimizer_home", none),
+                        engine->optimizer_home());
+      }
       engine->load(r);
       sampler.set_position(r.meta().at("data").at("position").get<std::uint64_t>());
       first_step = r.step() + 1;
@@ -439,7 +466,7 @@ int run_training(const TrainOptions& opts) {
       }
       if (!opts.save_dir.empty() &&
           (t == last_step || interrupted || (opts.save_every > 0 && t % opts.save_every == 0))) {
-        save_checkpoint(opts.save_dir, t, plan, *engine, sampler, last_loss, initial_loss);
+        save_checkpoint(opts.save_dir, t, plan, *engine, sampler, corpus, last_loss, initial_loss);
       }
       if (interrupted) {
         stopped_by = sig;

@@ -132,6 +132,11 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
     o.batch_given = app.count("--batch") > 0;
     o.grad_accum_given = app.count("--grad-accum") > 0;
     o.lr_given = app.count("--lr") > 0;
+    for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--swap-dir", &o.swap_dir},
+                                      {"--save", &o.save_dir}, {"--trace", &o.trace_path}}) {
+      if (app.count(flag) > 0 && value->empty())
+        throw CLI::ValidationError(flag, "is empty: give a path");
+    }
     if (o.save_every > 0 && o.save_dir.empty())
       throw CLI::ValidationError("--save-every", "needs --save DIR");
     if (o.stop_at > 0 && app.count("--steps") > 0 && o.stop_at > o.steps)

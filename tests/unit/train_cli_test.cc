@@ -129,6 +129,8 @@ TEST_F(TrainCli, PathThatIsAFile) {
   expect_usage_error("--swap-dir swap --save a_file/ck", {"--save", "cannot create"});
   expect_usage_error("--swap-dir swap --resume a_file", {"--resume", "a_file"});
   expect_usage_error("--swap-dir swap --config a_dir_that_is_missing.json", {"--config"});
+  expect_usage_error("--swap-dir ''", {"--swap-dir", "empty"});
+  expect_usage_error("--swap-dir swap --save ''", {"--save", "empty"});
 }
 
 // A bad --config file is bad input too: exit 2 and one line naming the file or the key.

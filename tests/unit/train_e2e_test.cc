@@ -241,6 +241,9 @@ TEST_F(TrainE2E, SigintCheckpointsAndCleansUp) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   ASSERT_EQ(resumed.steps.size(), 2u) << resumed.out;
   EXPECT_EQ(resumed.steps.front()["step"].get<int>(), stopped + 1);
+  // A changed --steps is allowed, and said (the schedule is no longer the saved run's).
+  EXPECT_NE(resumed.err.find("with --steps = " + std::to_string(stopped + 2)), std::string::npos)
+      << resumed.err;
 }
 
 TEST_F(TrainE2E, DefaultCorpusLossFalls) {
