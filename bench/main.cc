@@ -6,6 +6,7 @@
 //
 // Every subcommand prints a human summary; with --json the last line printed is one JSON object.
 #include <iostream>
+#include <string>
 
 #include "bench/bench.h"
 #include "tiermem/error.h"
@@ -26,6 +27,19 @@ int main(int argc, char** argv) {
   for (auto& c : cmds) {
     CLI::App* sub = app.add_subcommand(c.name, c.description);
     runs.emplace_back(sub, c.setup(*sub));
+  }
+  // An unknown first word is named as such (CLI11 would only say a subcommand is required).
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    bool known = false;
+    for (const auto& c : cmds) known |= c.name == word;
+    if (!known) {
+      std::string names;
+      for (const auto& c : cmds) names += (names.empty() ? "" : ", ") + c.name;
+      std::cerr << "tiermem-bench: error: unknown subcommand '" << word << "' (one of: " << names
+                << "; see --help)\n";
+      return 2;
+    }
   }
   try {
     app.parse(argc, argv);
