@@ -1,9 +1,7 @@
 // examples/gpt/train_engines.cc — engine choice and rank detection (train_engines.h).
 #include "train_engines.h"
 
-#include <cctype>
 #include <cstdlib>
-#include <fmt/format.h>
 
 #include "tiermem/env.h"
 #include "tiermem/error.h"
@@ -43,14 +41,6 @@ std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptio
   const Config& c = plan.config;
   const bool offload = c.zero.offload_param.device != OffloadDevice::kNone ||
                        c.zero.offload_optimizer.device != OffloadDevice::kNone;
-  // Every engine runs AdamW (Adam with decoupled weight decay, DeepSpeed's adam_w_mode).
-  std::string opt = c.optimizer.type;
-  for (char& ch : opt) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (opt != "adam" && opt != "adamw") {
-    throw ConfigError("optimizer.type", c.optimizer.type,
-                      fmt::format("config key 'optimizer.type' = \"{}\" is not supported: "
-                                  "tiermem-train runs Adam / AdamW", c.optimizer.type));
-  }
   std::string kind = opts.engine.empty() ? "auto" : opts.engine;
   if (kind == "auto") {
     if (plan.world_size > 1) {

@@ -330,7 +330,8 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     throw ConfigError("fp16.enabled", "true", "config keys 'bf16.enabled' and 'fp16.enabled' are both true: choose one");
   }
   if (auto s = top.sub("optimizer")) {
-    s->get("type", cfg.optimizer.type);
+    // Every optimizer in tiermem is Adam with decoupled weight decay (DeepSpeed's adam_w_mode).
+    s->get_choice("type", cfg.optimizer.type, {"adam", "adamw"});
     if (auto p = s->sub("params")) {
       p->get_double("lr", cfg.optimizer.lr, 0, 1e6);
       p->get_double("eps", cfg.optimizer.eps, 0, 1);

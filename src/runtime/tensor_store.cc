@@ -328,20 +328,17 @@ struct TensorStore::Impl {
     const std::size_t window = std::min<std::size_t>(n, static_cast<std::size_t>(opts.pipeline_chunks));
     std::deque<Slot> in_first, in_second;
     std::size_t next = 0;
-    // Waits for `h`, gives its chunk's buffer back, rethrows h's error.
-    auto finish = [&](auto& h, void* buf) {
-      try {
-        h.wait();
-      } catch (...) {
-        bounce->release(buf);
-        throw;
-      }
-      bounce->release(buf);
-    };
+    // Waits for the oldest stage two, gives its buffer back, rethrows its error.
     auto retire = [&] {
       Slot s = std::move(in_second.front());
       in_second.pop_front();
-      finish(s.second, s.buf);
+      try {
+        s.second.wait();
+      } catch (...) {
+        bounce->release(s.buf);
+        throw;
+      }
+      bounce->release(s.buf);
     };
     try {
       while (next < n || !in_first.empty() || !in_second.empty()) {

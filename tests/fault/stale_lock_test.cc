@@ -58,21 +58,34 @@ pid_t spawn_holder(const std::string& dir, int ready, int go) {
   return pid;
 }
 
+// A child holding the lock of a directory, and the pipes that talk to it (closed at the end).
+struct Holder {
+  pid_t pid = -1;
+  int ready[2] = {-1, -1}, go[2] = {-1, -1};
+  ~Holder() {
+    for (int fd : {ready[0], ready[1], go[0], go[1]})
+      if (fd >= 0) ::close(fd);
+  }
+};
+
+// Forks the holder of `dir` (spawn_holder) and waits until it holds the lock. False on failure.
+bool start_holder(const std::string& dir, Holder* h) {
+  if (::pipe(h->ready) != 0 || ::pipe(h->go) != 0) return false;
+  h->pid = spawn_holder(dir, h->ready[1], h->go[0]);
+  char c = 0;
+  return h->pid > 0 && ::read(h->ready[0], &c, 1) == 1;
+}
+
 TEST(StaleLock, DeadHolderIsReclaimedWithOneLogLine) {
   fault::TempDir dir("stale");
   ASSERT_TRUE(dir.ok());
-  int ready[2], go[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(go), 0);
-  pid_t pid = spawn_holder(dir.path(), ready[1], go[0]);
-  ASSERT_GT(pid, 0);
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  Holder holder;
+  ASSERT_TRUE(start_holder(dir.path(), &holder));
+  const pid_t pid = holder.pid;
   ASSERT_EQ(::kill(pid, SIGKILL), 0);  // a crash: no destructor, the lock file and swap file stay
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFSIGNALED(status));
-  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
   const std::string lock = dir.path() + "/tiermem.lock";
   const std::string stale_swap = dir.path() + "/tiermem-swap-" + std::to_string(pid) + ".bin";
   ASSERT_EQ(std::stoi(read_file(lock)), pid);
@@ -111,13 +124,9 @@ TEST(StaleLock, DeadHolderIsReclaimedWithOneLogLine) {
 TEST(StaleLock, LiveHolderBlocksWithItsPid) {
   fault::TempDir dir("live");
   ASSERT_TRUE(dir.ok());
-  int ready[2], go[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(go), 0);
-  pid_t pid = spawn_holder(dir.path(), ready[1], go[0]);
-  ASSERT_GT(pid, 0);
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  Holder holder;
+  ASSERT_TRUE(start_holder(dir.path(), &holder));
+  const pid_t pid = holder.pid;
   auto engine = make_io_engine(posix());
   std::string what;
   try {
@@ -129,13 +138,12 @@ TEST(StaleLock, LiveHolderBlocksWithItsPid) {
   EXPECT_NE(what.find(dir.path()), std::string::npos) << what;
   // The holder's files are untouched by the failed attempt; it exits cleanly and removes them.
   EXPECT_TRUE(std::filesystem::exists(dir.path() + "/tiermem-swap-" + std::to_string(pid) + ".bin"));
-  c = 'g';
-  ASSERT_EQ(::write(go[1], &c, 1), 1);
+  const char c = 'g';
+  ASSERT_EQ(::write(holder.go[1], &c, 1), 1);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
-  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
   SwapSpace after(small(), {dir.path()}, *engine);  // free now
   EXPECT_EQ(after.dirs().size(), 1u);
 }
