@@ -196,11 +196,13 @@ void expect_same(const std::string& manifest, const char* key, const T& saved, c
 
 // Settings a resumed run may change on purpose (a longer run, new data, another tier), but that
 // make it no longer the same run: one warning naming the key, the saved and the new value.
-void warn_if_changed(const std::string& manifest, const char* key, const nlohmann::json& saved,
-                     const nlohmann::json& now) {
-  if (!saved.is_null() && saved != now) {
+// `where` is a JSON pointer into the checkpoint's meta ("/data/path"); absent = nothing to say.
+void warn_if_changed(const std::string& manifest, const nlohmann::json& meta, const char* where,
+                     const char* key, const nlohmann::json& now) {
+  const nlohmann::json::json_pointer ptr(where);
+  if (meta.contains(ptr) && meta.at(ptr) != now) {
     TM_LOG_WARN("TRAIN", "resuming {} with {} = {} (the checkpoint has {}): the run continues, but "
-                "not as the saved one would have", manifest, key, now.dump(), saved.dump());
+                "not as the saved one would have", manifest, key, now.dump(), meta.at(ptr).dump());
   }
 }
 
@@ -293,20 +295,13 @@ int run_training(const TrainOptions& opts) {
       expect_same(mf, "meta.seq_len", r.meta().value("seq_len", 0), plan.seq_len);
       expect_same(mf, "meta.seed", r.meta().value("seed", std::uint64_t{0}), plan.seed);
       const nlohmann::json& meta = r.meta();
-      const nlohmann::json none;
-      const nlohmann::json& data = meta.contains("data") ? meta.at("data") : none;
-      warn_if_changed(mf, "--data", data.is_object() ? data.value("path", none) : none, corpus.path);
-      warn_if_changed(mf, "data tokens", data.is_object() ? data.value("tokens", none) : none,
-                      corpus.tokens.size());
-      warn_if_changed(mf, "--steps", meta.value("steps", none), plan.steps);
-      warn_if_changed(mf, "--lr", meta.value("lr", none), plan.lr);
-      warn_if_changed(mf, "--warmup", meta.value("warmup", none), plan.warmup);
-      if (meta.contains("engine") && meta.at("engine").is_object()) {
-        warn_if_changed(mf, "params home", meta.at("engine").value("param_home", none),
-                        engine->param_home());
-        warn_if_changed(mf, "optimizer home", meta.at("engine").value("optimizer_home", none),
-                        engine->optimizer_home());
-      }
+      warn_if_changed(mf, meta, "/data/path", "--data", corpus.path);
+      warn_if_changed(mf, meta, "/data/tokens", "data tokens", corpus.tokens.size());
+      warn_if_changed(mf, meta, "/steps", "--steps", plan.steps);
+      warn_if_changed(mf, meta, "/lr", "--lr", plan.lr);
+      warn_if_changed(mf, meta, "/warmup", "--warmup", plan.warmup);
+      warn_if_changed(mf, meta, "/engine/param_home", "params home", engine->param_home());
+      warn_if_changed(mf, meta, "/engine/optimizer_home", "optimizer home", engine->optimizer_home());
       engine->load(r);
       sampler.set_position(r.meta().at("data").at("position").get<std::uint64_t>());
       first_step = r.step() + 1;
