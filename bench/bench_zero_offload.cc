@@ -171,7 +171,7 @@ int run(const ZoOpts& o) {
   const double io_bytes = 2.0 * static_cast<double>(state);
   std::printf("zero-offload: %.1f M params, %zu sub-groups of <= %.1f M, %d buffers (%s), o_direct %s\n",
               static_cast<double>(n) / 1e6, groups.size(), static_cast<double>(sg) / 1e6, o.buffers,
-              e_nvme.stats().optimizer_staging_pinned ? "pinned" : "unpinned", o.o_direct ? "on" : "off");
+              e_nvme.stats().host_pinned ? "pinned" : "unpinned", o.o_direct ? "on" : "off");
   std::printf("  nvme step  %.3f s   (%.2f GB/s of state moved)\n", tn, io_bytes / tn / 1e9);
   std::printf("  compute    %.3f s   (host-state step)\n", tc);
   std::printf("  io alone   %.3f s   (%.2f GB/s read+write)\n", ti, io_bytes / ti / 1e9);
@@ -183,7 +183,7 @@ int run(const ZoOpts& o) {
     j["sub_group_elems"] = sg;
     j["sub_groups"] = groups.size();
     j["buffers"] = o.buffers;
-    j["pinned"] = e_nvme.stats().optimizer_staging_pinned;
+    j["pinned"] = e_nvme.stats().host_pinned;
     j["o_direct"] = o.o_direct;
     j["reps"] = o.reps;
     j["nvme_step_s"] = tn;

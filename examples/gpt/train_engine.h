@@ -40,6 +40,11 @@ struct EngineStats {
   double comm_seconds = 0;       // collectives
   double optimizer_seconds = 0;  // optimizer step including its swaps
   double optimizer_stall_seconds = 0;  // part of stall_seconds spent inside the optimizer step
+  // Host memory by part (peak_bytes[host] is their sum; 0 where an engine has no such part):
+  std::uint64_t host_pool_peak_bytes = 0;    // the store's pinned pool (<= its budget)
+  std::uint64_t host_bounce_bytes = 0;       // pinned NVMe<->device bounce chunks
+  std::uint64_t host_engine_peak_bytes = 0;  // the engine's own buffers (working copies, buckets)
+  std::uint64_t host_grad_buffer_peak_bytes = 0;  // the trainer's per-module gradient buffers
 };
 
 // Hyper-parameters of one optimizer step (AdamW, see tiermem/adam.h).

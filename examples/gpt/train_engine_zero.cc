@@ -24,10 +24,13 @@
 // resume needs the same world size (train_loop checks it), model and alignment; the stage (1–3),
 // offload devices and sub_group_size may differ.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <fmt/format.h>
+#include <thread>
 
 #include "checkpoint.h"
+#include "kill_point.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "tiermem/trace.h"
@@ -56,34 +59,65 @@ class ZeroTrainEngine final : public TrainEngine {
                         "config key 'fp16.enabled' = true: tiermem-train's CPU model computes in "
                         "fp32 or bf16, not fp16; use bf16.enabled instead");
     }
-    zero_ = std::make_unique<ZeroEngine>(plan.config, *comm_);
+    // Every module's size up front: the engine plans and checks its budgets and NVMe room now
+    // (a ConfigError, exit 2, naming the minimum), then each module is initialised and written
+    // to its homes one at a time (the model is never whole in host memory).
     const auto layouts = gpt::module_layouts(cfg_);
+    std::vector<std::size_t> numels;
+    for (const auto& l : layouts) numels.push_back(static_cast<std::size_t>(l.numel));
+    zero_ = std::make_unique<ZeroEngine>(plan.config, *comm_, numels);
     for (int m = 0; m < static_cast<int>(layouts.size()); ++m) {
       std::vector<float> init(static_cast<std::size_t>(layouts[m].numel));
       gpt::init_module(cfg_, m, plan.seed, init);
       zero_->register_module(layouts[m].name, init);
-      grads_.emplace_back(init.size(), 0.0f);
     }
+    grads_.resize(layouts.size());
     gathered_.resize(layouts.size());
     total_params_ = static_cast<std::uint64_t>(gpt::num_params(cfg_));
+    // TEST-ONLY (kill_point.h): kill points inside the optimizer step and during swap-out, from a
+    // watcher thread (the step itself is library code).
+    if (kill_point_armed("swap-out") || kill_point_armed("optimizer")) {
+      watch_ = std::thread([this] {
+        std::uint64_t last = zero_->nvme_bytes_written();
+        while (!stop_watch_.load()) {
+          const std::uint64_t now = zero_->nvme_bytes_written();
+          if (now != last) kill_point("swap-out");
+          if (in_step_.load()) kill_point("optimizer");
+          last = now;
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      });
+    }
+  }
+
+  ~ZeroTrainEngine() override {
+    stop_watch_.store(true);
+    if (watch_.joinable()) watch_.join();
+    gathered_.clear();
   }
 
   std::string describe() const override {
     const Config& c = zero_->config();
+    const ZeroPlan& p = zero_->plan();
+    const ZeroStats z = zero_->stats();
     return fmt::format(
         "zero (tiermem::ZeroEngine, stage {}, {} over {} rank{}): params -> {}, optimizer -> {}, "
-        "working dtype {}",
+        "gradients -> {}, compute on {}, working dtype {}, host budget {}, sub-groups of {} "
+        "elements",
         c.zero.stage, comm_->backend(), comm_->world_size(), comm_->world_size() == 1 ? "" : "s",
-        param_home(), optimizer_home(), dtype_name(zero_->working_dtype()));
+        param_home(), optimizer_home(), c.zero.stage >= 2 ? tier_name(p.gradient_home) : "host",
+        device_kind(), dtype_name(zero_->working_dtype()), format_bytes(p.host_budget_bytes),
+        z.sub_group_elems);
   }
   std::string param_home() const override {
-    return std::string(offload_device_name(zero_->config().zero.offload_param.device));
+    const ZeroPlan& p = zero_->plan();
+    return p.uses_device ? std::string(tier_name(p.param_home)) : "host";
   }
   std::string optimizer_home() const override {
-    return std::string(offload_device_name(zero_->config().zero.offload_optimizer.device));
+    return std::string(tier_name(zero_->plan().optimizer_home));
   }
   int zero_stage() const override { return zero_->config().zero.stage; }
-  std::string device_kind() const override { return "host"; }
+  std::string device_kind() const override { return zero_->device_name(); }
   std::uint64_t param_bytes() const override {
     return total_params_ * dtype_size(zero_->working_dtype());
   }
@@ -91,12 +125,12 @@ class ZeroTrainEngine final : public TrainEngine {
   bool clips_gradients() const override { return true; }
   double last_grad_norm() const override { return last_grad_norm_; }
 
-  gpt::ParamView acquire_params(int module, Phase) override {
+  gpt::ParamView acquire_params(int module, Phase phase) override {
     const auto t0 = Clock::now();
     auto& g = gathered_.at(static_cast<std::size_t>(module));
     {
-      TraceSpan span(fmt::format("all-gather module {}", module), "allgather");
-      g = zero_->gather(module);
+      TraceSpan span(fmt::format("gather module {}", module), "allgather");
+      g = zero_->gather(module, phase);
     }
     comm_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     if (g.dtype() == DType::kF32) return gpt::ParamView(g.f32());
@@ -105,7 +139,18 @@ class ZeroTrainEngine final : public TrainEngine {
   }
   void release_params(int module) override { gathered_.at(static_cast<std::size_t>(module)).release(); }
 
-  std::span<float> grads(int module) override { return grads_.at(static_cast<std::size_t>(module)); }
+  // A module's full fp32 gradient buffer lives only from its first backward step to
+  // grads_done() (the tied embedding: from the head's backward to the embedding's), so the
+  // gradient buffers in host memory are at most two modules, whatever the model's size.
+  std::span<float> grads(int module) override {
+    auto& g = grads_.at(static_cast<std::size_t>(module));
+    if (g.empty()) {
+      g.assign(zero_->module_numel(module), 0.0f);
+      grad_buffer_bytes_ += g.size() * 4;
+      grad_buffer_peak_ = std::max(grad_buffer_peak_, grad_buffer_bytes_);
+    }
+    return g;
+  }
   void grads_done(int module) override {
     auto& g = grads_.at(static_cast<std::size_t>(module));
     const auto t0 = Clock::now();
@@ -114,14 +159,17 @@ class ZeroTrainEngine final : public TrainEngine {
       zero_->reduce_gradients(module, g);
     }
     comm_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
-    std::fill(g.begin(), g.end(), 0.0f);
+    grad_buffer_bytes_ -= g.size() * 4;
+    std::vector<float>().swap(g);
   }
   void zero_grad() override {}  // ZeroEngine::step() zeroes its accumulation
 
   void step(const OptimStep& s) override {
     const auto t0 = Clock::now();
     zero_->set_learning_rate(s.lr);  // the loop's schedule (warm-up, cosine decay)
+    in_step_.store(true);
     const ZeroEngine::StepResult r = zero_->step();
+    in_step_.store(false);
     last_grad_norm_ = r.skipped ? std::nan("") : r.grad_norm;
     optimizer_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     if (r.skipped) TM_LOG_WARN("TRAIN", "step {} skipped (fp16 overflow), loss scale now {}", r.step, r.loss_scale);
@@ -221,14 +269,26 @@ class ZeroTrainEngine final : public TrainEngine {
   EngineStats stats() const override {
     EngineStats e;
     const ZeroStats z = zero_->stats();
-    const int host = static_cast<int>(Tier::kHost), nv = static_cast<int>(Tier::kNvme);
-    e.peak_bytes[host] = z.optimizer_host_bytes + z.gradient_bytes + z.working_param_bytes +
-                         z.gathered_bytes_peak;
-    e.peak_bytes[nv] = z.optimizer_nvme_bytes + z.param_store_bytes * (param_home() == "nvme");
-    e.moved.bytes[nv][host] = z.optimizer_nvme_read_bytes + z.param_store_nvme_read_bytes;
-    e.moved.bytes[host][nv] = z.optimizer_nvme_written_bytes + z.param_store_nvme_written_bytes;
-    e.nvme_read_bytes = e.moved.bytes[nv][host];
-    e.nvme_written_bytes = e.moved.bytes[host][nv];
+    const int dev = static_cast<int>(Tier::kDevice), host = static_cast<int>(Tier::kHost),
+              nv = static_cast<int>(Tier::kNvme);
+    e.budget_bytes[dev] = z.device_budget_bytes;
+    e.peak_bytes[dev] = z.device_peak_bytes;
+    e.budget_bytes[host] = z.host_budget_bytes;
+    e.host_pool_peak_bytes = z.host_pool_peak_bytes;
+    e.host_bounce_bytes = z.host_bounce_bytes;
+    e.host_engine_peak_bytes = z.host_engine_peak_bytes;
+    e.host_grad_buffer_peak_bytes = grad_buffer_peak_;
+    e.peak_bytes[host] = z.host_pool_peak_bytes + z.host_bounce_bytes + z.host_engine_peak_bytes +
+                         grad_buffer_peak_;
+    const ZeroPlan& p = zero_->plan();
+    e.peak_bytes[nv] = p.nvme_bytes;
+    e.moved.bytes[nv][host] = z.nvme_read_bytes;  // NVMe -> host or device (the store's reads)
+    e.moved.bytes[host][nv] = z.nvme_written_bytes;
+    e.moved.bytes[host][dev] = z.host_to_device_bytes;
+    e.moved.bytes[dev][host] = z.device_to_host_bytes;
+    e.nvme_read_bytes = z.nvme_read_bytes;
+    e.nvme_written_bytes = z.nvme_written_bytes;
+    e.stall_seconds = static_cast<double>(z.stall_ns - base_stall_ns_) / 1e9;
     e.comm_seconds = comm_seconds_;
     e.optimizer_seconds = optimizer_seconds_;
     return e;
@@ -240,8 +300,12 @@ class ZeroTrainEngine final : public TrainEngine {
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<ZeroEngine> zero_;
   std::vector<ZeroEngine::Gathered> gathered_;
-  std::vector<std::vector<float>> grads_;
+  std::vector<std::vector<float>> grads_;  // allocated per module between backward and grads_done
+  std::uint64_t grad_buffer_bytes_ = 0, grad_buffer_peak_ = 0;
+  std::uint64_t base_stall_ns_ = 0;
   std::uint64_t total_params_ = 0;
+  std::atomic<bool> stop_watch_{false}, in_step_{false};
+  std::thread watch_;  // TEST-ONLY kill points; joined first in the destructor
   double comm_seconds_ = 0, optimizer_seconds_ = 0;
   double last_grad_norm_ = std::nan("");
 };

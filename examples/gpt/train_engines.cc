@@ -48,26 +48,24 @@ std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptio
     } else if (c.zero.stage == 0 && !offload) {
       kind = "resident";
     } else {
-      kind = "store";
+      kind = "zero";
     }
   }
-  if (kind != "zero" && (c.bf16 || c.fp16.enabled)) {
-    TM_LOG_WARN("TRAIN", "{}.enabled is ignored by --engine {}: it trains in fp32 (only --engine "
-                "zero keeps bf16 working parameters)", c.bf16 ? "bf16" : "fp16", kind);
+  if (kind == "store") {  // the one-rank engine of earlier versions: ZeroEngine does its work now
+    TM_LOG_WARN("TRAIN", "--engine store is gone: tiermem::ZeroEngine pages every tier at every "
+                "world size; using --engine zero");
+    kind = "zero";
+  }
+  if (kind == "resident" && (c.bf16 || c.fp16.enabled)) {
+    TM_LOG_WARN("TRAIN", "{}.enabled is ignored by --engine resident: it trains in fp32 (only "
+                "--engine zero keeps bf16 working parameters)", c.bf16 ? "bf16" : "fp16");
   }
   if (kind == "resident") {
     if (plan.world_size > 1)
       throw NotSupportedError("--engine resident runs one rank; use --engine zero with mpirun");
     return std::make_unique<ResidentEngine>(plan.model, plan.seed);
   }
-  if (kind == "store") {
-    if (plan.world_size > 1)
-      throw NotSupportedError(
-          "--engine store runs one rank (its TensorStore is per process); use --engine zero "
-          "with mpirun");
-    return make_store_engine(plan);
-  }
   if (kind == "zero") return make_zero_engine(plan);
-  throw ConfigError("--engine", kind, "expected auto, resident, store or zero");
+  throw ConfigError("--engine", kind, "expected auto, resident or zero");
 }
 }  // namespace tiermem::train

@@ -1,17 +1,14 @@
 // examples/gpt/train_engines.h — choosing tiermem-train's engine from the plan and the effective
 // configuration, and finding this process's rank.
 //
-//   --engine auto (default): several ranks                       -> zero
-//                            stage 0 and no offload                -> resident
-//                            otherwise                             -> store
-//   store     StoreEngine (train_engine_store.cc): one rank's ZeRO-3 over TensorStore: every
-//             module's fp32 parameters and Adam moments are tensors whose home is the offload
-//             tier (nvme: the swap space; cpu: the host pool; none: the device), paged to a
-//             budgeted device (SimDevice without a GPU) for compute, to host for AdamW, with
-//             the reuse-distance Prefetcher as TensorStore's policy.
+//   --engine auto (default): stage 0 without offload on one rank   -> resident
+//                            otherwise (any stage, offload, world size) -> zero
 //   zero      ZeroTrainEngine (train_engine_zero.cc): tiermem::ZeroEngine over the
-//             Communicator (MPI with mpirun): sharded parameters, gradients and optimizer state,
-//             optimizer state (and stage-3 parameter shards) on NVMe through its SwapSpace.
+//             Communicator (single-rank, or MPI under mpirun): every module's working params,
+//             fp32 gradient partitions, master weights and Adam moments are tensors of the
+//             engine's TensorStore, homed per offload_param / offload_optimizer, paged under
+//             the host and device budgets (SimDevice without a GPU), with the reuse-distance
+//             Prefetcher. ("store", the former one-rank engine, is accepted as a synonym.)
 //   resident  ResidentEngine (train_engine.h): plain host memory, the reference.
 //
 // Thread-safety: called once from the main thread.
@@ -38,9 +35,8 @@ struct RankInfo {
 // RANK/WORLD_SIZE; one rank otherwise.
 RankInfo detect_ranks();
 
-// The tiered engines (train_engine_store.cc, train_engine_zero.cc); NotSupportedError when the
-// libraries they need are not in this build.
-std::unique_ptr<TrainEngine> make_store_engine(const TrainPlan& plan);
+// The tiered engine (train_engine_zero.cc); NotSupportedError when the libraries it needs are
+// not in this build.
 std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan& plan);
 
 // Builds the engine the plan's configuration asks for. Throws Error/ConfigError/NotSupportedError.

@@ -69,6 +69,17 @@ TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int worl
   p.rank = rank;
   p.world_size = world;
   p.config = cfg;
+  // The demo (the mini model, no config, no budget) shows paging: a device budget of 1/8 of its
+  // state (fp32 params + fp32 master and Adam moments, 16 B per parameter). Every other run
+  // without a budget gets the device's own default, never a share of the model.
+  if (o.model == "mini" && o.config_path.empty() && p.config.tiermem.device_budget_bytes == 0) {
+    const std::uint64_t state = static_cast<std::uint64_t>(gpt::num_params(p.model)) * 16;
+    p.config.tiermem.device_budget_bytes = (state / 8 + 4095) / 4096 * 4096;
+    // ... and a host budget of a quarter of it, so that state also pages between host and NVMe.
+    if (p.config.tiermem.host_budget_bytes == 0) {
+      p.config.tiermem.host_budget_bytes = (state / 4 + (1 << 20) - 1) / (1 << 20) * (1 << 20);
+    }
+  }
   p.config.optimizer.lr = p.lr;  // engines that take no per-step lr use this one
   p.config.train_micro_batch_size_per_gpu = p.batch;
   return p;

@@ -46,7 +46,7 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
       "8x smaller than that state (about three minutes on two CPU cores).",
       "tiermem-train"};
   app.get_formatter()->column_width(34);
-  std::string budget_text, offload_text;
+  std::string budget_text, host_budget_text, offload_text;
 
   app.add_option("--model", o.model, "model preset: " + preset_list())
       ->default_val(o.model)
@@ -84,17 +84,24 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
       ->check(CLI::ExistingFile);
   app.add_option("--device", o.device, "compute device: auto (CUDA if visible, else sim), cuda, sim")
       ->check(CLI::IsMember({"auto", "cuda", "sim"}));
+  auto size_check = [](const char* flag) {
+    return [flag](const std::string& v) {
+      try {
+        if (parse_size(v, flag) == 0) return std::string("must be > 0");
+        return std::string();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+    };
+  };
   app.add_option("--device-budget", budget_text,
-                 "device memory tiermem may use, e.g. 64MiB [default: (params + optimizer "
-                 "state) / 8 on sim]")
-      ->check([](const std::string& v) {
-        try {
-          if (parse_size(v, "--device-budget") == 0) return std::string("must be > 0");
-          return std::string();
-        } catch (const Error& e) {
-          return std::string(e.what());
-        }
-      });
+                 "device memory tiermem may use, e.g. 64MiB [default: the device's (sim: 1 GiB); "
+                 "the no-argument demo: (params + optimizer state) / 8]")
+      ->check(size_check("--device-budget"));
+  app.add_option("--host-budget", host_budget_text,
+                 "host memory for the tier pool (homes, caches, optimizer sub-groups), e.g. 2GiB "
+                 "[default: 1/16 of RAM within 256 MiB..1 GiB; the demo: state / 4]")
+      ->check(size_check("--host-budget"));
   app.add_option("--swap-dir", o.swap_dir,
                  "NVMe swap directory; rank r uses DIR/rank<r> [default: the config's nvme_path, "
                  "else ./tiermem-swap]");
@@ -103,10 +110,10 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
                  "cpu/nvme imply ZeRO stage 3")
       ->check(CLI::IsMember({"none", "cpu", "nvme"}));
   app.add_option("--engine", o.engine,
-                 "who holds parameters and optimizer state: store (TensorStore: device budget, "
-                 "host, NVMe; one rank), zero (ZeroEngine over MPI ranks), resident (plain host "
-                 "memory), auto (zero with several ranks, resident for stage 0 without offload, "
-                 "else store)")
+                 "who holds parameters and optimizer state: zero (tiermem::ZeroEngine: device, "
+                 "host and NVMe tiers under budgets, any number of ranks), resident (plain host "
+                 "memory, the reference), auto (resident for stage 0 without offload on one "
+                 "rank, else zero); store is a synonym of zero")
       ->default_val(o.engine)
       ->check(CLI::IsMember({"auto", "store", "zero", "resident"}));
   app.add_option("--save", o.save_dir, "write a checkpoint to DIR at the end (and --save-every)");
@@ -128,6 +135,7 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
   try {
     app.parse(argc, argv);
     if (!budget_text.empty()) o.device_budget_bytes = parse_size(budget_text, "--device-budget");
+    if (!host_budget_text.empty()) o.host_budget_bytes = parse_size(host_budget_text, "--host-budget");
     o.offload = offload_text;
     o.batch_given = app.count("--batch") > 0;
     o.grad_accum_given = app.count("--grad-accum") > 0;
@@ -169,6 +177,9 @@ Config effective_config(const TrainOptions& opts, int rank) {
     c.zero.offload_optimizer.device = OffloadDevice::kNvme;
     c.optimizer.lr = 1e-3;
     c.optimizer.weight_decay = 0.0;
+    // The demo pages every module (DeepSpeed's default keeps modules under 1e5 elements whole
+    // on the device, which for the demo's small models would be nearly all of them).
+    c.zero.stage3_param_persistence_threshold_elems = 0;
   }
   if (!opts.offload.empty()) {
     OffloadDevice d = opts.offload == "nvme"  ? OffloadDevice::kNvme
@@ -183,6 +194,7 @@ Config effective_config(const TrainOptions& opts, int rank) {
   if (opts.lr_given) c.optimizer.lr = opts.lr;
   if (!opts.device.empty()) c.tiermem.device = opts.device;
   if (opts.device_budget_bytes) c.tiermem.device_budget_bytes = opts.device_budget_bytes;
+  if (opts.host_budget_bytes) c.tiermem.host_budget_bytes = opts.host_budget_bytes;
   // Swap directories: --swap-dir, else the config's nvme_path, else ./tiermem-swap. The engines
   // put rank r's files in <dir>/rank<r>.
   for (OffloadConfig* oc : {&c.zero.offload_param, &c.zero.offload_optimizer}) {

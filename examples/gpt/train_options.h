@@ -31,6 +31,7 @@ struct TrainOptions {
   std::string config_path;         // --config ds_config.json
   std::string device;              // auto | cuda | sim; "" = config / auto
   std::uint64_t device_budget_bytes = 0;  // 0 = auto: (params + optimizer state) / 8 ... see .cc
+  std::uint64_t host_budget_bytes = 0;    // 0 = the engine's default (see tiermem/zero_plan.h)
   std::string swap_dir;            // "" = config nvme_path, else ./tiermem-swap
   std::string offload;             // none | cpu | nvme: shortcut for both offload_* devices
   std::string engine = "auto";     // auto | store | zero | resident (train_engines.h)

@@ -89,7 +89,7 @@ struct OptimizerConfig {
 struct TiermemConfig {
   std::string device = "auto";              // auto | cuda | sim
   std::uint64_t device_budget_bytes = 0;    // 0 = all free device memory (sim: 1 GiB)
-  std::uint64_t host_budget_bytes = 0;      // pinned host pool; 0 = 1/4 of physical memory
+  std::uint64_t host_budget_bytes = 0;      // host tier pool; 0 = 1/16 of RAM in [256 MiB, 1 GiB]
   int numa_node = -1;                       // -1 = nearest the GPU (or the calling thread)
   double sim_h2d_gbps = 0;                  // SimDevice copy throttle; 0 = unthrottled
   double sim_d2h_gbps = 0;

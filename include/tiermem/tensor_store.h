@@ -98,6 +98,14 @@ struct TensorSpec {
   std::uint64_t bytes = 0;
   Tier home = Tier::kHost;           // kNvme needs a SwapSpace
   std::span<const std::byte> initial{};
+  // Home kNvme: the swap space that holds the tensor (null: the store's). It must outlive the
+  // store and should use the same IoEngine as the store's swap space (whose engine the store's
+  // pools are registered with); the store never owns it.
+  SwapSpace* swap = nullptr;
+  // Without `initial`: true writes zeros to the home copy (NVMe: an I/O of `bytes`); false leaves
+  // an NVMe home's contents undefined until the first write, for tensors that are always
+  // overwritten before they are read (acquire_for_overwrite), e.g. gradient partitions.
+  bool zero_fill = true;
 };
 
 struct TensorInfo {
@@ -202,6 +210,13 @@ class TensorStore {
   // (the I/O that failed), Error for a tier below home or an unknown id. Several pins of the same
   // tensor and tier may coexist (shared).
   Pin acquire(TensorId id, Tier tier, Phase phase = Phase::kOther);
+
+  // As acquire(), for a caller that will overwrite EVERY byte before reading any: no bytes are
+  // loaded (the copy's contents are undefined when it returns) and the copy is the newest at once
+  // (as after mark_dirty), so it is written down when evicted. Does not call the policy (the
+  // access needs no prefetch). Throws as acquire(); Error when another pin of `id` exists at any
+  // tier (its bytes would silently become stale).
+  Pin acquire_for_overwrite(TensorId id, Tier tier);
 
   // Starts making `id` resident and current at `tier` on a worker thread; the future completes
   // then (not pinned: it may be evicted afterwards) or carries the exception acquire() would have

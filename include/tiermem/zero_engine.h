@@ -40,25 +40,32 @@
 // step uses the mean over ranks and micro-batches: (sum over both) / (W × micro-batches) /
 // loss_scale. Optional global-norm clipping (gradient_clipping > 0) applies to that mean.
 //
-// Optimizer offload (zero_optimization.offload_optimizer.device):
-//   none, cpu  fp32 master, m, v in host memory (this CPU engine keeps "none" on the host too).
-//   nvme       each sub-group's [master | m | v] lives in an extent of a SwapSpace under
-//              <nvme_path>/rank<r>/ and is stepped through buffer_count staging buffers (from a
-//              PinnedHostPool, page-locked when offload_optimizer.pin_memory): the read of
-//              sub-group i+1 runs while i is stepped and i-1 is written; a staging buffer is
-//              reused only after its write completed (the pipeline waits, never asserts).
-// Parameter offload (offload_param.device, stage 3): none keeps each module's working shard in
-// one host buffer. cpu and nvme put each non-persistent module's working shard in a TensorStore
-// as a tensor "zero.param.<module name>" with home tier host (cpu) or nvme, whose host pool is
-// page-locked when offload_param.pin_memory and capped at tiermem.host_budget_bytes (raised, with
-// a warning, to what the home tier needs: every shard for cpu, the largest for nvme). gather()
-// acquires the shard at the host tier (reading it from NVMe unless already there), copies it into
-// the all-gather buffer and releases it; the store's policy is the reuse-distance Prefetcher,
-// which records the first step's accesses (gathers and optimizer writes; a step ends at step())
-// and replays later steps, reading the shards of the next modules from NVMe while the current
-// one computes (NVMe->host look-ahead of tiermem.nvme_prefetch_bytes). AdamW writes the new
-// working shard into the acquired host copy and marks it dirty; the store writes it back to NVMe
-// when it evicts it, so no second full-size host copy exists (stats().param_store_*).
+// Tiers. Every byte of training state that grows with the model is a tensor of the engine's one
+// TensorStore, under its hard budgets (tiermem.host_budget_bytes: default 1/16 of the machine's
+// memory within [256 MiB, 1 GiB]; tiermem.device_budget_bytes), with the reuse-distance
+// Prefetcher as its policy (it records the first step's accesses — gathers, gradient
+// accumulation, optimizer sub-groups; a step ends at step() — and replays later steps, reading
+// ahead and evicting by furthest next use). Homes (see tiermem/zero_plan.h, which also gives the
+// minimum budgets; a budget below them is a ConfigError at the start):
+//   optimizer state  fp32 [master | m | v] per sub-group ("zero.optim.<module>.<offset>"): a
+//                    module's shard split in sub-groups of at most sub_group_size elements,
+//                    shrunk so that offload_optimizer.buffer_count + 1 of them fit the host
+//                    budget; home nvme (offload_optimizer nvme, under its nvme_path) or host.
+//   gradients        stages 2-3: one fp32 partition per sub-group ("zero.grad...") that each
+//                    reduce_gradients() call accumulates into as soon as the module's
+//                    reduce-scatter lands; home host, or nvme (with offload_optimizer nvme) when
+//                    the partitions exceed a quarter of the host budget. Stages 0-1 keep full
+//                    fp32 gradients in engine host buffers (every rank accumulates them whole).
+//   working params   stage 3: each module's shard ("zero.param.<module>"), home nvme
+//                    (offload_param nvme, under its own nvme_path), host (cpu) or the device
+//                    (none). gather() pins it at the device tier (the Device tiermem.device names:
+//                    SimDevice without a GPU) — with one rank the Gathered view IS the pinned
+//                    shard, with several the all-gather lands in a device buffer. Stages 0-2 and
+//                    persistent modules: engine host buffers (shard + all-gathered copy).
+// step() streams sub-groups: it acquires sub-group i's state and gradient at the host tier while
+// the next buffer_count - 1 are prefetched, runs AdamW writing the new working shard in the same
+// pass (into the module's shard acquired for overwrite: no read of the old one), and releases
+// them; dirty state goes back to NVMe on the store's workers (write-behind).
 //
 // Checkpoints (as DeepSpeed's per-rank ZeRO checkpoints: each rank saves and loads only its own
 // optimizer partition): export_optimizer_state() copies this rank's shard of fp32 master weights
@@ -88,6 +95,8 @@
 #include "tiermem/config.h"
 #include "tiermem/dtype.h"
 #include "tiermem/loss_scaler.h"
+#include "tiermem/tensor_store.h"
+#include "tiermem/zero_plan.h"
 
 namespace tiermem {
 
@@ -101,35 +110,43 @@ struct ZeroEngineOptions {
   int max_inflight_buckets = 4;
 };
 
-// Sizes this rank holds, in bytes (for tests and logs).
+// What this rank holds and moved, in bytes (for tests, logs and the trainer's summary).
 struct ZeroStats {
-  std::uint64_t optimizer_state_bytes = 0;  // fp32 master + m + v owned by this rank (any tier)
-  std::uint64_t optimizer_host_bytes = 0;   // of which resident in host memory now (incl. staging)
-  std::uint64_t optimizer_nvme_bytes = 0;   // of which in the swap space
-  std::uint64_t gradient_bytes = 0;         // fp32 gradient accumulation buffers
-  std::uint64_t working_param_bytes = 0;    // persistent working params (shard or full copies)
+  // Sizes of this rank's state, wherever it lives.
+  std::uint64_t optimizer_state_bytes = 0;  // fp32 master + m + v (12 B per shard element)
+  std::uint64_t gradient_bytes = 0;         // fp32 gradient partitions / full gradient buffers
+  std::uint64_t working_param_bytes = 0;    // working params in engine host buffers (stages 0-2,
+                                            // persistent stage-3 modules: shard + full copy)
+  std::uint64_t param_store_bytes = 0;      // stage-3 working shards held in the TensorStore
+  // Homes (ZeroPlan): where each kind of state lives between uses.
+  Tier param_home = Tier::kHost, optimizer_home = Tier::kHost, gradient_home = Tier::kHost;
+  std::size_t sub_group_elems = 0;          // optimizer sub-group ("piece") size used
+  std::size_t sub_groups = 0;
+  // Memory, accounted (allocator-rounded). Host: the store's pool (homes + caches + sub-groups in
+  // flight), its pinned bounce chunks, and the engine's own host buffers (working copies, full
+  // gradients of stages 0-1, reduce-scatter buckets in flight). Device: the store's device tier
+  // plus all-gathered modules. Peaks are maxima since construction.
+  std::uint64_t host_budget_bytes = 0;
+  std::uint64_t host_pool_peak_bytes = 0;   // <= host_budget_bytes
+  std::uint64_t host_bounce_bytes = 0;      // pipeline_chunks x pipeline_chunk_bytes
+  std::uint64_t host_engine_bytes = 0;      // now
+  std::uint64_t host_engine_peak_bytes = 0;
+  std::uint64_t device_budget_bytes = 0;    // 0: no device tier (stages 0-2, all persistent)
+  std::uint64_t device_peak_bytes = 0;      // store device peak + gathered peak <= budget
   std::uint64_t gathered_bytes_peak = 0;    // largest total of live stage-3 gathered buffers
+  bool host_pinned = false;                 // pin_memory asked for (the pool may fall back)
+  // Traffic (TensorStore transfers, every kind of state together).
+  std::uint64_t nvme_read_bytes = 0;        // NVMe -> host and NVMe -> device
+  std::uint64_t nvme_written_bytes = 0;     // host -> NVMe and device -> NVMe
+  std::uint64_t host_to_device_bytes = 0;
+  std::uint64_t device_to_host_bytes = 0;
+  std::uint64_t store_hits = 0, store_misses = 0;  // acquires that found / had to load a copy
+  std::uint64_t stall_ns = 0;               // time acquires waited for loads (compute + step)
+  std::uint64_t prefetches_issued = 0;
   std::uint64_t reduce_scatter_calls = 0;   // bucketed reduce-scatter collectives issued
   std::uint64_t all_gather_calls = 0;
   std::int64_t steps = 0;                   // optimizer steps taken (skipped ones excluded)
   std::int64_t skipped_steps = 0;           // fp16 overflows
-  // Optimizer state moved through the swap space by step() and export_master() (bytes; the
-  // checkpoint export/import is not counted).
-  std::uint64_t optimizer_nvme_read_bytes = 0;
-  std::uint64_t optimizer_nvme_written_bytes = 0;
-  // Stage 3 with offload_param cpu|nvme (the parameter TensorStore); all 0 otherwise.
-  std::uint64_t param_store_bytes = 0;              // working shards held in the store (exact)
-  std::uint64_t param_store_host_bytes = 0;         // of the store's host tier resident now (rounded)
-  std::uint64_t param_store_host_peak_bytes = 0;    // max ever; <= param_store_host_budget_bytes
-  std::uint64_t param_store_host_budget_bytes = 0;
-  std::uint64_t param_store_nvme_reads = 0;         // shard transfers NVMe -> host
-  std::uint64_t param_store_nvme_writes = 0;        // dirty shards written host -> NVMe
-  std::uint64_t param_store_nvme_read_bytes = 0;    // bytes of those reads
-  std::uint64_t param_store_nvme_written_bytes = 0; // bytes of those writes
-  std::uint64_t param_store_hits = 0;               // acquires that found the shard resident
-  std::uint64_t param_store_misses = 0;             // ... that had to wait for a load
-  std::uint64_t param_prefetches_issued = 0;        // Prefetcher hints issued to the store
-  bool optimizer_staging_pinned = false;  // offload_optimizer nvme: staging page-locked (mlock)
 };
 
 // One rank's optimizer shard as a per-rank checkpoint holds it (as in DeepSpeed's ZeRO
@@ -180,7 +197,9 @@ class ZeroEngine {
     const void* data_ = nullptr;
     std::size_t numel_ = 0;
     DType dtype_ = DType::kF32;
-    bool owned_ = false;  // stage-3 gathered buffer to free on release
+    bool owned_ = false;          // stage-3 gathered buffer to free on release
+    bool owned_on_device_ = false;  // ... allocated from the engine's Device
+    TensorStore::Pin pin_;        // one rank: the working shard itself, pinned at the compute tier
   };
 
   struct StepResult {
@@ -193,6 +212,16 @@ class ZeroEngine {
   // Validates what the engine needs beyond parse_config (throws ConfigError naming the key).
   // `comm` must outlive the engine. With offload nvme, creates <nvme_path>/rank<r>/.
   ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptions options = {});
+  // As above, with every module's element count announced up front (the register_module calls
+  // must follow in this order): the plan is made and checked now — a ConfigError naming the
+  // budget key, its value and the minimum (ZeroPlan::why) or an NVMe directory without room,
+  // before anything is written — and each register_module writes its module's tensors to their
+  // homes at once, so initialisation streams module by module and never holds the model.
+  ZeroEngine(const Config& config, Communicator& comm, std::span<const std::size_t> module_numels,
+             ZeroEngineOptions options = {});
+  // The plan this engine uses (valid after the numels are known: at construction with them, else
+  // after the first gather/reduce_gradients/step).
+  const ZeroPlan& plan() const;
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -207,7 +236,7 @@ class ZeroEngine {
   DType working_dtype() const { return working_dtype_; }
 
   // The module's full working parameters (see Gathered). Stage 3: a blocking all-gather.
-  Gathered gather(int module);
+  Gathered gather(int module, Phase phase = Phase::kOther);
 
   // Adds this rank's micro-batch gradient of `module` (full fp32, numel elements; the caller's
   // buffer may be reused when the call returns). Stage 2/3: reduce-scatters it now in buckets
@@ -266,6 +295,12 @@ class ZeroEngine {
   void import_optimizer_state(const ZeroOptimizerState& state);
 
   ZeroStats stats() const;
+  // Bytes the engine's store has written to NVMe so far. Thread-safe (unlike the other calls):
+  // a monitor thread may poll it while the engine works.
+  std::uint64_t nvme_bytes_written() const;
+  // "sim" or "cuda" for the device the stage-3 working shards are computed on; "host" when the
+  // engine has no device tier (stages 0-2, every module persistent).
+  std::string device_name() const;
   const Config& config() const { return config_; }
 
  private:

@@ -80,6 +80,7 @@ struct Entry {
   TensorInfo info;
   Copy copy[kNumTiers];
   std::vector<SwapExtent> extents;  // home kNvme: one extent per pipeline chunk
+  SwapSpace* swap = nullptr;        // home kNvme: the swap space holding `extents`
   std::uint64_t latest = 1;
 };
 
@@ -291,7 +292,7 @@ struct TensorStore::Impl {
   void nvme_to_host(const Entry& e, void* dst) {
     std::vector<IoRequest> reqs;
     for (std::size_t k = 0; k < e.extents.size(); ++k) {
-      reqs.push_back(swap->read(e.extents[k], static_cast<char*>(dst) + k * opts.pipeline_chunk_bytes,
+      reqs.push_back(e.swap->read(e.extents[k], static_cast<char*>(dst) + k * opts.pipeline_chunk_bytes,
                                 chunk_len(e, k)));
     }
     wait_all(reqs);
@@ -300,7 +301,7 @@ struct TensorStore::Impl {
   void host_to_nvme(const Entry& e, const void* src) {
     std::vector<IoRequest> reqs;
     for (std::size_t k = 0; k < e.extents.size(); ++k) {
-      reqs.push_back(swap->write(e.extents[k],
+      reqs.push_back(e.swap->write(e.extents[k],
                                  static_cast<const char*>(src) + k * opts.pipeline_chunk_bytes,
                                  chunk_len(e, k)));
     }
@@ -394,7 +395,7 @@ struct TensorStore::Impl {
   void nvme_to_device(const Entry& e, void* dst) {
     bounce_pipeline(
         e.extents.size(),
-        [&](std::size_t k, void* buf) { return swap->read(e.extents[k], buf, chunk_len(e, k)); },
+        [&](std::size_t k, void* buf) { return e.swap->read(e.extents[k], buf, chunk_len(e, k)); },
         [&](std::size_t k, void* buf) {
           return device->copy_h2d_async(static_cast<char*>(dst) + k * opts.pipeline_chunk_bytes, buf,
                                         chunk_len(e, k));
@@ -409,7 +410,7 @@ struct TensorStore::Impl {
           return device->copy_d2h_async(
               buf, static_cast<const char*>(src) + k * opts.pipeline_chunk_bytes, chunk_len(e, k));
         },
-        [&](std::size_t k, void* buf) { return swap->write(e.extents[k], buf, chunk_len(e, k)); });
+        [&](std::size_t k, void* buf) { return e.swap->write(e.extents[k], buf, chunk_len(e, k)); });
   }
 
   // ---------------------------------------------------------------- eviction (mu_ held)
@@ -813,10 +814,10 @@ TensorStore::~TensorStore() {
                      e->info.name, tier_name(tier_at(t)));
       }
     }
-    if (m.swap) {
+    if (e->swap) {
       for (const SwapExtent& x : e->extents) {
         try {
-          m.swap->free(x);
+          e->swap->free(x);
         } catch (const std::exception& ex) {
           TM_LOG_ERROR("RUNTIME", "freeing swap extent of '{}': {}", e->info.name, ex.what());
         }
@@ -852,7 +853,7 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
     throw Error(fmt::format("TensorStore: tensor '{}': initial data has {} bytes, the tensor {}",
                             spec.name, spec.initial.size(), bytes));
   }
-  if (spec.home == Tier::kNvme && !m.swap) {
+  if (spec.home == Tier::kNvme && !m.swap && !spec.swap) {
     throw NotSupportedError("TensorStore: tensor '" + spec.name + "' has home nvme but no swap space was given");
   }
   if (spec.home == Tier::kDevice && !m.device) {
@@ -860,6 +861,7 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
   }
   auto e = std::make_unique<Entry>();
   e->info = TensorInfo{spec.name, spec.dtype, spec.shape, bytes, spec.home};
+  if (spec.home == Tier::kNvme) e->swap = spec.swap ? spec.swap : m.swap.get();
   {
     std::lock_guard lock(m.mu_);
     if (m.by_name_.count(spec.name)) throw Error("TensorStore: duplicate tensor name '" + spec.name + "'");
@@ -870,22 +872,22 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
   if (spec.home == Tier::kNvme) {
     try {
       for (std::uint64_t off = 0; off < std::max<std::uint64_t>(bytes, 1); off += m.opts.pipeline_chunk_bytes) {
-        e->extents.push_back(m.swap->allocate(std::max<std::uint64_t>(
+        e->extents.push_back(e->swap->allocate(std::max<std::uint64_t>(
             1, std::min<std::uint64_t>(m.opts.pipeline_chunk_bytes, bytes - std::min(bytes, off)))));
       }
       std::vector<IoRequest> reqs;
       if (!spec.initial.empty()) {
         for (std::size_t k = 0; k < e->extents.size() && bytes > 0; ++k) {
-          reqs.push_back(m.swap->write(e->extents[k], spec.initial.data() + k * m.opts.pipeline_chunk_bytes,
+          reqs.push_back(e->swap->write(e->extents[k], spec.initial.data() + k * m.opts.pipeline_chunk_bytes,
                                        m.chunk_len(*e, k)));
         }
         wait_all(reqs);
-      } else if (bytes > 0) {
+      } else if (bytes > 0 && spec.zero_fill) {
         void* zero = m.bounce->acquire();
         std::memset(zero, 0, m.opts.pipeline_chunk_bytes);
         try {
           for (std::size_t k = 0; k < e->extents.size(); ++k) {
-            reqs.push_back(m.swap->write(e->extents[k], zero, m.chunk_len(*e, k)));
+            reqs.push_back(e->swap->write(e->extents[k], zero, m.chunk_len(*e, k)));
           }
           wait_all(reqs);
         } catch (...) {
@@ -895,21 +897,21 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
         m.bounce->release(zero);
       }
     } catch (const IoError& io) {
-      for (const SwapExtent& x : e->extents) m.swap->free(x);
+      for (const SwapExtent& x : e->extents) e->swap->free(x);
       throw io.with_context(Impl::io_context(*e, "initial write to nvme"));
     } catch (const OutOfMemoryError& oom) {
-      for (const SwapExtent& x : e->extents) m.swap->free(x);
+      for (const SwapExtent& x : e->extents) e->swap->free(x);
       throw OutOfMemoryError(oom.tier(), oom.requested(), oom.available(),
                              "registering tensor '" + spec.name + "' (" + std::to_string(bytes) +
                                  " bytes, home nvme): " + oom.what());
     } catch (...) {
-      for (const SwapExtent& x : e->extents) m.swap->free(x);
+      for (const SwapExtent& x : e->extents) e->swap->free(x);
       throw;
     }
   }
   std::unique_lock lock(m.mu_);
   if (m.by_name_.count(spec.name)) {
-    for (const SwapExtent& x : e->extents) m.swap->free(x);
+    for (const SwapExtent& x : e->extents) e->swap->free(x);
     throw Error("TensorStore: duplicate tensor name '" + spec.name + "'");
   }
   if (spec.home != Tier::kNvme) {
@@ -976,6 +978,68 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
     }
   }
   return Pin(this, id, tier, p, e.info.bytes);
+}
+
+TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
+  Impl& m = *impl_;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(m.opts.acquire_timeout);
+  std::unique_lock lock(m.mu_);
+  Entry& e = m.entry(id);
+  if (tier == Tier::kNvme || idx(tier) > idx(e.info.home)) {
+    throw Error(fmt::format("TensorStore::acquire_for_overwrite: tensor '{}' (home {}) cannot be pinned on {}",
+                            e.info.name, tier_name(e.info.home), tier_name(tier)));
+  }
+  if (tier == Tier::kDevice && !m.device) {
+    throw NotSupportedError("TensorStore: no device was given, tensor '" + e.info.name +
+                            "' cannot go to the device tier");
+  }
+  for (int t = 0; t < 2; ++t) {
+    if (e.copy[t].pins > 0) {
+      throw Error(fmt::format("TensorStore::acquire_for_overwrite: tensor '{}' is pinned on {}; release that "
+                              "pin first",
+                              e.info.name, tier_name(tier_at(t))));
+    }
+  }
+  while (true) {
+    Copy& c = e.copy[idx(tier)];
+    if (c.state == State::kLoading || c.state == State::kEvicting || c.writing || c.readers > 0) {
+      if (!m.wait(lock, deadline)) {
+        throw OutOfMemoryError(tier, e.info.bytes, 0,
+                               fmt::format("timed out after {:.1f} s waiting for tensor '{}' on {} (in transfer)",
+                                           m.opts.acquire_timeout.count(), e.info.name, tier_name(tier)));
+      }
+      continue;
+    }
+    if (c.state == State::kAbsent) {
+      const std::uint64_t size = m.alloc_size(tier, e.info.bytes);
+      void* p = m.make_room(lock, tier, size, Mode::kAcquire, deadline, id);
+      if (c.state != State::kAbsent) {  // someone else started meanwhile (mu_ was released)
+        m.tier_free(tier, p);
+        continue;
+      }
+      c.ptr = p;
+      c.alloc_bytes = size;
+      m.account(tier, static_cast<std::int64_t>(size));
+      c.state = State::kResident;
+    }
+    ++e.latest;
+    c.version = e.latest;
+    ++c.pins;
+    // Other cached copies are stale now; drop the idle ones (no I/O: they are not current).
+    for (int t = 0; t < 2; ++t) {
+      Copy& o = e.copy[t];
+      if (t != idx(tier) && tier_at(t) != e.info.home && o.state == State::kResident && o.pins == 0 &&
+          o.readers == 0 && !o.writing) {
+        m.tier_free(tier_at(t), o.ptr);
+        m.account(tier_at(t), -static_cast<std::int64_t>(o.alloc_bytes));
+        o = Copy{};
+        m.policy_->on_evicted(id, tier_at(t));
+      }
+    }
+    m.cv_.notify_all();
+    return Pin(this, id, tier, c.ptr, e.info.bytes);
+  }
 }
 
 std::future<void> TensorStore::fetch(TensorId id, Tier tier, Phase phase) {
@@ -1206,10 +1270,10 @@ void TensorStore::write(TensorId id, std::span<const std::byte> in) {
       std::memcpy(h.ptr, in.data(), e.info.bytes);
     } else {
       // Not in place: a failure halfway must not leave the home copy half old, half new.
-      for (const SwapExtent& x : e.extents) fresh.push_back(m.swap->allocate(x.bytes));
+      for (const SwapExtent& x : e.extents) fresh.push_back(e.swap->allocate(x.bytes));
       std::vector<IoRequest> reqs;
       for (std::size_t k = 0; k < fresh.size() && e.info.bytes > 0; ++k) {
-        reqs.push_back(m.swap->write(fresh[k], in.data() + k * m.opts.pipeline_chunk_bytes,
+        reqs.push_back(e.swap->write(fresh[k], in.data() + k * m.opts.pipeline_chunk_bytes,
                                      m.chunk_len(e, k)));
       }
       wait_all(reqs);
@@ -1220,7 +1284,7 @@ void TensorStore::write(TensorId id, std::span<const std::byte> in) {
     err = std::current_exception();
   }
   if (err) {
-    for (const SwapExtent& x : fresh) m.swap->free(x);
+    for (const SwapExtent& x : fresh) e.swap->free(x);
     fresh.clear();
   }
   lock.lock();
@@ -1241,7 +1305,7 @@ void TensorStore::write(TensorId id, std::span<const std::byte> in) {
   }
   m.cv_.notify_all();
   lock.unlock();
-  for (const SwapExtent& x : fresh) m.swap->free(x);  // old extents; no I/O on them remains
+  for (const SwapExtent& x : fresh) e.swap->free(x);  // old extents; no I/O on them remains
   if (err) std::rethrow_exception(err);
 }
 

@@ -169,7 +169,7 @@ inline Config mlp_config(int stage, const std::string& offload, const std::strin
                          const std::string& extra = "") {
   std::string j = R"({"gradient_accumulation_steps": )" + std::to_string(micro) +
                   R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
-      "tiermem": {"o_direct": false, "swap_initial_bytes": "1MiB"},
+      "tiermem": {"o_direct": false, "swap_initial_bytes": "1MiB", "host_budget_bytes": "16MiB"},
       "zero_optimization": {"stage": )" + std::to_string(stage) +
                   R"(, "sub_group_size": 1024, "reduce_bucket_size": 2048, "overlap_comm": )" +
                   (stage == 2 ? "true" : "false") + R"(, "stage3_param_persistence_threshold": 100)";

@@ -89,6 +89,7 @@ TEST(ZeroMpi, OptimizerBytesScaleAsOneOverWorld) {
   const std::size_t W = static_cast<std::size_t>(c.world_size());
   for (int stage : {1, 2, 3}) {
     Config cfg = testing::mlp_config(stage, "cpu", "", 1);
+    cfg.tiermem.host_budget_bytes = 64 << 20;  // the state (16 B per element) is homed there
     ZeroEngine engine(cfg, c);
     const std::size_t n = 1 << 20;
     std::vector<float> big(n, 0.25f);

@@ -106,8 +106,8 @@ TEST_F(TrainE2E, OffloadedEqualsResidentBitwiseAndPeakWithinBudget) {
   RunResult resident = run(std::string(kTiny) + data + "--engine resident");
   ASSERT_EQ(resident.exit_code, 0) << resident.err;
   RunResult offloaded = run(std::string(kTiny) + data +
-                            "--engine store --offload nvme --swap-dir swap --device sim "
-                            "--device-budget 96KiB");
+                            "--engine zero --offload nvme --swap-dir swap --device sim "
+                            "--device-budget 96KiB --host-budget 256KiB");
   ASSERT_EQ(offloaded.exit_code, 0) << offloaded.err;
   const auto a = losses(resident), b = losses(offloaded);
   ASSERT_EQ(a.size(), 20u);
@@ -139,7 +139,7 @@ TEST_F(TrainE2E, OffloadedEqualsResidentBitwiseAndPeakWithinBudget) {
 // above every norm changes nothing (bitwise); one below them rescales every step's gradient to
 // that norm, which Adam sees from step 2 on (its first update is scale-invariant).
 TEST_F(TrainE2E, GradientClippingFromTheConfig) {
-  const std::string data = " --data " + corpus() + " --steps 6 --engine store --offload nvme "
+  const std::string data = " --data " + corpus() + " --steps 6 --engine zero --offload nvme "
                            "--swap-dir swap --device sim ";
   auto with_clip = [&](const char* name, double clip) {
     const fs::path cfg = dir_ / name;
@@ -184,7 +184,7 @@ TEST_F(TrainE2E, Stage3WithoutOffloadEqualsResident) {
 // untouched. A lock left by a dead run is taken over (crash_loop_test kills runs mid-save).
 TEST_F(TrainE2E, SecondWriterOfACheckpointDirectoryIsRefused) {
   const std::string args = std::string(kTiny) + " --data " + corpus() +
-                           " --steps 3 --engine store --offload nvme --save ck";
+                           " --steps 3 --engine zero --offload nvme --save ck";
   ASSERT_EQ(run(args + " --swap-dir swap").exit_code, 0);
   const std::string manifest = slurp((dir_ / "ck" / "rank0" / "manifest.json").string());
   ASSERT_FALSE(manifest.empty());
@@ -211,7 +211,7 @@ TEST_F(TrainE2E, SecondWriterOfACheckpointDirectoryIsRefused) {
 // and the exit code is 130 (128 + SIGINT); --resume continues from that step.
 TEST_F(TrainE2E, SigintCheckpointsAndCleansUp) {
   const std::string cmd = std::string(TIERMEM_TRAIN_BIN) + " " + kTiny + " --data " + corpus() +
-                          " --steps 1000000 --engine store --offload nvme --swap-dir swap --save ck";
+                          " --steps 1000000 --engine zero --offload nvme --swap-dir swap --save ck";
   // Start it, wait for its first step line, then send SIGINT (a script file: no quoting games).
   std::ofstream(dir_ / "interrupt.sh")
       << "cd '" << dir_.string() << "'\n"
@@ -237,7 +237,7 @@ TEST_F(TrainE2E, SigintCheckpointsAndCleansUp) {
   // It resumes from the interrupted step.
   const RunResult resumed =
       run(std::string(kTiny) + " --data " + corpus() + " --steps " + std::to_string(stopped + 2) +
-          " --engine store --offload nvme --swap-dir swap --resume ck");
+          " --engine zero --offload nvme --swap-dir swap --resume ck");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   ASSERT_EQ(resumed.steps.size(), 2u) << resumed.out;
   EXPECT_EQ(resumed.steps.front()["step"].get<int>(), stopped + 1);

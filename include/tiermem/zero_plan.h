@@ -1,0 +1,89 @@
+// tiermem/zero_plan.h — where ZeroEngine puts each kind of training state and the least memory
+// each tier needs: pure arithmetic over the config and the module sizes (no I/O, no allocation),
+// used by the engine to size its optimizer sub-groups and refuse a budget that cannot work before
+// anything is written, and by programs to print the same numbers before a run.
+//
+// What the engine keeps where (one rank; R = the rank's shard elements, rank_flat):
+//   working params   stage 3, modules >= stage3_param_persistence_threshold: a TensorStore tensor
+//                    per module shard, home offload_param.device (nvme: swap space, cpu: host
+//                    pool, none: the device); compute reads it at the device tier.
+//                    stages 0-2 and persistent modules: engine host buffers (host_engine_bytes).
+//   optimizer state  fp32 [master | exp_avg | exp_avg_sq] per sub-group ("piece"; a module's
+//                    shard split in pieces of piece_elems), home offload_optimizer.device
+//                    (nvme: swap space; cpu or none: host pool). 12 bytes per element.
+//   gradients        stages 2-3: one fp32 partition tensor per piece, home host, or nvme when
+//                    offload_optimizer is nvme and 4 R bytes exceed a quarter of the host budget
+//                    (DeepSpeed also swaps gradients then). Stages 0-1: full fp32 gradients in
+//                    engine host buffers (every rank accumulates them whole, as in DeepSpeed).
+//
+// The host budget holds the host homes, the caches of NVMe-homed tensors, and the step's
+// sub-groups in flight; piece_elems is the largest sub-group (<= sub_group_size, a multiple of
+// the alignment) of which (buffer_count + 1) fit next to the homes and the largest working shard.
+//
+// Units: *_bytes are bytes (allocator-rounded: host 4 KiB, device pages of device_page_bytes);
+// *_elems are elements. Thread-safety: pure; thread-safe. Errors: none (a plan that cannot run
+// says so in fits/why; ZeroEngine throws the ConfigError).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "tiermem/config.h"
+#include "tiermem/tier.h"
+
+namespace tiermem {
+
+struct ZeroPlanOptions {
+  int world_size = 1;
+  std::size_t alignment_elems = 1024;     // ZeroEngineOptions::alignment_elems
+  bool device_host_addressable = true;    // SimDevice: compute reads device memory in place
+  std::uint64_t device_page_bytes = 4096; // device allocator granularity
+  int max_inflight_buckets = 4;           // ZeroEngineOptions::max_inflight_buckets
+};
+
+struct ZeroPlan {
+  // Resolved budgets (config value, or the default when 0): host = default_host_budget_bytes();
+  // device = tiermem.device_budget_bytes (0 = the device's own default).
+  std::uint64_t host_budget_bytes = 0;
+  std::uint64_t device_budget_bytes = 0;
+
+  Tier param_home = Tier::kHost;      // of the stage-3 stored module shards
+  Tier optimizer_home = Tier::kHost;
+  Tier gradient_home = Tier::kHost;   // stages 2-3 (stages 0-1: engine host buffers)
+  bool uses_device = false;           // stage 3 with at least one stored module
+  std::size_t piece_elems = 0;        // optimizer sub-group size the engine will use
+  std::size_t rank_flat_elems = 0;    // R
+
+  // Bytes by home (this rank).
+  std::uint64_t param_store_bytes = 0;     // stored working shards (wsize each)
+  std::uint64_t optimizer_bytes = 0;       // 12 R
+  std::uint64_t gradient_bytes = 0;        // 4 R (stages 2-3) or 4 x full padded (stages 0-1)
+  std::uint64_t host_home_bytes = 0;       // what lives in the host pool for good
+  std::uint64_t host_engine_bytes = 0;     // engine buffers outside the pool (see above) + buckets
+  std::uint64_t nvme_bytes = 0;            // swap space needed (params + optimizer + gradients)
+  std::uint64_t nvme_param_bytes = 0, nvme_optimizer_bytes = 0;  // by nvme_path section
+
+  // The least budgets that run, and why (one line each, naming the parts).
+  std::uint64_t host_min_bytes = 0;
+  std::string host_min_why;
+  std::uint64_t device_min_bytes = 0;
+  std::string device_min_why;
+  std::uint64_t gather_reserve_bytes = 0;  // device room kept for all-gathered modules (world > 1)
+
+  bool fits = true;  // both budgets >= their minimum
+  std::string why;   // when !fits: one line naming the budget key, its value and the minimum
+};
+
+// The resolved default host budget (bytes) when tiermem.host_budget_bytes is 0: 1/16 of the
+// machine's physical memory, at least 256 MiB and at most 1 GiB (the pool is mapped, and with
+// NVMe offload registered with io_uring, which pins every page of it, at start). Fixed for the
+// machine, never a function of the model.
+std::uint64_t default_host_budget_bytes();
+
+// Plans `module_numels` (every module's element count, in registration order) under `config`.
+ZeroPlan plan_zero(const Config& config, std::span<const std::size_t> module_numels,
+                   const ZeroPlanOptions& options = {});
+
+}  // namespace tiermem

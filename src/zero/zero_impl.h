@@ -1,0 +1,162 @@
+// src/zero/zero_impl.h — ZeroEngine's internal state, shared by its parts:
+//   zero_engine.cc      the public calls: construction, gather, reduce_gradients, stats
+//   zero_setup.cc       layout, plan, the TensorStore and every module's tensors (registration)
+//   zero_step.cc        the optimizer step over sub-groups ("pieces"), checkpoints, export
+// Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tiermem/communicator.h"
+#include "tiermem/device.h"
+#include "tiermem/dtype.h"
+#include "tiermem/error.h"
+#include "tiermem/io_engine.h"
+#include "tiermem/loss_scaler.h"
+#include "tiermem/shard.h"
+#include "tiermem/swap_space.h"
+#include "tiermem/tensor_store.h"
+#include "tiermem/zero_engine.h"
+#include "tiermem/zero_plan.h"
+
+namespace tiermem::detail {
+
+// 4 KiB-aligned zeroed heap buffer (engine host buffers; counted in ZeroStats::host_engine_bytes).
+struct AlignedBuf {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  AlignedBuf() = default;
+  explicit AlignedBuf(std::size_t n) : bytes(n) {
+    if (n == 0) return;
+    p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+    if (!p) throw OutOfMemoryError(Tier::kHost, n, 0, "ZeroEngine host buffer");
+    std::memset(p, 0, n);
+  }
+  AlignedBuf(AlignedBuf&& o) noexcept : p(o.p), bytes(o.bytes) {
+    o.p = nullptr;
+    o.bytes = 0;
+  }
+  AlignedBuf& operator=(AlignedBuf&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+  ~AlignedBuf() { std::free(p); }
+  float* f() const { return static_cast<float*>(p); }
+  std::byte* b() const { return static_cast<std::byte*>(p); }
+};
+
+// One optimizer sub-group: a range of one module's shard.
+struct Piece {
+  int module = 0;
+  std::size_t begin = 0, end = 0;  // within the module's shard (elements)
+  std::size_t flat = 0;            // rank-flat offset of `begin`
+  TensorId optim = kInvalidTensor; // fp32 [master | exp_avg | exp_avg_sq], 3 x size()
+  TensorId grad = kInvalidTensor;  // stages 2-3: fp32 gradient partition, size()
+  bool grad_fresh = true;          // no gradient since the last step: contents undefined
+  std::size_t size() const { return end - begin; }
+};
+
+struct ZeroModule {
+  std::string name;
+  std::size_t numel = 0;
+  ModuleShard shard;
+  std::size_t flat = 0;        // rank-flat offset of the shard
+  bool persistent = false;     // stage 3, below the persistence threshold: kept whole
+  bool stored = false;         // stage 3 working shard is a store tensor (`param`)
+  bool registered = false;     // tensors written (registration streamed or finalized)
+  TensorId param = kInvalidTensor;
+  Tier home = Tier::kHost;     // of `param` (stored modules)
+  AlignedBuf mem_shard;        // working shard when !stored (stage 0: the full copy)
+  AlignedBuf full;             // stages 1-2 and persistent: the all-gathered working params
+  std::vector<float> full_grad;   // stages 0-1: full padded fp32 gradient
+  std::vector<float> shard_grad;  // stage 1: the reduce-scattered shard
+  std::vector<float> init_shard;  // deferred registration only (no numels up front)
+  std::vector<int> pieces;        // indices into Impl::pieces
+  int grad_calls = 0;
+};
+
+}  // namespace tiermem::detail
+
+namespace tiermem {
+
+struct ZeroEngine::Impl {
+  Communicator& comm;
+  ZeroEngineOptions opts;
+  Config cfg;  // the engine's copy (learning rate updated by set_learning_rate)
+  int rank = 0, world = 1;
+  int opt_world = 1, opt_rank = 0;  // stage 0: optimizer state is not partitioned
+  int stage = 0;
+  std::size_t wsize = 4;
+  DType wdtype = DType::kF32;
+  DType comm_dtype = DType::kF32;
+
+  std::vector<detail::ZeroModule> mods;
+  std::vector<detail::Piece> pieces;
+  std::vector<std::size_t> expected_numels;  // given up front (streamed registration)
+  bool planned = false;    // plan + store exist
+  bool finalized = false;  // every module registered; training calls allowed
+  ZeroPlan plan;
+
+  // Tiers. Destruction order (reverse of declaration): store first, then swap spaces, io, device.
+  std::shared_ptr<Device> device;
+  std::unique_ptr<IoEngine> io;
+  std::shared_ptr<SwapSpace> param_swap, optim_swap;  // may be the same object
+  std::unique_ptr<TensorStore> store;
+  Tier compute_tier = Tier::kHost;     // where gathers pin working shards
+
+  // Reduce-scatter buckets in flight (stages 2-3, several ranks).
+  struct Inflight {
+    CommHandle handle;
+    std::vector<float> send, recv;
+    int module = 0;
+    std::size_t begin = 0;  // shard-local offset of recv[0]
+  };
+  std::deque<Inflight> inflight;
+  std::uint64_t bucket_bytes_live = 0;
+
+  std::uint64_t gathered_live = 0;
+  std::unique_ptr<DynamicLossScaler> scaler;
+  ZeroStats st;
+
+  Impl(Communicator& c, ZeroEngineOptions o, const Config& config) : comm(c), opts(o), cfg(config) {}
+
+  // zero_setup.cc
+  void make_plan(std::span<const std::size_t> numels);
+  void make_tiers();
+  void add_module(const std::string& name, std::size_t numel);
+  void write_module(int i, std::span<const float> init_shard);
+  void finalize();
+  std::uint64_t engine_host_bytes() const;
+
+  // zero_step.cc
+  StepResult step();
+  void publish_working(int i, const float* master_shard);  // fp32 shard -> working homes
+
+  // Helpers.
+  void to_working(const float* src, std::byte* dst, std::size_t n) const {
+    if (wsize == 4) {
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    }
+    auto* d = reinterpret_cast<std::uint16_t*>(dst);
+    const bool bf16 = wdtype == DType::kBF16;
+    for (std::size_t i = 0; i < n; ++i) d[i] = bf16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+  }
+  // Adds `n` fp32 values at shard-local offset `begin` of module `m` into its gradient pieces.
+  void accumulate_grad(int m, std::size_t begin, const float* src, std::size_t n);
+  void complete_front();
+  void sync() {
+    while (!inflight.empty()) complete_front();
+  }
+  void zero_grad();
+};
+
+}  // namespace tiermem

@@ -1,0 +1,164 @@
+// src/zero/zero_plan.cc — plan_zero (see include/tiermem/zero_plan.h): homes, sub-group size and
+// minimum budgets of a ZeroEngine, as pure arithmetic.
+#include "tiermem/zero_plan.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fmt/format.h>
+#include <vector>
+
+#include "tiermem/dtype.h"
+#include "tiermem/error.h"
+#include "tiermem/log.h"
+#include "tiermem/shard.h"
+
+namespace tiermem {
+namespace {
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+std::uint64_t host_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }
+
+}  // namespace
+
+std::uint64_t default_host_budget_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  std::uint64_t phys = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)
+                                             : 4096 * kMiB;
+  return std::clamp<std::uint64_t>(phys / 16 / kMiB * kMiB, 256 * kMiB, 1024 * kMiB);
+}
+
+ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const ZeroPlanOptions& o) {
+  const ZeroConfig& z = cfg.zero;
+  ZeroPlan p;
+  const int stage = z.stage;
+  const int opt_world = stage == 0 ? 1 : std::max(1, o.world_size);
+  const std::size_t A = std::max<std::size_t>(1, o.alignment_elems);
+  const std::uint64_t wsize = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
+  auto dev_round = [&](std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), o.device_page_bytes); };
+
+  p.host_budget_bytes = cfg.tiermem.host_budget_bytes != 0 ? cfg.tiermem.host_budget_bytes
+                                                           : default_host_budget_bytes();
+  p.device_budget_bytes = cfg.tiermem.device_budget_bytes;
+
+  const ShardLayout layout = make_shard_layout(numels, opt_world, A);
+  const std::size_t R = layout.rank_flat;
+  p.rank_flat_elems = R;
+
+  // Working params. Stage 3 stores each module's shard in the TensorStore: a module below the
+  // persistence threshold is kept whole; with one rank that is simply a shard homed on the device
+  // (never offloaded, as DeepSpeed keeps persistent parameters on the GPU); with several it is
+  // an engine host buffer (the shard plus the all-gathered copy).
+  switch (z.offload_param.device) {
+    case OffloadDevice::kNvme: p.param_home = Tier::kNvme; break;
+    case OffloadDevice::kCpu: p.param_home = Tier::kHost; break;
+    case OffloadDevice::kNone:
+      p.param_home = o.device_host_addressable ? Tier::kDevice : Tier::kHost;
+      break;
+  }
+  const Tier persistent_home = o.device_host_addressable ? Tier::kDevice : Tier::kHost;
+  std::uint64_t largest_stored = 0, largest_padded = 0, dev_homes = 0, host_homes = 0, nvme_homes = 0;
+  std::uint64_t largest_offloaded = 0;
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    const ModuleShard& s = layout.modules[i];
+    const bool persistent = stage == 3 && numels[i] < z.stage3_param_persistence_threshold_elems;
+    const bool stored = stage == 3 && s.shard > 0 && (!persistent || o.world_size == 1);
+    if (stored) {
+      const Tier home = persistent ? persistent_home : p.param_home;
+      const std::uint64_t b = s.shard * wsize;
+      p.uses_device = true;
+      p.param_store_bytes += b;
+      if (home == Tier::kDevice) dev_homes += dev_round(b);
+      if (home == Tier::kHost) host_homes += host_round(b);
+      if (home == Tier::kNvme) nvme_homes += round_up(b, 4096);
+      if (home != Tier::kDevice) largest_offloaded = std::max(largest_offloaded, b);
+      if (home == Tier::kNvme) largest_stored = std::max(largest_stored, b);
+      largest_padded = std::max<std::uint64_t>(largest_padded, s.padded * wsize);
+    } else if (stage == 0) {
+      p.host_engine_bytes += host_round(s.padded * wsize);
+    } else {
+      p.host_engine_bytes += host_round(s.shard * wsize) + host_round(s.padded * wsize);
+    }
+  }
+  p.optimizer_home = z.offload_optimizer.device == OffloadDevice::kNvme ? Tier::kNvme : Tier::kHost;
+  p.optimizer_bytes = 12ull * R;
+  if (stage >= 2) {
+    p.gradient_bytes = 4ull * R;
+    p.gradient_home = p.optimizer_home == Tier::kNvme && p.gradient_bytes > p.host_budget_bytes / 4 ? Tier::kNvme
+                                                                                                   : Tier::kHost;
+  } else {
+    p.gradient_bytes = 4ull * layout.full_flat + (stage == 1 ? 4ull * R : 0);
+    p.host_engine_bytes += p.gradient_bytes;
+    p.gradient_home = Tier::kHost;
+  }
+  // Reduce-scatter buckets in flight (several ranks, stages 2-3): send (chunk x world) + recv.
+  if (stage >= 2 && o.world_size > 1) {
+    std::uint64_t chunk = 0;
+    for (const ModuleShard& s : layout.modules) {
+      for (const ElemRange& c : make_reduce_chunks(s.shard, o.world_size, z.reduce_bucket_size_elems, A)) {
+        chunk = std::max<std::uint64_t>(chunk, c.size());
+      }
+    }
+    p.host_engine_bytes += 4ull * chunk * static_cast<std::uint64_t>(o.world_size + 1) *
+                           static_cast<std::uint64_t>(std::max(1, o.max_inflight_buckets) + 1);
+  }
+
+  // Host pool: homes, the working shard AdamW writes (stage 3, NVMe-homed params), sub-groups.
+  p.host_home_bytes += host_homes;
+  if (p.optimizer_home == Tier::kHost) p.host_home_bytes += host_round(12ull * R) + 4096 * numels.size();
+  if (stage >= 2 && p.gradient_home == Tier::kHost) p.host_home_bytes += host_round(4ull * R) + 4096 * numels.size();
+  const std::uint64_t step_reserve = largest_stored ? host_round(largest_stored) : 0;
+  const std::uint64_t per_elem = (p.optimizer_home == Tier::kNvme ? 12 : 0) +
+                                 (stage >= 2 && p.gradient_home == Tier::kNvme ? 4 : 0);
+  const std::uint64_t B = static_cast<std::uint64_t>(std::max(1, z.offload_optimizer.buffer_count));
+  std::size_t largest_shard = 0;
+  for (const ModuleShard& s : layout.modules) largest_shard = std::max(largest_shard, s.shard);
+  const std::size_t sub = std::max<std::size_t>(A, z.sub_group_size_elems / A * A);
+  p.host_min_bytes = p.host_home_bytes + step_reserve + 2 * per_elem * A;
+  p.host_min_why = fmt::format("{} of host homes + {} for the largest working shard + 2 sub-groups of {} elements "
+                               "x {} B in flight",
+                               format_bytes(p.host_home_bytes), format_bytes(step_reserve), A, per_elem);
+  if (per_elem == 0) {
+    p.piece_elems = sub;
+  } else {
+    const std::uint64_t used = p.host_home_bytes + step_reserve;
+    const std::uint64_t avail = p.host_budget_bytes > used ? p.host_budget_bytes - used : 0;
+    const std::uint64_t fit = avail / (per_elem * (B + 1)) / A * A;
+    p.piece_elems = static_cast<std::size_t>(std::clamp<std::uint64_t>(fit, A, sub));
+  }
+  p.piece_elems = std::min(p.piece_elems, std::max<std::size_t>(A, (largest_shard + A - 1) / A * A));
+
+  // Device: stored shards (home device) or the largest one at a time; gathered modules.
+  if (p.uses_device) {
+    if (o.world_size > 1) p.gather_reserve_bytes = 2 * dev_round(largest_padded);
+    const std::uint64_t params = dev_homes + (largest_offloaded ? dev_round(largest_offloaded) : 0);
+    p.device_min_bytes = params + p.gather_reserve_bytes;
+    p.device_min_why = fmt::format("{} of working shards homed on the device + the largest offloaded one, {}",
+                                   format_bytes(dev_homes), format_bytes(largest_offloaded ? dev_round(largest_offloaded) : 0));
+    if (p.gather_reserve_bytes) {
+      p.device_min_why += fmt::format(" + 2 all-gathered modules ({})", format_bytes(p.gather_reserve_bytes));
+    }
+  }
+
+  // NVMe.
+  p.nvme_param_bytes = nvme_homes;
+  if (p.optimizer_home == Tier::kNvme) p.nvme_optimizer_bytes = 12ull * R;
+  if (stage >= 2 && p.gradient_home == Tier::kNvme) p.nvme_optimizer_bytes += 4ull * R;
+  p.nvme_bytes = p.nvme_param_bytes + p.nvme_optimizer_bytes;
+
+  if (p.host_budget_bytes < p.host_min_bytes) {
+    p.fits = false;
+    p.why = fmt::format("host budget {} (tiermem.host_budget_bytes) is below the {} this model needs: {}",
+                        format_bytes(p.host_budget_bytes), format_bytes(p.host_min_bytes), p.host_min_why);
+  } else if (p.uses_device && p.device_budget_bytes != 0 && p.device_budget_bytes < p.device_min_bytes) {
+    p.fits = false;
+    p.why = fmt::format("device budget {} (tiermem.device_budget_bytes) is below the {} this model needs: {}",
+                        format_bytes(p.device_budget_bytes), format_bytes(p.device_min_bytes), p.device_min_why);
+  }
+  return p;
+}
+
+}  // namespace tiermem

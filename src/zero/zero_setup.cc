@@ -1,0 +1,247 @@
+// src/zero/zero_setup.cc — ZeroEngine's set-up: the plan (homes, sub-group size, minimum
+// budgets), the tiers (device, io engine, swap spaces, one TensorStore with the Prefetcher) and
+// each module's tensors, written to their homes as the module is registered.
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fmt/format.h>
+#include <map>
+
+#include "tiermem/log.h"
+#include "tiermem/prefetcher.h"
+#include "zero_impl.h"
+
+namespace tiermem {
+namespace {
+
+std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int rank) {
+  std::vector<std::string> out;
+  for (const auto& p : paths) {
+    std::filesystem::path d = std::filesystem::path(p) / ("rank" + std::to_string(rank));
+    std::error_code ec;
+    std::filesystem::create_directories(d, ec);
+    if (ec) throw IoError(d.string(), 0, 0, ec.value(), "mkdir", "ZeroEngine swap directory: " + ec.message());
+    out.push_back(d.string());
+  }
+  return out;
+}
+
+// Refuses a swap directory whose filesystem lacks room for `need` bytes (spread over `paths`).
+void check_free_space(const std::vector<std::string>& paths, std::uint64_t need, const char* key) {
+  if (need == 0 || paths.empty()) return;
+  const std::uint64_t per_path = need / paths.size();
+  std::map<unsigned long, std::pair<std::string, std::uint64_t>> by_fs;  // fsid -> (path, need)
+  for (const auto& p : paths) {
+    struct statvfs sv {};
+    std::filesystem::path probe(p);
+    while (!probe.empty() && !std::filesystem::exists(probe)) probe = probe.parent_path();
+    if (probe.empty()) probe = ".";
+    if (statvfs(probe.c_str(), &sv) != 0) continue;  // the swap space reports its own errors
+    auto& e = by_fs[sv.f_fsid];
+    e.first = p;
+    e.second += per_path;
+    const std::uint64_t free_bytes = static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
+    if (e.second > free_bytes) {
+      throw ConfigError(key, p,
+                        fmt::format("the NVMe state needs {} in '{}' but its filesystem has {} free; free "
+                                    "space there, add nvme_path entries on other filesystems, or offload "
+                                    "less (offload_param / offload_optimizer device cpu)",
+                                    format_bytes(e.second), p, format_bytes(free_bytes)));
+    }
+  }
+}
+
+}  // namespace
+
+void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
+  ZeroPlanOptions po;
+  po.world_size = world;
+  po.alignment_elems = opts.alignment_elems;
+  po.max_inflight_buckets = opts.max_inflight_buckets;
+  // The device is made (and its addressability known) only when the plan needs one; SimDevice,
+  // the only device a CPU model can compute on in place, is host-addressable.
+  po.device_host_addressable = cfg.tiermem.device != "cuda";
+  plan = plan_zero(cfg, numels, po);
+  if (!plan.fits) {
+    const bool host = plan.host_budget_bytes < plan.host_min_bytes;
+    throw ConfigError(host ? "tiermem.host_budget_bytes" : "tiermem.device_budget_bytes",
+                      std::to_string(host ? plan.host_budget_bytes : plan.device_budget_bytes), plan.why);
+  }
+  planned = true;
+  make_tiers();
+}
+
+void ZeroEngine::Impl::make_tiers() {
+  const ZeroConfig& z = cfg.zero;
+  const bool nvme_param = plan.uses_device && plan.param_home == Tier::kNvme;
+  const bool nvme_opt = plan.optimizer_home == Tier::kNvme;
+  if (nvme_param || nvme_opt) {
+    // DeepSpeed's meaning: parameters under offload_param.nvme_path, optimizer state (and swapped
+    // gradients) under offload_optimizer.nvme_path; one swap space when they are the same.
+    const auto& ppaths = z.offload_param.nvme_path.empty() ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path;
+    const auto& opaths = z.offload_optimizer.nvme_path.empty() ? z.offload_param.nvme_path : z.offload_optimizer.nvme_path;
+    const bool same = !nvme_param || !nvme_opt || ppaths == opaths;
+    if (same) {
+      const auto& paths = nvme_opt ? opaths : ppaths;
+      check_free_space(paths, plan.nvme_bytes,
+                       nvme_opt ? "zero_optimization.offload_optimizer.nvme_path" : "zero_optimization.offload_param.nvme_path");
+    } else {
+      check_free_space(ppaths, plan.nvme_param_bytes, "zero_optimization.offload_param.nvme_path");
+      check_free_space(opaths, plan.nvme_optimizer_bytes, "zero_optimization.offload_optimizer.nvme_path");
+    }
+    io = make_io_engine(cfg);
+    if (same) {
+      param_swap = optim_swap = std::make_shared<SwapSpace>(cfg, rank_dirs(nvme_opt ? opaths : ppaths, rank), *io);
+    } else {
+      param_swap = std::make_shared<SwapSpace>(cfg, rank_dirs(ppaths, rank), *io);
+      optim_swap = std::make_shared<SwapSpace>(cfg, rank_dirs(opaths, rank), *io);
+    }
+  }
+  if (plan.uses_device) {
+    DeviceOptions dopt = DeviceOptions::from_config(cfg);
+    device = make_device(dopt);
+    if (!device->host_addressable()) {
+      // tiermem's CPU kernels (AdamW, and a CPU model) cannot touch device memory: working
+      // shards are computed on from the host tier (the CUDA model backend is future work).
+      compute_tier = Tier::kHost;
+      if (plan.param_home == Tier::kDevice) plan.param_home = Tier::kHost;
+    } else {
+      compute_tier = Tier::kDevice;
+    }
+  }
+  TensorStoreOptions so = TensorStoreOptions::from_config(cfg);
+  so.host_budget_bytes = plan.host_budget_bytes;
+  so.device_budget_bytes = 0;
+  if (device) {
+    const std::uint64_t dev = device->budget_bytes();
+    if (dev < plan.device_min_bytes) {
+      throw ConfigError("tiermem.device_budget_bytes", std::to_string(dev),
+                        fmt::format("device budget {} ({}) is below the {} this model needs: {}", format_bytes(dev),
+                                    device->name(), format_bytes(plan.device_min_bytes), plan.device_min_why));
+    }
+    so.device_budget_bytes = dev - plan.gather_reserve_bytes;
+  }
+  so.pin_memory = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
+  std::unique_ptr<ResidencyPolicy> policy =
+      std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, wdtype));
+  store = std::make_unique<TensorStore>(so, device, optim_swap ? optim_swap : param_swap, std::move(policy));
+  st.host_pinned = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
+  TM_LOG_INFO("ZERO",
+              "stage {}, rank {} of {}: {} elements of optimizer state ({} in sub-groups of {} elements, {}); "
+              "params {}, gradients {}; host budget {}, device {}",
+              stage, rank, world, plan.rank_flat_elems, format_bytes(plan.optimizer_bytes), plan.piece_elems,
+              tier_name(plan.optimizer_home), plan.uses_device ? tier_name(plan.param_home) : "engine host buffers",
+              stage >= 2 ? tier_name(plan.gradient_home) : "engine host buffers", format_bytes(plan.host_budget_bytes),
+              device ? format_bytes(device->budget_bytes()) : std::string("unused"));
+}
+
+// Layout bookkeeping of the next module (no I/O).
+void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
+  detail::ZeroModule m;
+  m.name = name;
+  m.numel = numel;
+  m.shard = make_module_shard(numel, opt_world, opts.alignment_elems);
+  m.flat = mods.empty() ? 0 : mods.back().flat + mods.back().shard.shard;
+  m.persistent = stage == 3 && numel < cfg.zero.stage3_param_persistence_threshold_elems;
+  // One rank: a persistent module is a shard like any other, homed on the device (zero_plan.h).
+  m.stored = stage == 3 && m.shard.shard > 0 && (!m.persistent || world == 1);
+  mods.push_back(std::move(m));
+}
+
+// Writes module i's tensors to their homes from its fp32 initial shard (shard elements).
+void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(i)];
+  const std::size_t n = m.shard.shard;
+  // Optimizer pieces (and gradient partitions): the module's shard in sub-groups.
+  std::vector<float> tmp;
+  for (const ElemRange& r : make_sub_groups(n, plan.piece_elems, opts.alignment_elems)) {
+    detail::Piece p;
+    p.module = i;
+    p.begin = r.begin;
+    p.end = r.end;
+    p.flat = m.flat + r.begin;
+    tmp.assign(3 * r.size(), 0.0f);
+    std::copy(init.begin() + static_cast<std::ptrdiff_t>(r.begin), init.begin() + static_cast<std::ptrdiff_t>(r.end),
+              tmp.begin());
+    TensorSpec os;
+    os.name = fmt::format("zero.optim.{}.{}", m.name, r.begin);
+    os.dtype = DType::kF32;
+    os.shape = {3, static_cast<std::int64_t>(r.size())};
+    os.home = plan.optimizer_home;
+    os.swap = optim_swap.get();
+    os.initial = std::as_bytes(std::span<const float>(tmp));
+    p.optim = store->register_tensor(os);
+    if (stage >= 2) {
+      TensorSpec gs;
+      gs.name = fmt::format("zero.grad.{}.{}", m.name, r.begin);
+      gs.dtype = DType::kF32;
+      gs.shape = {static_cast<std::int64_t>(r.size())};
+      gs.home = plan.gradient_home;
+      gs.swap = optim_swap.get();
+      gs.zero_fill = false;  // always overwritten first (acquire_for_overwrite)
+      p.grad = store->register_tensor(gs);
+    }
+    m.pieces.push_back(static_cast<int>(pieces.size()));
+    pieces.push_back(p);
+  }
+  tmp.clear();
+  tmp.shrink_to_fit();
+  // Working params.
+  std::vector<std::byte> work(n * wsize);
+  to_working(init.data(), work.data(), n);
+  if (m.stored) {
+    TensorSpec ps;
+    ps.name = "zero.param." + m.name;
+    ps.dtype = wdtype;
+    ps.shape = {static_cast<std::int64_t>(n)};
+    m.home = m.persistent ? compute_tier : plan.param_home;
+    ps.home = m.home;
+    ps.swap = param_swap.get();
+    ps.initial = work;
+    m.param = store->register_tensor(ps);
+  } else {
+    m.mem_shard = detail::AlignedBuf(n * wsize);
+    if (n) std::memcpy(m.mem_shard.p, work.data(), n * wsize);
+    if (stage == 1 || stage == 2 || m.persistent) {
+      m.full = detail::AlignedBuf(m.shard.padded * wsize);
+      comm.all_gather(m.mem_shard.p, m.full.p, n, comm_dtype);
+      ++st.all_gather_calls;
+    }
+  }
+  if (stage <= 1) m.full_grad.assign(m.shard.padded, 0.0f);
+  if (stage == 1) m.shard_grad.assign(n, 0.0f);
+  m.registered = true;
+}
+
+// Every module is registered: plan (deferred registration) and write what is still in memory.
+void ZeroEngine::Impl::finalize() {
+  if (finalized) return;
+  if (!expected_numels.empty() && mods.size() != expected_numels.size()) {
+    throw Error(fmt::format("ZeroEngine: {} modules were announced at construction but {} registered",
+                            expected_numels.size(), mods.size()));
+  }
+  if (!planned) {
+    std::vector<std::size_t> numels;
+    for (const auto& m : mods) numels.push_back(m.numel);
+    make_plan(numels);
+  }
+  for (std::size_t i = 0; i < mods.size(); ++i) {
+    if (mods[i].registered) continue;
+    write_module(static_cast<int>(i), mods[i].init_shard);
+    mods[i].init_shard.clear();
+    mods[i].init_shard.shrink_to_fit();
+  }
+  finalized = true;
+  store->begin_step();  // the Prefetcher records the first step's accesses
+}
+
+std::uint64_t ZeroEngine::Impl::engine_host_bytes() const {
+  std::uint64_t b = 0;
+  for (const auto& m : mods) {
+    b += m.mem_shard.bytes + m.full.bytes + 4 * (m.full_grad.size() + m.shard_grad.size() + m.init_shard.size());
+  }
+  return b + bucket_bytes_live;
+}
+
+}  // namespace tiermem

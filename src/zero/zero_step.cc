@@ -1,0 +1,334 @@
+// src/zero/zero_step.cc — ZeroEngine's optimizer step (AdamW streamed over sub-groups through the
+// TensorStore), the publication of new working parameters, and the per-rank checkpoint
+// export/import and export_master.
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "tiermem/adam.h"
+#include "tiermem/log.h"
+#include "zero_impl.h"
+
+namespace tiermem {
+namespace {
+
+// Collective counts are bounded (MPI uses int); big buffers go in pieces of this many elements.
+constexpr std::size_t kMaxCollectiveElems = std::size_t{1} << 28;
+
+void all_reduce_sum(Communicator& comm, float* buf, std::size_t n) {
+  for (std::size_t b = 0; b < n; b += kMaxCollectiveElems) {
+    comm.all_reduce(buf + b, buf + b, std::min(kMaxCollectiveElems, n - b), DType::kF32, ReduceOp::kSum);
+  }
+}
+
+}  // namespace
+
+ZeroEngine::StepResult ZeroEngine::Impl::step() {
+  finalize();
+  sync();
+  int micro = 1;
+  for (const auto& m : mods) micro = std::max(micro, m.grad_calls);
+
+  // Finish the reduction stages 0 and 1 left for now.
+  for (auto& m : mods) {
+    if (stage == 0) {
+      all_reduce_sum(comm, m.full_grad.data(), m.full_grad.size());
+    } else if (stage == 1 && m.shard.shard > 0) {
+      comm.reduce_scatter(m.full_grad.data(), m.shard_grad.data(), m.shard.shard, DType::kF32, ReduceOp::kSum);
+      ++st.reduce_scatter_calls;
+    }
+  }
+
+  // The gradient of piece p: host buffers (stages 0-1) or its partition in the store (2-3). A
+  // partition no module wrote since the last step is zero.
+  auto grad_of = [&](detail::Piece& p, TensorStore::Pin& pin) -> const float* {
+    detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
+    if (stage == 0) return m.full_grad.data() + p.begin;
+    if (stage == 1) return m.shard_grad.data() + p.begin;
+    if (p.grad_fresh) {
+      pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
+      std::memset(pin.data(), 0, pin.bytes());
+      p.grad_fresh = false;
+    } else {
+      pin = store->acquire(p.grad, Tier::kHost, Phase::kOptimizer);
+    }
+    return pin.as<const float>();
+  };
+  const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
+  auto prefetch_after = [&](std::size_t k, bool with_state) {
+    std::vector<TensorId> ids;
+    for (std::size_t j = k + 1; j < pieces.size() && j < k + static_cast<std::size_t>(B); ++j) {
+      if (with_state) ids.push_back(pieces[j].optim);
+      if (stage >= 2 && !pieces[j].grad_fresh) ids.push_back(pieces[j].grad);
+    }
+    if (!ids.empty()) store->prefetch(ids, Tier::kHost);
+  };
+
+  StepResult res;
+  const bool pre_pass = scaler != nullptr || cfg.gradient_clipping > 0;
+  double sumsq = 0;
+  if (pre_pass) {  // overflow check (fp16) and the global norm before anything is updated
+    float bad = 0;
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      prefetch_after(k, false);
+      TensorStore::Pin pin;
+      const float* g = grad_of(pieces[k], pin);
+      const std::size_t n = pieces[k].size();
+      if (scaler) bad += static_cast<float>(count_nonfinite(g, n));
+      double s = 0;
+#pragma omp parallel for reduction(+ : s) if (n > (1u << 18))
+      for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
+      sumsq += s;
+    }
+    if (scaler) {
+      if (stage > 0) comm.all_reduce(&bad, &bad, 1, DType::kF32, ReduceOp::kSum);
+      const double used_scale = scaler->scale();
+      if (scaler->update(bad > 0)) {
+        ++st.skipped_steps;
+        TM_LOG_WARN("ZERO", "fp16 gradient overflow: step skipped, loss scale {} -> {}", used_scale, scaler->scale());
+        zero_grad();
+        store->end_step();
+        store->begin_step();
+        res.skipped = true;
+        res.loss_scale = scaler->scale();
+        res.step = st.steps;
+        return res;
+      }
+      res.loss_scale = used_scale;
+    }
+    if (stage > 0) {
+      float f = static_cast<float>(sumsq);
+      comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum);
+      sumsq = f;
+    }
+  }
+  double grad_scale = 1.0 / (static_cast<double>(world) * micro * (scaler ? res.loss_scale : 1.0));
+  if (pre_pass) {
+    res.grad_norm = std::sqrt(sumsq) * grad_scale;
+    if (cfg.gradient_clipping > 0 && res.grad_norm > cfg.gradient_clipping) {
+      grad_scale *= cfg.gradient_clipping / (res.grad_norm + 1e-6);
+    }
+  }
+
+  AdamParams ap;
+  ap.lr = static_cast<float>(cfg.optimizer.lr);
+  ap.beta1 = static_cast<float>(cfg.optimizer.beta1);
+  ap.beta2 = static_cast<float>(cfg.optimizer.beta2);
+  ap.eps = static_cast<float>(cfg.optimizer.eps);
+  ap.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+  ap.step = st.steps + 1;
+  ap.grad_scale = static_cast<float>(grad_scale);
+  const bool half = wsize == 2;
+
+  // Sub-groups in order; a module's pieces are consecutive. The stored working shard is pinned
+  // for overwrite at its module's first piece (AdamW writes every element of it) and released,
+  // dirty, after its last.
+  TensorStore::Pin param_pin;
+  int param_module = -1;
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    detail::Piece& p = pieces[k];
+    detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
+    prefetch_after(k, true);
+    TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, Phase::kOptimizer);
+    TensorStore::Pin gpin;
+    const float* g = grad_of(p, gpin);
+    if (!pre_pass) {
+      double s = 0;
+      const std::size_t n = p.size();
+#pragma omp parallel for reduction(+ : s) if (n > (1u << 18))
+      for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
+      sumsq += s;
+    }
+    std::byte* out;
+    if (m.stored) {
+      if (param_module != p.module) {
+        if (param_pin.valid()) param_pin.mark_dirty();
+        param_pin.release();
+        // AdamW writes where the shard lives when that is the (host-addressable) device, else
+        // into a host copy that the store writes back to the shard's home.
+        param_pin = store->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : Tier::kHost);
+        param_module = p.module;
+      }
+      out = param_pin.as<std::byte>() + p.begin * wsize;
+    } else {
+      out = m.mem_shard.b() + p.begin * wsize;
+    }
+    float* s = state.as<float>();
+    const std::size_t n = p.size();
+    adam_step(ap, s, g, s + n, s + 2 * n, n, half ? out : nullptr, wdtype);
+    if (!half) std::memcpy(out, s, n * sizeof(float));
+    state.mark_dirty();
+    gpin.release();
+    if (stage >= 2) p.grad_fresh = true;  // consumed: the next accumulation overwrites it
+  }
+  if (param_pin.valid()) param_pin.mark_dirty();
+  param_pin.release();
+  if (!pre_pass) {
+    if (stage > 0) {
+      float f = static_cast<float>(sumsq);
+      comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum);
+      sumsq = f;
+    }
+    res.grad_norm = std::sqrt(sumsq) * grad_scale;
+  }
+
+  // Publish the new working params of the modules kept whole.
+  for (auto& m : mods) {
+    if (m.full.p != nullptr && (stage == 1 || stage == 2 || m.persistent)) {
+      comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, comm_dtype);
+      ++st.all_gather_calls;
+    }
+  }
+  store->end_step();  // the step's trace ends here (the Prefetcher records the first, replays later)
+  store->begin_step();
+  ++st.steps;
+  zero_grad();
+  res.step = st.steps;
+  if (scaler) res.loss_scale = scaler->scale();
+  return res;
+}
+
+// fp32 master shard of module i -> its working shard (store or engine buffer); no collective.
+void ZeroEngine::Impl::publish_working(int i, const float* master_shard) {
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(i)];
+  const std::size_t n = m.shard.shard;
+  if (n == 0) return;
+  if (m.stored) {
+    std::vector<std::byte> tmp(n * wsize);
+    to_working(master_shard, tmp.data(), n);
+    store->write(m.param, tmp);  // at home; cached copies dropped
+  } else {
+    to_working(master_shard, m.mem_shard.b(), n);
+  }
+}
+
+// --------------------------------------------------------------------------------- export
+
+std::vector<float> ZeroEngine::export_master(int module) {
+  Impl& I = *impl_;
+  I.finalize();
+  if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::export_master: unknown module " + std::to_string(module));
+  const detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
+  std::vector<float> full(m.shard.padded);
+  float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
+  std::vector<float> tmp;
+  for (int pi : m.pieces) {
+    const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
+    tmp.resize(3 * p.size());
+    I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
+    std::copy(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(p.size()), mine + p.begin);
+  }
+  if (I.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
+  full.resize(m.numel);
+  return full;
+}
+
+ZeroOptimizerState ZeroEngine::export_optimizer_state() {
+  Impl& I = *impl_;
+  I.finalize();
+  I.sync();
+  const std::size_t R = I.plan.rank_flat_elems;
+  ZeroOptimizerState out;
+  out.world_size = I.opt_world;
+  out.rank = I.opt_rank;
+  out.alignment_elems = I.opts.alignment_elems;
+  for (const auto& m : I.mods) out.module_numels.push_back(m.numel);
+  out.steps = I.st.steps;
+  out.skipped_steps = I.st.skipped_steps;
+  if (I.scaler) out.loss_scaler = I.scaler->state();
+  out.master.resize(R);
+  out.exp_avg.resize(R);
+  out.exp_avg_sq.resize(R);
+  std::vector<float> tmp;
+  for (const detail::Piece& p : I.pieces) {  // [master | m | v]
+    const std::size_t n = p.size();
+    tmp.resize(3 * n);
+    I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
+    const auto b = static_cast<std::ptrdiff_t>(p.flat);
+    std::copy(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(n), out.master.begin() + b);
+    std::copy(tmp.begin() + static_cast<std::ptrdiff_t>(n), tmp.begin() + static_cast<std::ptrdiff_t>(2 * n),
+              out.exp_avg.begin() + b);
+    std::copy(tmp.begin() + static_cast<std::ptrdiff_t>(2 * n), tmp.end(), out.exp_avg_sq.begin() + b);
+  }
+  return out;
+}
+
+void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& state) {
+  Impl& I = *impl_;
+  I.finalize();
+  const std::size_t R = I.plan.rank_flat_elems;
+  // Validate everything before changing anything.
+  auto mismatch = [](const std::string& what, const std::string& got, const std::string& want) {
+    return Error("ZeroEngine::import_optimizer_state: " + what + " is " + got + " in the imported state but " +
+                 want + " in this engine (import the shard this rank exported, with the same world size, "
+                 "modules and alignment)");
+  };
+  if (state.world_size != I.opt_world) {
+    throw mismatch("the optimizer partition's world size", std::to_string(state.world_size),
+                   std::to_string(I.opt_world));
+  }
+  if (state.rank != I.opt_rank) {
+    throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(I.opt_rank));
+  }
+  if (state.alignment_elems != I.opts.alignment_elems) {
+    throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(I.opts.alignment_elems));
+  }
+  if (state.module_numels.size() != I.mods.size()) {
+    throw mismatch("the module count", std::to_string(state.module_numels.size()), std::to_string(I.mods.size()));
+  }
+  for (std::size_t i = 0; i < I.mods.size(); ++i) {
+    if (state.module_numels[i] != I.mods[i].numel) {
+      throw mismatch("module " + std::to_string(i) + " (" + I.mods[i].name + ")'s numel",
+                     std::to_string(state.module_numels[i]), std::to_string(I.mods[i].numel));
+    }
+  }
+  for (const auto& [name, vec] : {std::pair<const char*, const std::vector<float>*>{"master", &state.master},
+                                  {"exp_avg", &state.exp_avg},
+                                  {"exp_avg_sq", &state.exp_avg_sq}}) {
+    if (vec->size() != R) {
+      throw mismatch(std::string(name) + "'s length (elements)", std::to_string(vec->size()), std::to_string(R));
+    }
+  }
+  if (state.steps < 0 || state.skipped_steps < 0) {
+    throw Error("ZeroEngine::import_optimizer_state: step counts must be >= 0 (steps " + std::to_string(state.steps) +
+                ", skipped_steps " + std::to_string(state.skipped_steps) + ")");
+  }
+  if (state.loss_scaler.has_value() != (I.scaler != nullptr)) {
+    throw mismatch("fp16 loss-scaler state", state.loss_scaler ? "present" : "absent",
+                   I.scaler ? "expected (fp16.enabled)" : "not expected (fp16 disabled)");
+  }
+  if (state.loss_scaler) {
+    DynamicLossScaler probe = *I.scaler;
+    probe.restore(*state.loss_scaler);  // throws on an impossible state, before anything changes
+  }
+
+  I.zero_grad();  // also waits for in-flight reduce-scatters
+  // 1. The optimizer state, where it lives (each sub-group written at its home).
+  std::vector<float> tmp;
+  for (const detail::Piece& p : I.pieces) {
+    const std::size_t n = p.size();
+    const auto b = static_cast<std::ptrdiff_t>(p.flat), e = static_cast<std::ptrdiff_t>(p.flat + n);
+    tmp.resize(3 * n);
+    std::copy(state.master.begin() + b, state.master.begin() + e, tmp.begin());
+    std::copy(state.exp_avg.begin() + b, state.exp_avg.begin() + e, tmp.begin() + static_cast<std::ptrdiff_t>(n));
+    std::copy(state.exp_avg_sq.begin() + b, state.exp_avg_sq.begin() + e,
+              tmp.begin() + static_cast<std::ptrdiff_t>(2 * n));
+    I.store->write(p.optim, std::as_bytes(std::span<const float>(tmp)));
+  }
+  I.st.steps = state.steps;
+  I.st.skipped_steps = state.skipped_steps;
+  if (I.scaler) I.scaler->restore(*state.loss_scaler);
+
+  // 2. The working params from the imported master, as step() publishes them.
+  for (std::size_t i = 0; i < I.mods.size(); ++i) {
+    I.publish_working(static_cast<int>(i), state.master.data() + I.mods[i].flat);
+  }
+  for (auto& m : I.mods) {
+    if (m.full.p != nullptr && (I.stage == 1 || I.stage == 2 || m.persistent)) {
+      I.comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, I.comm_dtype);
+      ++I.st.all_gather_calls;
+    }
+  }
+}
+
+}  // namespace tiermem
