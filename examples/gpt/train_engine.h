@@ -45,6 +45,7 @@ struct EngineStats {
   std::uint64_t host_bounce_bytes = 0;       // pinned NVMe<->device bounce chunks
   std::uint64_t host_engine_peak_bytes = 0;  // the engine's own buffers (working copies, buckets)
   std::uint64_t host_grad_buffer_peak_bytes = 0;  // the trainer's per-module gradient buffers
+  std::uint64_t host_sim_device_bytes = 0;   // SimDevice's peak (its "device memory" is host RAM)
 };
 
 // Hyper-parameters of one optimizer step (AdamW, see tiermem/adam.h).

@@ -278,8 +278,10 @@ class ZeroTrainEngine final : public TrainEngine {
     e.host_bounce_bytes = z.host_bounce_bytes;
     e.host_engine_peak_bytes = z.host_engine_peak_bytes;
     e.host_grad_buffer_peak_bytes = grad_buffer_peak_;
+    // SimDevice memory is host memory too: counted here as well as on the device line.
+    e.host_sim_device_bytes = zero_->device_name() == "sim" ? z.device_peak_bytes : 0;
     e.peak_bytes[host] = z.host_pool_peak_bytes + z.host_bounce_bytes + z.host_engine_peak_bytes +
-                         grad_buffer_peak_;
+                         grad_buffer_peak_ + e.host_sim_device_bytes;
     const ZeroPlan& p = zero_->plan();
     e.peak_bytes[nv] = p.nvme_bytes;
     e.moved.bytes[nv][host] = z.nvme_read_bytes;  // NVMe -> host or device (the store's reads)

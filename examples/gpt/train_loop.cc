@@ -2,6 +2,7 @@
 // resume, the step loop, eval, checkpoint, summary.
 #include "train_loop.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -502,7 +503,17 @@ int run_training(const TrainOptions& opts) {
     s.device_budget_bytes = st.budget_bytes[0];
     s.device_peak_bytes = st.peak_bytes[0];
     s.host_budget_bytes = st.budget_bytes[1];
-    s.host_peak_bytes = st.peak_bytes[1];
+    s.activation_bytes = model.activation_bytes();
+    s.host_peak_bytes = st.peak_bytes[1] + s.activation_bytes;
+    s.host_pool_peak_bytes = st.host_pool_peak_bytes;
+    s.host_bounce_bytes = st.host_bounce_bytes;
+    s.host_engine_peak_bytes = st.host_engine_peak_bytes;
+    s.host_grad_buffer_peak_bytes = st.host_grad_buffer_peak_bytes;
+    s.host_sim_device_bytes = st.host_sim_device_bytes;
+    {
+      struct rusage ru {};
+      if (::getrusage(RUSAGE_SELF, &ru) == 0) s.max_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+    }
     s.nvme_peak_bytes = st.peak_bytes[2];
     s.nvme_bytes_read = st.nvme_read_bytes;
     s.nvme_bytes_written = st.nvme_written_bytes;

@@ -170,6 +170,13 @@ void Reporter::summary(const Summary& s) {
     j["device_peak_bytes"] = s.device_peak_bytes;
     j["host_budget_bytes"] = s.host_budget_bytes;
     j["host_peak_bytes"] = s.host_peak_bytes;
+    j["host_pool_peak_bytes"] = s.host_pool_peak_bytes;
+    j["host_bounce_bytes"] = s.host_bounce_bytes;
+    j["host_engine_peak_bytes"] = s.host_engine_peak_bytes;
+    j["host_grad_buffer_peak_bytes"] = s.host_grad_buffer_peak_bytes;
+    j["activation_bytes"] = s.activation_bytes;
+    j["host_sim_device_bytes"] = s.host_sim_device_bytes;
+    j["max_rss_bytes"] = s.max_rss_bytes;
     j["nvme_peak_bytes"] = s.nvme_peak_bytes;
     j["nvme_bytes_read"] = s.nvme_bytes_read;
     j["nvme_bytes_written"] = s.nvme_bytes_written;
@@ -212,10 +219,23 @@ void Reporter::summary(const Summary& s) {
                         format_bytes(s.device_budget_bytes),
                         s.device_peak_bytes <= s.device_budget_bytes ? "" : "  ** OVER BUDGET **");
   }
-  text += fmt::format("peak host       {}{}\n", format_bytes(s.host_peak_bytes),
+  text += fmt::format("peak host       {}: pool {}{}, bounce {}, engine {}, gradients {}, "
+                      "activations {}{}\n",
+                      format_bytes(s.host_peak_bytes), format_bytes(s.host_pool_peak_bytes),
                       s.host_budget_bytes
                           ? fmt::format(" of budget {}", format_bytes(s.host_budget_bytes))
+                          : std::string(),
+                      format_bytes(s.host_bounce_bytes), format_bytes(s.host_engine_peak_bytes),
+                      format_bytes(s.host_grad_buffer_peak_bytes), format_bytes(s.activation_bytes),
+                      s.host_sim_device_bytes
+                          ? fmt::format(", sim device {}", format_bytes(s.host_sim_device_bytes))
                           : std::string());
+  text += fmt::format("max RSS         {} (the OS's count; {} beyond the peak host: code, "
+                      "libraries, thread stacks, the data set)\n",
+                      format_bytes(s.max_rss_bytes),
+                      s.max_rss_bytes > s.host_peak_bytes
+                          ? format_bytes(s.max_rss_bytes - s.host_peak_bytes)
+                          : std::string("nothing"));
   text += fmt::format("peak nvme       {}\n", format_bytes(s.nvme_peak_bytes));
   text += fmt::format("moved          {}  (nvme read {}, written {})\n", traffic_text(s.moved),
                       format_gb(s.nvme_bytes_read), format_gb(s.nvme_bytes_written));

@@ -64,6 +64,10 @@ struct Summary {
   std::uint64_t optimizer_bytes = 0;   // fp32 master + Adam m + v, whole model
   std::uint64_t device_budget_bytes = 0, device_peak_bytes = 0;
   std::uint64_t host_budget_bytes = 0, host_peak_bytes = 0;
+  // host_peak_bytes by part (EngineStats) plus the model's activations, and what the OS says.
+  std::uint64_t host_pool_peak_bytes = 0, host_bounce_bytes = 0, host_engine_peak_bytes = 0;
+  std::uint64_t host_grad_buffer_peak_bytes = 0, activation_bytes = 0, host_sim_device_bytes = 0;
+  std::uint64_t max_rss_bytes = 0;  // getrusage(RUSAGE_SELF).ru_maxrss of this process
   std::uint64_t nvme_peak_bytes = 0;
   std::uint64_t nvme_bytes_read = 0, nvme_bytes_written = 0;
   TierTraffic moved;
