@@ -178,13 +178,14 @@ int ZeroEngine::register_module(const std::string& name, std::span<const float> 
   }
   I.add_module(name, init.size());
   detail::ZeroModule& m = I.mods.back();
+  // This rank's part of the initial values (the shard's padding is zero).
   const ElemRange r = m.shard.range(I.opt_rank);
-  std::vector<float> shard(m.shard.shard, 0.0f);
-  for (std::size_t k = r.begin; k < std::min(r.end, init.size()); ++k) shard[k - r.begin] = init[k];
+  const std::size_t lo = std::min(r.begin, init.size()), hi = std::min(r.end, init.size());
+  const std::span<const float> mine = init.subspan(lo, hi - lo);
   if (I.planned) {
-    I.write_module(static_cast<int>(i), shard);
+    I.write_module(static_cast<int>(i), mine);
   } else {
-    m.init_shard = std::move(shard);  // written at finalize, once every size is known
+    m.init_shard.assign(mine.begin(), mine.end());  // written at finalize, once every size is known
   }
   return static_cast<int>(i);
 }

@@ -149,29 +149,42 @@ void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
   mods.push_back(std::move(m));
 }
 
-// Writes module i's tensors to their homes from its fp32 initial shard (shard elements).
+// Writes module i's tensors to their homes from its fp32 initial shard: `init` holds the first
+// init.size() elements of the shard, the rest (padding) is zero. Each tensor is filled in place
+// through the store (acquired for overwrite at its home, or at the host tier for NVMe homes, and
+// written back by the store), so initialisation needs no host memory outside the budgets.
 void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(i)];
   const std::size_t n = m.shard.shard;
+  auto fill_tier = [](Tier home) { return home == Tier::kNvme ? Tier::kHost : home; };
+  // Copies shard elements [a, b) of the initial values (zero beyond init) to dst as fp32.
+  auto copy_init = [&](std::size_t a, std::size_t b, float* dst) {
+    const std::size_t v = std::min(b, std::max(a, init.size()));
+    if (v > a) std::copy(init.begin() + static_cast<std::ptrdiff_t>(a), init.begin() + static_cast<std::ptrdiff_t>(v), dst);
+    std::fill(dst + (v - a), dst + (b - a), 0.0f);
+  };
   // Optimizer pieces (and gradient partitions): the module's shard in sub-groups.
-  std::vector<float> tmp;
   for (const ElemRange& r : make_sub_groups(n, plan.piece_elems, opts.alignment_elems)) {
     detail::Piece p;
     p.module = i;
     p.begin = r.begin;
     p.end = r.end;
     p.flat = m.flat + r.begin;
-    tmp.assign(3 * r.size(), 0.0f);
-    std::copy(init.begin() + static_cast<std::ptrdiff_t>(r.begin), init.begin() + static_cast<std::ptrdiff_t>(r.end),
-              tmp.begin());
     TensorSpec os;
     os.name = fmt::format("zero.optim.{}.{}", m.name, r.begin);
     os.dtype = DType::kF32;
     os.shape = {3, static_cast<std::int64_t>(r.size())};
     os.home = plan.optimizer_home;
     os.swap = optim_swap.get();
-    os.initial = std::as_bytes(std::span<const float>(tmp));
+    os.zero_fill = false;
     p.optim = store->register_tensor(os);
+    {
+      TensorStore::Pin pin = store->acquire_for_overwrite(p.optim, fill_tier(os.home));
+      float* s = pin.as<float>();
+      copy_init(r.begin, r.end, s);                         // master
+      std::fill(s + r.size(), s + 3 * r.size(), 0.0f);      // exp_avg, exp_avg_sq
+      pin.mark_dirty();
+    }
     if (stage >= 2) {
       TensorSpec gs;
       gs.name = fmt::format("zero.grad.{}.{}", m.name, r.begin);
@@ -185,11 +198,17 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     m.pieces.push_back(static_cast<int>(pieces.size()));
     pieces.push_back(p);
   }
-  tmp.clear();
-  tmp.shrink_to_fit();
-  // Working params.
-  std::vector<std::byte> work(n * wsize);
-  to_working(init.data(), work.data(), n);
+  // Working params, converted piecewise (bounded temporary).
+  auto to_work = [&](std::byte* dst) {
+    std::vector<float> tmp;
+    constexpr std::size_t kStep = 1 << 20;
+    for (std::size_t a = 0; a < n; a += kStep) {
+      const std::size_t b = std::min(n, a + kStep);
+      tmp.resize(b - a);
+      copy_init(a, b, tmp.data());
+      to_working(tmp.data(), dst + a * wsize, b - a);
+    }
+  };
   if (m.stored) {
     TensorSpec ps;
     ps.name = "zero.param." + m.name;
@@ -198,11 +217,14 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     m.home = m.persistent ? compute_tier : plan.param_home;
     ps.home = m.home;
     ps.swap = param_swap.get();
-    ps.initial = work;
+    ps.zero_fill = false;
     m.param = store->register_tensor(ps);
+    TensorStore::Pin pin = store->acquire_for_overwrite(m.param, fill_tier(m.home));
+    to_work(pin.as<std::byte>());
+    pin.mark_dirty();
   } else {
     m.mem_shard = detail::AlignedBuf(n * wsize);
-    if (n) std::memcpy(m.mem_shard.p, work.data(), n * wsize);
+    to_work(m.mem_shard.b());
     if (stage == 1 || stage == 2 || m.persistent) {
       m.full = detail::AlignedBuf(m.shard.padded * wsize);
       comm.all_gather(m.mem_shard.p, m.full.p, n, comm_dtype);
