@@ -48,7 +48,16 @@ Defaults defaults_for(const std::string& model) {
 TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int world) {
   TrainPlan p;
   p.model_name = o.model;
-  p.model = gpt::GptConfig::named(o.model);
+  if (o.model == "custom") {
+    p.model.n_layer = o.n_layer;
+    p.model.d_model = o.d_model;
+    p.model.n_head = o.n_head > 0 ? o.n_head : std::max(1, o.d_model / 64);
+    p.model.seq_len = o.seq_len > 0 ? o.seq_len : 1024;
+    p.model.vocab_size = 50257;  // GPT-2's; byte-level text data makes it 256, as for the presets
+    p.model.validate();
+  } else {
+    p.model = gpt::GptConfig::named(o.model);
+  }
   const Defaults d = defaults_for(o.model);
   p.steps = o.steps > 0 ? o.steps : d.steps;
   // Batch and accumulation: command line > --config > demo default.

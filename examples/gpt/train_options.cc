@@ -18,7 +18,7 @@ namespace tiermem::train {
 namespace {
 
 constexpr const char* kPresets[] = {"tiny",       "mini",       "gpt2", "gpt2-medium",
-                                    "gpt2-large", "gpt2-xl",    nullptr};
+                                    "gpt2-large", "gpt2-xl",    "custom",  nullptr};
 
 bool known_preset(const std::string& name) {
   for (const char* const* p = kPresets; *p; ++p)
@@ -54,6 +54,11 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
         return known_preset(v) ? std::string() : "unknown model '" + v + "' (known: " +
                                                      preset_list() + ")";
       });
+  app.add_option("--layers", o.n_layer, "--model custom: transformer blocks")->check(CLI::Range(1, 4096));
+  app.add_option("--heads", o.n_head, "--model custom: attention heads [default: d_model / 64]")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--d-model", o.d_model, "--model custom: embedding width (a multiple of --heads)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--data", o.data,
                  "training data: a text file, a directory of text files (recursive), or a "
                  "uint16 token file *.bin (llm.c with header, or nanoGPT headerless) "
@@ -145,6 +150,11 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
       if (app.count(flag) > 0 && value->empty())
         throw CLI::ValidationError(flag, "is empty: give a path");
     }
+    const bool custom_dims = app.count("--layers") + app.count("--heads") + app.count("--d-model") > 0;
+    if (o.model == "custom" && (o.n_layer == 0 || o.d_model == 0))
+      throw CLI::ValidationError("--model custom", "needs --layers and --d-model (and optionally --heads)");
+    if (o.model != "custom" && custom_dims)
+      throw CLI::ValidationError("--layers/--heads/--d-model", "only with --model custom");
     if (o.save_every > 0 && o.save_dir.empty())
       throw CLI::ValidationError("--save-every", "needs --save DIR");
     if (o.stop_at > 0 && app.count("--steps") > 0 && o.stop_at > o.steps)
