@@ -77,6 +77,10 @@ class PinnedHostPool {
   void* allocate(std::uint64_t bytes);
   // Like allocate() but returns nullptr when it does not fit (mapping/lock failures still throw).
   void* try_allocate(std::uint64_t bytes);
+  // As try_allocate, but carved from the END of the highest-addressed free block that fits: for
+  // long-lived blocks (a TensorStore's host-homed tensors), which then pack at the top of the
+  // pool instead of splitting the space that short-lived blocks (caches, staging) reuse.
+  void* try_allocate_high(std::uint64_t bytes);
   // Backpressure for async callers: waits until the block fits or `timeout` passes; then throws
   // OutOfMemoryError like allocate(). A request larger than the budget throws at once.
   void* allocate_wait(std::uint64_t bytes, std::chrono::duration<double> timeout);

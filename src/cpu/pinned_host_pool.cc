@@ -154,6 +154,32 @@ void* PinnedHostPool::try_allocate(std::uint64_t bytes) {
   return try_allocate_locked(allocation_size(bytes));
 }
 
+void* PinnedHostPool::try_allocate_high(std::uint64_t bytes) {
+  const std::uint64_t rounded = allocation_size(bytes);
+  std::lock_guard lock(mu_);
+  if (allocated_ + rounded > options_.budget_bytes) return nullptr;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    for (auto it = free_by_addr_.rbegin(); it != free_by_addr_.rend(); ++it) {
+      auto [base, size] = *it;
+      if (size < rounded) continue;
+      free_by_size_.erase({size, base});
+      char* p = base + (size - rounded);
+      if (size > rounded) {
+        it->second = size - rounded;  // the block keeps its start, shrinks from the top
+        free_by_size_.insert({size - rounded, base});
+      } else {
+        free_by_addr_.erase(base);
+      }
+      used_[p] = rounded;
+      allocated_ += rounded;
+      peak_ = std::max(peak_, allocated_);
+      return p;
+    }
+    if (attempt == 0 && !add_mapping_locked(rounded)) return nullptr;
+  }
+  return nullptr;
+}
+
 void* PinnedHostPool::allocate(std::uint64_t bytes) {
   std::uint64_t rounded = allocation_size(bytes);
   std::lock_guard lock(mu_);

@@ -181,8 +181,11 @@ struct TensorStore::Impl {
     return t == Tier::kDevice ? device->allocation_size(bytes) : PinnedHostPool::allocation_size(bytes);
   }
 
-  void* tier_alloc(Tier t, std::uint64_t bytes) {
-    return t == Tier::kDevice ? device->try_allocate(bytes) : host_pool->try_allocate(bytes);
+  // `home`: a home copy (lives until the tensor's contents are replaced): host homes are carved
+  // from the top of the pool so that they never fragment the space caches cycle through.
+  void* tier_alloc(Tier t, std::uint64_t bytes, bool home = false) {
+    if (t == Tier::kDevice) return device->try_allocate(bytes);
+    return home ? host_pool->try_allocate_high(bytes) : host_pool->try_allocate(bytes);
   }
   void tier_free(Tier t, void* p) {
     if (t == Tier::kDevice) {
@@ -466,7 +469,7 @@ struct TensorStore::Impl {
   // none unless all are accepted, so a refused prefetch costs nothing. Throws OutOfMemoryError.
   void* make_room(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size, Mode mode,
                   std::chrono::steady_clock::time_point deadline,
-                  TensorId incoming = kInvalidTensor) {
+                  TensorId incoming = kInvalidTensor, bool home = false) {
     if (size > budget_[idx(t)]) {
       throw OutOfMemoryError(t, size, budget_[idx(t)],
                              fmt::format("larger than the whole {} budget", tier_name(t)));
@@ -474,7 +477,7 @@ struct TensorStore::Impl {
     std::vector<TensorId> candidates;
     while (true) {
       if (used_[idx(t)] + size <= budget_[idx(t)]) {
-        if (void* p = tier_alloc(t, size)) return p;
+        if (void* p = tier_alloc(t, size, home)) return p;
       }
       candidates.clear();
       for (TensorId i = 0; i < entries_.size(); ++i) {
@@ -499,7 +502,7 @@ struct TensorStore::Impl {
       if (mode == Mode::kPrefetch) return nullptr;
       if (!wait(lock, deadline)) {
         if (used_[idx(t)] + size <= budget_[idx(t)]) {
-          if (void* p = tier_alloc(t, size)) return p;
+          if (void* p = tier_alloc(t, size, home)) return p;
         }
         int n = 0;
         std::uint64_t pinned = pinned_bytes(t, &n);
@@ -916,7 +919,8 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
   }
   if (spec.home != Tier::kNvme) {
     std::uint64_t size = m.alloc_size(spec.home, bytes);
-    void* p = m.make_room(lock, spec.home, size, Mode::kFetch, std::chrono::steady_clock::now());
+    void* p = m.make_room(lock, spec.home, size, Mode::kFetch, std::chrono::steady_clock::now(),
+                          kInvalidTensor, /*home=*/true);
     home.ptr = p;
     home.alloc_bytes = size;
     m.account(spec.home, static_cast<std::int64_t>(size));

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "tiermem/error.h"
 
@@ -35,6 +36,34 @@ TEST(PinnedHostPool, AlignedAndWritable) {
   pool.free(b);
   EXPECT_EQ(pool.allocated_bytes(), 0u);
   EXPECT_EQ(pool.peak_allocated_bytes(), 4096u + 8192u);
+}
+
+// Long-lived blocks from try_allocate_high pack at the top of the mapping, interleaved with
+// short-lived ones, so the short-lived ones' space stays one contiguous run once they are freed
+// (the fragmentation a TensorStore's host homes caused between its caches).
+TEST(PinnedHostPool, HighAllocationsKeepTheLowSpaceContiguous) {
+  constexpr std::uint64_t kMiB = 1 << 20;
+  PinnedHostPoolOptions o = small(16 * kMiB, 16 * kMiB);
+  o.map_now = true;
+  PinnedHostPool pool(o);
+  std::vector<void*> homes, caches;
+  for (int i = 0; i < 7; ++i) {
+    caches.push_back(pool.allocate(kMiB + 4096 * i));
+    homes.push_back(pool.try_allocate_high(128 << 10));
+    ASSERT_NE(homes.back(), nullptr);
+  }
+  for (std::size_t i = 1; i < homes.size(); ++i) {
+    EXPECT_LT(homes[i], homes[i - 1]) << "homes grow down from the top";
+    EXPECT_GT(homes[i], caches.back()) << "homes stay above every short-lived block";
+  }
+  for (void* c : caches) pool.free(c);
+  // Everything but the 7 x 128 KiB homes is one free run: a block of all of it fits.
+  void* big = pool.try_allocate(16 * kMiB - 7 * (128 << 10));
+  EXPECT_NE(big, nullptr);
+  pool.free(big);
+  for (void* h : homes) pool.free(h);
+  EXPECT_EQ(pool.allocated_bytes(), 0u);
+  EXPECT_EQ(pool.try_allocate_high(17 * kMiB), nullptr);  // over the budget
 }
 
 TEST(PinnedHostPool, BudgetIsHardAndErrorHasNumbers) {
