@@ -175,6 +175,45 @@ TEST(ZeroEngine, Stage3ParamsOnNvmeStayUnderHostBudgetAndMatchInMemory) {
   std::filesystem::remove_all(dir);
 }
 
+// DeepSpeed's meaning of the two nvme_path keys: parameter swap files under
+// offload_param.nvme_path, optimizer state (and swapped gradients) under
+// offload_optimizer.nvme_path; each holds about its own share of the state.
+TEST(ZeroEngine, SeparateNvmePathsHoldTheirOwnState) {
+  namespace fs = std::filesystem;
+  auto comm = make_single_communicator();
+  const fs::path root = nvme_dir(), pdir = root / "params", odir = root / "optim";
+  Config cfg = testing::with_param_offload(mlp_config(3, "nvme", odir.string(), 1), "nvme", pdir.string());
+  cfg.zero.stage3_param_persistence_threshold_elems = 0;
+  cfg.tiermem.swap_initial_bytes = 4096;  // files grow with what they hold
+  cfg.tiermem.host_budget_bytes = 1 << 20;
+  constexpr std::size_t kModules = 4, kNumel = 65536;  // 1 MiB of fp32 params, 4 MiB of state
+  auto swap_bytes = [](const fs::path& d) {
+    std::uint64_t b = 0;
+    for (const auto& e : fs::recursive_directory_iterator(d)) {
+      if (e.is_regular_file() && e.path().filename().string().rfind("tiermem-swap-", 0) == 0) b += e.file_size();
+    }
+    return b;
+  };
+  {
+    ZeroEngine eng(cfg, *comm);
+    for (std::size_t m = 0; m < kModules; ++m) eng.register_module("m" + std::to_string(m), std::vector<float>(kNumel, 0.5f));
+    std::vector<float> grad(kNumel, 0.01f);
+    for (int m = kModules; m-- > 0;) {
+      auto p = eng.gather(m);
+      eng.reduce_gradients(m, grad);
+    }
+    eng.step();
+    const std::uint64_t params = swap_bytes(pdir), optim = swap_bytes(odir);
+    EXPECT_GE(params, kModules * kNumel * 4);        // the working shards
+    EXPECT_LT(params, 2 * kModules * kNumel * 4);    // ... and not the optimizer state
+    EXPECT_GE(optim, kModules * kNumel * 12);        // master + m + v (+ gradients when swapped)
+    EXPECT_EQ(eng.stats().param_home, Tier::kNvme);
+  }
+  EXPECT_EQ(swap_bytes(pdir), 0u);  // removed with the engine
+  EXPECT_EQ(swap_bytes(odir), 0u);
+  fs::remove_all(root);
+}
+
 TEST(ZeroEngine, Bf16WorkingParamsAreTheRoundedMaster) {
   auto comm = make_single_communicator();
   Config cfg = mlp_config(3, "cpu", "", 1, R"(, "bf16": {"enabled": true})");
