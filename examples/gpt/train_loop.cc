@@ -119,6 +119,9 @@ void check_device_budget(const TrainOptions& o, const TrainPlan& p) {
 
 struct Timers {
   double compute = 0;
+  // --io-only (tiermem-bench train-offload): every engine call of a step — gathers, gradient
+  // reductions (of zero gradients), the optimizer — without the model's compute.
+  bool io_only = false;
 };
 
 // Forward (and backward) of one micro-batch through the engine. Returns the loss.
@@ -132,12 +135,12 @@ float run_micro_batch(gpt::Model& model, TrainEngine& engine, const Batch& b, bo
       TraceSpan span(backward ? "fwd " + gpt::step_name(s) : "eval " + gpt::step_name(s),
                      "compute");
       auto t0 = Clock::now();
-      model.forward(s, p);
+      if (!timers->io_only) model.forward(s, p);
       timers->compute += seconds_since(t0);
     }
     engine.release_params(s.module);
   }
-  const float loss = model.loss();
+  const float loss = timers->io_only ? 0.0f : model.loss();
   if (!backward) return loss;
   for (const gpt::Step& s : gpt::backward_steps(cfg)) {
     const bool needs_params = s.kind != gpt::StepKind::kEmbed;
@@ -146,7 +149,8 @@ float run_micro_batch(gpt::Model& model, TrainEngine& engine, const Batch& b, bo
     {
       TraceSpan span("bwd " + gpt::step_name(s), "compute");
       auto t0 = Clock::now();
-      model.backward(s, p, engine.grads(s.module));
+      const std::span<float> g = engine.grads(s.module);
+      if (!timers->io_only) model.backward(s, p, g);
       timers->compute += seconds_since(t0);
     }
     if (needs_params) engine.release_params(s.module);
@@ -385,6 +389,7 @@ int run_training(const TrainOptions& opts) {
     const double flops_per_step =
         gpt::flops_per_token(plan.model, plan.seq_len) * static_cast<double>(tokens_per_step);
     Timers timers;
+    timers.io_only = opts.io_only;
     Batch batch;
     double last_loss = std::nan("");
     std::optional<double> last_eval;

@@ -59,6 +59,9 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--d-model", o.d_model, "--model custom: embedding width (a multiple of --heads)")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--io-only", o.io_only,
+               "benchmarks only: run every gather, gradient reduction and optimizer step with "
+               "zero gradients and no model compute (the losses are meaningless)");
   app.add_option("--data", o.data,
                  "training data: a text file, a directory of text files (recursive), or a "
                  "uint16 token file *.bin (llm.c with header, or nanoGPT headerless) "
