@@ -145,6 +145,60 @@ TEST_F(TrainCli, BadConfigFile) {
                      {"zero_optimization.stage3_prefetch_bucket_size", "lots"});
 }
 
+// Counts the lines of `text` that contain `needle`.
+int lines_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(needle) != std::string::npos;
+  return n;
+}
+
+// DeepSpeed's batch triple (issue 14): an inconsistent or indivisible one is refused naming the
+// keys (and the flag that set one); a pipeline chunk that breaks its rule names key, value, rule.
+TEST_F(TrainCli, InconsistentBatchTripleAndBrokenRulesExitWithCode2) {
+  std::ofstream(dir_ / "triple.json")
+      << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})";
+  expect_usage_error("--swap-dir swap --config triple.json",
+                     {"train_batch_size", "= 8", "train_micro_batch_size_per_gpu",
+                      "gradient_accumulation_steps", "= 3"});
+  std::ofstream(dir_ / "global.json") << R"({"train_batch_size": 7})";
+  expect_usage_error("--swap-dir swap --config global.json", {"train_batch_size", "= 7", "--batch"});
+  std::ofstream(dir_ / "chunk.json") << R"({"tiermem": {"pipeline_chunk_bytes": 5000}})";
+  expect_usage_error("--swap-dir swap --config chunk.json",
+                     {"tiermem.pipeline_chunk_bytes", "5000", "multiple of 4096"});
+  std::ofstream(dir_ / "swapmax.json")
+      << R"({"tiermem": {"swap_max_bytes": 65536, "swap_initial_bytes": "1MiB"}})";
+  expect_usage_error("--swap-dir swap --config swapmax.json",
+                     {"tiermem.swap_initial_bytes", "tiermem.swap_max_bytes"});
+}
+
+// "auto" values become tiermem-train's (one line lists them), and each key read but not acted on
+// is named once, with why.
+TEST_F(TrainCli, AutoIsResolvedInOneLineAndInertKeysWarnOnce) {
+  std::ofstream(dir_ / "auto.json") << R"({
+    "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
+    "optimizer": {"params": {"lr": "auto"}},
+    "activation_checkpointing": {"partition_activations": true},
+    "steps_per_print": 10,
+    "zero_optimization": {"stage": 3, "contiguous_gradients": true}})";
+  Result r = run("--swap-dir swap --config auto.json --steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(lines_with(r.err, "\"auto\" resolved:"), 1) << r.err;
+  EXPECT_EQ(lines_with(r.err, "train_micro_batch_size_per_gpu=2 (--batch)"), 1) << r.err;
+  EXPECT_EQ(lines_with(r.err, "gradient_clipping=1.0"), 1) << r.err;
+  EXPECT_EQ(lines_with(r.err, "optimizer.params.lr=0.003"), 1) << r.err;  // tiny's demo lr
+  for (const char* k : {"'activation_checkpointing'", "'steps_per_print'",
+                        "'zero_optimization.contiguous_gradients'"})
+    EXPECT_EQ(lines_with(r.err, k), 1) << k << " in: " << r.err;
+  EXPECT_EQ(lines_with(r.err, "not implemented yet"), 1) << r.err;
+  // train_batch_size 6 with --batch 2 (the harness's) trains 3 micro-batches per step:
+  // 6 sequences x 16 tokens = 96 tokens per step, not 32.
+  std::ofstream(dir_ / "global.json") << R"({"train_batch_size": 6})";
+  Result g = run("--config global.json --swap-dir swap --steps 1 --seq-len 16");
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_NE(g.out.find("\"tokens\":96,"), std::string::npos) << g.out;
+}
+
 TEST_F(TrainCli, SwapDirWithoutODirect) {
   const fs::path m = dir_ / "ramfs";
   fs::create_directories(m);
