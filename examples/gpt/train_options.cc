@@ -55,7 +55,8 @@ std::string vocab_change_note(const TrainOptions& opts) {
   const bool is_bin = std::filesystem::path(data).extension() == ".bin" &&
                       !std::filesystem::is_directory(data, ec);
   gpt::GptConfig m = gpt::GptConfig::named(opts.model);
-  if (is_bin || m.vocab_size == kByteVocab) return "";
+  // Only a preset whose vocabulary is larger (the GPT-2 family: 50257) becomes a smaller model.
+  if (is_bin || m.vocab_size <= kByteVocab) return "";
   const int asked = m.vocab_size;
   const double asked_params = static_cast<double>(gpt::num_params(m));
   m.vocab_size = kByteVocab;

@@ -82,9 +82,10 @@ Config effective_config(const TrainOptions& opts, int rank, int world_size);
 Config effective_config(const TrainOptions& opts, int rank);
 
 // The vocabulary a run trains: a preset's own, except that text data is byte-level (256). When
-// that differs from the preset's, the one line saying so with the parameter count it trains
-// ("--model gpt2 with text data: vocabulary 50257 -> 256 (byte-level tokens): 85.9 M params ...");
-// empty otherwise.
+// that makes a preset smaller than asked (the GPT-2 family, vocabulary 50257), the one line
+// saying so with the parameter count it trains ("--model gpt2 with text data: vocabulary 50257
+// -> 256 (byte-level tokens), so it trains 85.xx M parameters, not the preset's 124.44 M ...");
+// empty otherwise (tiny's 64 grows to 256 without a word: it is a test model).
 std::string vocab_change_note(const TrainOptions& opts);
 
 // Checks, before anything is built, that every directory the run will write is usable: each
