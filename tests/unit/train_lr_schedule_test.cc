@@ -3,10 +3,12 @@
 // WarmupLR, WarmupDecayLR, WarmupCosineLR) at last_batch_iteration = step - 1, and the trainer's
 // own warm-up + cosine schedule.
 #include "lr_schedule.h"
+#include "train_loop.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,20 @@ TEST(LrSchedule, TrainerOwnWarmupThenCosineToATenth) {
   const LrSchedule s = make_lr_schedule(SchedulerConfig{}, 1e-3, 10, 110);
   EXPECT_EQ(s.kind, LrSchedule::Kind::kTrainer);
   expect_curve(s, {{1, 1e-4}, {5, 5e-4}, {10, 1e-3}, {60, 5.5e-4}, {110, 1e-4}, {200, 1e-4}});
+}
+
+// Without a scheduler section, lr_at is the trainer's learning_rate (train_loop.cc) to the bit, so
+// train_loop can call it for every run.
+TEST(LrSchedule, TrainerKindIsTheTrainLoopsLearningRate) {
+  for (const auto& [lr, warmup, steps] : {std::tuple{2e-3, 10, 150}, std::tuple{3e-3, 2, 20},
+                                          std::tuple{3e-4, 0, 3}, std::tuple{1e-3, 7, 7}}) {
+    TrainPlan plan;
+    plan.lr = lr;
+    plan.warmup = warmup;
+    plan.steps = steps;
+    const LrSchedule s = make_lr_schedule(plan.config.scheduler, plan.lr, plan.warmup, plan.steps);
+    for (int t = 1; t <= steps + 3; ++t) EXPECT_EQ(lr_at(s, t), learning_rate(plan, t)) << t;
+  }
 }
 
 TEST(LrSchedule, WarmupLRLogAndLinear) {
