@@ -200,6 +200,21 @@ TEST_F(TrainCli, AutoIsResolvedInOneLineAndInertKeysWarnOnce) {
   EXPECT_NE(g.out.find("\"tokens\":96,"), std::string::npos) << g.out;
 }
 
+// `tiermem-train ... | head -3`: a closed stdout stops the run like SIGTERM (exit 143) and leaves
+// no swap file or lock behind (issue 14), instead of dying of SIGPIPE with them in place.
+TEST_F(TrainCli, ClosedStdoutStopsLikeSigtermAndCleansUp) {
+  const std::string cmd = "cd " + dir_.string() + " && (OMP_NUM_THREADS=1 " + TIERMEM_TRAIN_BIN +
+                          " --model tiny --eval-every 0 --json --data corpus.txt --seq-len 16"
+                          " --batch 2 --steps 20000 --swap-dir swap 2>err.txt; echo $? >rc.txt)"
+                          " | head -3 >head.txt";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(slurp(dir_ / "rc.txt"), "143\n") << slurp(dir_ / "err.txt");
+  EXPECT_EQ(lines_with(slurp(dir_ / "head.txt"), "\"step\""), 3);
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir_ / "swap"))
+    if (e.is_regular_file()) ADD_FAILURE() << "left behind: " << e.path() << " (" << ++files << ")";
+}
+
 TEST_F(TrainCli, SwapDirWithoutODirect) {
   const fs::path m = dir_ / "ramfs";
   fs::create_directories(m);
