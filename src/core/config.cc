@@ -152,10 +152,6 @@ class Section {
     return Section(*it, path(key), cfg_);
   }
 
-  void ignore(const char* key) {
-    if (obj_.contains(key)) seen_.push_back(key);
-  }
-
   // A key tiermem reads but does not act on: accepted with any value, one warning saying why.
   void inert(const char* key, const std::string& why) {
     if (!obj_.contains(key)) return;
@@ -226,10 +222,9 @@ void read_offload(Section& s, OffloadConfig& o) {
   s.get("pipeline_write", o.pipeline_write);
   s.get_double("ratio", o.ratio, 0.0, 1.0);
   // Read (and range-checked) above for compatibility, but nothing acts on them.
-  for (const char* k : {"buffer_size", "max_in_cpu"}) {
-    s.inert(k, "tiermem sizes its staging by the host budget (tiermem.host_budget_bytes, "
-               "tiermem.pipeline_chunk_bytes), not by this DeepSpeed buffer size");
-  }
+  s.inert("buffer_size", "tiermem sizes its staging by the host budget "
+                         "(tiermem.host_budget_bytes, tiermem.pipeline_chunk_bytes)");
+  s.inert("max_in_cpu", "what stays in host memory is bounded by tiermem.host_budget_bytes");
   for (const char* k : {"pipeline_read", "pipeline_write", "pipeline"}) {
     s.inert(k, "tiermem always overlaps optimizer-state swaps with the step");
   }
