@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #ifndef TIERMEM_TRAIN_BIN
 #error "TIERMEM_TRAIN_BIN must name the tiermem-train executable"
@@ -198,6 +200,39 @@ TEST_F(TrainCli, AutoIsResolvedInOneLineAndInertKeysWarnOnce) {
   Result g = run("--config global.json --swap-dir swap --steps 1 --seq-len 16");
   ASSERT_EQ(g.exit_code, 0) << g.err;
   EXPECT_NE(g.out.find("\"tokens\":96,"), std::string::npos) << g.out;
+}
+
+// Every "loss" of a --json run's step lines, as printed.
+std::vector<std::string> step_losses(const std::string& out) {
+  std::vector<std::string> losses;
+  const std::regex loss("\"loss\":([-0-9.e+]+)");
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (line.find("\"step\"") != std::string::npos && std::regex_search(line, m, loss))
+      losses.push_back(m[1]);
+  }
+  return losses;
+}
+
+// A config of only {"zero_optimization": {"stage": 3}} trains the same run as no config: the
+// micro-batch, lr, weight decay and clipping are tiermem-train's, not the library's defaults.
+TEST_F(TrainCli, OnlyAZeroStageTrainsTheSameLossesAsNoConfig) {
+  std::ofstream(dir_ / "stage3.json") << R"({"zero_optimization": {"stage": 3}})";
+  std::ofstream(dir_ / "autos.json") << R"({"zero_optimization": {"stage": 3},
+      "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
+      "optimizer": {"params": {"lr": "auto", "weight_decay": "auto"}}})";
+  auto losses = [&](const std::string& extra) {
+    const std::string cmd = "cd " + dir_.string() + " && OMP_NUM_THREADS=1 " + TIERMEM_TRAIN_BIN +
+                            " --model tiny --eval-every 0 --json --data corpus.txt --seq-len 16"
+                            " --steps 4 --swap-dir swap " + extra + " >out.txt 2>err.txt";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(dir_ / "err.txt");
+    return step_losses(slurp(dir_ / "out.txt"));
+  };
+  const std::vector<std::string> none = losses("");
+  ASSERT_EQ(none.size(), 4u);
+  EXPECT_EQ(losses("--config stage3.json"), none);
+  EXPECT_EQ(losses("--config autos.json"), none);
 }
 
 // `tiermem-train ... | head -3`: a closed stdout stops the run like SIGTERM (exit 143) and leaves
