@@ -270,7 +270,11 @@ Config effective_config(const TrainOptions& opts, int rank, int world_size) {
       sc.warmup_num_steps = std::min(d.warmup, std::max(0, steps / 10));
     }
     if (sc.type != "WarmupLR" && !sc.total_num_steps) sc.total_num_steps = steps;
-    from_trainer("scheduler.params.warmup_max_lr", "--lr", opts.lr_given);
+    if (!opts.lr_given && c.given("optimizer.params.lr")) {
+      sources.emplace_back("scheduler.params.warmup_max_lr", "optimizer.params.lr");
+    } else {
+      from_trainer("scheduler.params.warmup_max_lr", "--lr", opts.lr_given);
+    }
     from_trainer("scheduler.params.warmup_num_steps", "--warmup", opts.warmup >= 0);
     from_trainer("scheduler.params.total_num_steps", "--steps", opts.steps > 0);
   }

@@ -181,6 +181,11 @@ TEST(TrainOptions, SchedulerParametersDefaultToTheTrainersValues) {
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.005);
   EXPECT_EQ(*c.scheduler.warmup_num_steps, 7);
   EXPECT_FALSE(c.scheduler.total_num_steps.has_value());
+  // An "auto" peak is the optimizer's lr from the file.
+  c = with_config(R"({"optimizer": {"params": {"lr": 0.004}},
+                      "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}})",
+                  {"--model", "tiny"});
+  EXPECT_DOUBLE_EQ(*c.scheduler.warmup_max_lr, 0.004);
   // Flags beat the file.
   c = with_config(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.005,
                       "warmup_num_steps": 7}}})", {"--model", "tiny", "--lr", "0.02", "--warmup", "3"});
