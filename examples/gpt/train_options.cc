@@ -309,7 +309,32 @@ Config effective_config(const TrainOptions& opts, int rank, int world_size) {
 
 namespace {
 
-// Creates `dir` if needed and proves a file can be created in it (with O_DIRECT when asked).
+// Removes, when the check ends, the directories it created (deepest first, each only if still
+// empty): a run refused later (bad data, a budget too small) leaves nothing behind. The engines
+// and the checkpoint writer create the directories again when the run goes ahead.
+class CreatedDirs {
+ public:
+  explicit CreatedDirs(const std::filesystem::path& dir) {
+    std::error_code ec;
+    for (std::filesystem::path p = dir; !p.empty() && !std::filesystem::exists(p, ec);
+         p = p.parent_path()) {
+      created_.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+  }
+  ~CreatedDirs() {
+    std::error_code ec;
+    for (const auto& p : created_) std::filesystem::remove(p, ec);  // fails (kept) when not empty
+  }
+  CreatedDirs(const CreatedDirs&) = delete;
+  CreatedDirs& operator=(const CreatedDirs&) = delete;
+
+ private:
+  std::vector<std::filesystem::path> created_;  // deepest first
+};
+
+// Proves `dir` can be created (if missing) and can hold a new file (with O_DIRECT when asked);
+// leaves the filesystem as it was.
 void check_dir(const std::string& key, const std::string& dir, bool o_direct,
                const char* what) {
   namespace fs = std::filesystem;
@@ -317,6 +342,7 @@ void check_dir(const std::string& key, const std::string& dir, bool o_direct,
   const fs::file_status st = fs::status(dir, ec);
   if (fs::exists(st) && !fs::is_directory(st))
     throw UsageError(key, dir, fmt::format("{} '{}' is a file, not a directory", what, dir));
+  const CreatedDirs created(fs::path(dir).lexically_normal());
   fs::create_directories(dir, ec);
   if (ec)
     throw UsageError(key, dir, fmt::format("cannot create {} '{}': {}", what, dir, ec.message()));

@@ -89,10 +89,11 @@ Config effective_config(const TrainOptions& opts, int rank);
 std::string vocab_change_note(const TrainOptions& opts);
 
 // Checks, before anything is built, that every directory the run will write is usable: each
-// swap directory (nvme offload; created if missing; a probe file opened with O_DIRECT unless
-// tiermem.o_direct is false) and the --save directory (created if missing; a probe file
-// written). Also rejects a device budget above 1 PiB (no device has that). Throws UsageError
-// naming the flag (or config key), the path and the reason (errno text); leaves no probe files.
+// swap directory (nvme offload; a probe file opened with O_DIRECT unless tiermem.o_direct is
+// false) and the --save directory (a probe file written), creating a missing one to try it.
+// Also rejects a device budget above 1 PiB (no device has that). Throws UsageError naming the
+// flag (or config key), the path and the reason (errno text); leaves no probe files and removes
+// the (empty) directories it created, so a run refused afterwards leaves nothing behind.
 void check_run_paths(const TrainOptions& opts, const Config& cfg);
 
 // The model presets tiermem-train accepts.

@@ -235,6 +235,19 @@ TEST_F(TrainCli, OnlyAZeroStageTrainsTheSameLossesAsNoConfig) {
   EXPECT_EQ(losses("--config autos.json"), none);
 }
 
+// A run refused after its paths were checked (here: a device budget below the largest tensor)
+// leaves no directory it created behind: not the swap directory, not the checkpoint directory.
+TEST_F(TrainCli, RefusedRunLeavesNoDirectoriesBehind) {
+  expect_usage_error("--device-budget 4KiB --swap-dir fresh/swap --save fresh_ck/a",
+                     {"--device-budget", "largest tensor"});
+  EXPECT_FALSE(fs::exists(dir_ / "fresh")) << "swap directory left behind";
+  EXPECT_FALSE(fs::exists(dir_ / "fresh_ck")) << "checkpoint directory left behind";
+  // A run that goes ahead still gets its directories (the engine and the writer create them).
+  Result ok = run("--swap-dir fresh/swap --save fresh_ck/a");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(fs::exists(dir_ / "fresh_ck" / "a"));
+}
+
 // `tiermem-train ... | head -3`: a closed stdout stops the run like SIGTERM (exit 143) and leaves
 // no swap file or lock behind (issue 14), instead of dying of SIGPIPE with them in place.
 TEST_F(TrainCli, ClosedStdoutStopsLikeSigtermAndCleansUp) {
