@@ -31,11 +31,10 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
 #include "tiermem/config.h"
@@ -152,7 +151,8 @@ int run_nvme(const NvmeOpts& o) {
   if (bs == 0 || bs % kDirectAlignment != 0)
     return bad("--bs " + o.bs + " must be a positive multiple of 4096 bytes");
   if (o.qd < 1 || o.qd > 4096) return bad("--qd " + std::to_string(o.qd) + " must be in 1..4096");
-  if (o.jobs < 1 || o.jobs > 64) return bad("--jobs " + std::to_string(o.jobs) + " must be in 1..64");
+  if (o.jobs < 1 || o.jobs > 64)
+    return bad("--jobs " + std::to_string(o.jobs) + " must be in 1..64");
   if (!(o.runtime > 0)) return bad("--runtime must be > 0 seconds");
   const bool write = o.rw == "write" || o.rw == "randwrite";
 
@@ -163,8 +163,9 @@ int run_nvme(const NvmeOpts& o) {
   if (::stat(o.path.c_str(), &st) != 0) {
     const int e = errno;
     return bad("--path '" + o.path + "' does not exist" +
-               (e == ENOENT || e == ENOTDIR ? std::string()
-                                            : std::string(" or cannot be read: ") + std::strerror(e)) +
+               (e == ENOENT || e == ENOTDIR
+                    ? std::string()
+                    : std::string(" or cannot be read: ") + std::strerror(e)) +
                ": give a directory (the bench creates its data file there) or an existing file");
   }
   if (S_ISDIR(st.st_mode)) {
@@ -184,8 +185,8 @@ int run_nvme(const NvmeOpts& o) {
                           : "nothing to read (a read job never writes to an existing file)"));
       size = file_bytes;
     } else if (!write && !S_ISBLK(st.st_mode) && size > file_bytes) {
-      return bad("--size " + o.size + " (" + std::to_string(size) + " bytes) is larger than --path '" +
-                 o.path + "' (" + std::to_string(file_bytes) +
+      return bad("--size " + o.size + " (" + std::to_string(size) +
+                 " bytes) is larger than --path '" + o.path + "' (" + std::to_string(file_bytes) +
                  " bytes): a read job never writes to an existing file; give --size " +
                  std::to_string(file_bytes / bs * bs) + " or less, or a directory");
     }
@@ -215,7 +216,8 @@ int run_nvme(const NvmeOpts& o) {
     file = engine->open_file(file_path, /*create=*/own_file);
   } catch (const IoError& e) {
     if (e.err() == EINVAL && !o.buffered) {
-      return bad("--path '" + o.path + "' is on a filesystem without O_DIRECT (e.g. tmpfs): put it "
+      return bad("--path '" + o.path +
+                 "' is on a filesystem without O_DIRECT (e.g. tmpfs): put it "
                  "on a disk, or add --buffered to go through the page cache (fio's direct=0)");
     }
     throw;
@@ -307,8 +309,10 @@ std::function<int()> setup_nvme(CLI::App& sub) {
   sub.add_option("--engine", o->engine, "uring|posix")->check(CLI::IsMember({"uring", "posix"}));
   sub.add_flag("--sqpoll", o->sqpoll, "IORING_SETUP_SQPOLL");
   sub.add_flag("--fixed-bufs", o->fixed_bufs, "register the buffers (fixed buffers)");
-  sub.add_flag("--buffered", o->buffered, "open without O_DIRECT (through the page cache; fio direct=0)");
-  sub.add_flag("--keep", o->keep, "keep the bench's own data file (DIR/tiermem-bench-nvme.dat) at exit");
+  sub.add_flag("--buffered", o->buffered,
+               "open without O_DIRECT (through the page cache; fio direct=0)");
+  sub.add_flag("--keep", o->keep,
+               "keep the bench's own data file (DIR/tiermem-bench-nvme.dat) at exit");
   sub.add_flag("--json", o->json, "last line: one JSON object");
   CLI::App* app = &sub;
   return [o, app] {

@@ -50,12 +50,12 @@ double lr_at(const LrSchedule& s, long long t) {
     } else {
       const long long real_total = s.total_steps - s.warmup_steps;
       // Past total_num_steps the lr stays at the cosine's end (cos_min_ratio x peak).
-      const double progress =
-          real_total <= 0 ? 1.0
-                          : std::min(1.0, static_cast<double>(it - s.warmup_steps + 1) /
-                                              static_cast<double>(real_total));
-      ratio = std::max(0.0, s.cos_min_ratio +
-                                (1.0 - s.cos_min_ratio) * 0.5 * (1.0 + std::cos(M_PI * progress)));
+      const double progress = real_total <= 0
+                                  ? 1.0
+                                  : std::min(1.0, static_cast<double>(it - s.warmup_steps + 1) /
+                                                      static_cast<double>(real_total));
+      ratio = std::max(
+          0.0, s.cos_min_ratio + (1.0 - s.cos_min_ratio) * 0.5 * (1.0 + std::cos(M_PI * progress)));
     }
     return s.peak_lr * ratio;
   }

@@ -16,13 +16,13 @@ namespace tiermem::train {
 struct LrSchedule {
   enum class Kind { kTrainer, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
   Kind kind = Kind::kTrainer;
-  double peak_lr = 0;         // the lr after the warm-up
-  double min_lr = 0;          // WarmupLR/WarmupDecayLR: the lr at iteration 0
-  long long warmup_steps = 0;  // trainer: linear warm-up steps; DeepSpeed: warmup_num_steps
-  long long total_steps = 0;   // trainer: --steps; WarmupDecayLR/WarmupCosineLR: total_num_steps
-  bool log_warmup = true;     // DeepSpeed warmup_type "log" (else "linear")
-  double warmup_min_ratio = 0;     // WarmupCosineLR
-  double cos_min_ratio = 0.0001;   // WarmupCosineLR
+  double peak_lr = 0;             // the lr after the warm-up
+  double min_lr = 0;              // WarmupLR/WarmupDecayLR: the lr at iteration 0
+  long long warmup_steps = 0;     // trainer: linear warm-up steps; DeepSpeed: warmup_num_steps
+  long long total_steps = 0;      // trainer: --steps; WarmupDecayLR/WarmupCosineLR: total_num_steps
+  bool log_warmup = true;         // DeepSpeed warmup_type "log" (else "linear")
+  double warmup_min_ratio = 0;    // WarmupCosineLR
+  double cos_min_ratio = 0.0001;  // WarmupCosineLR
 };
 
 // The schedule of a run: `scheduler.type` empty = the trainer's own (linear warm-up over `warmup`

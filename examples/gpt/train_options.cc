@@ -2,6 +2,7 @@
 #include "train_options.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -10,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fmt/format.h>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -52,19 +52,20 @@ DemoDefaults demo_defaults(const std::string& model) {
 std::string vocab_change_note(const TrainOptions& opts) {
   const std::string data = opts.data.empty() ? std::string(kDefaultCorpus) : opts.data;
   std::error_code ec;
-  const bool is_bin = std::filesystem::path(data).extension() == ".bin" &&
-                      !std::filesystem::is_directory(data, ec);
+  const bool is_bin =
+      std::filesystem::path(data).extension() == ".bin" && !std::filesystem::is_directory(data, ec);
   gpt::GptConfig m = gpt::GptConfig::named(opts.model);
   // Only a preset whose vocabulary is larger (the GPT-2 family: 50257) becomes a smaller model.
   if (is_bin || m.vocab_size <= kByteVocab) return "";
   const int asked = m.vocab_size;
   const double asked_params = static_cast<double>(gpt::num_params(m));
   m.vocab_size = kByteVocab;
-  return fmt::format("--model {} with text data: vocabulary {} -> {} (byte-level tokens), so it "
-                     "trains {:.2f} M parameters, not the preset's {:.2f} M (a uint16 token file "
-                     "*.bin keeps the vocabulary)",
-                     opts.model, asked, kByteVocab, static_cast<double>(gpt::num_params(m)) / 1e6,
-                     asked_params / 1e6);
+  return fmt::format(
+      "--model {} with text data: vocabulary {} -> {} (byte-level tokens), so it "
+      "trains {:.2f} M parameters, not the preset's {:.2f} M (a uint16 token file "
+      "*.bin keeps the vocabulary)",
+      opts.model, asked, kByteVocab, static_cast<double>(gpt::num_params(m)) / 1e6,
+      asked_params / 1e6);
 }
 
 int parse_train_options(int argc, char** argv, TrainOptions* out) {

@@ -117,15 +117,15 @@ struct TiermemConfig {
 // A parameter that is absent or "auto" stays unset here, and the trainer fills it with its own
 // value (peak lr, warm-up steps, total steps); the shape parameters take DeepSpeed's defaults.
 struct SchedulerConfig {
-  std::string type;                        // "" (no section: the trainer's own schedule),
-                                           // "WarmupLR", "WarmupDecayLR" or "WarmupCosineLR"
-  std::optional<double> warmup_min_lr;     // WarmupLR/WarmupDecayLR: start of the warm-up; 0
-  std::optional<double> warmup_max_lr;     // WarmupLR/WarmupDecayLR: peak lr; unset = trainer's
+  std::string type;                           // "" (no section: the trainer's own schedule),
+                                              // "WarmupLR", "WarmupDecayLR" or "WarmupCosineLR"
+  std::optional<double> warmup_min_lr;        // WarmupLR/WarmupDecayLR: start of the warm-up; 0
+  std::optional<double> warmup_max_lr;        // WarmupLR/WarmupDecayLR: peak lr; unset = trainer's
   std::optional<long long> warmup_num_steps;  // steps of warm-up; unset = trainer's warm-up
   std::optional<long long> total_num_steps;   // WarmupDecayLR/WarmupCosineLR; unset = run length
-  std::string warmup_type = "log";         // "log" or "linear" (DeepSpeed's default: log)
-  double warmup_min_ratio = 0.0;           // WarmupCosineLR: lr / peak at step 0
-  double cos_min_ratio = 0.0001;           // WarmupCosineLR: lr / peak at total_num_steps
+  std::string warmup_type = "log";            // "log" or "linear" (DeepSpeed's default: log)
+  double warmup_min_ratio = 0.0;              // WarmupCosineLR: lr / peak at step 0
+  double cos_min_ratio = 0.0001;              // WarmupCosineLR: lr / peak at total_num_steps
 };
 
 // A key that was read but has no effect, with the reason (one warning each, at parse time).
@@ -185,8 +185,8 @@ void resolve_batch_sizes(Config& config, int world_size);
 // "auto" resolved: key=value, ... for every key in config.auto_keys, with the value it has now
 // in `config` (config_to_json) and, when `sources` names one, where it came from
 // ("train_micro_batch_size_per_gpu=8 (--batch)"). Empty when no key was "auto".
-std::string auto_resolved_line(const Config& config,
-                               const std::vector<std::pair<std::string, std::string>>& sources = {});
+std::string auto_resolved_line(
+    const Config& config, const std::vector<std::pair<std::string, std::string>>& sources = {});
 
 // Parses JSON text. `source` names it in errors (a path or "<string>"). Logs one warning listing
 // unknown keys and one warning per key read but not acted on (Config::inert_keys); the "auto"

@@ -222,16 +222,19 @@ void read_offload(Section& s, OffloadConfig& o) {
   s.get("pipeline_write", o.pipeline_write);
   s.get_double("ratio", o.ratio, 0.0, 1.0);
   // Read (and range-checked) above for compatibility, but nothing acts on them.
-  s.inert("buffer_size", "tiermem sizes its staging by the host budget "
-                         "(tiermem.host_budget_bytes, tiermem.pipeline_chunk_bytes)");
+  s.inert("buffer_size",
+          "tiermem sizes its staging by the host budget "
+          "(tiermem.host_budget_bytes, tiermem.pipeline_chunk_bytes)");
   s.inert("max_in_cpu", "what stays in host memory is bounded by tiermem.host_budget_bytes");
   for (const char* k : {"pipeline_read", "pipeline_write", "pipeline"}) {
     s.inert(k, "tiermem always overlaps optimizer-state swaps with the step");
   }
-  s.inert("ratio", "tiermem offloads all of the optimizer state (partial offload is not "
-                   "implemented)");
-  s.inert("fast_init", "tiermem initialises parameters tensor by tensor in their home tier "
-                       "already");
+  s.inert("ratio",
+          "tiermem offloads all of the optimizer state (partial offload is not "
+          "implemented)");
+  s.inert("fast_init",
+          "tiermem initialises parameters tensor by tensor in their home tier "
+          "already");
   if (o.device == OffloadDevice::kNvme && o.nvme_path.empty()) {
     throw ConfigError(s.path("nvme_path"), "",
                       "config key '" + s.path("device") + "' is \"nvme\" but '" + s.path("nvme_path") +
@@ -326,8 +329,9 @@ Config parse_config(std::string_view json_text, std::string_view source) {
   top.inert("activation_checkpointing",
             "activation checkpointing is not implemented yet: every activation of a step is kept");
   for (const char* k : {"steps_per_print", "wall_clock_breakdown"}) {
-    top.inert(k, "tiermem-train prints every step and the time split in its summary; the library "
-                 "prints nothing per step");
+    top.inert(k,
+              "tiermem-train prints every step and the time split in its summary; the library "
+              "prints nothing per step");
   }
   for (const char* k : {"wandb", "tensorboard", "csv_monitor", "comms_logger", "flops_profiler"}) {
     top.inert(k, "no monitor or profiler is built in: use tiermem-train --json or --trace");
@@ -364,25 +368,29 @@ Config parse_config(std::string_view json_text, std::string_view source) {
       p->get_choice("warmup_type", sc.warmup_type, {"log", "linear"});
       p->get_double("warmup_min_ratio", sc.warmup_min_ratio, 0, 1);
       p->get_double("cos_min_ratio", sc.cos_min_ratio, 0, 1);
-      p->inert("last_batch_iteration", "tiermem-train resumes the schedule at the checkpoint's step");
+      p->inert("last_batch_iteration",
+               "tiermem-train resumes the schedule at the checkpoint's step");
       const bool cosine = sc.type == "WarmupCosineLR";
       auto num = [](double x) {
         std::ostringstream os;
         os << x;
         return os.str();
       };
-      for (auto [k, x] : {std::pair<const char*, const std::optional<double>*>{"warmup_min_lr", &sc.warmup_min_lr},
+      for (auto [k, x] : {std::pair<const char*, const std::optional<double>*>{"warmup_min_lr",
+                                                                               &sc.warmup_min_lr},
                           {"warmup_max_lr", &sc.warmup_max_lr}}) {
         if (cosine && x->has_value()) {
-          p->broken(k, num(**x), "WarmupCosineLR has no such parameter: its peak is "
-                                 "optimizer.params.lr and its start warmup_min_ratio x that");
+          p->broken(k, num(**x),
+                    "WarmupCosineLR has no such parameter: its peak is "
+                    "optimizer.params.lr and its start warmup_min_ratio x that");
         }
       }
       for (auto [k, x] : {std::pair<const char*, double>{"warmup_min_ratio", sc.warmup_min_ratio},
                           {"cos_min_ratio", sc.cos_min_ratio}}) {
         if (!cosine && cfg.given(p->path(k))) {
-          p->broken(k, num(x), "only WarmupCosineLR has this parameter (scheduler.type is \"" +
-                                   sc.type + "\")");
+          p->broken(
+              k, num(x),
+              "only WarmupCosineLR has this parameter (scheduler.type is \"" + sc.type + "\")");
         }
       }
       if (sc.type == "WarmupLR" && cfg.given(p->path("total_num_steps"))) {
@@ -408,8 +416,9 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_int("hysteresis", f.hysteresis, 1, 1 << 20);
     s->get_double("min_loss_scale", f.min_loss_scale, 1e-30, 1e30);
     s->inert("auto_cast", "tiermem does not cast the model's inputs");
-    s->inert("consecutive_hysteresis", "the hysteresis counter is not reset by a step without "
-                                       "overflow (DeepSpeed's default, false)");
+    s->inert("consecutive_hysteresis",
+             "the hysteresis counter is not reset by a step without "
+             "overflow (DeepSpeed's default, false)");
     s->finish();
   }
   if (cfg.bf16 && cfg.fp16.enabled) {
@@ -455,10 +464,12 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_int("thread_count", a.intra_op_parallelism, 1, 64);  // older DeepSpeed name
     s->get("single_submit", a.single_submit);
     s->get("overlap_events", a.overlap_events);
-    s->inert("overlap_events", "the io_uring engine always reaps completions on their own thread "
-                               "while new requests are submitted");
-    s->inert("use_gds", "GPUDirect Storage is not implemented: NVMe data goes through pinned host "
-                        "memory");
+    s->inert("overlap_events",
+             "the io_uring engine always reaps completions on their own thread "
+             "while new requests are submitted");
+    s->inert("use_gds",
+             "GPUDirect Storage is not implemented: NVMe data goes through pinned host "
+             "memory");
     s->finish();
   }
   if (auto s = top.sub("zero_optimization")) {
@@ -481,7 +492,8 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get("stage3_gather_fp16_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
     for (const char* k : {"stage3_gather_16bit_weights_on_model_save",
                           "stage3_gather_fp16_weights_on_model_save"}) {
-      s->inert(k, "checkpoints keep each rank's fp32 partition; no gathered 16-bit copy is written");
+      s->inert(k,
+               "checkpoints keep each rank's fp32 partition; no gathered 16-bit copy is written");
     }
     s->inert("allgather_partitions", "parameters are always all-gathered from their partitions");
     s->inert("round_robin_gradients", "gradient partitions are assigned in order");
@@ -538,15 +550,16 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_size("swap_max_bytes", t.swap_max_bytes);
     if (t.swap_max_bytes > 0 && t.swap_initial_bytes > t.swap_max_bytes) {
       if (cfg.given("tiermem.swap_initial_bytes")) {
-        throw ConfigError("tiermem.swap_initial_bytes", std::to_string(t.swap_initial_bytes),
-                          "config key 'tiermem.swap_initial_bytes' = " +
-                              std::to_string(t.swap_initial_bytes) +
-                              " is above 'tiermem.swap_max_bytes' = " +
-                              std::to_string(t.swap_max_bytes) +
-                              ": the initial swap file size must not exceed the maximum");
+        throw ConfigError(
+            "tiermem.swap_initial_bytes", std::to_string(t.swap_initial_bytes),
+            "config key 'tiermem.swap_initial_bytes' = " + std::to_string(t.swap_initial_bytes) +
+                " is above 'tiermem.swap_max_bytes' = " + std::to_string(t.swap_max_bytes) +
+                ": the initial swap file size must not exceed the maximum");
       }
-      TM_LOG_INFO("CONFIG", "tiermem.swap_initial_bytes (default {}) capped to tiermem.swap_max_bytes "
-                  "= {} bytes", t.swap_initial_bytes, t.swap_max_bytes);
+      TM_LOG_INFO("CONFIG",
+                  "tiermem.swap_initial_bytes (default {}) capped to tiermem.swap_max_bytes "
+                  "= {} bytes",
+                  t.swap_initial_bytes, t.swap_max_bytes);
       t.swap_initial_bytes = t.swap_max_bytes;
     }
     s->get_size("pipeline_chunk_bytes", t.pipeline_chunk_bytes, 4096, 1ull << 32);
@@ -558,11 +571,13 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_size("nvme_prefetch_bytes", t.nvme_prefetch_bytes);
     s->get_double("acquire_timeout_s", t.acquire_timeout_s, 0, 1e6);
     s->get("trace_path", t.trace_path);
-    s->inert("trace_path", "a trace is started by the program: tiermem-train --trace PATH, or "
-                           "TIERMEM_TRACE=PATH for any program");
+    s->inert("trace_path",
+             "a trace is started by the program: tiermem-train --trace PATH, or "
+             "TIERMEM_TRACE=PATH for any program");
     s->get_choice("log_level", t.log_level, {"trace", "debug", "info", "warn", "error", "off"});
-    s->inert("log_level", "the log level is read once from the environment: set "
-                          "TIERMEM_LOG_LEVEL instead");
+    s->inert("log_level",
+             "the log level is read once from the environment: set "
+             "TIERMEM_LOG_LEVEL instead");
     s->finish();
   }
   top.finish();
@@ -639,13 +654,13 @@ BatchSizes derive_batch_sizes(std::optional<long long> train, std::optional<long
                           "' is set: give one (DeepSpeed derives the others from it)");
   }
   if (b.train_batch_size != b.micro_batch_per_gpu * b.gradient_accumulation_steps * w) {
-    throw ConfigError(n.train, std::to_string(b.train_batch_size),
-                      "'" + n.train + "' = " + std::to_string(b.train_batch_size) + " but '" +
-                          n.micro + "' = " + std::to_string(b.micro_batch_per_gpu) + " x '" +
-                          n.accum + "' = " + std::to_string(b.gradient_accumulation_steps) +
-                          " x " + ranks + " = " +
-                          std::to_string(b.micro_batch_per_gpu * b.gradient_accumulation_steps * w) +
-                          ": train_batch_size must equal micro-batch x accumulation x world size");
+    throw ConfigError(
+        n.train, std::to_string(b.train_batch_size),
+        "'" + n.train + "' = " + std::to_string(b.train_batch_size) + " but '" + n.micro +
+            "' = " + std::to_string(b.micro_batch_per_gpu) + " x '" + n.accum +
+            "' = " + std::to_string(b.gradient_accumulation_steps) + " x " + ranks + " = " +
+            std::to_string(b.micro_batch_per_gpu * b.gradient_accumulation_steps * w) +
+            ": train_batch_size must equal micro-batch x accumulation x world size");
   }
   if (b.micro_batch_per_gpu < 1 || b.gradient_accumulation_steps < 1) {
     throw ConfigError(n.train, std::to_string(b.train_batch_size),
@@ -662,9 +677,10 @@ void resolve_batch_sizes(Config& c, int world_size) {
     return std::nullopt;
   };
   std::optional<long long> train = opt("train_batch_size", c.train_batch_size);
-  std::optional<long long> micro = opt("train_micro_batch_size_per_gpu",
-                                       c.train_micro_batch_size_per_gpu);
-  std::optional<long long> accum = opt("gradient_accumulation_steps", c.gradient_accumulation_steps);
+  std::optional<long long> micro =
+      opt("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
+  std::optional<long long> accum =
+      opt("gradient_accumulation_steps", c.gradient_accumulation_steps);
   if (!train && !micro) micro = c.train_micro_batch_size_per_gpu;  // the library's default, 1
   const BatchSizes b = derive_batch_sizes(train, micro, accum, world_size);
   if (b.train_batch_size > (1ll << 30) || b.micro_batch_per_gpu > (1 << 24)) {

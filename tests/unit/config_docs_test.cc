@@ -5,12 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tiermem/config.h"
 
@@ -43,7 +42,8 @@ std::vector<Row> table_rows() {
   bool inside = false;
   const std::regex row(R"(^\| `([^`]+)` \| (honoured|derived|warned) \|)");
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("## ", 0) == 0) inside = line.find("DeepSpeed keys: honoured") != std::string::npos;
+    if (line.rfind("## ", 0) == 0)
+      inside = line.find("DeepSpeed keys: honoured") != std::string::npos;
     std::smatch m;
     if (!inside || !std::regex_search(line, m, row)) {
       if (inside && line.rfind("| `", 0) == 0) ADD_FAILURE() << "row without a status: " << line;

@@ -148,7 +148,8 @@ void expect_message(Fn fn, std::initializer_list<std::string> needles) {
     FAIL() << "no ConfigError";
   } catch (const ConfigError& e) {
     for (const std::string& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "no '" << n << "' in: " << e.what();
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "no '" << n << "' in: " << e.what();
   }
 }
 
@@ -222,10 +223,10 @@ TEST(Config, KeysReadButNotActedOnAreNamedOnceWithAReason) {
     keys.push_back(k.key);
     EXPECT_FALSE(k.why.empty()) << k.key;
   }
-  for (const char* k : {"activation_checkpointing", "steps_per_print", "wall_clock_breakdown",
-                        "zero_optimization.contiguous_gradients",
-                        "zero_optimization.allgather_bucket_size",
-                        "zero_optimization.round_robin_gradients", "tiermem.log_level"}) {
+  for (const char* k :
+       {"activation_checkpointing", "steps_per_print", "wall_clock_breakdown",
+        "zero_optimization.contiguous_gradients", "zero_optimization.allgather_bucket_size",
+        "zero_optimization.round_robin_gradients", "tiermem.log_level"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), k), 1) << k;
   }
   EXPECT_EQ(keys.size(), 7u);
@@ -263,12 +264,22 @@ TEST(Config, SchedulerSectionIsRead) {
 
   expect_message([] { parse_config(R"({"scheduler": {"type": "OneCycle"}})"); },
                  {"scheduler.type", "OneCycle", "WarmupLR"});
-  expect_message([] { parse_config(R"({"scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 9}}})"); },
-                 {"scheduler.params.total_num_steps", "9", "WarmupDecayLR"});
-  expect_message([] { parse_config(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_max_lr": 0.1}}})"); },
-                 {"scheduler.params.warmup_max_lr", "0.1", "optimizer.params.lr"});
-  expect_message([] { parse_config(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.5}}})"); },
-                 {"scheduler.params.cos_min_ratio", "0.5", "WarmupCosineLR"});
+  expect_message(
+      [] {
+        parse_config(R"({"scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 9}}})");
+      },
+      {"scheduler.params.total_num_steps", "9", "WarmupDecayLR"});
+  expect_message(
+      [] {
+        parse_config(
+            R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_max_lr": 0.1}}})");
+      },
+      {"scheduler.params.warmup_max_lr", "0.1", "optimizer.params.lr"});
+  expect_message(
+      [] {
+        parse_config(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.5}}})");
+      },
+      {"scheduler.params.cos_min_ratio", "0.5", "WarmupCosineLR"});
   expect_key_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}})",
                    "scheduler.params.warmup_type");
   expect_key_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -1}}})",
@@ -290,9 +301,11 @@ TEST(Config, SwapMaxBelowTheInitialSize) {
   EXPECT_EQ(c.tiermem.swap_max_bytes, 65536u);
   EXPECT_EQ(c.tiermem.swap_initial_bytes, 65536u);
   // Both given and contradictory: refused, naming both keys and values.
-  expect_message([] {
-    parse_config(R"({"tiermem": {"swap_max_bytes": 65536, "swap_initial_bytes": "1MiB"}})");
-  }, {"tiermem.swap_initial_bytes", "1048576", "tiermem.swap_max_bytes", "65536"});
+  expect_message(
+      [] {
+        parse_config(R"({"tiermem": {"swap_max_bytes": 65536, "swap_initial_bytes": "1MiB"}})");
+      },
+      {"tiermem.swap_initial_bytes", "1048576", "tiermem.swap_max_bytes", "65536"});
   c = parse_config(R"({"tiermem": {"swap_max_bytes": 0, "swap_initial_bytes": "1MiB"}})");
   EXPECT_EQ(c.tiermem.swap_initial_bytes, 1u << 20);  // 0 = no maximum
 }
@@ -303,8 +316,7 @@ TEST(Config, AutoResolvedLineListsEveryAutoKeyWithItsValue) {
   EXPECT_EQ(c.given_keys.size(), 0u);
   c.train_micro_batch_size_per_gpu = 4;
   c.gradient_clipping = 1.0;
-  const std::string line =
-      auto_resolved_line(c, {{"train_micro_batch_size_per_gpu", "--batch"}});
+  const std::string line = auto_resolved_line(c, {{"train_micro_batch_size_per_gpu", "--batch"}});
   EXPECT_EQ(line.rfind("\"auto\" resolved: ", 0), 0u) << line;
   EXPECT_NE(line.find("gradient_clipping=1.0"), std::string::npos) << line;
   EXPECT_NE(line.find("train_micro_batch_size_per_gpu=4 (--batch)"), std::string::npos) << line;

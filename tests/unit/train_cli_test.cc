@@ -165,7 +165,8 @@ TEST_F(TrainCli, InconsistentBatchTripleAndBrokenRulesExitWithCode2) {
                      {"train_batch_size", "= 8", "'--batch' = 2", "gradient_accumulation_steps",
                       "= 3", "must equal"});
   std::ofstream(dir_ / "global.json") << R"({"train_batch_size": 7})";
-  expect_usage_error("--swap-dir swap --config global.json", {"train_batch_size", "= 7", "--batch"});
+  expect_usage_error("--swap-dir swap --config global.json",
+                     {"train_batch_size", "= 7", "--batch"});
   std::ofstream(dir_ / "chunk.json") << R"({"tiermem": {"pipeline_chunk_bytes": 5000}})";
   expect_usage_error("--swap-dir swap --config chunk.json",
                      {"tiermem.pipeline_chunk_bytes", "5000", "multiple of 4096"});
@@ -225,7 +226,8 @@ TEST_F(TrainCli, OnlyAZeroStageTrainsTheSameLossesAsNoConfig) {
   auto losses = [&](const std::string& extra) {
     const std::string cmd = "cd " + dir_.string() + " && OMP_NUM_THREADS=1 " + TIERMEM_TRAIN_BIN +
                             " --model tiny --eval-every 0 --json --data corpus.txt --seq-len 16"
-                            " --steps 4 --swap-dir swap " + extra + " >out.txt 2>err.txt";
+                            " --steps 4 --swap-dir swap " +
+                            extra + " >out.txt 2>err.txt";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(dir_ / "err.txt");
     return step_losses(slurp(dir_ / "out.txt"));
   };

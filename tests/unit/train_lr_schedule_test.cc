@@ -2,15 +2,15 @@
 // values computed by hand from DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py:
 // WarmupLR, WarmupDecayLR, WarmupCosineLR) at last_batch_iteration = step - 1, and the trainer's
 // own warm-up + cosine schedule.
-#include "lr_schedule.h"
-#include "train_loop.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "lr_schedule.h"
+#include "train_loop.h"
 
 namespace tiermem::train {
 namespace {
@@ -52,13 +52,17 @@ TEST(LrSchedule, WarmupLRLogAndLinear) {
   c.warmup_max_lr = 0.01;
   c.warmup_num_steps = 10;
   // log: lr = max * ln(it + 1) / ln(10); then flat at max.
-  expect_curve(make_lr_schedule(c, 123.0, 999, 999),
-               {{1, 0.0}, {2, 0.0030102999566398118}, {6, 0.007781512503836436}, {10, 0.01},
-                {11, 0.01}, {5000, 0.01}});
+  expect_curve(make_lr_schedule(c, 123.0, 999, 999), {{1, 0.0},
+                                                      {2, 0.0030102999566398118},
+                                                      {6, 0.007781512503836436},
+                                                      {10, 0.01},
+                                                      {11, 0.01},
+                                                      {5000, 0.01}});
   c.warmup_type = "linear";
   c.warmup_min_lr = 1e-3;
   c.warmup_num_steps = 4;
-  expect_curve(make_lr_schedule(c, 123.0, 999, 999), {{1, 1e-3}, {3, 5.5e-3}, {5, 1e-2}, {9, 1e-2}});
+  expect_curve(make_lr_schedule(c, 123.0, 999, 999),
+               {{1, 1e-3}, {3, 5.5e-3}, {5, 1e-2}, {9, 1e-2}});
 }
 
 TEST(LrSchedule, WarmupDecayLRDecaysLinearlyToTheMinimum) {
@@ -79,9 +83,12 @@ TEST(LrSchedule, WarmupCosineLRScalesTheOptimizerLr) {
   c.warmup_type = "linear";
   c.warmup_min_ratio = 0.1;
   c.cos_min_ratio = 0.01;
-  expect_curve(make_lr_schedule(c, 1e-3, 999, 999),
-               {{1, 1e-4}, {6, 5.5e-4}, {11, 0.0009997557473810372}, {60, 5.05e-4}, {110, 1e-5},
-                {500, 1e-5}});
+  expect_curve(make_lr_schedule(c, 1e-3, 999, 999), {{1, 1e-4},
+                                                     {6, 5.5e-4},
+                                                     {11, 0.0009997557473810372},
+                                                     {60, 5.05e-4},
+                                                     {110, 1e-5},
+                                                     {500, 1e-5}});
 }
 
 TEST(LrSchedule, UnsetParametersComeFromTheTrainer) {

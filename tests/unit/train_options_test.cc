@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-
 #include <string>
 #include <vector>
 
@@ -75,8 +74,8 @@ class ConfigFile {
  public:
   explicit ConfigFile(const std::string& json) {
     path_ = (std::filesystem::temp_directory_path() /
-             ("tiermem_train_options_" + std::to_string(::getpid()) + "_" + std::to_string(next_++) +
-              ".json"))
+             ("tiermem_train_options_" + std::to_string(::getpid()) + "_" +
+              std::to_string(next_++) + ".json"))
                 .string();
     std::ofstream(path_) << json;
   }
@@ -104,7 +103,8 @@ TEST(TrainOptions, OnlyAZeroStageTrainsTheSameRunAsNoConfig) {
   const Config autos = with_config(R"({"zero_optimization": {"stage": 3},
       "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
       "train_batch_size": "auto", "gradient_clipping": "auto",
-      "optimizer": {"params": {"lr": "auto", "weight_decay": "auto"}}})", {"--model", "tiny"});
+      "optimizer": {"params": {"lr": "auto", "weight_decay": "auto"}}})",
+                                   {"--model", "tiny"});
   for (const Config* c : {&stage3, &autos}) {
     EXPECT_EQ(c->train_micro_batch_size_per_gpu, none.train_micro_batch_size_per_gpu);
     EXPECT_EQ(c->gradient_accumulation_steps, none.gradient_accumulation_steps);
@@ -121,8 +121,8 @@ TEST(TrainOptions, OnlyAZeroStageTrainsTheSameRunAsNoConfig) {
   EXPECT_DOUBLE_EQ(none.gradient_clipping, 1.0);  // the trainer's clipping default
   EXPECT_DOUBLE_EQ(none.optimizer.weight_decay, 0.0);
   // A value the file gives is kept.
-  const Config given = with_config(R"({"gradient_clipping": 0.5, "optimizer": {"params": {"lr": 0.02}}})",
-                                   {"--model", "tiny"});
+  const Config given = with_config(
+      R"({"gradient_clipping": 0.5, "optimizer": {"params": {"lr": 0.02}}})", {"--model", "tiny"});
   EXPECT_DOUBLE_EQ(given.gradient_clipping, 0.5);
   EXPECT_DOUBLE_EQ(given.optimizer.lr, 0.02);
 }
@@ -155,14 +155,16 @@ TEST(TrainOptions, InconsistentBatchTripleNamesTheKeysAndFlags) {
     return std::string("no ConfigError");
   };
   std::string m = message(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
-                              "gradient_accumulation_steps": 2})", {"--model", "tiny"});
+                              "gradient_accumulation_steps": 2})",
+                          {"--model", "tiny"});
   for (const char* n : {"train_batch_size", "= 8", "train_micro_batch_size_per_gpu", "= 2",
                         "gradient_accumulation_steps", "must equal"})
     EXPECT_NE(m.find(n), std::string::npos) << n << " not in: " << m;
   m = message(R"({"train_batch_size": 8})", {"--model", "tiny", "--batch", "3"});
   EXPECT_NE(m.find("--batch"), std::string::npos) << m;
   EXPECT_NE(m.find("train_batch_size"), std::string::npos) << m;
-  m = message(R"({"train_batch_size": 8})", {"--model", "tiny", "--batch", "2", "--grad-accum", "2"});
+  m = message(R"({"train_batch_size": 8})",
+              {"--model", "tiny", "--batch", "2", "--grad-accum", "2"});
   EXPECT_NE(m.find("--grad-accum"), std::string::npos) << m;
 }
 
@@ -176,7 +178,8 @@ TEST(TrainOptions, SchedulerParametersDefaultToTheTrainersValues) {
             std::min(demo_defaults("tiny").warmup, 50 / 10));
   // Given in the file: kept, and the peak is the lr the run reports.
   c = with_config(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.005,
-                      "warmup_num_steps": 7}}})", {"--model", "tiny"});
+                      "warmup_num_steps": 7}}})",
+                  {"--model", "tiny"});
   EXPECT_DOUBLE_EQ(*c.scheduler.warmup_max_lr, 0.005);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.005);
   EXPECT_EQ(*c.scheduler.warmup_num_steps, 7);
@@ -188,7 +191,8 @@ TEST(TrainOptions, SchedulerParametersDefaultToTheTrainersValues) {
   EXPECT_DOUBLE_EQ(*c.scheduler.warmup_max_lr, 0.004);
   // Flags beat the file.
   c = with_config(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.005,
-                      "warmup_num_steps": 7}}})", {"--model", "tiny", "--lr", "0.02", "--warmup", "3"});
+                      "warmup_num_steps": 7}}})",
+                  {"--model", "tiny", "--lr", "0.02", "--warmup", "3"});
   EXPECT_DOUBLE_EQ(*c.scheduler.warmup_max_lr, 0.02);
   EXPECT_EQ(*c.scheduler.warmup_num_steps, 3);
 }
