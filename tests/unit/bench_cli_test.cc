@@ -134,6 +134,13 @@ TEST_F(BenchCli, MissingPathExitsWith2SayingDoesNotExist) {
   }
   EXPECT_FALSE(fs::exists(dir_ / "no_such_dir"));
   EXPECT_FALSE(fs::exists(dir_ / "d" / "no_such_file"));
+  // The pipeline bench's --path is a directory too: a missing one is not created.
+  const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN +
+                          " pipeline --path no_such_dir >/dev/null 2>err.txt";
+  const int status = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << slurp(dir_ / "err.txt");
+  EXPECT_NE(slurp(dir_ / "err.txt").find("does not exist"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "no_such_dir"));
 }
 
 TEST_F(BenchCli, WriteJobWritesTheUsersFileWithinItsSize) {
