@@ -31,10 +31,11 @@
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
 #include "tiermem/config.h"

@@ -2,6 +2,8 @@
 // values computed by hand from DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py:
 // WarmupLR, WarmupDecayLR, WarmupCosineLR) at last_batch_iteration = step - 1, and the trainer's
 // own warm-up + cosine schedule.
+#include "lr_schedule.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <utility>
 #include <vector>
 
-#include "lr_schedule.h"
 #include "train_loop.h"
 
 namespace tiermem::train {
