@@ -4,9 +4,17 @@
 //   build-nvme/bench/tiermem-bench nvme --path /mnt/nvme --rw read --bs 1M --qd 16 --size 1G
 //       --runtime 5 --engine uring [--sqpoll] [--fixed-bufs] [--json]   (one line)
 //
-// --path is a directory (the file is DIR/tiermem-bench-nvme.dat) or a file. The file is opened
-// with O_DIRECT (page cache bypassed, like fio direct=1); when it is smaller than --size it is
-// first written sequentially (reads of never-written blocks would not touch the device). Each of
+// --path is a directory or an existing file, as in fio:
+//   - a directory: the bench's own data file DIR/tiermem-bench-nvme.dat is created there (written
+//     once sequentially when smaller than --size, since reads of never-written blocks would not
+//     touch the device) and removed at exit, unless --keep;
+//   - an existing file (the user's): its own size is the default --size; a read job never writes
+//     to it (a --size above the file's size is refused, exit 2, naming both sizes); a write job
+//     writes to it within --size, as fio does. The file is never removed.
+//   A path that does not exist (or a file under a missing directory) exits 2 with "does not
+//   exist": only a directory gets a file created in it.
+// The file is opened with O_DIRECT (page cache bypassed, like fio direct=1) unless --buffered
+// (fio direct=0), which a filesystem without O_DIRECT (tmpfs) needs. Each of
 // --jobs threads keeps --qd requests of --bs bytes in flight for --runtime seconds: sequential
 // jobs start at job * size / jobs and wrap; random jobs pick bs-aligned offsets uniformly
 // (fixed seed). One engine with one ring per job, block_size = bs (no splitting). Latency is
@@ -23,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -47,7 +56,24 @@ struct NvmeOpts {
   std::string engine = "uring";
   bool sqpoll = false;
   bool fixed_bufs = false;
+  bool buffered = false;
+  bool keep = false;
   bool json = false;
+  bool size_given = false;
+};
+
+// Removes the bench's own data file when the run ends, whichever way (unless --keep).
+class OwnFileRemover {
+ public:
+  explicit OwnFileRemover(std::string path) : path_(std::move(path)) {}
+  ~OwnFileRemover() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  OwnFileRemover(const OwnFileRemover&) = delete;
+  OwnFileRemover& operator=(const OwnFileRemover&) = delete;
+
+ private:
+  std::string path_;
 };
 
 struct JobResult {
@@ -123,16 +149,53 @@ int run_nvme(const NvmeOpts& o) {
     std::fprintf(stderr, "tiermem-bench nvme: %s\n", m.c_str());
     return 2;
   };
-  if (bs == 0 || bs % kDirectAlignment != 0) return bad("--bs must be a positive multiple of 4096");
-  if (size < bs) return bad("--size must be at least --bs");
-  if (o.qd < 1 || o.qd > 4096) return bad("--qd must be in 1..4096");
-  if (o.jobs < 1 || o.jobs > 64) return bad("--jobs must be in 1..64");
+  if (bs == 0 || bs % kDirectAlignment != 0)
+    return bad("--bs " + o.bs + " must be a positive multiple of 4096 bytes");
+  if (o.qd < 1 || o.qd > 4096) return bad("--qd " + std::to_string(o.qd) + " must be in 1..4096");
+  if (o.jobs < 1 || o.jobs > 64)
+    return bad("--jobs " + std::to_string(o.jobs) + " must be in 1..64");
   if (!(o.runtime > 0)) return bad("--runtime must be > 0 seconds");
-  size = size / bs * bs;
+  const bool write = o.rw == "write" || o.rw == "randwrite";
 
+  // Which file, and whose: a directory gets the bench's own file; an existing file is the user's.
   std::string file_path = o.path;
+  bool own_file = false;
   struct stat st {};
-  if (::stat(o.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file_path = o.path + "/tiermem-bench-nvme.dat";
+  if (::stat(o.path.c_str(), &st) != 0) {
+    const int e = errno;
+    return bad("--path '" + o.path + "' does not exist" +
+               (e == ENOENT || e == ENOTDIR
+                    ? std::string()
+                    : std::string(" or cannot be read: ") + std::strerror(e)) +
+               ": give a directory (the bench creates its data file there) or an existing file");
+  }
+  if (S_ISDIR(st.st_mode)) {
+    file_path = o.path + "/tiermem-bench-nvme.dat";
+    own_file = true;
+  } else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    return bad("--path '" + o.path + "' is neither a directory nor a regular file");
+  } else {
+    // The user's file: its size is the default --size, and a read job must fit in it.
+    const auto file_bytes = static_cast<std::uint64_t>(st.st_size);
+    if (!o.size_given) {
+      if (S_ISBLK(st.st_mode)) return bad("--path '" + o.path + "' is a block device: give --size");
+      if (file_bytes < bs)
+        return bad("--path '" + o.path + "' holds " + std::to_string(file_bytes) +
+                   " bytes, less than one --bs block (" + std::to_string(bs) + " bytes): " +
+                   (write ? "give --size to write that much into it"
+                          : "nothing to read (a read job never writes to an existing file)"));
+      size = file_bytes;
+    } else if (!write && !S_ISBLK(st.st_mode) && size > file_bytes) {
+      return bad("--size " + o.size + " (" + std::to_string(size) +
+                 " bytes) is larger than --path '" + o.path + "' (" + std::to_string(file_bytes) +
+                 " bytes): a read job never writes to an existing file; give --size " +
+                 std::to_string(file_bytes / bs * bs) + " or less, or a directory");
+    }
+  }
+  if (size < bs)
+    return bad("--size " + std::to_string(size) + " bytes must be at least --bs (" +
+               std::to_string(bs) + " bytes)");
+  size = size / bs * bs;
 
   IoEngineOptions eo;
   eo.kind = o.engine == "posix" ? IoEngineKind::kPosix : IoEngineKind::kUring;
@@ -141,8 +204,25 @@ int run_nvme(const NvmeOpts& o) {
   eo.rings = o.jobs;
   eo.sqpoll = o.sqpoll;
   eo.fixed_buffers = o.fixed_bufs;
+  eo.o_direct = !o.buffered;
   auto engine = make_io_engine(eo);
-  IoFile file = engine->open_file(file_path, /*create=*/true);
+  std::optional<OwnFileRemover> remover;
+  if (own_file && !o.keep) {
+    // Remove only a file this run creates (a kept one from an earlier run stays kept).
+    struct stat fst {};
+    if (::stat(file_path.c_str(), &fst) != 0) remover.emplace(file_path);
+  }
+  IoFile file;
+  try {
+    file = engine->open_file(file_path, /*create=*/own_file);
+  } catch (const IoError& e) {
+    if (e.err() == EINVAL && !o.buffered) {
+      return bad("--path '" + o.path +
+                 "' is on a filesystem without O_DIRECT (e.g. tmpfs): put it "
+                 "on a disk, or add --buffered to go through the page cache (fio's direct=0)");
+    }
+    throw;
+  }
 
   const std::uint64_t pool_bytes = bs * static_cast<std::uint64_t>(o.qd) * static_cast<std::uint64_t>(o.jobs);
   void* mem = nullptr;
@@ -151,7 +231,7 @@ int run_nvme(const NvmeOpts& o) {
   for (std::uint64_t i = 0; i < pool_bytes; ++i) pool.get()[i] = static_cast<char>(i * 131 + 7);
   bool registered = o.fixed_bufs && engine->register_buffers(pool.get(), pool_bytes);
 
-  if (engine->file_size(file) < size) {  // lay the file out: write it once, sequentially
+  if (own_file && engine->file_size(file) < size) {  // lay our file out: write it once, in order
     std::vector<IoRequest> reqs;
     for (std::uint64_t off = 0; off < size; off += bs) {
       reqs.push_back(engine->submit_write(file, off, bs, pool.get() + (off / bs % o.qd) * bs));
@@ -163,7 +243,6 @@ int run_nvme(const NvmeOpts& o) {
     wait_all(reqs);
   }
 
-  const bool write = o.rw == "write" || o.rw == "randwrite";
   const bool random = o.rw == "randread" || o.rw == "randwrite";
   std::vector<JobResult> results(static_cast<std::size_t>(o.jobs));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.jobs));
@@ -215,19 +294,32 @@ int run_nvme(const NvmeOpts& o) {
 
 std::function<int()> setup_nvme(CLI::App& sub) {
   auto o = std::make_shared<NvmeOpts>();
-  sub.add_option("--path", o->path, "directory (or file) to test; O_DIRECT")->required();
+  sub.add_option("--path", o->path,
+                 "directory (the bench creates tiermem-bench-nvme.dat there, removed at exit "
+                 "unless --keep) or an existing file (never written by a read job; its size is "
+                 "the default --size)")
+      ->required();
   sub.add_option("--rw", o->rw, "read|write|randread|randwrite")
       ->check(CLI::IsMember({"read", "write", "randread", "randwrite"}));
   sub.add_option("--bs", o->bs, "request size (4K multiple), e.g. 1M, 4K");
   sub.add_option("--qd", o->qd, "requests in flight per job");
-  sub.add_option("--size", o->size, "file size used, e.g. 1G");
+  sub.add_option("--size", o->size,
+                 "bytes of the file used, e.g. 1G [default: an existing file's size, else 1G]");
   sub.add_option("--jobs", o->jobs, "threads, each with its own ring");
   sub.add_option("--runtime", o->runtime, "seconds");
   sub.add_option("--engine", o->engine, "uring|posix")->check(CLI::IsMember({"uring", "posix"}));
   sub.add_flag("--sqpoll", o->sqpoll, "IORING_SETUP_SQPOLL");
   sub.add_flag("--fixed-bufs", o->fixed_bufs, "register the buffers (fixed buffers)");
+  sub.add_flag("--buffered", o->buffered,
+               "open without O_DIRECT (through the page cache; fio direct=0)");
+  sub.add_flag("--keep", o->keep,
+               "keep the bench's own data file (DIR/tiermem-bench-nvme.dat) at exit");
   sub.add_flag("--json", o->json, "last line: one JSON object");
-  return [o] { return run_nvme(*o); };
+  CLI::App* app = &sub;
+  return [o, app] {
+    o->size_given = app->count("--size") > 0;
+    return run_nvme(*o);
+  };
 }
 
 }  // namespace

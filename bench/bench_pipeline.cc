@@ -15,6 +15,7 @@
 // (load direction) and write_* fields for the reverse direction.
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -53,6 +54,12 @@ int run_pipeline(const PipeOptions& o) {
   const std::uint64_t chunk = parse_size(o.chunk, "--chunk");
   const std::uint64_t total = tbytes * static_cast<std::uint64_t>(o.tensors);
   namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(o.path, ec)) {  // only a directory gets the bench's own files in it
+    std::fprintf(stderr, "tiermem-bench pipeline: --path '%s' %s: give an existing directory\n",
+                 o.path.c_str(), fs::exists(o.path, ec) ? "is not a directory" : "does not exist");
+    return 2;
+  }
   fs::path dir = fs::path(o.path) / ("tiermem-bench-pipeline-" + std::to_string(getpid()));
   fs::create_directories(dir);
   struct Cleanup {

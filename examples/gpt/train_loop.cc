@@ -2,6 +2,8 @@
 // resume, the step loop, eval, checkpoint, summary.
 #include "train_loop.h"
 
+#include "lr_schedule.h"
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -34,17 +36,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Demo defaults per model preset, used for values not given on the command line or in --config.
-struct Defaults {
-  int steps, batch, seq_len, warmup, eval_every;
-  double lr;
-};
-Defaults defaults_for(const std::string& model) {
-  if (model == "tiny") return {20, 4, 16, 2, 10, 3e-3};
-  if (model == "mini") return {kMiniDemoSteps, 8, 128, 10, 25, 2e-3};
-  return {3, 1, 128, 1, 0, 3e-4};  // gpt2*: a few steps to measure throughput
-}
-
 TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int world) {
   TrainPlan p;
   p.model_name = o.model;
@@ -58,7 +49,7 @@ TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int worl
   } else {
     p.model = gpt::GptConfig::named(o.model);
   }
-  const Defaults d = defaults_for(o.model);
+  const DemoDefaults d = demo_defaults(o.model);
   p.steps = o.steps > 0 ? o.steps : d.steps;
   // Batch and accumulation: command line > --config > demo default.
   p.batch = o.batch_given ? o.batch
@@ -73,6 +64,7 @@ TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int worl
   }
   p.lr = o.lr_given ? o.lr : !o.config_path.empty() ? cfg.optimizer.lr : d.lr;
   p.warmup = o.warmup >= 0 ? o.warmup : std::min(d.warmup, std::max(0, p.steps / 10));
+  if (cfg.scheduler.warmup_num_steps) p.warmup = static_cast<int>(*cfg.scheduler.warmup_num_steps);
   p.eval_every = o.eval_every >= 0 ? o.eval_every : d.eval_every;
   p.eval_batches = o.eval_batches;
   p.seed = o.seed;
@@ -249,11 +241,9 @@ void install_stop_handlers() {
 }  // namespace
 
 double learning_rate(const TrainPlan& plan, int t) {
-  if (plan.warmup > 0 && t <= plan.warmup) return plan.lr * t / plan.warmup;
-  const int decay_steps = std::max(1, plan.steps - plan.warmup);
-  const double progress = std::min(1.0, static_cast<double>(t - plan.warmup) / decay_steps);
-  const double min_lr = plan.lr / 10;
-  return min_lr + 0.5 * (plan.lr - min_lr) * (1 + std::cos(M_PI * progress));
+  // The config's scheduler section (WarmupLR, WarmupDecayLR, WarmupCosineLR), else the trainer's
+  // own warm-up + cosine decay (lr_schedule.h; the same values as before, bit for bit).
+  return lr_at(make_lr_schedule(plan.config.scheduler, plan.lr, plan.warmup, plan.steps), t);
 }
 
 int run_training(const TrainOptions& opts) {

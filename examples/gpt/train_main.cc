@@ -19,13 +19,53 @@
 // runs and releasing them after, accumulates gradients over micro-batches and steps AdamW;
 // progress per step, held-out loss every --eval-every steps, a summary at the end.
 // Exit codes: 0 done, 1 an error during the run (one line on stderr), 2 a bad command line or
-// --config file (one line on stderr, naming the option or config key).
+// --config file (one line on stderr, naming the option or config key), 130 / 143 stopped by
+// SIGINT / SIGTERM (and by a closed stdout: `tiermem-train | head -3` stops like SIGTERM).
+#include <signal.h>
+#include <unistd.h>
+
+#include "tiermem/log.h"
+#include "train_engines.h"
 #include "train_loop.h"
 #include "train_options.h"
 
+namespace {
+
+// stdout closed by its reader (`| head`): stop as SIGTERM does — after the step in flight, with
+// the summary, the swap files and locks removed — instead of dying of SIGPIPE and leaving them.
+// The step loop's SIGTERM handler (train_loop.cc) does the stopping; before it is installed (or
+// after it has fired once) the signal is dropped and the write fails with EPIPE, which the
+// reporter ignores, so the next write after the loop starts stops the run.
+extern "C" void on_sigpipe(int) {
+  struct sigaction term {};
+  if (::sigaction(SIGTERM, nullptr, &term) == 0 && term.sa_handler != SIG_DFL &&
+      term.sa_handler != SIG_IGN) {
+    ::kill(::getpid(), SIGTERM);
+  }
+}
+
+void stop_on_closed_stdout() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigpipe;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGPIPE, &sa, nullptr);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  stop_on_closed_stdout();
   tiermem::train::TrainOptions opts;
   const int rc = tiermem::train::parse_train_options(argc, argv, &opts);
   if (rc >= 0) return rc;
+  // A preset trained on text gets the byte-level vocabulary: say so once, with what it trains.
+  try {
+    if (tiermem::train::detect_ranks().rank == 0) {
+      const std::string note = tiermem::train::vocab_change_note(opts);
+      if (!note.empty()) TM_LOG_WARN("TRAIN", "{}", note);
+    }
+  } catch (const std::exception&) {  // a malformed RANK: run_training reports it (exit 2)
+  }
   return tiermem::train::run_training(opts);
 }

@@ -11,8 +11,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
+#include <optional>
+#include <utility>
+#include <vector>
 
+#include "data.h"
+#include "gpt/model.h"
 #include "tiermem/error.h"
+#include "tiermem/log.h"
+#include "train_engines.h"
 
 namespace tiermem::train {
 namespace {
@@ -35,6 +42,31 @@ std::string preset_list() {
 }  // namespace
 
 const char* const* model_preset_names() { return kPresets; }
+
+DemoDefaults demo_defaults(const std::string& model) {
+  if (model == "tiny") return {20, 4, 16, 2, 10, 3e-3};
+  if (model == "mini") return {kMiniDemoSteps, 8, 128, 10, 25, 2e-3};
+  return {3, 1, 128, 1, 0, 3e-4};  // gpt2*: a few steps to measure throughput
+}
+
+std::string vocab_change_note(const TrainOptions& opts) {
+  const std::string data = opts.data.empty() ? std::string(kDefaultCorpus) : opts.data;
+  std::error_code ec;
+  const bool is_bin =
+      std::filesystem::path(data).extension() == ".bin" && !std::filesystem::is_directory(data, ec);
+  gpt::GptConfig m = gpt::GptConfig::named(opts.model);
+  // Only a preset whose vocabulary is larger (the GPT-2 family: 50257) becomes a smaller model.
+  if (is_bin || m.vocab_size <= kByteVocab) return "";
+  const int asked = m.vocab_size;
+  const double asked_params = static_cast<double>(gpt::num_params(m));
+  m.vocab_size = kByteVocab;
+  return fmt::format(
+      "--model {} with text data: vocabulary {} -> {} (byte-level tokens), so it "
+      "trains {:.2f} M parameters, not the preset's {:.2f} M (a uint16 token file "
+      "*.bin keeps the vocabulary)",
+      opts.model, asked, kByteVocab, static_cast<double>(gpt::num_params(m)) / 1e6,
+      asked_params / 1e6);
+}
 
 int parse_train_options(int argc, char** argv, TrainOptions* out) {
   TrainOptions o;
@@ -180,6 +212,11 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
 }
 
 Config effective_config(const TrainOptions& opts, int rank) {
+  return effective_config(opts, rank, detect_ranks().world_size);
+}
+
+Config effective_config(const TrainOptions& opts, int rank, int world_size) {
+  const DemoDefaults d = demo_defaults(opts.model);
   Config c;
   if (!opts.config_path.empty()) {
     c = load_config(opts.config_path);
@@ -188,23 +225,93 @@ Config effective_config(const TrainOptions& opts, int rank) {
     c.zero.stage = 3;
     c.zero.offload_param.device = OffloadDevice::kNvme;
     c.zero.offload_optimizer.device = OffloadDevice::kNvme;
-    c.optimizer.lr = 1e-3;
-    c.optimizer.weight_decay = 0.0;
     // The demo pages every module (DeepSpeed's default keeps modules under 1e5 elements whole
     // on the device, which for the demo's small models would be nearly all of them).
     c.zero.stage3_param_persistence_threshold_elems = 0;
   }
-  if (!opts.offload.empty()) {
-    OffloadDevice d = opts.offload == "nvme"  ? OffloadDevice::kNvme
-                      : opts.offload == "cpu" ? OffloadDevice::kCpu
-                                              : OffloadDevice::kNone;
-    c.zero.offload_param.device = d;
-    c.zero.offload_optimizer.device = d;
-    if (d != OffloadDevice::kNone) c.zero.stage = 3;
+  // Where each value "auto" became came from, for the one line.
+  std::vector<std::pair<std::string, std::string>> sources;
+  auto from_trainer = [&](const char* key, const char* flag, bool flag_given) {
+    sources.emplace_back(key, flag_given ? flag : "tiermem-train's default");
+  };
+
+  // ---- The batch triple: flags > config > derived > the demo's micro-batch.
+  std::optional<long long> train, micro, accum;
+  BatchKeyNames names;
+  if (c.given("train_batch_size")) train = c.train_batch_size;
+  if (opts.batch_given) {
+    micro = opts.batch;
+    names.micro = "--batch";
+  } else if (c.given("train_micro_batch_size_per_gpu")) {
+    micro = c.train_micro_batch_size_per_gpu;
+  } else if (!train) {
+    micro = d.batch;
   }
-  if (opts.batch_given) c.train_micro_batch_size_per_gpu = opts.batch;
-  if (opts.grad_accum_given) c.gradient_accumulation_steps = opts.grad_accum;
-  if (opts.lr_given) c.optimizer.lr = opts.lr;
+  if (opts.grad_accum_given) {
+    accum = opts.grad_accum;
+    names.accum = "--grad-accum";
+  } else if (c.given("gradient_accumulation_steps")) {
+    accum = c.gradient_accumulation_steps;
+  }
+  const BatchSizes b = derive_batch_sizes(train, micro, accum, world_size, names);
+  if (b.micro_batch_per_gpu > (1 << 20)) {
+    throw ConfigError("train_batch_size", std::to_string(b.train_batch_size),
+                      fmt::format("config key 'train_batch_size' = {} makes a micro-batch of {} "
+                                  "sequences per rank: allowed 1 to {}",
+                                  b.train_batch_size, b.micro_batch_per_gpu, 1 << 20));
+  }
+  c.train_batch_size = static_cast<int>(b.train_batch_size);
+  c.train_micro_batch_size_per_gpu = static_cast<int>(b.micro_batch_per_gpu);
+  c.gradient_accumulation_steps = static_cast<int>(b.gradient_accumulation_steps);
+  from_trainer("train_micro_batch_size_per_gpu", "--batch", opts.batch_given);
+  from_trainer("gradient_accumulation_steps", "--grad-accum", opts.grad_accum_given);
+  sources.emplace_back("train_batch_size", "micro-batch x accumulation x world size");
+
+  // ---- Optimizer, clipping: flags > config > the demo's.
+  if (opts.lr_given) {
+    c.optimizer.lr = opts.lr;
+  } else if (!c.given("optimizer.params.lr")) {
+    c.optimizer.lr = d.lr;
+  }
+  from_trainer("optimizer.params.lr", "--lr", opts.lr_given);
+  if (!c.given("optimizer.params.weight_decay")) c.optimizer.weight_decay = kDemoWeightDecay;
+  from_trainer("optimizer.params.weight_decay", "", false);
+  if (!c.given("gradient_clipping")) c.gradient_clipping = kDemoGradientClipping;
+  from_trainer("gradient_clipping", "", false);
+
+  // ---- Scheduler: its peak lr, warm-up and length default to the trainer's.
+  SchedulerConfig& sc = c.scheduler;
+  if (!sc.type.empty()) {
+    const int steps = opts.steps > 0 ? opts.steps : d.steps;
+    const bool cosine = sc.type == "WarmupCosineLR";
+    if (!cosine) {
+      if (opts.lr_given || !sc.warmup_max_lr) sc.warmup_max_lr = c.optimizer.lr;
+      if (!sc.warmup_min_lr) sc.warmup_min_lr = 0.0;
+      c.optimizer.lr = *sc.warmup_max_lr;  // the peak the header and checkpoints report
+    }
+    if (opts.warmup >= 0) {
+      sc.warmup_num_steps = opts.warmup;
+    } else if (!sc.warmup_num_steps) {
+      sc.warmup_num_steps = std::min(d.warmup, std::max(0, steps / 10));
+    }
+    if (sc.type != "WarmupLR" && !sc.total_num_steps) sc.total_num_steps = steps;
+    if (!opts.lr_given && c.given("optimizer.params.lr")) {
+      sources.emplace_back("scheduler.params.warmup_max_lr", "optimizer.params.lr");
+    } else {
+      from_trainer("scheduler.params.warmup_max_lr", "--lr", opts.lr_given);
+    }
+    from_trainer("scheduler.params.warmup_num_steps", "--warmup", opts.warmup >= 0);
+    from_trainer("scheduler.params.total_num_steps", "--steps", opts.steps > 0);
+  }
+
+  if (!opts.offload.empty()) {
+    OffloadDevice dev = opts.offload == "nvme"  ? OffloadDevice::kNvme
+                        : opts.offload == "cpu" ? OffloadDevice::kCpu
+                                                : OffloadDevice::kNone;
+    c.zero.offload_param.device = dev;
+    c.zero.offload_optimizer.device = dev;
+    if (dev != OffloadDevice::kNone) c.zero.stage = 3;
+  }
   if (!opts.device.empty()) c.tiermem.device = opts.device;
   if (opts.device_budget_bytes) c.tiermem.device_budget_bytes = opts.device_budget_bytes;
   if (opts.host_budget_bytes) c.tiermem.host_budget_bytes = opts.host_budget_bytes;
@@ -218,14 +325,42 @@ Config effective_config(const TrainOptions& opts, int rank) {
       oc->nvme_path = {"./tiermem-swap"};
     }
   }
-  (void)rank;
   if (!opts.trace_path.empty()) c.tiermem.trace_path = opts.trace_path;
+  if (rank == 0) {
+    const std::string line = auto_resolved_line(c, sources);
+    if (!line.empty()) TM_LOG_INFO("CONFIG", "{}", line);
+  }
   return c;
 }
 
 namespace {
 
-// Creates `dir` if needed and proves a file can be created in it (with O_DIRECT when asked).
+// Removes, when the check ends, the directories it created (deepest first, each only if still
+// empty): a run refused later (bad data, a budget too small) leaves nothing behind. The engines
+// and the checkpoint writer create the directories again when the run goes ahead.
+class CreatedDirs {
+ public:
+  explicit CreatedDirs(const std::filesystem::path& dir) {
+    std::error_code ec;
+    for (std::filesystem::path p = dir; !p.empty() && !std::filesystem::exists(p, ec);
+         p = p.parent_path()) {
+      created_.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+  }
+  ~CreatedDirs() {
+    std::error_code ec;
+    for (const auto& p : created_) std::filesystem::remove(p, ec);  // fails (kept) when not empty
+  }
+  CreatedDirs(const CreatedDirs&) = delete;
+  CreatedDirs& operator=(const CreatedDirs&) = delete;
+
+ private:
+  std::vector<std::filesystem::path> created_;  // deepest first
+};
+
+// Proves `dir` can be created (if missing) and can hold a new file (with O_DIRECT when asked);
+// leaves the filesystem as it was.
 void check_dir(const std::string& key, const std::string& dir, bool o_direct,
                const char* what) {
   namespace fs = std::filesystem;
@@ -233,6 +368,7 @@ void check_dir(const std::string& key, const std::string& dir, bool o_direct,
   const fs::file_status st = fs::status(dir, ec);
   if (fs::exists(st) && !fs::is_directory(st))
     throw UsageError(key, dir, fmt::format("{} '{}' is a file, not a directory", what, dir));
+  const CreatedDirs created(fs::path(dir).lexically_normal());
   fs::create_directories(dir, ec);
   if (ec)
     throw UsageError(key, dir, fmt::format("cannot create {} '{}': {}", what, dir, ec.message()));

@@ -62,16 +62,41 @@ class UsageError : public ConfigError {
 // *out. Never throws.
 int parse_train_options(int argc, char** argv, TrainOptions* out);
 
+// The demo's own settings per model preset: what a value not given on the command line, or
+// absent / "auto" in --config, becomes.
+struct DemoDefaults {
+  int steps, batch, seq_len, warmup, eval_every;
+  double lr;
+};
+DemoDefaults demo_defaults(const std::string& model);
+inline constexpr double kDemoGradientClipping = 1.0;  // gradient_clipping absent or "auto"
+inline constexpr double kDemoWeightDecay = 0.0;       // optimizer.params.weight_decay absent
+
 // Builds the effective Config: the --config file (or the demo's defaults), then the command-line
-// overrides. nvme_path holds the base swap directories; rank r's engine swaps into
-// <dir>/rank<r>. Throws ConfigError (bad file or value).
+// overrides. A key that is absent or "auto" takes tiermem-train's own value, as in Hugging Face's
+// DeepSpeed integration: the micro-batch (--batch, else the demo's), optimizer.params.lr (--lr,
+// else the demo's), weight_decay 0, gradient_clipping 1.0, and the scheduler's peak lr, warm-up
+// and total steps (--lr, --warmup, --steps). The batch triple is then derived as DeepSpeed does
+// (derive_batch_sizes) over `world_size` ranks. Rank 0 logs one line listing every value "auto"
+// became. nvme_path holds the base swap directories; rank r's engine swaps into <dir>/rank<r>.
+// Throws ConfigError (bad file or value; an inconsistent batch triple names the keys or flags).
+Config effective_config(const TrainOptions& opts, int rank, int world_size);
+// The same, with the world size from the launcher's environment (detect_ranks).
 Config effective_config(const TrainOptions& opts, int rank);
 
+// The vocabulary a run trains: a preset's own, except that text data is byte-level (256). When
+// that makes a preset smaller than asked (the GPT-2 family, vocabulary 50257), the one line
+// saying so with the parameter count it trains ("--model gpt2 with text data: vocabulary 50257
+// -> 256 (byte-level tokens), so it trains 85.xx M parameters, not the preset's 124.44 M ...");
+// empty otherwise (tiny's 64 grows to 256 without a word: it is a test model).
+std::string vocab_change_note(const TrainOptions& opts);
+
 // Checks, before anything is built, that every directory the run will write is usable: each
-// swap directory (nvme offload; created if missing; a probe file opened with O_DIRECT unless
-// tiermem.o_direct is false) and the --save directory (created if missing; a probe file
-// written). Also rejects a device budget above 1 PiB (no device has that). Throws UsageError
-// naming the flag (or config key), the path and the reason (errno text); leaves no probe files.
+// swap directory (nvme offload; a probe file opened with O_DIRECT unless tiermem.o_direct is
+// false) and the --save directory (a probe file written), creating a missing one to try it.
+// Also rejects a device budget above 1 PiB (no device has that). Throws UsageError naming the
+// flag (or config key), the path and the reason (errno text); leaves no probe files and removes
+// the (empty) directories it created, so a run refused afterwards leaves nothing behind.
 void check_run_paths(const TrainOptions& opts, const Config& cfg);
 
 // The model presets tiermem-train accepts.

@@ -10,11 +10,13 @@
 // `stage3_param_persistence_threshold`, `sub_group_size`, `offload_*.buffer_size` are ELEMENTS
 // (fields end in `_elems`); `aio.block_size` and every `tiermem.*` size are BYTES (fields end in
 // `_bytes`). Sizes accept JSON numbers (1e9 is fine when integral) or strings: "64MiB", "1GiB",
-// "4K" (binary), "500MB" (decimal), "1e8". The value "auto" takes the default and is logged.
+// "4K" (binary), "500MB" (decimal), "1e8". The value "auto" takes the default here and is listed
+// in Config::auto_keys; a program resolves it with its own values and prints auto_resolved_line.
 //
 // Errors: a wrong type, a negative or out-of-range value, or malformed JSON throws ConfigError
 // naming the key path (e.g. "zero_optimization.offload_param.buffer_count"), the value, and what
 // is allowed. Unknown keys are not errors: one warning lists them all (Config::unknown_keys).
+// DeepSpeed keys read but not acted on get one warning each, with why (Config::inert_keys).
 //
 // Thread-safety: Config is a plain value; loading functions are reentrant.
 #pragma once
@@ -23,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tiermem {
@@ -109,7 +112,33 @@ struct TiermemConfig {
   std::string log_level = "info";           // trace|debug|info|warn|error|off
 };
 
+// DeepSpeed's `scheduler` section (deepspeed/runtime/lr_schedules.py). tiermem-train maps it onto
+// its learning rate per step (examples/gpt/lr_schedule.h); the library itself has no schedule.
+// A parameter that is absent or "auto" stays unset here, and the trainer fills it with its own
+// value (peak lr, warm-up steps, total steps); the shape parameters take DeepSpeed's defaults.
+struct SchedulerConfig {
+  std::string type;                           // "" (no section: the trainer's own schedule),
+                                              // "WarmupLR", "WarmupDecayLR" or "WarmupCosineLR"
+  std::optional<double> warmup_min_lr;        // WarmupLR/WarmupDecayLR: start of the warm-up; 0
+  std::optional<double> warmup_max_lr;        // WarmupLR/WarmupDecayLR: peak lr; unset = trainer's
+  std::optional<long long> warmup_num_steps;  // steps of warm-up; unset = trainer's warm-up
+  std::optional<long long> total_num_steps;   // WarmupDecayLR/WarmupCosineLR; unset = run length
+  std::string warmup_type = "log";            // "log" or "linear" (DeepSpeed's default: log)
+  double warmup_min_ratio = 0.0;              // WarmupCosineLR: lr / peak at step 0
+  double cos_min_ratio = 0.0001;              // WarmupCosineLR: lr / peak at total_num_steps
+};
+
+// A key that was read but has no effect, with the reason (one warning each, at parse time).
+struct InertKey {
+  std::string key;  // full key path, e.g. "zero_optimization.contiguous_gradients"
+  std::string why;
+};
+
 struct Config {
+  // DeepSpeed's batch triple: train_batch_size = micro-batch x accumulation x world size. The
+  // parser only reads them; resolve_batch_sizes() derives the missing one (given_keys says which
+  // were written with a value) once the world size is known.
+  int train_batch_size = 1;
   int train_micro_batch_size_per_gpu = 1;
   int gradient_accumulation_steps = 1;
   double gradient_clipping = 0;  // 0 = off
@@ -119,13 +148,50 @@ struct Config {
   AioConfig aio;
   ZeroConfig zero;
   TiermemConfig tiermem;
+  SchedulerConfig scheduler;
 
   std::vector<std::string> unknown_keys;  // full key paths, for the one warning
   std::vector<std::string> auto_keys;     // keys given as "auto" and resolved to defaults
+  std::vector<std::string> given_keys;    // keys written with a value (not absent, not "auto")
+  std::vector<InertKey> inert_keys;       // keys read but not acted on (one warning each)
+
+  // True when `key_path` ("optimizer.params.lr") was written in the document with a value.
+  bool given(std::string_view key_path) const;
+  // True when `key_path` was written as "auto".
+  bool is_auto(std::string_view key_path) const;
 };
 
+// The batch triple as DeepSpeed derives it (runtime/config.py, _set_batch_related_parameters):
+// each of the three may be unset; the missing one comes from the other two and the world size
+// (only train_batch_size: accumulation 1; only the micro-batch: accumulation 1). Throws
+// ConfigError naming the keys (or the names in `names`, e.g. a command-line flag) when the three
+// disagree, a division leaves a remainder, or neither train_batch_size nor the micro-batch is set.
+struct BatchSizes {
+  long long train_batch_size = 0, micro_batch_per_gpu = 0, gradient_accumulation_steps = 0;
+};
+struct BatchKeyNames {
+  std::string train = "train_batch_size";
+  std::string micro = "train_micro_batch_size_per_gpu";
+  std::string accum = "gradient_accumulation_steps";
+};
+BatchSizes derive_batch_sizes(std::optional<long long> train_batch,
+                              std::optional<long long> micro_batch,
+                              std::optional<long long> grad_accum, int world_size,
+                              const BatchKeyNames& names = {});
+
+// Applies derive_batch_sizes to `config` with the keys its document gave, writing all three.
+void resolve_batch_sizes(Config& config, int world_size);
+
+// "auto" resolved: key=value, ... for every key in config.auto_keys, with the value it has now
+// in `config` (config_to_json) and, when `sources` names one, where it came from
+// ("train_micro_batch_size_per_gpu=8 (--batch)"). Empty when no key was "auto".
+std::string auto_resolved_line(
+    const Config& config, const std::vector<std::pair<std::string, std::string>>& sources = {});
+
 // Parses JSON text. `source` names it in errors (a path or "<string>"). Logs one warning listing
-// unknown keys and one info line listing resolved "auto" keys. Throws ConfigError.
+// unknown keys and one warning per key read but not acted on (Config::inert_keys); the "auto"
+// keys are listed at debug level only (a program prints auto_resolved_line once it has resolved
+// them). Throws ConfigError naming the key path, the value and the rule.
 Config parse_config(std::string_view json_text, std::string_view source = "<string>");
 
 // Reads and parses a file. A missing/unreadable file is a ConfigError naming the path.

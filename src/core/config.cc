@@ -49,6 +49,7 @@ class Section {
       cfg_.auto_keys.push_back(join_path(path_, key));
       return nullptr;  // keep the default
     }
+    cfg_.given_keys.push_back(join_path(path_, key));
     return &*it;
   }
 
@@ -151,8 +152,16 @@ class Section {
     return Section(*it, path(key), cfg_);
   }
 
-  void ignore(const char* key) {
-    if (obj_.contains(key)) seen_.push_back(key);
+  // A key tiermem reads but does not act on: accepted with any value, one warning saying why.
+  void inert(const char* key, const std::string& why) {
+    if (!obj_.contains(key)) return;
+    seen_.push_back(key);
+    cfg_.inert_keys.push_back({path(key), why});
+  }
+
+  // A value that passed its type check but breaks a rule: names key path, value and rule.
+  [[noreturn]] void broken(const char* key, const std::string& value, const std::string& rule) {
+    throw ConfigError(path(key), value, "config key '" + path(key) + "' = " + value + ": " + rule);
   }
 
   void finish() {
@@ -211,9 +220,21 @@ void read_offload(Section& s, OffloadConfig& o) {
   s.get_size("max_in_cpu", o.max_in_cpu_elems);
   s.get("pipeline_read", o.pipeline_read);
   s.get("pipeline_write", o.pipeline_write);
-  s.ignore("pipeline");
-  s.ignore("fast_init");
   s.get_double("ratio", o.ratio, 0.0, 1.0);
+  // Read (and range-checked) above for compatibility, but nothing acts on them.
+  s.inert("buffer_size",
+          "tiermem sizes its staging by the host budget "
+          "(tiermem.host_budget_bytes, tiermem.pipeline_chunk_bytes)");
+  s.inert("max_in_cpu", "what stays in host memory is bounded by tiermem.host_budget_bytes");
+  for (const char* k : {"pipeline_read", "pipeline_write", "pipeline"}) {
+    s.inert(k, "tiermem always overlaps optimizer-state swaps with the step");
+  }
+  s.inert("ratio",
+          "tiermem offloads all of the optimizer state (partial offload is not "
+          "implemented)");
+  s.inert("fast_init",
+          "tiermem initialises parameters tensor by tensor in their home tier "
+          "already");
   if (o.device == OffloadDevice::kNvme && o.nvme_path.empty()) {
     throw ConfigError(s.path("nvme_path"), "",
                       "config key '" + s.path("device") + "' is \"nvme\" but '" + s.path("nvme_path") +
@@ -301,17 +322,89 @@ Config parse_config(std::string_view json_text, std::string_view source) {
   }
   Config cfg;
   Section top(root, "", cfg);
+  top.get_int("train_batch_size", cfg.train_batch_size, 1, 1 << 30);
   top.get_int("train_micro_batch_size_per_gpu", cfg.train_micro_batch_size_per_gpu, 1, 1 << 24);
   top.get_int("gradient_accumulation_steps", cfg.gradient_accumulation_steps, 1, 1 << 24);
   top.get_double("gradient_clipping", cfg.gradient_clipping, 0, 1e30);
-  for (const char* k : {"train_batch_size", "steps_per_print", "wall_clock_breakdown", "scheduler",
-                        "zero_allow_untested_optimizer", "prescale_gradients", "wandb", "tensorboard",
-                        "flops_profiler", "activation_checkpointing", "comms_logger", "dump_state"}) {
-    top.ignore(k);
+  top.inert("activation_checkpointing",
+            "activation checkpointing is not implemented yet: every activation of a step is kept");
+  for (const char* k : {"steps_per_print", "wall_clock_breakdown"}) {
+    top.inert(k,
+              "tiermem-train prints every step and the time split in its summary; the library "
+              "prints nothing per step");
+  }
+  for (const char* k : {"wandb", "tensorboard", "csv_monitor", "comms_logger", "flops_profiler"}) {
+    top.inert(k, "no monitor or profiler is built in: use tiermem-train --json or --trace");
+  }
+  top.inert("prescale_gradients", "gradients are always averaged after the reduction");
+  top.inert("gradient_predivide_factor", "gradients are always averaged after the reduction");
+  top.inert("zero_allow_untested_optimizer",
+            "the only optimizer is AdamW (optimizer.type), which ZeRO supports");
+  top.inert("dump_state", "tiermem does not print its state at start-up");
+  if (auto s = top.sub("scheduler")) {
+    auto& sc = cfg.scheduler;
+    sc.type = "WarmupLR";  // a section without "type": DeepSpeed's own default would fail; be kind
+    s->get("type", sc.type);
+    if (sc.type != "WarmupLR" && sc.type != "WarmupDecayLR" && sc.type != "WarmupCosineLR") {
+      s->broken("type", "\"" + sc.type + "\"",
+                "allowed values are \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\" "
+                "(LRRangeTest and OneCycle are not implemented)");
+    }
+    if (auto p = s->sub("params")) {
+      auto opt_double = [&](const char* key, std::optional<double>& out, double lo, double hi) {
+        double v = 0;
+        p->get_double(key, v, lo, hi);
+        if (cfg.given(p->path(key))) out = v;
+      };
+      auto opt_int = [&](const char* key, std::optional<long long>& out, long long lo) {
+        int v = 0;
+        p->get_int(key, v, lo, 1 << 30);
+        if (cfg.given(p->path(key))) out = v;
+      };
+      opt_double("warmup_min_lr", sc.warmup_min_lr, 0, 1e6);
+      opt_double("warmup_max_lr", sc.warmup_max_lr, 0, 1e6);
+      opt_int("warmup_num_steps", sc.warmup_num_steps, 0);
+      opt_int("total_num_steps", sc.total_num_steps, 1);
+      p->get_choice("warmup_type", sc.warmup_type, {"log", "linear"});
+      p->get_double("warmup_min_ratio", sc.warmup_min_ratio, 0, 1);
+      p->get_double("cos_min_ratio", sc.cos_min_ratio, 0, 1);
+      p->inert("last_batch_iteration",
+               "tiermem-train resumes the schedule at the checkpoint's step");
+      const bool cosine = sc.type == "WarmupCosineLR";
+      auto num = [](double x) {
+        std::ostringstream os;
+        os << x;
+        return os.str();
+      };
+      for (auto [k, x] : {std::pair<const char*, const std::optional<double>*>{"warmup_min_lr",
+                                                                               &sc.warmup_min_lr},
+                          {"warmup_max_lr", &sc.warmup_max_lr}}) {
+        if (cosine && x->has_value()) {
+          p->broken(k, num(**x),
+                    "WarmupCosineLR has no such parameter: its peak is "
+                    "optimizer.params.lr and its start warmup_min_ratio x that");
+        }
+      }
+      for (auto [k, x] : {std::pair<const char*, double>{"warmup_min_ratio", sc.warmup_min_ratio},
+                          {"cos_min_ratio", sc.cos_min_ratio}}) {
+        if (!cosine && cfg.given(p->path(k))) {
+          p->broken(
+              k, num(x),
+              "only WarmupCosineLR has this parameter (scheduler.type is \"" + sc.type + "\")");
+        }
+      }
+      if (sc.type == "WarmupLR" && cfg.given(p->path("total_num_steps"))) {
+        p->broken("total_num_steps", std::to_string(*sc.total_num_steps),
+                  "WarmupLR has no total_num_steps (it holds the peak lr after the warm-up); use "
+                  "WarmupDecayLR or WarmupCosineLR to decay");
+      }
+      p->finish();
+    }
+    s->finish();
   }
   if (auto s = top.sub("bf16")) {
     s->get("enabled", cfg.bf16);
-    s->ignore("immediate_grad_update");
+    s->inert("immediate_grad_update", "gradients are always accumulated in fp32 partitions");
     s->finish();
   }
   if (auto s = top.sub("fp16")) {
@@ -322,8 +415,10 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_int("loss_scale_window", f.loss_scale_window, 1, 1 << 30);
     s->get_int("hysteresis", f.hysteresis, 1, 1 << 20);
     s->get_double("min_loss_scale", f.min_loss_scale, 1e-30, 1e30);
-    s->ignore("auto_cast");
-    s->ignore("consecutive_hysteresis");
+    s->inert("auto_cast", "tiermem does not cast the model's inputs");
+    s->inert("consecutive_hysteresis",
+             "the hysteresis counter is not reset by a step without "
+             "overflow (DeepSpeed's default, false)");
     s->finish();
   }
   if (cfg.bf16 && cfg.fp16.enabled) {
@@ -350,8 +445,8 @@ Config parse_config(std::string_view json_text, std::string_view source) {
           }
         }
       }
-      p->ignore("torch_adam");
-      p->ignore("adam_w_mode");
+      p->inert("torch_adam", "tiermem steps AdamW with its own CPU/GPU kernels");
+      p->inert("adam_w_mode", "tiermem always uses decoupled weight decay (AdamW)");
       p->finish();
     }
     s->finish();
@@ -369,7 +464,12 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_int("thread_count", a.intra_op_parallelism, 1, 64);  // older DeepSpeed name
     s->get("single_submit", a.single_submit);
     s->get("overlap_events", a.overlap_events);
-    s->ignore("use_gds");
+    s->inert("overlap_events",
+             "the io_uring engine always reaps completions on their own thread "
+             "while new requests are submitted");
+    s->inert("use_gds",
+             "GPUDirect Storage is not implemented: NVMe data goes through pinned host "
+             "memory");
     s->finish();
   }
   if (auto s = top.sub("zero_optimization")) {
@@ -377,9 +477,12 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_int("stage", z.stage, 0, 3);
     s->get("overlap_comm", z.overlap_comm);
     s->get("contiguous_gradients", z.contiguous_gradients);
+    s->inert("contiguous_gradients", "tiermem always packs gradients into contiguous buckets");
     s->get("reduce_scatter", z.reduce_scatter);
+    s->inert("reduce_scatter", "ZeRO stage 2 and 3 always reduce-scatter gradients in buckets");
     s->get_size("reduce_bucket_size", z.reduce_bucket_size_elems, 1);
     s->get_size("allgather_bucket_size", z.allgather_bucket_size_elems, 1);
+    s->inert("allgather_bucket_size", "parameters are all-gathered one module at a time");
     s->get_size("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size_elems);
     s->get_size("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold_elems);
     s->get_size("stage3_max_live_parameters", z.stage3_max_live_parameters_elems);
@@ -387,12 +490,23 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_size("sub_group_size", z.sub_group_size_elems, 1);
     s->get("stage3_gather_16bit_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
     s->get("stage3_gather_fp16_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
-    for (const char* k : {"allgather_partitions", "round_robin_gradients", "load_from_fp32_weights",
-                          "elastic_checkpoint", "ignore_unused_parameters", "cpu_offload",
-                          "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
-                          "memory_efficient_linear", "mics_shard_size", "stage3_module_granularity_threshold"}) {
-      s->ignore(k);
+    for (const char* k : {"stage3_gather_16bit_weights_on_model_save",
+                          "stage3_gather_fp16_weights_on_model_save"}) {
+      s->inert(k,
+               "checkpoints keep each rank's fp32 partition; no gathered 16-bit copy is written");
     }
+    s->inert("allgather_partitions", "parameters are always all-gathered from their partitions");
+    s->inert("round_robin_gradients", "gradient partitions are assigned in order");
+    s->inert("load_from_fp32_weights", "resume always loads the fp32 master weights");
+    s->inert("elastic_checkpoint", "a checkpoint resumes only at the world size that wrote it");
+    s->inert("ignore_unused_parameters", "every GPT parameter is used in every step");
+    s->inert("cpu_offload", "deprecated in DeepSpeed: use offload_optimizer.device \"cpu\"");
+    for (const char* k : {"zero_hpz_partition_size", "zero_quantized_weights",
+                          "zero_quantized_gradients", "mics_shard_size"}) {
+      s->inert(k, "ZeRO++ / MiCS are not implemented: plain ZeRO partitioning is used");
+    }
+    s->inert("memory_efficient_linear", "tiermem's linear layers keep their inputs for backward");
+    s->inert("stage3_module_granularity_threshold", "parameters are fetched one module at a time");
     if (auto p = s->sub("offload_param")) read_offload(*p, z.offload_param);
     z.offload_optimizer.buffer_count = 4;
     if (auto p = s->sub("offload_optimizer")) read_offload(*p, z.offload_optimizer);
@@ -407,7 +521,9 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
       throw ConfigError("zero_optimization.offload_optimizer.device",
                         std::string(offload_device_name(z.offload_optimizer.device)),
-                        "config key 'zero_optimization.offload_optimizer.device' needs 'zero_optimization.stage' >= 1");
+                        "config key 'zero_optimization.offload_optimizer.device' = \"" +
+                            std::string(offload_device_name(z.offload_optimizer.device)) +
+                            "\" needs 'zero_optimization.stage' >= 1 (it is 0)");
     }
     s->finish();
   }
@@ -432,12 +548,36 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     }
     s->get_size("swap_initial_bytes", t.swap_initial_bytes);
     s->get_size("swap_max_bytes", t.swap_max_bytes);
+    if (t.swap_max_bytes > 0 && t.swap_initial_bytes > t.swap_max_bytes) {
+      if (cfg.given("tiermem.swap_initial_bytes")) {
+        throw ConfigError(
+            "tiermem.swap_initial_bytes", std::to_string(t.swap_initial_bytes),
+            "config key 'tiermem.swap_initial_bytes' = " + std::to_string(t.swap_initial_bytes) +
+                " is above 'tiermem.swap_max_bytes' = " + std::to_string(t.swap_max_bytes) +
+                ": the initial swap file size must not exceed the maximum");
+      }
+      TM_LOG_INFO("CONFIG",
+                  "tiermem.swap_initial_bytes (default {}) capped to tiermem.swap_max_bytes "
+                  "= {} bytes",
+                  t.swap_initial_bytes, t.swap_max_bytes);
+      t.swap_initial_bytes = t.swap_max_bytes;
+    }
     s->get_size("pipeline_chunk_bytes", t.pipeline_chunk_bytes, 4096, 1ull << 32);
+    if (t.pipeline_chunk_bytes % 4096 != 0) {
+      s->broken("pipeline_chunk_bytes", std::to_string(t.pipeline_chunk_bytes),
+                "must be a multiple of 4096 bytes (the O_DIRECT alignment)");
+    }
     s->get_int("pipeline_chunks", t.pipeline_chunks, 1, 1024);
     s->get_size("nvme_prefetch_bytes", t.nvme_prefetch_bytes);
     s->get_double("acquire_timeout_s", t.acquire_timeout_s, 0, 1e6);
     s->get("trace_path", t.trace_path);
+    s->inert("trace_path",
+             "a trace is started by the program: tiermem-train --trace PATH, or "
+             "TIERMEM_TRACE=PATH for any program");
     s->get_choice("log_level", t.log_level, {"trace", "debug", "info", "warn", "error", "off"});
+    s->inert("log_level",
+             "the log level is read once from the environment: set "
+             "TIERMEM_LOG_LEVEL instead");
     s->finish();
   }
   top.finish();
@@ -446,12 +586,137 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     for (const auto& k : cfg.unknown_keys) list += (list.empty() ? "" : ", ") + k;
     TM_LOG_WARN("CONFIG", "{}: ignoring unknown keys: {}", source, list);
   }
+  for (const InertKey& k : cfg.inert_keys) {
+    TM_LOG_WARN("CONFIG", "{}: '{}' is read but has no effect: {}", source, k.key, k.why);
+  }
   if (!cfg.auto_keys.empty()) {
     std::string list;
     for (const auto& k : cfg.auto_keys) list += (list.empty() ? "" : ", ") + k;
-    TM_LOG_INFO("CONFIG", "{}: \"auto\" resolved to defaults for: {}", source, list);
+    TM_LOG_DEBUG("CONFIG", "{}: \"auto\" keys: {}", source, list);
   }
   return cfg;
+}
+
+bool Config::given(std::string_view key_path) const {
+  for (const auto& k : given_keys)
+    if (k == key_path) return true;
+  return false;
+}
+
+bool Config::is_auto(std::string_view key_path) const {
+  for (const auto& k : auto_keys)
+    if (k == key_path) return true;
+  return false;
+}
+
+BatchSizes derive_batch_sizes(std::optional<long long> train, std::optional<long long> micro,
+                              std::optional<long long> accum, int world_size,
+                              const BatchKeyNames& n) {
+  if (world_size < 1) world_size = 1;
+  const long long w = world_size;
+  const std::string ranks = std::to_string(w) + (w == 1 ? " rank" : " ranks");
+  auto v = [](const std::optional<long long>& x) { return std::to_string(*x); };
+  BatchSizes b;
+  if (train && micro && accum) {
+    b = {*train, *micro, *accum};
+  } else if (train && micro) {
+    if (*train % (*micro * w) != 0) {
+      throw ConfigError(n.train, v(train),
+                        "'" + n.train + "' = " + v(train) + " is not a multiple of '" + n.micro +
+                            "' = " + v(micro) + " x " + ranks +
+                            ": gradient_accumulation_steps = train_batch_size / (micro-batch x "
+                            "world size) must be a whole number");
+    }
+    b = {*train, *micro, *train / (*micro * w)};
+  } else if (train && accum) {
+    if (*train % (*accum * w) != 0) {
+      throw ConfigError(n.train, v(train),
+                        "'" + n.train + "' = " + v(train) + " is not a multiple of '" + n.accum +
+                            "' = " + v(accum) + " x " + ranks +
+                            ": train_micro_batch_size_per_gpu = train_batch_size / "
+                            "(accumulation x world size) must be a whole number");
+    }
+    b = {*train, *train / (*accum * w), *accum};
+  } else if (micro && accum) {
+    b = {*micro * *accum * w, *micro, *accum};
+  } else if (train) {
+    if (*train % w != 0) {
+      throw ConfigError(n.train, v(train),
+                        "'" + n.train + "' = " + v(train) + " is not a multiple of " + ranks +
+                            ": each rank's micro-batch must be a whole number of sequences");
+    }
+    b = {*train, *train / w, 1};
+  } else if (micro) {
+    b = {*micro * w, *micro, 1};
+  } else {
+    throw ConfigError(n.train, "",
+                      "neither '" + n.train + "' nor '" + n.micro +
+                          "' is set: give one (DeepSpeed derives the others from it)");
+  }
+  if (b.train_batch_size != b.micro_batch_per_gpu * b.gradient_accumulation_steps * w) {
+    throw ConfigError(
+        n.train, std::to_string(b.train_batch_size),
+        "'" + n.train + "' = " + std::to_string(b.train_batch_size) + " but '" + n.micro +
+            "' = " + std::to_string(b.micro_batch_per_gpu) + " x '" + n.accum +
+            "' = " + std::to_string(b.gradient_accumulation_steps) + " x " + ranks + " = " +
+            std::to_string(b.micro_batch_per_gpu * b.gradient_accumulation_steps * w) +
+            ": train_batch_size must equal micro-batch x accumulation x world size");
+  }
+  if (b.micro_batch_per_gpu < 1 || b.gradient_accumulation_steps < 1) {
+    throw ConfigError(n.train, std::to_string(b.train_batch_size),
+                      "'" + n.train + "' = " + std::to_string(b.train_batch_size) +
+                          " is too small for " + ranks +
+                          ": each rank needs a micro-batch of at least 1");
+  }
+  return b;
+}
+
+void resolve_batch_sizes(Config& c, int world_size) {
+  auto opt = [&](const char* key, int value) -> std::optional<long long> {
+    if (c.given(key)) return value;
+    return std::nullopt;
+  };
+  std::optional<long long> train = opt("train_batch_size", c.train_batch_size);
+  std::optional<long long> micro =
+      opt("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
+  std::optional<long long> accum =
+      opt("gradient_accumulation_steps", c.gradient_accumulation_steps);
+  if (!train && !micro) micro = c.train_micro_batch_size_per_gpu;  // the library's default, 1
+  const BatchSizes b = derive_batch_sizes(train, micro, accum, world_size);
+  if (b.train_batch_size > (1ll << 30) || b.micro_batch_per_gpu > (1 << 24)) {
+    throw ConfigError("train_batch_size", std::to_string(b.train_batch_size),
+                      "config key 'train_batch_size' = " + std::to_string(b.train_batch_size) +
+                          " is out of range: allowed 1 to " + std::to_string(1 << 30));
+  }
+  c.train_batch_size = static_cast<int>(b.train_batch_size);
+  c.train_micro_batch_size_per_gpu = static_cast<int>(b.micro_batch_per_gpu);
+  c.gradient_accumulation_steps = static_cast<int>(b.gradient_accumulation_steps);
+}
+
+std::string auto_resolved_line(const Config& c,
+                               const std::vector<std::pair<std::string, std::string>>& sources) {
+  if (c.auto_keys.empty()) return "";
+  const json all = json::parse(config_to_json(c, -1));
+  std::string line;
+  for (const std::string& key : c.auto_keys) {
+    std::string pointer = "/" + key;
+    for (char& ch : pointer)
+      if (ch == '.') ch = '/';
+    std::string value = "(default)";
+    try {
+      const json::json_pointer ptr(pointer);
+      if (all.contains(ptr)) {
+        const json& j = all.at(ptr);
+        value = j.is_string() ? j.get<std::string>() : j.dump();
+      }
+    } catch (const json::exception&) {  // a key name json_pointer cannot hold: keep "(default)"
+    }
+    std::string item = key + "=" + value;
+    for (const auto& [k, src] : sources)
+      if (k == key && !src.empty()) item += " (" + src + ")";
+    line += (line.empty() ? "" : ", ") + item;
+  }
+  return "\"auto\" resolved: " + line;
 }
 
 Config load_config(const std::string& path) {
@@ -464,21 +729,37 @@ Config load_config(const std::string& path) {
   return parse_config(ss.str(), path);
 }
 
+// Keys read but not acted on (Config::inert_keys) are left out: they would say something the run
+// does not do, and a document written by this function reads back without warnings.
 std::string config_to_json(const Config& c, int indent) {
   auto off = [](const OffloadConfig& o) {
     return json{{"device", offload_device_name(o.device)},
                 {"nvme_path", o.nvme_path},
                 {"pin_memory", o.pin_memory},
-                {"buffer_count", o.buffer_count},
-                {"buffer_size", o.buffer_size_elems},
-                {"max_in_cpu", o.max_in_cpu_elems},
-                {"pipeline_read", o.pipeline_read},
-                {"pipeline_write", o.pipeline_write},
-                {"ratio", o.ratio}};
+                {"buffer_count", o.buffer_count}};
   };
   const auto& z = c.zero;
   const auto& t = c.tiermem;
+  const auto& sc = c.scheduler;
+  json sched = nullptr;
+  if (!sc.type.empty()) {
+    json params = json::object();
+    auto put = [&](const char* k, const auto& o) {
+      if (o) params[k] = *o;
+    };
+    put("warmup_min_lr", sc.warmup_min_lr);
+    put("warmup_max_lr", sc.warmup_max_lr);
+    put("warmup_num_steps", sc.warmup_num_steps);
+    put("total_num_steps", sc.total_num_steps);
+    params["warmup_type"] = sc.warmup_type;
+    if (sc.type == "WarmupCosineLR") {
+      params["warmup_min_ratio"] = sc.warmup_min_ratio;
+      params["cos_min_ratio"] = sc.cos_min_ratio;
+    }
+    sched = {{"type", sc.type}, {"params", params}};
+  }
   json j = {
+      {"train_batch_size", c.train_batch_size},
       {"train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu},
       {"gradient_accumulation_steps", c.gradient_accumulation_steps},
       {"gradient_clipping", c.gradient_clipping},
@@ -501,21 +782,16 @@ std::string config_to_json(const Config& c, int indent) {
        {{"block_size", c.aio.block_size_bytes},
         {"queue_depth", c.aio.queue_depth},
         {"intra_op_parallelism", c.aio.intra_op_parallelism},
-        {"single_submit", c.aio.single_submit},
-        {"overlap_events", c.aio.overlap_events}}},
+        {"single_submit", c.aio.single_submit}}},
       {"zero_optimization",
        {{"stage", z.stage},
         {"overlap_comm", z.overlap_comm},
-        {"contiguous_gradients", z.contiguous_gradients},
-        {"reduce_scatter", z.reduce_scatter},
         {"reduce_bucket_size", z.reduce_bucket_size_elems},
-        {"allgather_bucket_size", z.allgather_bucket_size_elems},
         {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size_elems},
         {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold_elems},
         {"stage3_max_live_parameters", z.stage3_max_live_parameters_elems},
         {"stage3_max_reuse_distance", z.stage3_max_reuse_distance_elems},
         {"sub_group_size", z.sub_group_size_elems},
-        {"stage3_gather_16bit_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save},
         {"offload_param", off(z.offload_param)},
         {"offload_optimizer", off(z.offload_optimizer)}}},
       {"tiermem",
@@ -536,10 +812,9 @@ std::string config_to_json(const Config& c, int indent) {
         {"pipeline_chunk_bytes", t.pipeline_chunk_bytes},
         {"pipeline_chunks", t.pipeline_chunks},
         {"nvme_prefetch_bytes", t.nvme_prefetch_bytes},
-        {"acquire_timeout_s", t.acquire_timeout_s},
-        {"trace_path", t.trace_path},
-        {"log_level", t.log_level}}},
+        {"acquire_timeout_s", t.acquire_timeout_s}}},
   };
+  if (!sched.is_null()) j["scheduler"] = sched;
   return j.dump(indent);
 }
 

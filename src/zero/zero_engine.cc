@@ -139,8 +139,8 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptio
   // DeepSpeed keys whose meaning the store's budgets and the sub-group plan replace.
   if (z.offload_param.device != OffloadDevice::kNone && I.rank == 0) {
     TM_LOG_INFO("ZERO",
-                "offload_param.buffer_count/buffer_size/max_in_cpu are not used: parameters are paged through "
-                "the host tier under tiermem.host_budget_bytes (DeepSpeed's fixed buffers are replaced by it)");
+                "offload_param.buffer_count is not used: parameters are paged through the host tier under "
+                "tiermem.host_budget_bytes (DeepSpeed's fixed parameter buffers are replaced by it)");
   }
 }
 

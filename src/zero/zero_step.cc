@@ -67,6 +67,17 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   StepResult res;
   const bool pre_pass = scaler != nullptr || cfg.gradient_clipping > 0;
   double sumsq = 0;
+  // Adds the squares of piece p's real (not padding) gradient elements to sumsq, in element
+  // order into the running sum as tiermem-train's loop does for its other engines (so that one
+  // rank's clipped steps equal theirs bit for bit).
+  auto add_sumsq = [&](const detail::Piece& p, const float* g) {
+    const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
+    const ElemRange valid = m.shard.valid(opt_rank);
+    const std::size_t valid_end = valid.end - m.shard.range(opt_rank).begin;  // shard-local
+    const std::int64_t n = static_cast<std::int64_t>(std::min(p.end, std::max(valid_end, p.begin)) - p.begin);
+#pragma omp parallel for reduction(+ : sumsq) schedule(static) if (n > (1 << 18))
+    for (std::int64_t i = 0; i < n; ++i) sumsq += static_cast<double>(g[i]) * g[i];
+  };
   if (pre_pass) {  // overflow check (fp16) and the global norm before anything is updated
     float bad = 0;
     for (std::size_t k = 0; k < pieces.size(); ++k) {
@@ -75,13 +86,10 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
       const float* g = grad_of(pieces[k], pin);
       const std::size_t n = pieces[k].size();
       if (scaler) bad += static_cast<float>(count_nonfinite(g, n));
-      double s = 0;
-#pragma omp parallel for reduction(+ : s) if (n > (1u << 18))
-      for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
-      sumsq += s;
+      add_sumsq(pieces[k], g);
     }
     if (scaler) {
-      if (stage > 0) comm.all_reduce(&bad, &bad, 1, DType::kF32, ReduceOp::kSum);
+      if (stage > 0 && world > 1) comm.all_reduce(&bad, &bad, 1, DType::kF32, ReduceOp::kSum);
       const double used_scale = scaler->scale();
       if (scaler->update(bad > 0)) {
         ++st.skipped_steps;
@@ -96,17 +104,18 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
       }
       res.loss_scale = used_scale;
     }
-    if (stage > 0) {
+    if (stage > 0 && world > 1) {
       float f = static_cast<float>(sumsq);
       comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum);
       sumsq = f;
     }
   }
-  double grad_scale = 1.0 / (static_cast<double>(world) * micro * (scaler ? res.loss_scale : 1.0));
+  // In fp32 as tiermem-train's loop computes it for its other engines (bitwise-equal runs).
+  double grad_scale = static_cast<float>(1.0 / (static_cast<double>(world) * micro * (scaler ? res.loss_scale : 1.0)));
   if (pre_pass) {
     res.grad_norm = std::sqrt(sumsq) * grad_scale;
     if (cfg.gradient_clipping > 0 && res.grad_norm > cfg.gradient_clipping) {
-      grad_scale *= cfg.gradient_clipping / (res.grad_norm + 1e-6);
+      grad_scale = static_cast<float>(grad_scale * cfg.gradient_clipping / (res.grad_norm + 1e-6));
     }
   }
 
@@ -132,13 +141,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
     TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, Phase::kOptimizer);
     TensorStore::Pin gpin;
     const float* g = grad_of(p, gpin);
-    if (!pre_pass) {
-      double s = 0;
-      const std::size_t n = p.size();
-#pragma omp parallel for reduction(+ : s) if (n > (1u << 18))
-      for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
-      sumsq += s;
-    }
+    if (!pre_pass) add_sumsq(p, g);
     std::byte* out;
     if (m.stored) {
       if (param_module != p.module) {
@@ -164,7 +167,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   if (param_pin.valid()) param_pin.mark_dirty();
   param_pin.release();
   if (!pre_pass) {
-    if (stage > 0) {
+    if (stage > 0 && world > 1) {
       float f = static_cast<float>(sumsq);
       comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum);
       sumsq = f;

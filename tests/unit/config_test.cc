@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "tiermem/error.h"
 
 namespace tiermem {
@@ -133,6 +138,190 @@ TEST(Config, RoundTripsThroughJson) {
   EXPECT_EQ(d.zero.stage, 2);
   EXPECT_TRUE(d.tiermem.checksum);
   EXPECT_TRUE(d.unknown_keys.empty());
+}
+
+// Expects `fn` to throw a ConfigError whose message contains every one of `needles`.
+template <typename Fn>
+void expect_message(Fn fn, std::initializer_list<std::string> needles) {
+  try {
+    fn();
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    for (const std::string& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "no '" << n << "' in: " << e.what();
+  }
+}
+
+TEST(BatchSizes, DerivedAsDeepSpeedDoes) {
+  using O = std::optional<long long>;
+  auto d = [](O t, O m, O a, int w) { return derive_batch_sizes(t, m, a, w); };
+  BatchSizes b = d(8, 2, std::nullopt, 1);  // the issue's example: accumulation 4, not 1
+  EXPECT_EQ(b.train_batch_size, 8);
+  EXPECT_EQ(b.micro_batch_per_gpu, 2);
+  EXPECT_EQ(b.gradient_accumulation_steps, 4);
+  b = d(32, std::nullopt, std::nullopt, 1);  // train_batch_size alone: micro-batch 32, not 1
+  EXPECT_EQ(b.micro_batch_per_gpu, 32);
+  EXPECT_EQ(b.gradient_accumulation_steps, 1);
+  b = d(32, std::nullopt, std::nullopt, 4);
+  EXPECT_EQ(b.micro_batch_per_gpu, 8);
+  b = d(32, std::nullopt, 2, 4);
+  EXPECT_EQ(b.micro_batch_per_gpu, 4);
+  b = d(std::nullopt, 3, 5, 2);
+  EXPECT_EQ(b.train_batch_size, 30);
+  b = d(std::nullopt, 3, std::nullopt, 2);
+  EXPECT_EQ(b.train_batch_size, 6);
+  EXPECT_EQ(b.gradient_accumulation_steps, 1);
+  b = d(24, 3, 4, 2);  // consistent triple
+  EXPECT_EQ(b.train_batch_size, 24);
+}
+
+TEST(BatchSizes, InconsistentOrIndivisibleTriplesNameTheKeys) {
+  using O = std::optional<long long>;
+  expect_message([] { derive_batch_sizes(8, 2, 3, 1); },
+                 {"train_batch_size", "= 8", "train_micro_batch_size_per_gpu", "= 2",
+                  "gradient_accumulation_steps", "= 3", "1 rank", "must equal"});
+  expect_message([] { derive_batch_sizes(7, 2, std::nullopt, 1); },
+                 {"train_batch_size", "= 7", "train_micro_batch_size_per_gpu", "multiple"});
+  expect_message([] { derive_batch_sizes(9, std::nullopt, 2, 1); },
+                 {"train_batch_size", "gradient_accumulation_steps", "multiple"});
+  expect_message([] { derive_batch_sizes(6, std::nullopt, std::nullopt, 4); },
+                 {"train_batch_size", "= 6", "4 ranks"});
+  expect_message([] { derive_batch_sizes(O{}, O{}, 2, 1); },
+                 {"train_batch_size", "train_micro_batch_size_per_gpu", "neither"});
+  BatchKeyNames flags;
+  flags.micro = "--batch";
+  expect_message([&] { derive_batch_sizes(8, 3, O{}, 1, flags); }, {"--batch", "= 3"});
+}
+
+TEST(BatchSizes, ResolvedFromTheDocument) {
+  Config c = parse_config(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2})");
+  resolve_batch_sizes(c, 1);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  c = parse_config(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+                       "gradient_accumulation_steps": 2})");
+  EXPECT_THROW(resolve_batch_sizes(c, 1), ConfigError);
+  c = parse_config(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto"})");
+  resolve_batch_sizes(c, 2);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  c = parse_config("{}");
+  resolve_batch_sizes(c, 3);
+  EXPECT_EQ(c.train_batch_size, 3);
+}
+
+TEST(Config, KeysReadButNotActedOnAreNamedOnceWithAReason) {
+  Config c = parse_config(R"({
+    "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true},
+    "steps_per_print": 10, "wall_clock_breakdown": false,
+    "zero_optimization": {"stage": 2, "contiguous_gradients": true,
+                          "allgather_bucket_size": 5e8, "round_robin_gradients": true},
+    "tiermem": {"log_level": "debug"}
+  })");
+  EXPECT_TRUE(c.unknown_keys.empty());
+  std::vector<std::string> keys;
+  for (const InertKey& k : c.inert_keys) {
+    keys.push_back(k.key);
+    EXPECT_FALSE(k.why.empty()) << k.key;
+  }
+  for (const char* k :
+       {"activation_checkpointing", "steps_per_print", "wall_clock_breakdown",
+        "zero_optimization.contiguous_gradients", "zero_optimization.allgather_bucket_size",
+        "zero_optimization.round_robin_gradients", "tiermem.log_level"}) {
+    EXPECT_EQ(std::count(keys.begin(), keys.end(), k), 1) << k;
+  }
+  EXPECT_EQ(keys.size(), 7u);
+  for (const InertKey& k : c.inert_keys) {
+    if (k.key == "activation_checkpointing") {
+      EXPECT_NE(k.why.find("not implemented yet"), std::string::npos);
+    }
+  }
+  // Still typed: a wrong type for a warned key that tiermem range-checks is an error.
+  expect_key_error(R"({"zero_optimization": {"allgather_bucket_size": "lots"}})",
+                   "zero_optimization.allgather_bucket_size");
+}
+
+TEST(Config, SchedulerSectionIsRead) {
+  Config c = parse_config(R"({"scheduler": {"type": "WarmupDecayLR", "params": {
+      "warmup_min_lr": 1e-5, "warmup_max_lr": "auto", "warmup_num_steps": 50,
+      "total_num_steps": 500, "warmup_type": "linear"}}})");
+  EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
+  ASSERT_TRUE(c.scheduler.warmup_min_lr.has_value());
+  EXPECT_DOUBLE_EQ(*c.scheduler.warmup_min_lr, 1e-5);
+  EXPECT_FALSE(c.scheduler.warmup_max_lr.has_value());  // "auto": the trainer fills it
+  EXPECT_EQ(c.scheduler.warmup_num_steps.value_or(-1), 50);
+  EXPECT_EQ(c.scheduler.total_num_steps.value_or(-1), 500);
+  EXPECT_EQ(c.scheduler.warmup_type, "linear");
+  EXPECT_TRUE(c.is_auto("scheduler.params.warmup_max_lr"));
+  Config d = parse_config(config_to_json(c));
+  EXPECT_EQ(d.scheduler.type, "WarmupDecayLR");
+  EXPECT_EQ(d.scheduler.total_num_steps.value_or(-1), 500);
+
+  c = parse_config(R"({"scheduler": {"type": "WarmupCosineLR", "params": {
+      "warmup_min_ratio": 0.1, "cos_min_ratio": 0.01, "warmup_num_steps": 5}}})");
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_min_ratio, 0.1);
+  EXPECT_DOUBLE_EQ(c.scheduler.cos_min_ratio, 0.01);
+  EXPECT_FALSE(c.scheduler.total_num_steps.has_value());
+
+  expect_message([] { parse_config(R"({"scheduler": {"type": "OneCycle"}})"); },
+                 {"scheduler.type", "OneCycle", "WarmupLR"});
+  expect_message(
+      [] {
+        parse_config(R"({"scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 9}}})");
+      },
+      {"scheduler.params.total_num_steps", "9", "WarmupDecayLR"});
+  expect_message(
+      [] {
+        parse_config(
+            R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_max_lr": 0.1}}})");
+      },
+      {"scheduler.params.warmup_max_lr", "0.1", "optimizer.params.lr"});
+  expect_message(
+      [] {
+        parse_config(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.5}}})");
+      },
+      {"scheduler.params.cos_min_ratio", "0.5", "WarmupCosineLR"});
+  expect_key_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}})",
+                   "scheduler.params.warmup_type");
+  expect_key_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -1}}})",
+                   "scheduler.params.warmup_num_steps");
+}
+
+TEST(Config, EveryRuleErrorNamesKeyValueAndRule) {
+  expect_message([] { parse_config(R"({"tiermem": {"pipeline_chunk_bytes": 5000}})"); },
+                 {"tiermem.pipeline_chunk_bytes", "5000", "multiple of 4096"});
+  expect_message([] { parse_config(R"({"tiermem": {"stripe_bytes": 5000}})"); },
+                 {"tiermem.stripe_bytes", "5000", "multiple of 4096"});
+  expect_message([] { parse_config(R"({"aio": {"block_size": 5000}})"); },
+                 {"aio.block_size", "5000", "multiple of 4096"});
+}
+
+TEST(Config, SwapMaxBelowTheInitialSize) {
+  // Only the maximum given: the initial size (a default) is capped to it.
+  Config c = parse_config(R"({"tiermem": {"swap_max_bytes": 65536}})");
+  EXPECT_EQ(c.tiermem.swap_max_bytes, 65536u);
+  EXPECT_EQ(c.tiermem.swap_initial_bytes, 65536u);
+  // Both given and contradictory: refused, naming both keys and values.
+  expect_message(
+      [] {
+        parse_config(R"({"tiermem": {"swap_max_bytes": 65536, "swap_initial_bytes": "1MiB"}})");
+      },
+      {"tiermem.swap_initial_bytes", "1048576", "tiermem.swap_max_bytes", "65536"});
+  c = parse_config(R"({"tiermem": {"swap_max_bytes": 0, "swap_initial_bytes": "1MiB"}})");
+  EXPECT_EQ(c.tiermem.swap_initial_bytes, 1u << 20);  // 0 = no maximum
+}
+
+TEST(Config, AutoResolvedLineListsEveryAutoKeyWithItsValue) {
+  Config c = parse_config(R"({"gradient_clipping": "auto", "train_micro_batch_size_per_gpu": "auto",
+                              "zero_optimization": {"reduce_bucket_size": "auto"}})");
+  EXPECT_EQ(c.given_keys.size(), 0u);
+  c.train_micro_batch_size_per_gpu = 4;
+  c.gradient_clipping = 1.0;
+  const std::string line = auto_resolved_line(c, {{"train_micro_batch_size_per_gpu", "--batch"}});
+  EXPECT_EQ(line.rfind("\"auto\" resolved: ", 0), 0u) << line;
+  EXPECT_NE(line.find("gradient_clipping=1.0"), std::string::npos) << line;
+  EXPECT_NE(line.find("train_micro_batch_size_per_gpu=4 (--batch)"), std::string::npos) << line;
+  EXPECT_NE(line.find("zero_optimization.reduce_bucket_size=500000000"), std::string::npos) << line;
+  EXPECT_EQ(auto_resolved_line(parse_config("{}")), "");
 }
 
 }  // namespace

@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #ifndef TIERMEM_TRAIN_BIN
 #error "TIERMEM_TRAIN_BIN must name the tiermem-train executable"
@@ -143,6 +145,124 @@ TEST_F(TrainCli, BadConfigFile) {
       << R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "lots"}})";
   expect_usage_error("--swap-dir swap --config bad_size.json",
                      {"zero_optimization.stage3_prefetch_bucket_size", "lots"});
+}
+
+// Counts the lines of `text` that contain `needle`.
+int lines_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(needle) != std::string::npos;
+  return n;
+}
+
+// DeepSpeed's batch triple (issue 14): an inconsistent or indivisible one is refused naming the
+// keys (and the flag that set one); a pipeline chunk that breaks its rule names key, value, rule.
+TEST_F(TrainCli, InconsistentBatchTripleAndBrokenRulesExitWithCode2) {
+  std::ofstream(dir_ / "triple.json")
+      << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})";
+  // The harness passes --batch 2, which beats the file's micro-batch: the message names the flag.
+  expect_usage_error("--swap-dir swap --config triple.json",
+                     {"train_batch_size", "= 8", "'--batch' = 2", "gradient_accumulation_steps",
+                      "= 3", "must equal"});
+  std::ofstream(dir_ / "global.json") << R"({"train_batch_size": 7})";
+  expect_usage_error("--swap-dir swap --config global.json",
+                     {"train_batch_size", "= 7", "--batch"});
+  std::ofstream(dir_ / "chunk.json") << R"({"tiermem": {"pipeline_chunk_bytes": 5000}})";
+  expect_usage_error("--swap-dir swap --config chunk.json",
+                     {"tiermem.pipeline_chunk_bytes", "5000", "multiple of 4096"});
+  std::ofstream(dir_ / "swapmax.json")
+      << R"({"tiermem": {"swap_max_bytes": 65536, "swap_initial_bytes": "1MiB"}})";
+  expect_usage_error("--swap-dir swap --config swapmax.json",
+                     {"tiermem.swap_initial_bytes", "tiermem.swap_max_bytes"});
+}
+
+// "auto" values become tiermem-train's (one line lists them), and each key read but not acted on
+// is named once, with why.
+TEST_F(TrainCli, AutoIsResolvedInOneLineAndInertKeysWarnOnce) {
+  std::ofstream(dir_ / "auto.json") << R"({
+    "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
+    "optimizer": {"params": {"lr": "auto"}},
+    "activation_checkpointing": {"partition_activations": true},
+    "steps_per_print": 10,
+    "zero_optimization": {"stage": 3, "contiguous_gradients": true}})";
+  Result r = run("--swap-dir swap --config auto.json --steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(lines_with(r.err, "\"auto\" resolved:"), 1) << r.err;
+  EXPECT_EQ(lines_with(r.err, "train_micro_batch_size_per_gpu=2 (--batch)"), 1) << r.err;
+  EXPECT_EQ(lines_with(r.err, "gradient_clipping=1.0"), 1) << r.err;
+  EXPECT_EQ(lines_with(r.err, "optimizer.params.lr=0.003"), 1) << r.err;  // tiny's demo lr
+  for (const char* k : {"'activation_checkpointing'", "'steps_per_print'",
+                        "'zero_optimization.contiguous_gradients'"})
+    EXPECT_EQ(lines_with(r.err, k), 1) << k << " in: " << r.err;
+  EXPECT_EQ(lines_with(r.err, "not implemented yet"), 1) << r.err;
+  // train_batch_size 6 with --batch 2 (the harness's) trains 3 micro-batches per step:
+  // 6 sequences x 16 tokens = 96 tokens per step, not 32.
+  std::ofstream(dir_ / "global.json") << R"({"train_batch_size": 6})";
+  Result g = run("--config global.json --swap-dir swap --steps 1 --seq-len 16");
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_NE(g.out.find("\"tokens\":96,"), std::string::npos) << g.out;
+}
+
+// Every "loss" of a --json run's step lines, as printed.
+std::vector<std::string> step_losses(const std::string& out) {
+  std::vector<std::string> losses;
+  const std::regex loss("\"loss\":([-0-9.e+]+)");
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (line.find("\"step\"") != std::string::npos && std::regex_search(line, m, loss))
+      losses.push_back(m[1]);
+  }
+  return losses;
+}
+
+// A config of only {"zero_optimization": {"stage": 3}} trains the same run as no config: the
+// micro-batch, lr, weight decay and clipping are tiermem-train's, not the library's defaults.
+TEST_F(TrainCli, OnlyAZeroStageTrainsTheSameLossesAsNoConfig) {
+  std::ofstream(dir_ / "stage3.json") << R"({"zero_optimization": {"stage": 3}})";
+  std::ofstream(dir_ / "autos.json") << R"({"zero_optimization": {"stage": 3},
+      "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
+      "optimizer": {"params": {"lr": "auto", "weight_decay": "auto"}}})";
+  auto losses = [&](const std::string& extra) {
+    const std::string cmd = "cd " + dir_.string() + " && OMP_NUM_THREADS=1 " + TIERMEM_TRAIN_BIN +
+                            " --model tiny --eval-every 0 --json --data corpus.txt --seq-len 16"
+                            " --steps 4 --swap-dir swap " +
+                            extra + " >out.txt 2>err.txt";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(dir_ / "err.txt");
+    return step_losses(slurp(dir_ / "out.txt"));
+  };
+  const std::vector<std::string> none = losses("");
+  ASSERT_EQ(none.size(), 4u);
+  EXPECT_EQ(losses("--config stage3.json"), none);
+  EXPECT_EQ(losses("--config autos.json"), none);
+}
+
+// A run refused after its paths were checked (here: a device budget below the largest tensor)
+// leaves no directory it created behind: not the swap directory, not the checkpoint directory.
+TEST_F(TrainCli, RefusedRunLeavesNoDirectoriesBehind) {
+  expect_usage_error("--device-budget 4KiB --swap-dir fresh/swap --save fresh_ck/a",
+                     {"--device-budget", "largest tensor"});
+  EXPECT_FALSE(fs::exists(dir_ / "fresh")) << "swap directory left behind";
+  EXPECT_FALSE(fs::exists(dir_ / "fresh_ck")) << "checkpoint directory left behind";
+  // A run that goes ahead still gets its directories (the engine and the writer create them).
+  Result ok = run("--swap-dir fresh/swap --save fresh_ck/a");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(fs::exists(dir_ / "fresh_ck" / "a"));
+}
+
+// `tiermem-train ... | head -3`: a closed stdout stops the run like SIGTERM (exit 143) and leaves
+// no swap file or lock behind (issue 14), instead of dying of SIGPIPE with them in place.
+TEST_F(TrainCli, ClosedStdoutStopsLikeSigtermAndCleansUp) {
+  const std::string cmd = "cd " + dir_.string() + " && (OMP_NUM_THREADS=1 " + TIERMEM_TRAIN_BIN +
+                          " --model tiny --eval-every 0 --json --data corpus.txt --seq-len 16"
+                          " --batch 2 --steps 20000 --swap-dir swap 2>err.txt; echo $? >rc.txt)"
+                          " | head -3 >head.txt";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(slurp(dir_ / "rc.txt"), "143\n") << slurp(dir_ / "err.txt");
+  EXPECT_EQ(lines_with(slurp(dir_ / "head.txt"), "\"step\""), 3);
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir_ / "swap"))
+    if (e.is_regular_file()) ADD_FAILURE() << "left behind: " << e.path() << " (" << ++files << ")";
 }
 
 TEST_F(TrainCli, SwapDirWithoutODirect) {

@@ -2,7 +2,11 @@
 #include "train_options.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -63,6 +67,147 @@ TEST(TrainOptions, BadValuesExitWithCode2) {
   EXPECT_EQ(parse({"--config", "/nonexistent/ds_config.json"}, &o), 2);
   EXPECT_EQ(parse({"--save-every", "5"}, &o), 2);  // needs --save
   EXPECT_EQ(parse({"--help"}, &o), 0);
+}
+
+// A config file in the test's temporary directory, removed at the end.
+class ConfigFile {
+ public:
+  explicit ConfigFile(const std::string& json) {
+    path_ = (std::filesystem::temp_directory_path() /
+             ("tiermem_train_options_" + std::to_string(::getpid()) + "_" +
+              std::to_string(next_++) + ".json"))
+                .string();
+    std::ofstream(path_) << json;
+  }
+  ~ConfigFile() { std::filesystem::remove(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  static inline int next_ = 0;
+  std::string path_;
+};
+
+Config with_config(const std::string& json, std::vector<std::string> args, int world = 1) {
+  ConfigFile f(json);
+  args.insert(args.end(), {"--config", f.path()});
+  TrainOptions o;
+  EXPECT_EQ(parse(args, &o), -1);
+  return effective_config(o, 0, world);
+}
+
+TEST(TrainOptions, OnlyAZeroStageTrainsTheSameRunAsNoConfig) {
+  TrainOptions o;
+  ASSERT_EQ(parse({"--model", "tiny"}, &o), -1);
+  const Config none = effective_config(o, 0, 1);
+  const Config stage3 = with_config(R"({"zero_optimization": {"stage": 3}})", {"--model", "tiny"});
+  const Config autos = with_config(R"({"zero_optimization": {"stage": 3},
+      "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+      "train_batch_size": "auto", "gradient_clipping": "auto",
+      "optimizer": {"params": {"lr": "auto", "weight_decay": "auto"}}})",
+                                   {"--model", "tiny"});
+  for (const Config* c : {&stage3, &autos}) {
+    EXPECT_EQ(c->train_micro_batch_size_per_gpu, none.train_micro_batch_size_per_gpu);
+    EXPECT_EQ(c->gradient_accumulation_steps, none.gradient_accumulation_steps);
+    EXPECT_EQ(c->train_batch_size, none.train_batch_size);
+    EXPECT_DOUBLE_EQ(c->optimizer.lr, none.optimizer.lr);
+    EXPECT_DOUBLE_EQ(c->optimizer.weight_decay, none.optimizer.weight_decay);
+    EXPECT_DOUBLE_EQ(c->gradient_clipping, none.gradient_clipping);
+    EXPECT_DOUBLE_EQ(c->optimizer.beta1, none.optimizer.beta1);
+    EXPECT_DOUBLE_EQ(c->optimizer.eps, none.optimizer.eps);
+  }
+  const DemoDefaults d = demo_defaults("tiny");
+  EXPECT_EQ(none.train_micro_batch_size_per_gpu, d.batch);
+  EXPECT_DOUBLE_EQ(none.optimizer.lr, d.lr);
+  EXPECT_DOUBLE_EQ(none.gradient_clipping, 1.0);  // the trainer's clipping default
+  EXPECT_DOUBLE_EQ(none.optimizer.weight_decay, 0.0);
+  // A value the file gives is kept.
+  const Config given = with_config(
+      R"({"gradient_clipping": 0.5, "optimizer": {"params": {"lr": 0.02}}})", {"--model", "tiny"});
+  EXPECT_DOUBLE_EQ(given.gradient_clipping, 0.5);
+  EXPECT_DOUBLE_EQ(given.optimizer.lr, 0.02);
+}
+
+TEST(TrainOptions, BatchTripleDerivedAsDeepSpeedDoes) {
+  Config c = with_config(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2})",
+                         {"--model", "tiny"});
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  c = with_config(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2})",
+                  {"--model", "tiny"}, /*world=*/2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  c = with_config(R"({"train_batch_size": 32})", {"--model", "tiny"});
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 32);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  c = with_config(R"({"train_batch_size": 32})", {"--model", "tiny", "--batch", "4"});
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 8);
+  c = with_config(R"({"gradient_accumulation_steps": 3})", {"--model", "tiny", "--batch", "2"}, 2);
+  EXPECT_EQ(c.train_batch_size, 12);
+}
+
+TEST(TrainOptions, InconsistentBatchTripleNamesTheKeysAndFlags) {
+  auto message = [](const std::string& json, std::vector<std::string> args) {
+    try {
+      with_config(json, std::move(args));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no ConfigError");
+  };
+  std::string m = message(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+                              "gradient_accumulation_steps": 2})",
+                          {"--model", "tiny"});
+  for (const char* n : {"train_batch_size", "= 8", "train_micro_batch_size_per_gpu", "= 2",
+                        "gradient_accumulation_steps", "must equal"})
+    EXPECT_NE(m.find(n), std::string::npos) << n << " not in: " << m;
+  m = message(R"({"train_batch_size": 8})", {"--model", "tiny", "--batch", "3"});
+  EXPECT_NE(m.find("--batch"), std::string::npos) << m;
+  EXPECT_NE(m.find("train_batch_size"), std::string::npos) << m;
+  m = message(R"({"train_batch_size": 8})",
+              {"--model", "tiny", "--batch", "2", "--grad-accum", "2"});
+  EXPECT_NE(m.find("--grad-accum"), std::string::npos) << m;
+}
+
+TEST(TrainOptions, SchedulerParametersDefaultToTheTrainersValues) {
+  Config c = with_config(R"({"scheduler": {"type": "WarmupDecayLR"}})",
+                         {"--model", "tiny", "--steps", "50", "--lr", "0.01"});
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr.value_or(-1), 0.01);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_min_lr.value_or(-1), 0.0);
+  EXPECT_EQ(c.scheduler.total_num_steps.value_or(-1), 50);
+  EXPECT_EQ(c.scheduler.warmup_num_steps.value_or(-1),
+            std::min(demo_defaults("tiny").warmup, 50 / 10));
+  // Given in the file: kept, and the peak is the lr the run reports.
+  c = with_config(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.005,
+                      "warmup_num_steps": 7}}})",
+                  {"--model", "tiny"});
+  EXPECT_DOUBLE_EQ(*c.scheduler.warmup_max_lr, 0.005);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.005);
+  EXPECT_EQ(*c.scheduler.warmup_num_steps, 7);
+  EXPECT_FALSE(c.scheduler.total_num_steps.has_value());
+  // An "auto" peak is the optimizer's lr from the file.
+  c = with_config(R"({"optimizer": {"params": {"lr": 0.004}},
+                      "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}})",
+                  {"--model", "tiny"});
+  EXPECT_DOUBLE_EQ(*c.scheduler.warmup_max_lr, 0.004);
+  // Flags beat the file.
+  c = with_config(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.005,
+                      "warmup_num_steps": 7}}})",
+                  {"--model", "tiny", "--lr", "0.02", "--warmup", "3"});
+  EXPECT_DOUBLE_EQ(*c.scheduler.warmup_max_lr, 0.02);
+  EXPECT_EQ(*c.scheduler.warmup_num_steps, 3);
+}
+
+TEST(TrainOptions, TextDataChangesAPresetsVocabularyWithOneNote) {
+  TrainOptions o;
+  ASSERT_EQ(parse({"--model", "gpt2", "--data", "corpus.txt"}, &o), -1);
+  const std::string note = vocab_change_note(o);
+  EXPECT_NE(note.find("50257 -> 256"), std::string::npos) << note;
+  EXPECT_NE(note.find("M parameters"), std::string::npos) << note;
+  EXPECT_NE(note.find("124.44 M"), std::string::npos) << note;  // what the preset would have been
+  ASSERT_EQ(parse({"--model", "mini", "--data", "corpus.txt"}, &o), -1);
+  EXPECT_EQ(vocab_change_note(o), "");  // mini's vocabulary is 256 already
+  ASSERT_EQ(parse({"--model", "gpt2", "--data", "tokens.bin"}, &o), -1);
+  EXPECT_EQ(vocab_change_note(o), "");  // token files keep the vocabulary
 }
 
 }  // namespace

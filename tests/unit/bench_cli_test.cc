@@ -1,0 +1,154 @@
+// tiermem-bench nvme never harms a user's file (issue 14), as fio: an existing file's own size is
+// the default --size; a read job never writes to it (a --size above its size is refused, exit 2,
+// naming both sizes); the bench's own data file is created only in a directory and removed at
+// exit unless --keep; a path that does not exist exits 2 with "does not exist". Every case
+// checksums the user's file before and after.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+
+#ifndef TIERMEM_BENCH_BIN
+#error "TIERMEM_BENCH_BIN must name the tiermem-bench executable"
+#endif
+
+namespace {
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// FNV-1a 64 of the file's bytes, and its size: what "unharmed" means.
+struct Sum {
+  std::uint64_t hash = 0;
+  std::uintmax_t size = 0;
+  bool operator==(const Sum&) const = default;
+};
+Sum checksum(const fs::path& p) {
+  const std::string bytes = slurp(p);
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return {h, fs::file_size(p)};
+}
+
+class BenchCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Under the build tree (a disk filesystem, so O_DIRECT works), not /tmp (tmpfs on some hosts).
+    dir_ = fs::current_path() / ("bench_cli_" + std::to_string(::getpid()) + "_" +
+                                 ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "d");
+    std::mt19937_64 rng(14);
+    std::string data(8u << 20, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    std::ofstream(dir_ / "user.dat", std::ios::binary) << data;
+    std::ofstream(dir_ / "empty.dat", std::ios::binary).flush();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result run(const std::string& args) {
+    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN +
+                            " nvme --bs 64K --qd 4 --runtime 0.2 " + args + " >" + out.string() +
+                            " 2>" + err.string();
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(BenchCli, ReadJobsLeaveAUsersFileAsItWas) {
+  const Sum before = checksum(dir_ / "user.dat");
+  for (const char* rw : {"read", "randread"}) {
+    SCOPED_TRACE(rw);
+    Result r = run(std::string("--path user.dat --json --rw ") + rw);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    // The file's own size is the default --size: 8 MiB, not 1 GiB.
+    EXPECT_NE(r.out.find("size=8.0 MiB"), std::string::npos) << r.out;
+    EXPECT_TRUE(checksum(dir_ / "user.dat") == before);
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "tiermem-bench-nvme.dat"));
+}
+
+TEST_F(BenchCli, ReadLargerThanTheFileIsRefusedNamingBothSizes) {
+  const Sum before = checksum(dir_ / "user.dat");
+  Result r = run("--path user.dat --rw read --size 16M");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("16777216"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("8388608"), std::string::npos) << r.err;
+  EXPECT_TRUE(checksum(dir_ / "user.dat") == before);
+
+  const Sum empty = checksum(dir_ / "empty.dat");
+  r = run("--path empty.dat --rw read");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("0 bytes"), std::string::npos) << r.err;
+  EXPECT_TRUE(checksum(dir_ / "empty.dat") == empty);  // not extended
+  r = run("--path empty.dat --rw randwrite");
+  EXPECT_EQ(r.exit_code, 2) << r.err;  // a write job into an empty file needs an explicit --size
+  EXPECT_TRUE(checksum(dir_ / "empty.dat") == empty);
+}
+
+TEST_F(BenchCli, OwnFileOnlyInADirectoryAndRemovedUnlessKept) {
+  Result r = run("--path d --rw read --size 1M");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "d" / "tiermem-bench-nvme.dat")) << "left behind";
+  r = run("--path d --rw write --size 1M --keep");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(dir_ / "d" / "tiermem-bench-nvme.dat"));
+  EXPECT_EQ(fs::file_size(dir_ / "d" / "tiermem-bench-nvme.dat"), 1u << 20);
+  // A kept file is the bench's, but not this run's: a later run without --keep leaves it.
+  r = run("--path d --rw read --size 1M");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir_ / "d" / "tiermem-bench-nvme.dat"));
+}
+
+TEST_F(BenchCli, MissingPathExitsWith2SayingDoesNotExist) {
+  for (const char* path : {"no_such_dir/x", "no_such_dir", "d/no_such_file"}) {
+    SCOPED_TRACE(path);
+    Result r = run(std::string("--path ") + path + " --rw read --size 1M");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(path), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "no_such_dir"));
+  EXPECT_FALSE(fs::exists(dir_ / "d" / "no_such_file"));
+  // The pipeline bench's --path is a directory too: a missing one is not created.
+  const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN +
+                          " pipeline --path no_such_dir >/dev/null 2>err.txt";
+  const int status = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << slurp(dir_ / "err.txt");
+  EXPECT_NE(slurp(dir_ / "err.txt").find("does not exist"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "no_such_dir"));
+}
+
+TEST_F(BenchCli, WriteJobWritesTheUsersFileWithinItsSize) {
+  // fio semantics: a write job is asked to write; it stays within the file's size.
+  Result r = run("--path user.dat --rw write");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(fs::file_size(dir_ / "user.dat"), 8u << 20);
+  EXPECT_TRUE(fs::exists(dir_ / "user.dat"));  // never removed
+}
+
+}  // namespace
