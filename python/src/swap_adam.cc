@@ -210,8 +210,8 @@ void adam_step_py(nb::handle param, nb::handle grad, nb::handle exp_avg, nb::han
   }
   AdamParams ap;
   ap.lr = static_cast<float>(lr);
-  ap.beta1 = static_cast<float>(beta1);
-  ap.beta2 = static_cast<float>(beta2);
+  ap.beta1 = beta1;
+  ap.beta2 = beta2;
   ap.eps = static_cast<float>(eps);
   ap.weight_decay = static_cast<float>(weight_decay);
   ap.step = step;
