@@ -276,7 +276,7 @@ void bind_aio_handle(nb::module_& m) {
             h.submit("async_pread", buffer, filename, file_offset, false, false);
             return 0;
           },
-          nb::arg("buffer"), nb::arg("filename"), nb::arg("file_offset") = 0,
+          nb::arg("buffer").none(), nb::arg("filename"), nb::arg("file_offset") = 0,
           "Starts reading buffer.nbytes bytes of `filename` from `file_offset` into `buffer`; "
           "returns 0 at once. wait() completes it.")
       .def(
@@ -285,7 +285,7 @@ void bind_aio_handle(nb::module_& m) {
             h.submit("async_pwrite", buffer, filename, file_offset, true, false);
             return 0;
           },
-          nb::arg("buffer"), nb::arg("filename"), nb::arg("file_offset") = 0,
+          nb::arg("buffer").none(), nb::arg("filename"), nb::arg("file_offset") = 0,
           "Starts writing `buffer` to `filename` at `file_offset` (created when missing); returns 0 "
           "at once. wait() completes it.")
       .def(
@@ -294,7 +294,7 @@ void bind_aio_handle(nb::module_& m) {
             h.submit("sync_pread", buffer, filename, file_offset, false, false);
             return h.wait();
           },
-          nb::arg("buffer"), nb::arg("filename"), nb::arg("file_offset") = 0,
+          nb::arg("buffer").none(), nb::arg("filename"), nb::arg("file_offset") = 0,
           "Reads and waits; returns wait()'s count (this op and any still pending).")
       .def(
           "sync_pwrite",
@@ -302,7 +302,7 @@ void bind_aio_handle(nb::module_& m) {
             h.submit("sync_pwrite", buffer, filename, file_offset, true, false);
             return h.wait();
           },
-          nb::arg("buffer"), nb::arg("filename"), nb::arg("file_offset") = 0,
+          nb::arg("buffer").none(), nb::arg("filename"), nb::arg("file_offset") = 0,
           "Writes and waits; returns wait()'s count (this op and any still pending).")
       .def(
           "pread",
@@ -311,7 +311,7 @@ void bind_aio_handle(nb::module_& m) {
             h.submit("pread", buffer, filename, file_offset, false, validate);
             return async ? 0 : h.wait();
           },
-          nb::arg("buffer"), nb::arg("filename"), nb::arg("validate"), nb::arg("async"),
+          nb::arg("buffer").none(), nb::arg("filename"), nb::arg("validate"), nb::arg("async"),
           nb::arg("file_offset") = 0,
           "Reads; async=True returns 0 at once, else waits and returns wait()'s count. validate "
           "re-reads the range with pread and compares when the op is reaped.")
@@ -322,7 +322,7 @@ void bind_aio_handle(nb::module_& m) {
             h.submit("pwrite", buffer, filename, file_offset, true, validate);
             return async ? 0 : h.wait();
           },
-          nb::arg("buffer"), nb::arg("filename"), nb::arg("validate"), nb::arg("async"),
+          nb::arg("buffer").none(), nb::arg("filename"), nb::arg("validate"), nb::arg("async"),
           nb::arg("file_offset") = 0, "Writes; as pread.")
       .def(
           "read",
@@ -331,7 +331,7 @@ void bind_aio_handle(nb::module_& m) {
             h.submit("read", buffer, filename, file_offset, false, validate);
             return h.wait();
           },
-          nb::arg("buffer"), nb::arg("filename"), nb::arg("validate") = false,
+          nb::arg("buffer").none(), nb::arg("filename"), nb::arg("validate") = false,
           nb::arg("file_offset") = 0, "Synchronous read (pread with async=False).")
       .def(
           "write",
@@ -340,7 +340,7 @@ void bind_aio_handle(nb::module_& m) {
             h.submit("write", buffer, filename, file_offset, true, validate);
             return h.wait();
           },
-          nb::arg("buffer"), nb::arg("filename"), nb::arg("validate") = false,
+          nb::arg("buffer").none(), nb::arg("filename"), nb::arg("validate") = false,
           nb::arg("file_offset") = 0, "Synchronous write (pwrite with async=False).")
       .def("wait", &AioHandle::wait,
            "Blocks (GIL released) until every pending op is complete; returns how many there "

@@ -81,7 +81,7 @@ ArrayView view_array(nb::handle obj, const char* fn, const char* arg, bool writa
                    fn, arg, dev).c_str());
   // C-contiguous: strides (in elements) are the suffix products of the shape; size-1 dims are free.
   std::int64_t expect = 1;
-  for (std::size_t i = a.ndim(); i-- > 0;) {
+  for (std::size_t i = a.ndim(); a.size() > 0 && i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expect)
       throw nb::value_error(str_printf("%s: argument '%s' is not contiguous (call .contiguous() or "
                                        "numpy.ascontiguousarray first)", fn, arg).c_str());

@@ -249,10 +249,10 @@ void bind_swap(nb::module_& m) {
 }
 
 void bind_adam(nb::module_& m) {
-  m.def("adam_step", &adam_step_py, nb::arg("param"), nb::arg("grad"), nb::arg("exp_avg"),
-        nb::arg("exp_avg_sq"), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"),
+  m.def("adam_step", &adam_step_py, nb::arg("param").none(), nb::arg("grad").none(), nb::arg("exp_avg").none(),
+        nb::arg("exp_avg_sq").none(), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"),
         nb::arg("weight_decay"), nb::arg("step"), nb::arg("grad_scale") = 1.0,
-        nb::arg("half") = nb::none(),
+        nb::arg("half").none() = nb::none(),
         "One AdamW step in place (tiermem/adam.h): param, exp_avg, exp_avg_sq float32 (written), "
         "grad float32 (read), all with the same element count, contiguous, on the CPU; step >= 1 "
         "(bias corrections use it); half: None or a bfloat16/float16 array receiving the rounded "
