@@ -82,6 +82,18 @@ def _check_param(p: torch.Tensor, where: str, dtypes: tuple) -> None:
         raise ValueError(f"{where}: parameter is not contiguous")
 
 
+def _complete_groups(opt: torch.optim.Optimizer) -> None:
+    """After loading a state dict (possibly torch.optim.AdamW's, whose groups lack our keys): fill
+    missing hyper-parameters from the defaults and refuse the options the kernel lacks."""
+    for gi, group in enumerate(opt.param_groups):
+        for key, value in opt.defaults.items():
+            group.setdefault(key, value)
+        for flag in ("amsgrad", "maximize"):
+            if group.get(flag):
+                raise ValueError(f"load_state_dict: param_groups[{gi}] has {flag}=True, which tiermem's AdamW "
+                                 "kernel does not support")
+
+
 class CPUAdamW(torch.optim.Optimizer):
     """torch.optim.AdamW on tiermem's SIMD AdamW kernel (DeepSpeedCPUAdam's interface).
 
@@ -144,6 +156,11 @@ class CPUAdamW(torch.optim.Optimizer):
                                    float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
                                    wd, _kernel_step(group, int(state["step"].item())), 1.0, half)
         return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch.optim.Optimizer's, accepting torch.optim.AdamW's state dicts too."""
+        super().load_state_dict(state_dict)
+        _complete_groups(self)
 
 
 class _Chunk:
@@ -433,10 +450,10 @@ class NVMeAdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 index[id(p)] = i
                 i += 1
-        out = sd["state"]
-        for st in out.values():
-            if "step" in st:
-                st["step"] = st["step"].clone()  # a snapshot, not the live counter
+        # torch packs the live per-parameter dicts: copy them (and the step counters) first.
+        out = {k: {key: (val.clone() if torch.is_tensor(val) else val) for key, val in st.items()}
+               for k, st in sd["state"].items()}
+        sd["state"] = out
         buf = self._staging[0]
         for si, sg in enumerate(self._sub_groups):
             if not sg.initialized:
@@ -482,6 +499,7 @@ class NVMeAdamW(torch.optim.Optimizer):
         slim = {"param_groups": groups,
                 "state": {k: {"step": v["step"]} for k, v in state_dict["state"].items() if "step" in v}}
         super().load_state_dict(slim)
+        _complete_groups(self)
         for p in params:
             st = self.state.get(p)
             if st is not None and "step" in st:
