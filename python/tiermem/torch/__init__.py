@@ -396,8 +396,9 @@ class NVMeAdamW(torch.optim.Optimizer):
         sg.initialized = True
 
     def _pipeline(self, order: list[int], work) -> None:
-        """Runs work(buffer, sub_group_index) over `order`: read i+1 / work i / write i-1, each
-        sub-group's state read from NVMe (or made fresh) before and written back after."""
+        """Runs work(buffer, sub_group_index) over `order`: read i+1 (up to buffer_count - 2 ahead)
+        / work i / write i-1, each sub-group's state read from NVMe (or made fresh) before and
+        written back after. A staging buffer is reused only once its previous write completed."""
         nbuf = len(self._staging)
         reads: dict[int, Any] = {}
         writes: dict[int, Any] = {}
@@ -414,12 +415,13 @@ class NVMeAdamW(torch.optim.Optimizer):
             else:
                 self._fill_fresh(buf, i)
 
+        ahead = nbuf - 2  # sub-groups read ahead of the one being stepped (one buffer is written)
+        started = 0
         try:
-            if order:
-                start_read(0)
             for j, i in enumerate(order):
-                if j + 1 < len(order):
-                    start_read(j + 1)
+                while started < len(order) and started <= j + ahead:
+                    start_read(started)
+                    started += 1
                 if j in reads:
                     reads.pop(j).wait()
                 buf = self._staging[j % nbuf]
