@@ -29,6 +29,9 @@ packages=(
 python_packages=(
   numpy==2.4.6 pytest==9.2.0 nanobind==3.1.0 scikit-build-core==1.1.2 ninja==1.13.2 torch==2.15.0
 )
+# Built from its sdist against the torch above (no build isolation: that would fetch torch again);
+# only the interop test uses it (DeepSpeed's swappers driving tiermem.aio_handle).
+python_packages_no_isolation=(deepspeed==0.19.8)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -65,15 +68,17 @@ fi
 if ((want_python)); then
   venv="${TIERMEM_VENV:-$HOME/.cache/tiermem/venv}"
   stamp="$venv/.tiermem-packages"
-  if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "${python_packages[*]}" ]] &&
-     "$venv/bin/python" -c "import numpy, pytest, nanobind, scikit_build_core, torch" 2>/dev/null; then
+  want="${python_packages[*]} ${python_packages_no_isolation[*]}"
+  if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]] &&
+     "$venv/bin/python" -c "import numpy, pytest, nanobind, scikit_build_core, torch, deepspeed" 2>/dev/null; then
     echo "setup: Python environment $venv is up to date"
   else
-    echo "setup: making the Python environment $venv (${python_packages[*]})"
+    echo "setup: making the Python environment $venv ($want)"
     # The system interpreter: its headers come from python3-dev above.
     [[ -x "$venv/bin/python" ]] || /usr/bin/python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
     "$venv/bin/python" -m pip install -q "${python_packages[@]}"
-    echo "${python_packages[*]}" > "$stamp"
+    "$venv/bin/python" -m pip install -q --no-build-isolation "${python_packages_no_isolation[@]}"
+    echo "$want" > "$stamp"
   fi
 fi

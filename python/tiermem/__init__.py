@@ -68,6 +68,8 @@ class aio_handle(_tiermem._AioHandle):
     - ``new_cpu_locked_tensor(num_elem, example_tensor)``: a page-locked, 4096-aligned CPU tensor
       of num_elem elements of example_tensor's dtype (a numpy array when example_tensor is one);
       ``free_cpu_locked_tensor(tensor)`` releases the handle's reference.
+    - ``is_pinned(tensor)``, ``get_alignment()`` (4096 x intra_op_parallelism), and
+      ``async_pwrite(buffer, fd, file_offset)`` with an open file descriptor, as DeepSpeed's.
     - ``get_block_size()``, ``get_queue_depth()``, ``get_single_submit()``,
       ``get_overlap_events()``, ``get_intra_op_parallelism()``; tiermem's own: ``get_engine()``
       ("uring" or "posix"), ``get_pending()``, ``get_buffered_fallbacks()``.
@@ -96,7 +98,31 @@ class aio_handle(_tiermem._AioHandle):
         intra_op_parallelism: int = 1,
     ) -> None:
         super().__init__(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
-        self._locked: dict[int, Any] = {}
+        self._locked: dict[int, tuple[int, int, Any]] = {}  # id -> (start, end address, tensor)
+
+    def get_alignment(self) -> int:
+        """DeepSpeed's: the byte multiple callers pad swapped tensors to (4096 per ring). tiermem
+        itself needs only file offsets aligned to 4096 on O_DIRECT files."""
+        return 4096 * self.get_intra_op_parallelism()
+
+    def async_pwrite(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
+        """Starts writing `buffer` to `filename` at `file_offset` (created when missing); returns 0
+        at once, wait() completes it. `filename` may also be an open file descriptor (int), as
+        DeepSpeed's overload: the file is reopened through /proc/self/fd."""
+        if isinstance(filename, int) and not isinstance(filename, bool):
+            filename = f"/proc/self/fd/{filename}"
+        return super().async_pwrite(buffer, filename, file_offset)
+
+    def is_pinned(self, tensor: Any) -> bool:
+        """True for a page-locked torch tensor (tensor.is_pinned()) or a tensor or view inside
+        memory from this handle's new_cpu_locked_tensor (DeepSpeed's swappers assert it)."""
+        if hasattr(tensor, "is_pinned") and tensor.is_pinned():
+            return True
+        ptr, nbytes = _address_of(tensor)
+        for base, end, _ in self._locked.values():
+            if base <= ptr and ptr + nbytes <= end:
+                return True
+        return False
 
     def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any):
         """A page-locked, 4096-aligned, zero-filled CPU tensor of `num_elem` elements with
@@ -111,7 +137,8 @@ class aio_handle(_tiermem._AioHandle):
             t = torch.from_numpy(raw).view(example_tensor.dtype)
         else:
             t = raw.view(example_tensor.dtype)
-        self._locked[id(t)] = t
+        base, nbytes = _address_of(t)
+        self._locked[id(t)] = (base, base + nbytes, t)
         return t
 
     def free_cpu_locked_tensor(self, tensor: Any) -> bool:
@@ -127,3 +154,10 @@ def _dtype_of(example: Any, fn: str, arg: str) -> tuple[int, str]:
     if hasattr(example, "dtype") and hasattr(example.dtype, "itemsize"):
         return int(example.dtype.itemsize), "numpy"
     raise TypeError(f"{fn}: argument '{arg}' must be a torch tensor or numpy array, got {type(example).__name__}")
+
+
+def _address_of(t: Any) -> tuple[int, int]:
+    """(address, bytes) of a torch tensor or numpy array."""
+    if hasattr(t, "data_ptr"):
+        return t.data_ptr(), t.numel() * t.element_size()
+    return t.ctypes.data, t.nbytes
