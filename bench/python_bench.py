@@ -14,7 +14,10 @@ Sections (medians of --reps after one warm-up; every result is checked before it
           against CPUAdamW.step() on the same parameters (state in host memory) and the same
           reads + writes with no compute ("io alone"), interleaved per repetition.
           overlap_efficiency = max(compute, io alone) / nvme step, as tiermem-bench zero-offload.
-DeepSpeed's handle and optimizers are not compared here (not installed by scripts/setup.sh).
+With --deepspeed (needs deepspeed in the venv, which setup.sh installs, and libaio-dev for its
+async_io op; DS_ACCELERATOR=cpu is set; the ops are JIT-built on first use), the same run also
+times DeepSpeed's aio_handle on the same files and DeepSpeedCPUAdam on the same parameters,
+interleaved with tiermem's per repetition.
 """
 
 import argparse
@@ -39,6 +42,21 @@ def median_time(fn, reps):
     return statistics.median(times)
 
 
+def interleaved(fns, reps):
+    """Medians of fns (name -> callable), one warm-up each, the order rotated per repetition."""
+    names = list(fns)
+    for name in names:
+        fns[name]()
+    times = {name: [] for name in names}
+    for r in range(reps):
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def bench_aio(args):
     h = tiermem.aio_handle(block_size=1 << 20, queue_depth=128)
     n = args.file_mib << 20
@@ -61,10 +79,41 @@ def bench_aio(args):
     write()
     read()
     assert all(torch.equal(a, b) for a, b in zip(bufs, back))
-    tw, tr = median_time(write, args.reps), median_time(read, args.reps)
+    fns = {"tiermem write": write, "tiermem read": read}
+    if args.deepspeed:
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        d = AsyncIOBuilder().load().aio_handle(1 << 20, 128, False, True, 1)
+        dbufs = [d.new_cpu_locked_tensor(n, bufs[0]) for _ in range(args.files)]
+        for a, b in zip(dbufs, bufs):
+            a.copy_(b)
+        dpaths = [p + ".ds" for p in paths]
+
+        def ds_write():
+            for b, p in zip(dbufs, dpaths):
+                d.async_pwrite(b, p)
+            assert d.wait() == len(dpaths)
+
+        def ds_read():
+            for b in dbufs:
+                b.zero_()
+            for b, p in zip(dbufs, dpaths):
+                d.async_pread(b, p)
+            assert d.wait() == len(dpaths)
+
+        ds_write()
+        ds_read()
+        assert all(torch.equal(a, b) for a, b in zip(dbufs, bufs))
+        fns.update({"deepspeed write": ds_write, "deepspeed read": ds_read})
+    t = interleaved(fns, args.reps)
     total = n * args.files
-    print(f"aio     engine {h.get_engine()}: {args.files} x {args.file_mib} MiB  "
-          f"write {total / tw / 1e9:.2f} GB/s  read {total / tr / 1e9:.2f} GB/s")
+    line = (f"aio     engine {h.get_engine()}: {args.files} x {args.file_mib} MiB whole-file async  "
+            f"tiermem write {total / t['tiermem write'] / 1e9:.2f} GB/s, read {total / t['tiermem read'] / 1e9:.2f} GB/s")
+    if args.deepspeed:
+        line += (f"; deepspeed write {total / t['deepspeed write'] / 1e9:.2f} GB/s, "
+                 f"read {total / t['deepspeed read'] / 1e9:.2f} GB/s; tiermem/deepspeed "
+                 f"write {t['deepspeed write'] / t['tiermem write']:.2f}x, read {t['deepspeed read'] / t['tiermem read']:.2f}x")
+    print(line)
 
 
 def params_of(total, seed):
@@ -77,23 +126,25 @@ def params_of(total, seed):
 
 
 def bench_adam(args):
-    rows = []
-    for name, make in (
-        ("torch.optim.AdamW (foreach)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True)),
-        ("torch.optim.AdamW (fused)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True)),
-        ("tiermem.torch.CPUAdamW", lambda ps: CPUAdamW(ps, lr=1e-3)),
-    ):
+    makers = {
+        "torch.optim.AdamW (foreach)": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
+        "torch.optim.AdamW (fused)": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+        "tiermem.torch.CPUAdamW": lambda ps: CPUAdamW(ps, lr=1e-3),
+    }
+    if args.deepspeed:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        makers["DeepSpeedCPUAdam"] = lambda ps: DeepSpeedCPUAdam(ps, lr=1e-3, weight_decay=1e-2, adamw_mode=True)
+    fns, params = {}, {}
+    for name, make in makers.items():
         ps = params_of(args.params, 1)
-        try:
-            opt = make(ps)
-            t = median_time(opt.step, args.reps)
-        except (RuntimeError, ValueError) as e:
-            print(f"adam    {name}: not available ({e})")
-            continue
-        rows.append((name, t))
-        print(f"adam    {name:30s} {args.params / 1e6:.1f} M params: {t * 1e3:8.1f} ms/step "
-              f"({args.params / t / 1e9:.2f} G params/s)")
-    return rows
+        fns[name], params[name] = make(ps).step, ps
+    t = interleaved(fns, args.reps)
+    ref = params["tiermem.torch.CPUAdamW"]
+    for name in fns:  # every optimizer stepped reps + 1 times from the same start
+        diff = max((a - b).abs().max().item() for a, b in zip(params[name], ref))
+        print(f"adam    {name:30s} {args.params / 1e6:.1f} M params: {t[name] * 1e3:8.1f} ms/step "
+              f"({args.params / t[name] / 1e9:.2f} G params/s; max |param - CPUAdamW's| {diff:.1e})")
 
 
 def bench_offload(args):
@@ -137,7 +188,10 @@ def main():
     ap.add_argument("--params", type=int, default=16 << 20)
     ap.add_argument("--sub-group", type=int, default=2 << 20)
     ap.add_argument("--only", choices=["aio", "adam", "offload"], default=None)
+    ap.add_argument("--deepspeed", action="store_true", help="also time DeepSpeed's handle and CPU Adam")
     args = ap.parse_args()
+    if args.deepspeed:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.makedirs(args.dir, exist_ok=True)
     print(f"torch {torch.__version__}, tiermem adam kernel {tiermem.adam_isa()}, "
           f"threads {torch.get_num_threads()}, dir {args.dir}")

@@ -161,11 +161,14 @@ class AioHandle {
       if (p.is_write && !p.failed) keep[p.path] = std::max(keep[p.path], p.keep_size);
     for (auto& p : batch) {
       auto it = keep.find(p.path);
-      if (it != keep.end() && p.engine->file_size(p.file) > it->second) {
-        if (ftruncate_path(p.path, it->second) != 0 && !first)
-          first = std::make_exception_ptr(IoError(p.path, it->second, 0, errno, "truncate"));
-        keep.erase(it);
+      if (it == keep.end()) continue;
+      try {
+        if (p.engine->file_size(p.file) > it->second && ftruncate_path(p.path, it->second) != 0)
+          throw IoError(p.path, it->second, 0, errno, "truncate");
+      } catch (...) {  // every file is still closed below
+        if (!first) first = std::current_exception();
       }
+      keep.erase(it);
     }
     for (auto& p : batch) {
       if (p.validate && !p.failed && !first) first = check(p);

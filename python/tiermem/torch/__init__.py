@@ -21,7 +21,6 @@ and the I/O run with the GIL released.
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from typing import Any, Iterable
@@ -279,7 +278,6 @@ class NVMeAdamW(torch.optim.Optimizer):
         # padded to 4096 bytes so every field starts aligned.
         self._has_master = any(p.dtype != torch.float32 for g in self.param_groups for p in g["params"])
         self._fields = 3 if self._has_master else 2
-        largest = max((sg.elems for sg in self._sub_groups), default=0)
         self._field_bytes = [_pad(sg.elems * 4) for sg in self._sub_groups]
         need = self._fields * max(self._field_bytes, default=0)
         initial = max(sum(self._field_bytes) * self._fields // max(len(dirs), 1) + (8 << 20), 16 << 20)
@@ -302,7 +300,6 @@ class NVMeAdamW(torch.optim.Optimizer):
             sg.extent = self._swap.allocate(self._fields * fb)
         self._staging = [locked_array(max(need, _ALIGN)) for _ in range(buffer_count)]
         self._registered = [self._swap.register_buffer(b) for b in self._staging]
-        self._largest = largest
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
