@@ -23,7 +23,8 @@
 // reference to each buffer object until then, so dropping it early is safe.
 //
 // Thread-safety: calls from several Python threads are serialised by an internal mutex; wait()
-// releases the GIL while it blocks. The destructor waits for pending operations (errors dropped).
+// releases the GIL while it blocks. The destructor waits for pending operations (errors dropped,
+// and the O_DIRECT padding of their unaligned writes is not cut back: call wait() first).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

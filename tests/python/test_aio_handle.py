@@ -252,3 +252,18 @@ def test_tmpfs_falls_back_to_buffered(handle):
         np.testing.assert_array_equal(got, src)
         # Kernels before 6.6 refuse O_DIRECT on tmpfs: then both opens went buffered.
         assert handle.get_buffered_fallbacks() in (0, 2)
+
+
+def test_dropping_a_handle_with_pending_ops_waits(tmp_path):
+    path = str(tmp_path / "f.bin")
+    h = tiermem.aio_handle()
+    h.async_pwrite(payload(4 << 20, 9), path)
+    del h  # the destructor waits for the write (its errors are dropped); nothing aborts
+    got = np.zeros(4 << 20, np.uint8)
+    assert tiermem.aio_handle().sync_pread(got, path) == 1
+    np.testing.assert_array_equal(got, payload(4 << 20, 9))
+
+
+def test_io_error_is_an_oserror_with_its_fields():
+    e = tiermem.IoError(5, "boom", "/x")
+    assert isinstance(e, OSError) and e.errno == 5 and e.filename == "/x"
