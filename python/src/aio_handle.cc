@@ -22,8 +22,9 @@
 // Buffers must stay alive and untouched until wait() reaped their operation; the handle keeps a
 // reference to each buffer object until then, so dropping it early is safe.
 //
-// Thread-safety: calls from several Python threads are serialised by an internal mutex; wait()
-// releases the GIL while it blocks. The destructor waits for pending operations (errors dropped,
+// Thread-safety: several Python threads may share a handle: submissions are serialised by an
+// internal mutex; wait() takes every op pending when it starts (a concurrent wait() reaps only
+// later ones) and releases the GIL while it blocks. The destructor waits for pending operations (errors dropped,
 // and the O_DIRECT padding of their unaligned writes is not cut back: call wait() first).
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -85,8 +85,8 @@ class aio_handle(_tiermem._AioHandle):
     - A read past the end of the file raises ValueError naming 'buffer' before any I/O.
     - Failures raise tiermem.IoError (an OSError) instead of printing and returning -1.
 
-    Thread-safety: methods may be called from several threads (an internal mutex serialises them);
-    wait() releases the GIL while it blocks.
+    Thread-safety: several threads may share a handle (submissions are serialised by an internal
+    mutex); wait() reaps every op pending when it starts and releases the GIL while it blocks.
     """
 
     def __init__(
