@@ -2,15 +2,22 @@
 #   make demo   set up, build, and run the main job (tiermem-train on its embedded default)
 #   make test   set up, build, and run every test
 # Other targets: build, test-quick (main suite only), test-debug (ASan+UBSan), test-tsan,
-# test-fuzz, bench, clean.
+# test-fuzz, test-python (the Python package: pip install . into the cached venv, then pytest),
+# bench, clean.
 JOBS ?= $(shell nproc)
 PRESET ?= default
 BUILD := build/$(PRESET)
+# The Python environment scripts/setup.sh --python makes once, outside the clone.
+TIERMEM_VENV ?= $(HOME)/.cache/tiermem/venv
+export TIERMEM_VENV
 
-.PHONY: setup build demo test test-quick test-debug test-tsan test-fuzz bench clean
+.PHONY: setup setup-python build demo test test-quick test-debug test-tsan test-fuzz test-python bench clean
 
 setup:
 	scripts/setup.sh
+
+setup-python:
+	scripts/setup.sh --python
 
 build: setup
 	cmake --preset $(PRESET) >/dev/null
@@ -21,12 +28,20 @@ demo: build
 
 # Every test: the whole suite (unit, mpi, fault, soak, crash loop, gpu = skipped without a GPU),
 # then the library tiers under ASan+UBSan, the concurrent tests under ThreadSanitizer, and 30 s of
-# each libFuzzer target (config and checkpoint manifest loaders).
+# each libFuzzer target (config and checkpoint manifest loaders), then the Python package's tests.
 test: build
 	ctest --preset $(PRESET) -j $(JOBS) --output-on-failure
 	tests/sanitize.sh debug
 	tests/sanitize.sh tsan
 	FUZZ_SECONDS=30 tests/fuzz/run.sh
+	$(MAKE) test-python
+
+# The Python package: built from this clone by pip (scikit-build-core; the CMake build is kept in
+# build/python, so a rebuild is incremental) into the cached venv, offline, then pytest.
+# OMP_WAIT_POLICY=PASSIVE: tiermem's OpenMP and torch's own copy do not spin against each other.
+test-python: setup-python
+	$(TIERMEM_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps --no-index .
+	cd tests/python && OMP_WAIT_POLICY=PASSIVE $(TIERMEM_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider .
 
 # Only the main suite (no sanitizers, no fuzzing): the quick loop while developing.
 test-quick: build

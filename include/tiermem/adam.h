@@ -43,8 +43,11 @@ namespace tiermem {
 // Hyper-parameters of one AdamW step. step is t in the formula above (>= 1).
 struct AdamParams {
   float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
+  // The betas stay double so that 1 - beta and the bias corrections are computed from the value
+  // the caller gave (PyTorch passes Python floats): with float betas, 1 - 0.999f differs from
+  // torch's (float)(1 - 0.999) by 4.7e-5 relative. Callers passing floats get what they had.
+  double beta1 = 0.9;
+  double beta2 = 0.999;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
   std::int64_t step = 1;
@@ -100,12 +103,12 @@ struct AdamCoeffs {
 inline AdamCoeffs adam_coeffs(const AdamParams& p) {
   AdamCoeffs c;
   double t = static_cast<double>(std::max<std::int64_t>(p.step, 1));
-  double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
-  double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
-  c.beta1 = p.beta1;
-  c.one_minus_beta1 = 1.0f - p.beta1;
-  c.beta2 = p.beta2;
-  c.one_minus_beta2 = 1.0f - p.beta2;
+  double bc1 = 1.0 - std::pow(p.beta1, t);
+  double bc2 = 1.0 - std::pow(p.beta2, t);
+  c.beta1 = static_cast<float>(p.beta1);
+  c.one_minus_beta1 = static_cast<float>(1.0 - p.beta1);
+  c.beta2 = static_cast<float>(p.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - p.beta2);
   c.step_size = static_cast<float>(static_cast<double>(p.lr) / bc1);
   c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   c.eps = p.eps;
