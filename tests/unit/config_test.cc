@@ -128,11 +128,18 @@ TEST(Config, FuzzFoundNumberOverflowIsConfigError) {
 }
 
 TEST(Config, RoundTripsThroughJson) {
-  Config c = parse_config(R"({"zero_optimization": {"stage": 2}, "tiermem": {"checksum": true}})");
+  Config c = parse_config(R"({"zero_optimization": {"stage": 2}, "tiermem": {"checksum": false}})");
   Config d = parse_config(config_to_json(c));
   EXPECT_EQ(d.zero.stage, 2);
-  EXPECT_TRUE(d.tiermem.checksum);
+  EXPECT_FALSE(d.tiermem.checksum);
   EXPECT_TRUE(d.unknown_keys.empty());
+}
+
+// Swap checksums are on unless the config turns them off (issue 17).
+TEST(Config, ChecksumsAreOnByDefault) {
+  EXPECT_TRUE(parse_config("{}").tiermem.checksum);
+  EXPECT_TRUE(parse_config(R"({"tiermem": {"device": "sim"}})").tiermem.checksum);
+  EXPECT_FALSE(parse_config(R"({"tiermem": {"checksum": false}})").tiermem.checksum);
 }
 
 }  // namespace
