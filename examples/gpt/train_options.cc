@@ -212,6 +212,7 @@ void check_dir(const std::string& key, const std::string& dir, bool o_direct,
   const fs::file_status st = fs::status(dir, ec);
   if (fs::exists(st) && !fs::is_directory(st))
     throw UsageError(key, dir, fmt::format("{} '{}' is a file, not a directory", what, dir));
+  ec.clear();  // status() of a missing path set it
   if (!fs::exists(st)) {
     fs::path p = fs::path(dir).lexically_normal();
     if (!p.has_filename()) p = p.parent_path();  // "a/b/" -> "a/b"

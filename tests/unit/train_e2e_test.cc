@@ -381,14 +381,10 @@ TEST_F(TrainE2E, FlippedSwapBytesStopTheRunNamingTheTensorAndResumeIsExact) {
   // The damaged run: started in the background, its swap file flipped once step 3 is reported.
   std::ofstream(dir_ / "damaged.sh")
       << "cd '" << dir_.string() << "'\n"
-      << "OMP_NUM_THREADS=1 " << TIERMEM_TRAIN_BIN << " " << base
-      << "--save ck --save-every 2 >out.txt 2>err.txt &\n"
-      << "pid=$!\n"
-      << "( sleep 120; kill -9 $pid 2>/dev/null ) &\n"  // a watchdog: never hang the suite
-      << "dog=$!\n"
-      << "wait $pid\n"
-      << "echo $? >rc.txt\n"
-      << "kill $dog 2>/dev/null\n";
+      // timeout: a run that never notices the damage is killed (137), never hangs the suite.
+      << "OMP_NUM_THREADS=1 timeout -s KILL 120 " << TIERMEM_TRAIN_BIN << " " << base
+      << "--save ck --save-every 2 >out.txt 2>err.txt\n"
+      << "echo $? >rc.txt\n";
   std::thread runner([&] { std::system(("bash " + (dir_ / "damaged.sh").string()).c_str()); });
   int flipped = 0;
   for (int i = 0; i < 2400 && flipped == 0 && !fs::exists(dir_ / "rc.txt"); ++i) {
