@@ -290,18 +290,20 @@ std::vector<IoOp> make_ops(const SwapExtent& e, IoOpKind kind, char* buf, std::u
   }
   return ops;
 }
-// A read of `bytes` (the extent's pieces `ops`, files `paths`) hashed to `got`, not `expected`:
-// reads it again into the same buffer with pread(2) on a fresh buffered descriptor (outside the
-// engine: this runs on a completion thread, which must not wait for the engine) and hashes it
-// again. Null when the re-read matches (a transient fault; one warning), else IoError::corrupt.
-std::exception_ptr verify_after_reread(const std::vector<IoOp>& ops,
-                                       const std::vector<std::string>& paths, std::uint64_t bytes,
-                                       std::uint64_t got, std::uint64_t expected) {
-  const std::string& path0 = paths.front();
+// A read of `bytes` (the extent's pieces `ops` on `engine`'s files) hashed to `got`, not
+// `expected`: reads it again into the same buffer with pread(2) on a fresh buffered descriptor
+// (outside the engine: this runs on a completion thread, which must not wait for the engine) and
+// hashes it again. Null when the re-read matches (a transient fault; one warning), else
+// IoError::corrupt.
+std::exception_ptr verify_after_reread(const IoEngine& engine, const std::vector<IoOp>& ops,
+                                       std::uint64_t bytes, std::uint64_t got,
+                                       std::uint64_t expected) {
+  const std::string& path0 = engine.path(ops.front().file);
   const std::uint64_t off0 = ops.front().offset;
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    const int fd = ::open(paths[i].c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return std::make_exception_ptr(IoError(paths[i], ops[i].offset, ops[i].bytes, errno, "open",
+    const std::string& path = engine.path(ops[i].file);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return std::make_exception_ptr(IoError(path, ops[i].offset, ops[i].bytes, errno, "open",
                                                        "re-reading after a checksum mismatch"));
     char* buf = static_cast<char*>(ops[i].buf);
     std::uint64_t done = 0;
@@ -318,7 +320,7 @@ std::exception_ptr verify_after_reread(const std::vector<IoOp>& ops,
     }
     ::close(fd);
     if (err != 0)
-      return std::make_exception_ptr(IoError(paths[i], ops[i].offset + done, ops[i].bytes - done, err,
+      return std::make_exception_ptr(IoError(path, ops[i].offset + done, ops[i].bytes - done, err,
                                              "pread", "re-reading after a checksum mismatch"));
   }
   const std::uint64_t again = detail::extent_checksum(ops.front().buf, bytes);
@@ -399,15 +401,13 @@ IoRequest SwapSpace::read(const SwapExtent& extent, void* dst, std::uint64_t byt
 
   auto outer = std::make_shared<detail::IoRequestState>(1);
   IoRequest inner = engine_.submit(ops);
-  std::vector<std::string> paths;  // of each op's file, for the re-read
-  paths.reserve(ops.size());
-  for (const IoOp& op : ops) paths.push_back(engine_.path(op.file));
   const std::uint64_t expected = live.checksum;
+  // The engine outlives every request (io_engine.h), so the re-read may use its file table.
   inner.on_complete([outer, dst, bytes, expected, ops = std::move(ops),
-                     paths = std::move(paths)](std::exception_ptr err) {
+                     engine = &engine_](std::exception_ptr err) {
     if (!err) {
       const std::uint64_t got = detail::extent_checksum(dst, bytes);
-      if (got != expected) err = verify_after_reread(ops, paths, bytes, got, expected);
+      if (got != expected) err = verify_after_reread(*engine, ops, bytes, got, expected);
     }
     outer->finish_one(err);
   });
