@@ -47,7 +47,9 @@ int run_checksum(const ChecksumOptions& o) {
   };
   std::vector<Kind> kinds = {
       {"xxh3 (tiermem)", [&] { sink = sink + detail::extent_checksum(src.data(), bytes); }, {}},
-      {"xxh3 (libxxhash)", [&] { sink = sink + detail::extent_checksum_portable(src.data(), bytes); }, {}},
+      {"xxh3 (libxxhash)",
+       [&] { sink = sink + detail::extent_checksum_portable(src.data(), bytes); },
+       {}},
       {"xxh64 (before)", [&] { sink = sink + XXH64(src.data(), bytes, 0); }, {}},
       {"memcpy", [&] { std::memcpy(dst.data(), src.data(), bytes); }, {}},
   };
@@ -67,10 +69,11 @@ int run_checksum(const ChecksumOptions& o) {
     const double g = median(k.gbps);
     out["gbps"][k.name] = g;
     // Swapping a GB costs one hash on write and one on read.
-    std::cout << fmt::format("  {:<18} {:7.2f} GB/s{}\n", k.name, g,
-                             std::strcmp(k.name, "memcpy") == 0
-                                 ? ""
-                                 : fmt::format("  ({:.3f} CPU s per GB written + read back)", 2 / g));
+    const std::string cost =
+        std::strcmp(k.name, "memcpy") == 0
+            ? ""
+            : fmt::format("  ({:.3f} CPU s per GB written + read back)", 2 / g);
+    std::cout << fmt::format("  {:<18} {:7.2f} GB/s{}\n", k.name, g, cost);
   }
   if (o.json) std::cout << out.dump() << "\n";
   return 0;

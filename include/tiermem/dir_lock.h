@@ -31,8 +31,9 @@ std::string unsafe_directory_reason(const std::string& dir);
 class DirLock {
  public:
   // Takes the lock at `lock_path` (created 0600 if missing; its directory must exist; a symlink
-  // there is not followed: IoError ELOOP naming the path) and writes our pid into it. `what` names the locked thing in messages ("swap directory '/nvme/x'"),
-  // `advice` says what to do when it is in use ("give each process its own nvme_path").
+  // there is not followed: IoError ELOOP naming the path) and writes our pid into it. `what`
+  // names the locked thing in messages ("swap directory '/nvme/x'"), `advice` says what to do
+  // when it is in use ("give each process its own nvme_path").
   // Throws Error when another live process holds it, IoError when the file cannot be created,
   // locked or written. `log_tag` is the log tag of the stale-lock message ("NVME", "TRAIN").
   DirLock(std::string lock_path, std::string what, std::string advice,

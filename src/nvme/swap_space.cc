@@ -303,8 +303,9 @@ std::exception_ptr verify_after_reread(const IoEngine& engine, const std::vector
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const std::string& path = engine.path(ops[i].file);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return std::make_exception_ptr(IoError(path, ops[i].offset, ops[i].bytes, errno, "open",
-                                                       "re-reading after a checksum mismatch"));
+    if (fd < 0)
+      return std::make_exception_ptr(IoError(path, ops[i].offset, ops[i].bytes, errno, "open",
+                                             "re-reading after a checksum mismatch"));
     char* buf = static_cast<char*>(ops[i].buf);
     std::uint64_t done = 0;
     int err = 0;

@@ -368,9 +368,9 @@ int flip_every_page(const fs::path& file) {
 }
 
 // Issue 17: with default settings, bytes of the swap file changed during a run stop it with exit 1
-// and one line naming the tensor, the file, the offset, both hashes and what to do (--resume); no
-// step is reported after the damage is seen and no checkpoint is written after it; --resume from
-// the last (verified) checkpoint then continues exactly as an uninterrupted run.
+// and a last line naming the tensor, the file, the offset, the hashes and what to do (--resume);
+// no summary, and the checkpoint is not newer than the last step reported; --resume from that
+// (verified) checkpoint then continues exactly as an uninterrupted run.
 TEST_F(TrainE2E, FlippedSwapBytesStopTheRunNamingTheTensorAndResumeIsExact) {
   const std::string base = std::string(kTiny) + " --data " + corpus() +
                            " --steps 400 --engine store --offload nvme --swap-dir swap ";
@@ -398,7 +398,8 @@ TEST_F(TrainE2E, FlippedSwapBytesStopTheRunNamingTheTensorAndResumeIsExact) {
   }
   runner.join();
   ASSERT_GT(flipped, 0) << "the swap file was never damaged";
-  const std::string out = slurp((dir_ / "out.txt").string()), err = slurp((dir_ / "err.txt").string());
+  const std::string out = slurp((dir_ / "out.txt").string());
+  const std::string err = slurp((dir_ / "err.txt").string());
   ASSERT_EQ(std::stoi(slurp((dir_ / "rc.txt").string())), 1) << err;
   EXPECT_EQ(err.find("tiermem-train: error: tensor '"), err.rfind('\n', err.size() - 2) + 1) << err;
   for (const char* needle : {"checksum mismatch", "on a re-read", "written", "tiermem-swap-",
