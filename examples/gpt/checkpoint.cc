@@ -13,6 +13,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "tiermem/dir_lock.h"
+
 namespace tiermem::train {
 namespace fs = std::filesystem;
 
@@ -59,6 +61,21 @@ void rename_or_throw(const std::string& from, const std::string& to) {
   throw CheckpointError(fmt::format("checkpoint {}: {}", file, what));
 }
 
+// Opens a temporary file for writing (created, or truncated when a crashed writer left it):
+// mode 0666 less the umask, as torch.save and every other tool's output; never through a
+// symlink planted at its name (O_NOFOLLOW: IoError ELOOP naming the path).
+int open_new_file(const std::string& path, const char* what) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
+  if (fd < 0) {
+    const int err = errno;
+    throw IoError(path, 0, 0, err, "open",
+                  err == ELOOP ? std::string(what) + ": a symbolic link is in its place; tiermem "
+                                                     "does not follow it (remove it if it is yours)"
+                               : std::string(what));
+  }
+  return fd;
+}
+
 }  // namespace
 
 std::uint64_t checksum64(const void* data, std::uint64_t bytes) {
@@ -71,6 +88,8 @@ CheckpointWriter::CheckpointWriter(std::string dir, int rank, int world_size, in
   std::error_code ec;
   fs::create_directories(rank_dir_, ec);
   if (ec) throw IoError(rank_dir_, 0, 0, ec.value(), "mkdir", "checkpoint directory");
+  if (const std::string why = unsafe_directory_reason(rank_dir_); !why.empty())
+    throw IoError(rank_dir_, 0, 0, EPERM, "mkdir", "checkpoint directory is refused: " + why);
   state_name_ = fmt::format("state-{:08d}.bin", step);
   // Never overwrite an existing state file: the current manifest may name it (a run resumed from
   // an older checkpoint saving the same step into this directory), and a crash between that
@@ -78,8 +97,7 @@ CheckpointWriter::CheckpointWriter(std::string dir, int rank, int world_size, in
   for (int k = 1; fs::exists(fs::path(rank_dir_) / state_name_); ++k)
     state_name_ = fmt::format("state-{:08d}-{}.bin", step, k);
   tmp_path_ = (fs::path(rank_dir_) / (state_name_ + ".tmp")).string();
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw IoError(tmp_path_, 0, 0, errno, "open", "checkpoint state file");
+  fd_ = open_new_file(tmp_path_, "checkpoint state file");
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -143,8 +161,7 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta) {
   const std::string text = m.dump(1) + "\n";
   const std::string manifest = (fs::path(rank_dir_) / "manifest.json").string();
   const std::string manifest_tmp = manifest + ".tmp";
-  int fd = ::open(manifest_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError(manifest_tmp, 0, 0, errno, "open", "checkpoint manifest");
+  int fd = open_new_file(manifest_tmp, "checkpoint manifest");
   try {
     write_all(fd, manifest_tmp, text.data(), text.size(), 0);
     fsync_or_throw(fd, manifest_tmp);

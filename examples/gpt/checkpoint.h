@@ -15,6 +15,10 @@
 // the same way; then the directory is fsynced. A crash at any point leaves either the previous
 // checkpoint (old manifest + its state file, which is deleted only after the new manifest is in
 // place) or the new one — never a manifest that names missing data.
+// Permissions: files are created 0666 and directories 0777, less the user's umask (as torch.save
+// does; umask 077 makes checkpoints private); temporary files are opened with O_NOFOLLOW (a
+// symlink planted at their name is an IoError, ELOOP, never followed); a rank directory owned by
+// another user or world-writable without the sticky bit is refused (IoError naming it and why).
 //
 // Errors: CheckpointError (a tiermem::Error) naming the file and what is wrong: a missing or
 // unparsable manifest, a missing key (with its name), a state file shorter than the manifest says

@@ -548,6 +548,17 @@ int run_training(const TrainOptions& opts) {
     return fail(e.key_path() + ": " + e.what(), 2);
   } catch (const ConfigError& e) {  // a bad --config file or value: bad input, like a bad option
     return fail(e.what(), 2);
+  } catch (const IoError& e) {
+    if (!e.corrupt_data()) return fail(e.what(), 1);
+    // Swapped state changed on disk (checksum mismatch, also after a re-read): stop before
+    // anything else is written, and say how to continue.
+    return fail(fmt::format("{}; stopped without writing anything more: {}", e.what(),
+                            opts.save_dir.empty()
+                                ? "the run must start again (give --save DIR to checkpoint it)"
+                                : fmt::format("continue from the last checkpoint with --resume {} "
+                                              "(its tensors are verified as they load)",
+                                              opts.save_dir)),
+                1);
   } catch (const std::exception& e) {
     return fail(e.what(), 1);
   }

@@ -2,6 +2,7 @@
 #include "train_options.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +18,7 @@
 
 #include "data.h"
 #include "gpt/model.h"
+#include "tiermem/dir_lock.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "train_engines.h"
@@ -359,19 +361,32 @@ class CreatedDirs {
   std::vector<std::filesystem::path> created_;  // deepest first
 };
 
-// Proves `dir` can be created (if missing) and can hold a new file (with O_DIRECT when asked);
-// leaves the filesystem as it was.
+// Creates `dir` if needed (mode 0700 when `private_dir`, else as the umask says; missing parents
+// as the umask says), refuses it when another user could tamper with it (unsafe_directory_reason)
+// and proves a file can be created in it (with O_DIRECT when asked); removes what it created when
+// done (the engines create the directories again, 0700, when the run goes ahead).
 void check_dir(const std::string& key, const std::string& dir, bool o_direct,
-               const char* what) {
+               const char* what, bool private_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
   if (fs::exists(st) && !fs::is_directory(st))
     throw UsageError(key, dir, fmt::format("{} '{}' is a file, not a directory", what, dir));
   const CreatedDirs created(fs::path(dir).lexically_normal());
-  fs::create_directories(dir, ec);
+  ec.clear();  // status() of a missing path set it
+  if (!fs::exists(st)) {
+    fs::path p = fs::path(dir).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();  // "a/b/" -> "a/b"
+    if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+    if (!ec && ::mkdir(p.c_str(), private_dir ? 0700 : 0777) != 0 && errno != EEXIST)
+      ec = std::error_code(errno, std::generic_category());
+  }
   if (ec)
     throw UsageError(key, dir, fmt::format("cannot create {} '{}': {}", what, dir, ec.message()));
+  if (const std::string why = unsafe_directory_reason(dir); !why.empty())
+    throw UsageError(key, dir, fmt::format("{} '{}' is refused: {}; use a directory only you can "
+                                           "write (e.g. mkdir -m 700)",
+                                           what, dir, why));
   const std::string probe = (fs::path(dir) / fmt::format(".tiermem-probe-{}", ::getpid())).string();
   int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (o_direct ? O_DIRECT : 0),
                   0600);
@@ -414,9 +429,10 @@ void check_run_paths(const TrainOptions& opts, const Config& cfg) {
   if (opts.engine == "resident") swap_dirs.clear();  // it never swaps
   for (const std::string& d : swap_dirs) {
     check_dir(opts.swap_dir.empty() ? "zero_optimization.offload_*.nvme_path" : "--swap-dir", d,
-              cfg.tiermem.o_direct, "swap directory");
+              cfg.tiermem.o_direct, "swap directory", /*private_dir=*/true);
   }
-  if (!opts.save_dir.empty()) check_dir("--save", opts.save_dir, false, "checkpoint directory");
+  if (!opts.save_dir.empty())
+    check_dir("--save", opts.save_dir, false, "checkpoint directory", /*private_dir=*/false);
   if (!opts.trace_path.empty()) {
     // The trace is written at the end through "<path>.tmp": find out now that it cannot be.
     const std::string probe = opts.trace_path + ".tmp";

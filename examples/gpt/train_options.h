@@ -92,10 +92,12 @@ Config effective_config(const TrainOptions& opts, int rank);
 std::string vocab_change_note(const TrainOptions& opts);
 
 // Checks, before anything is built, that every directory the run will write is usable: each
-// swap directory (nvme offload; a probe file opened with O_DIRECT unless tiermem.o_direct is
-// false) and the --save directory (a probe file written), creating a missing one to try it.
-// Also rejects a device budget above 1 PiB (no device has that). Throws UsageError naming the
-// flag (or config key), the path and the reason (errno text); leaves no probe files and removes
+// swap directory (nvme offload; created 0700 if missing; a probe file opened with O_DIRECT unless
+// tiermem.o_direct is false) and the --save directory (created if missing, as the umask says; a
+// probe file written). Either is refused when owned by another user or world-writable without
+// the sticky bit (unsafe_directory_reason, tiermem/dir_lock.h). Also rejects a device budget
+// above 1 PiB (no device has that). Throws UsageError naming the flag (or config key), the path
+// and the reason (errno text, or who owns it / its mode); leaves no probe files and removes
 // the (empty) directories it created, so a run refused afterwards leaves nothing behind.
 void check_run_paths(const TrainOptions& opts, const Config& cfg);
 

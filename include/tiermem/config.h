@@ -100,7 +100,7 @@ struct TiermemConfig {
   bool o_direct = true;                     // open swap files with O_DIRECT
   bool sqpoll = false;                      // IORING_SETUP_SQPOLL
   bool fixed_buffers = true;                // register pinned pools with io_uring
-  bool checksum = false;                    // per-extent xxHash64, verified on read
+  bool checksum = true;                     // per-extent XXH3-64, verified on read
   std::uint64_t stripe_bytes = 1ull << 20;  // striping unit across nvme_path entries
   std::uint64_t swap_initial_bytes = 64ull << 20;  // fallocate at open, per path
   std::uint64_t swap_max_bytes = 0;         // growth limit per path; 0 = free space of the fs

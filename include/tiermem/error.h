@@ -51,6 +51,12 @@ class IoError : public Error {
  public:
   IoError(std::string path, std::uint64_t offset, std::uint64_t bytes, int err,
           const std::string& op, const std::string& detail = {});
+  // The bytes read back are not the bytes written (a checksum mismatch, seen again after a
+  // re-read): the data is lost, not just unreachable. errno 0; `detail` names both hashes.
+  static IoError corrupt(std::string path, std::uint64_t offset, std::uint64_t bytes,
+                         const std::string& detail);
+  // True for errors made by corrupt() (kept through with_context).
+  bool corrupt_data() const noexcept { return corrupt_; }
   const std::string& path() const noexcept { return path_; }
   std::uint64_t offset() const noexcept { return offset_; }
   std::uint64_t bytes() const noexcept { return bytes_; }
@@ -67,6 +73,7 @@ class IoError : public Error {
   std::uint64_t offset_;
   std::uint64_t bytes_;
   int err_;
+  bool corrupt_ = false;
 };
 
 // A tier cannot satisfy an allocation. requested and available are in bytes.

@@ -189,9 +189,9 @@ class IoEngine {
   const IoEngineOptions& options() const noexcept { return options_; }
 
   // Opens (create = true: creates if missing, mode 0600) `path` read-write, with O_DIRECT when
-  // options().o_direct. Throws IoError with the path and errno; when the filesystem rejects
-  // O_DIRECT (EINVAL, e.g. tmpfs) the message says so and names the option
-  // `tiermem.o_direct: false`, which opens buffered instead.
+  // options().o_direct, never through a symlink (O_NOFOLLOW: IoError ELOOP). Throws IoError with
+  // the path and errno; when the filesystem rejects O_DIRECT (EINVAL, e.g. tmpfs) the message
+  // says so and names the option `tiermem.o_direct: false`, which opens buffered instead.
   virtual IoFile open_file(const std::string& path, bool create) = 0;
   // Closes the file; waits for nothing — the caller must have completed its requests on it.
   virtual void close_file(IoFile file) = 0;

@@ -5,7 +5,7 @@
 //   SwapSpace swap(cfg, cfg.zero.offload_param.nvme_path, *engine);
 //   SwapExtent e = swap.allocate(bytes);
 //   swap.write(e, src, bytes).wait();      // IoError on failure
-//   swap.read(e, dst, bytes).wait();       // IoError ("checksum mismatch" with tiermem.checksum)
+//   swap.read(e, dst, bytes).wait();       // IoError; corrupt_data() on a checksum mismatch
 //   swap.free(e);
 //
 // Layout: each directory gets `tiermem-swap-<pid>.bin`, fallocate'd to swap_initial_bytes and
@@ -16,6 +16,19 @@
 // stripe units (ZeRO-Infinity's bandwidth-centric partitioning, on one node): logical byte x lives
 // in stripe unit x / stripe_bytes, which is on directory (first + unit) % n. A smaller extent lives
 // whole in the directory with the most free space.
+//
+// Integrity (tiermem.checksum, on by default): each write's XXH3-64 is computed on the engine's
+// completion thread once the write has completed (the source buffer is still the caller's and
+// untouched, see Buffers), before the request reports completion, so the calling thread pays
+// nothing; a read of what was last written is verified on the completion thread before it
+// reports completion. A mismatch is re-read once with pread(2) (a transient fault on the bus or in
+// a transfer is forgiven, with one warning); a second mismatch completes the read with
+// IoError::corrupt (path and offset of the extent's first piece, both hashes). Only whole-extent
+// reads of exactly the length last written are verified; a shorter read is not.
+//
+// Hostile directories: a directory owned by another user or world-writable without the sticky
+// bit (unsafe_directory_reason, dir_lock.h) is refused with a ConfigError naming it and why; the
+// lock and swap files are opened with O_NOFOLLOW and created 0600.
 //
 // Exclusivity: each directory is flock'ed (file `tiermem.lock`, holding the owner's pid) for the
 // SwapSpace's lifetime; a second process (or a second SwapSpace in this one) on the same
@@ -49,7 +62,7 @@ struct SwapSpaceOptions {
   std::uint64_t stripe_bytes = 1ull << 20;         // tiermem.stripe_bytes; multiple of 4096
   std::uint64_t initial_bytes_per_path = 64ull << 20;  // tiermem.swap_initial_bytes
   std::uint64_t max_bytes_per_path = 0;            // tiermem.swap_max_bytes; 0 = fs free space
-  bool checksum = false;                           // tiermem.checksum: xxHash64 per extent
+  bool checksum = true;                            // tiermem.checksum: XXH3-64 per extent
   static SwapSpaceOptions from_config(const Config& config);
 };
 
@@ -94,8 +107,10 @@ class SwapSpace {
  public:
   // Takes each directory's lock, creates and preallocates its swap file. `dirs` must be
   // non-empty; each must exist (it is not created). Throws Error (lock held by another
-  // process: names the pid), IoError (open/O_DIRECT — see IoEngine::open_file), ConfigError
-  // (bad stripe size), OutOfMemoryError (the initial fallocate hit ENOSPC).
+  // process: names the pid), IoError (open/O_DIRECT — see IoEngine::open_file; ELOOP for a
+  // symlink planted as the lock file), ConfigError (bad stripe size; a directory owned by another
+  // user or world-writable without the sticky bit: names it and why), OutOfMemoryError (the
+  // initial fallocate hit ENOSPC).
   // `engine` must outlive the SwapSpace.
   SwapSpace(const SwapSpaceOptions& options, std::vector<std::string> dirs, IoEngine& engine);
   SwapSpace(const Config& config, std::vector<std::string> dirs, IoEngine& engine);
@@ -111,12 +126,14 @@ class SwapSpace {
   void free(const SwapExtent& extent);
 
   // Writes `bytes` (<= extent.bytes) from `src` to the start of the extent. With checksums, the
-  // xxHash64 of these bytes is remembered for the extent (computed now, on the calling thread).
+  // XXH3-64 of these bytes is remembered for the extent when the write has completed (computed on
+  // the completion thread, before the request completes; until then reads are not verified).
   IoRequest write(const SwapExtent& extent, const void* src, std::uint64_t bytes);
   // Reads the first `bytes` (<= extent.bytes) of the extent into `dst`. With checksums, when
-  // `bytes` equals the length last written the data is verified on completion; a mismatch
-  // completes the request with IoError(path of the first piece, its offset, bytes, 0, "read",
-  // "checksum mismatch ...").
+  // `bytes` equals the length last written the data is verified on the completion thread; a
+  // mismatch is re-read once (pread into `dst`), and a second one completes the request with
+  // IoError::corrupt(path of the first piece, its offset, bytes, "checksum mismatch ...": the
+  // hash read, the re-read's and the one written).
   IoRequest read(const SwapExtent& extent, void* dst, std::uint64_t bytes);
 
   const std::vector<std::string>& dirs() const noexcept { return dirs_; }
@@ -137,7 +154,11 @@ class SwapSpace {
   struct Live {
     std::uint64_t checksum = 0;
     std::uint64_t checksum_bytes = UINT64_MAX;  // length the checksum covers; MAX = none
+    std::uint64_t writes = 0;  // writes started; a completing write records its hash only if last
   };
+  // Completion of write number `write` of extent `id`: records `checksum` over `bytes`.
+  void record_checksum(std::uint64_t id, std::uint64_t write, std::uint64_t checksum,
+                       std::uint64_t bytes);
   std::unordered_map<std::uint64_t, Live> extents_;
   std::uint64_t next_id_ = 1;
   std::uint32_t next_first_path_ = 0;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <utility>
 
@@ -17,11 +18,35 @@
 
 namespace tiermem {
 
+std::string unsafe_directory_reason(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return "";
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0)
+    return "it is owned by uid " + std::to_string(st.st_uid) + ", not by you (uid " +
+           std::to_string(me) + ")";
+  if ((st.st_mode & S_IWOTH) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return std::string("it is world-writable (mode ") + mode + ") without the sticky bit";
+  }
+  return "";
+}
+
 DirLock::DirLock(std::string lock_path, std::string what, std::string advice, const char* log_tag)
     : path_(std::move(lock_path)) {
   for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) throw IoError(path_, 0, 0, errno, "open", "cannot create the lock file of the " + what);
+    // O_NOFOLLOW: a symlink planted at the lock's name (in a shared directory) would make us
+    // truncate and write whatever file it points to.
+    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+      const int err = errno;
+      throw IoError(path_, 0, 0, err, "open",
+                    err == ELOOP ? "the lock file of the " + what +
+                                       " is a symbolic link; tiermem does not follow it (remove it "
+                                       "if it is yours)"
+                                 : "cannot create the lock file of the " + what);
+    }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       char buf[32] = {};
@@ -37,7 +62,7 @@ DirLock::DirLock(std::string lock_path, std::string what, std::string advice, co
     }
     // The owner before us may have unlinked the file between our open and flock: retry then.
     struct stat a {}, b {};
-    if (::fstat(fd, &a) == 0 && ::stat(path_.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
+    if (::fstat(fd, &a) == 0 && ::lstat(path_.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
         a.st_dev == b.st_dev) {
       // A pid left in the file means its process ended without releasing (crash, SIGKILL): the
       // kernel dropped its flock, so the lock is ours; say so once.

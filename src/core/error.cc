@@ -42,8 +42,20 @@ IoError::IoError(std::string path, std::uint64_t offset, std::uint64_t bytes, in
       bytes_(bytes),
       err_(err) {}
 
+IoError IoError::corrupt(std::string path, std::uint64_t offset, std::uint64_t bytes,
+                         const std::string& detail) {
+  IoError e(std::move(path), offset, bytes, 0, "read", detail);
+  e.corrupt_ = true;
+  return e;
+}
+
 IoError::IoError(Rewrap, const std::string& message, const IoError& from)
-    : Error(message), path_(from.path_), offset_(from.offset_), bytes_(from.bytes_), err_(from.err_) {}
+    : Error(message),
+      path_(from.path_),
+      offset_(from.offset_),
+      bytes_(from.bytes_),
+      err_(from.err_),
+      corrupt_(from.corrupt_) {}
 
 IoError IoError::with_context(const std::string& context) const {
   return IoError(Rewrap{}, context + ": " + what(), *this);

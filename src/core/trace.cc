@@ -87,9 +87,13 @@ bool Trace::save() {
   std::lock_guard<std::mutex> lock(mu_);
   if (path_.empty()) return false;
   std::string tmp = path_ + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
+  // O_NOFOLLOW: a symlink planted at the temporary name is refused (ELOOP), never written through.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
+  FILE* f = fd < 0 ? nullptr : ::fdopen(fd, "w");
   if (f == nullptr) {
-    TM_LOG_ERROR("TRACE", "{}", errno_message("cannot write trace file '" + tmp + "'", errno));
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    TM_LOG_ERROR("TRACE", "{}", errno_message("cannot write trace file '" + tmp + "'", err));
     return false;
   }
   nlohmann::json meta = {{"ph", "M"}, {"name", "process_name"}, {"pid", pid_},

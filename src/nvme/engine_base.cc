@@ -62,7 +62,9 @@ EngineBase::~EngineBase() {
 }
 
 IoFile EngineBase::open_file(const std::string& path, bool create) {
-  int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0) | (options_.o_direct ? O_DIRECT : 0);
+  // O_NOFOLLOW: a symlink planted at a swap file's name is refused (ELOOP), never followed.
+  int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0) |
+              (options_.o_direct ? O_DIRECT : 0);
   int injected = options_.interceptor
                      ? options_.interceptor->before_io(IoOpKind::kOpen, path, 0, 0).fail_errno
                      : 0;

@@ -1,5 +1,6 @@
 // SwapSpace: per-directory locked, preallocated swap files; extents from an ExtentAllocator per
-// file, striped across the files; reads and writes through the IoEngine; optional xxHash64.
+// file, striped across the files; reads and writes through the IoEngine; XXH3-64 per extent
+// (tiermem.checksum), hashed and verified on the completion threads.
 #include "tiermem/swap_space.h"
 
 #include <dirent.h>
@@ -9,7 +10,6 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,6 +19,7 @@
 #include <numeric>
 #include <optional>
 
+#include "nvme/checksum.h"
 #include "nvme/extent_allocator.h"
 #include "tiermem/config.h"
 #include "tiermem/dir_lock.h"
@@ -86,6 +87,10 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::vector<std::string> d
     if (::stat(dir.c_str(), &st) != 0)
       throw IoError(dir, 0, 0, errno, "stat", "the nvme_path directory must exist");
     if (!S_ISDIR(st.st_mode)) throw IoError(dir, 0, 0, ENOTDIR, "stat", "nvme_path must be a directory");
+    if (const std::string why = unsafe_directory_reason(dir); !why.empty())
+      throw ConfigError("zero_optimization.offload_param.nvme_path", dir,
+                        "swap directory '" + dir + "' is refused: " + why +
+                            "; use a directory only you can write (e.g. mkdir -m 700)");
     std::uint64_t bs = std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(st.st_blksize));
     if (bs <= 65536 && (bs & (bs - 1)) == 0) align_ = std::max(align_, bs);
   }
@@ -285,6 +290,57 @@ std::vector<IoOp> make_ops(const SwapExtent& e, IoOpKind kind, char* buf, std::u
   }
   return ops;
 }
+// A read of `bytes` (the extent's pieces `ops` on `engine`'s files) hashed to `got`, not
+// `expected`: reads it again into the same buffer with pread(2) on a fresh buffered descriptor
+// (outside the engine: this runs on a completion thread, which must not wait for the engine) and
+// hashes it again. Null when the re-read matches (a transient fault; one warning), else
+// IoError::corrupt.
+std::exception_ptr verify_after_reread(const IoEngine& engine, const std::vector<IoOp>& ops,
+                                       std::uint64_t bytes, std::uint64_t got,
+                                       std::uint64_t expected) {
+  const std::string& path0 = engine.path(ops.front().file);
+  const std::uint64_t off0 = ops.front().offset;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const std::string& path = engine.path(ops[i].file);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+      return std::make_exception_ptr(IoError(path, ops[i].offset, ops[i].bytes, errno, "open",
+                                             "re-reading after a checksum mismatch"));
+    char* buf = static_cast<char*>(ops[i].buf);
+    std::uint64_t done = 0;
+    int err = 0;
+    while (done < ops[i].bytes) {
+      const ssize_t n = ::pread(fd, buf + done, ops[i].bytes - done,
+                                static_cast<off_t>(ops[i].offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : EIO;  // 0: the file ends inside the extent
+        break;
+      }
+      done += static_cast<std::uint64_t>(n);
+    }
+    ::close(fd);
+    if (err != 0)
+      return std::make_exception_ptr(IoError(path, ops[i].offset + done, ops[i].bytes - done, err,
+                                             "pread", "re-reading after a checksum mismatch"));
+  }
+  const std::uint64_t again = detail::extent_checksum(ops.front().buf, bytes);
+  if (again == expected) {
+    TM_LOG_WARN("NVME", "checksum mismatch reading {} at offset {} ({} bytes: xxh3 {:016x}, "
+                "written {:016x}) was gone on a re-read: a transient fault, the data is intact",
+                path0, off0, bytes, got, expected);
+    return nullptr;
+  }
+  char msg[256];
+  std::snprintf(msg, sizeof msg,
+                "checksum mismatch (xxh3 %016llx read, %016llx on a re-read, %016llx written): the "
+                "bytes on disk changed after tiermem wrote them (a failing drive or cable, or "
+                "another process writing the swap file)",
+                static_cast<unsigned long long>(got), static_cast<unsigned long long>(again),
+                static_cast<unsigned long long>(expected));
+  return std::make_exception_ptr(IoError::corrupt(path0, off0, bytes, msg));
+}
+
 }  // namespace
 
 IoRequest SwapSpace::write(const SwapExtent& extent, const void* src, std::uint64_t bytes) {
@@ -292,19 +348,39 @@ IoRequest SwapSpace::write(const SwapExtent& extent, const void* src, std::uint6
     throw Error("SwapSpace::write: " + std::to_string(bytes) + " bytes into an extent of " +
                 std::to_string(extent.bytes));
   std::vector<IoFile> files;
+  std::uint64_t write_no = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = extents_.find(extent.id);
     if (it == extents_.end())
       throw Error("SwapSpace::write: extent " + std::to_string(extent.id) + " is not live");
-    if (options_.checksum) {
-      it->second.checksum = XXH64(src, bytes, 0);
-      it->second.checksum_bytes = bytes;
-    }
+    // The old checksum no longer describes the extent; the new one is known when this write is.
+    it->second.checksum_bytes = UINT64_MAX;
+    write_no = ++it->second.writes;
     for (auto& p : paths_) files.push_back(p->file);
   }
   auto ops = make_ops(extent, IoOpKind::kWrite, static_cast<char*>(const_cast<void*>(src)), bytes, files);
-  return engine_.submit(ops);
+  if (!options_.checksum || bytes == 0) return engine_.submit(ops);
+
+  // Hashed on the completion thread once the bytes are on disk; `src` is still the caller's and
+  // unchanged until this request completes (swap_space.h, Buffers), which is after the hash.
+  auto outer = std::make_shared<detail::IoRequestState>(1);
+  IoRequest inner = engine_.submit(ops);
+  const std::uint64_t id = extent.id;
+  inner.on_complete([this, outer, src, bytes, id, write_no](std::exception_ptr err) {
+    if (!err) record_checksum(id, write_no, detail::extent_checksum(src, bytes), bytes);
+    outer->finish_one(err);
+  });
+  return IoRequest(outer);
+}
+
+void SwapSpace::record_checksum(std::uint64_t id, std::uint64_t write, std::uint64_t checksum,
+                                std::uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = extents_.find(id);
+  if (it == extents_.end() || it->second.writes != write) return;  // freed, or written again
+  it->second.checksum = checksum;
+  it->second.checksum_bytes = bytes;
 }
 
 IoRequest SwapSpace::read(const SwapExtent& extent, void* dst, std::uint64_t bytes) {
@@ -326,18 +402,13 @@ IoRequest SwapSpace::read(const SwapExtent& extent, void* dst, std::uint64_t byt
 
   auto outer = std::make_shared<detail::IoRequestState>(1);
   IoRequest inner = engine_.submit(ops);
-  std::string path0 = file_path(extent.pieces.front().path_index);
-  std::uint64_t off0 = extent.pieces.front().offset;
-  std::uint64_t expected = live.checksum;
-  inner.on_complete([outer, dst, bytes, expected, path0, off0](std::exception_ptr err) {
+  const std::uint64_t expected = live.checksum;
+  // The engine outlives every request (io_engine.h), so the re-read may use its file table.
+  inner.on_complete([outer, dst, bytes, expected, ops = std::move(ops),
+                     engine = &engine_](std::exception_ptr err) {
     if (!err) {
-      std::uint64_t got = XXH64(dst, bytes, 0);
-      if (got != expected) {
-        char msg[128];
-        std::snprintf(msg, sizeof msg, "checksum mismatch (xxh64 %016llx, written %016llx)",
-                      static_cast<unsigned long long>(got), static_cast<unsigned long long>(expected));
-        err = std::make_exception_ptr(IoError(path0, off0, bytes, 0, "read", msg));
-      }
+      const std::uint64_t got = detail::extent_checksum(dst, bytes);
+      if (got != expected) err = verify_after_reread(*engine, ops, bytes, got, expected);
     }
     outer->finish_one(err);
   });

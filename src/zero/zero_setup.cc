@@ -1,7 +1,10 @@
 // src/zero/zero_setup.cc — ZeroEngine's set-up: the plan (homes, sub-group size, minimum
 // budgets), the tiers (device, io engine, swap spaces, one TensorStore with the Prefetcher) and
 // each module's tensors, written to their homes as the module is registered.
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <filesystem>
@@ -15,12 +18,18 @@
 namespace tiermem {
 namespace {
 
+// <path>/rank<r> for each path; the swap directory and its rank directory are created 0700 when
+// missing (only this user may read or plant files there; missing parents as the umask says).
 std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int rank) {
   std::vector<std::string> out;
   for (const auto& p : paths) {
-    std::filesystem::path d = std::filesystem::path(p) / ("rank" + std::to_string(rank));
+    const std::filesystem::path base = std::filesystem::path(p).lexically_normal();
+    const std::filesystem::path d = base / ("rank" + std::to_string(rank));
     std::error_code ec;
-    std::filesystem::create_directories(d, ec);
+    if (base.has_parent_path()) std::filesystem::create_directories(base.parent_path(), ec);
+    for (const std::filesystem::path& x : {base, d}) {
+      if (!ec && ::mkdir(x.c_str(), 0700) != 0 && errno != EEXIST) ec = std::error_code(errno, std::generic_category());
+    }
     if (ec) throw IoError(d.string(), 0, 0, ec.value(), "mkdir", "ZeroEngine swap directory: " + ec.message());
     out.push_back(d.string());
   }

@@ -76,9 +76,9 @@ TEST(Soak, RandomOperationsUnderInjectedFaultsLoseNothing) {
   io.queue_depth = 8;
   io.interceptor = faults;
   std::unique_ptr<IoEngine> engine = make_io_engine(io);
-  SwapSpaceOptions so;
+  SwapSpaceOptions so;  // default settings (checksums on), a small initial file
   so.initial_bytes_per_path = 8 << 20;
-  so.checksum = true;
+  ASSERT_TRUE(so.checksum) << "the soak runs with the defaults, and checksums are on by default";
   std::shared_ptr<SwapSpace> swap;
   try {
     swap = std::make_shared<SwapSpace>(so, std::vector<std::string>{dir.path()}, *engine);

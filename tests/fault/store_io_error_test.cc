@@ -217,7 +217,8 @@ TEST_F(StoreFaultTest, FailedWriteLeavesThePreviousContentsWhole) {
 }
 
 TEST_F(StoreFaultTest, FlippedBitOnDiskIsDetectedAndNamed) {
-  make(/*checksum=*/true);
+  ASSERT_TRUE(SwapSpaceOptions{}.checksum) << "checksums must be on by default";
+  make(/*checksum=*/SwapSpaceOptions{}.checksum);  // default settings
   const std::uint64_t chunk2 = file_offset_of(1, 2 * (64 << 10));  // param's third chunk
   ASSERT_NE(chunk2, UINT64_MAX);
   int fd = ::open(swap_->file_path(0).c_str(), O_RDWR);
@@ -235,6 +236,8 @@ TEST_F(StoreFaultTest, FlippedBitOnDiskIsDetectedAndNamed) {
     } catch (const IoError& e) {
       expect_names(e, "layer3.attn.w_qkv", swap_->file_path(0), chunk2);
       EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("re-read"), std::string::npos) << e.what();
+      EXPECT_TRUE(e.corrupt_data()) << "the tensor prefix must keep the kind: " << e.what();
     }
   }
   // The other tensor is fine; rewriting the damaged one repairs it.

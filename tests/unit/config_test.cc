@@ -133,10 +133,10 @@ TEST(Config, FuzzFoundNumberOverflowIsConfigError) {
 }
 
 TEST(Config, RoundTripsThroughJson) {
-  Config c = parse_config(R"({"zero_optimization": {"stage": 2}, "tiermem": {"checksum": true}})");
+  Config c = parse_config(R"({"zero_optimization": {"stage": 2}, "tiermem": {"checksum": false}})");
   Config d = parse_config(config_to_json(c));
   EXPECT_EQ(d.zero.stage, 2);
-  EXPECT_TRUE(d.tiermem.checksum);
+  EXPECT_FALSE(d.tiermem.checksum);
   EXPECT_TRUE(d.unknown_keys.empty());
 }
 
@@ -322,6 +322,13 @@ TEST(Config, AutoResolvedLineListsEveryAutoKeyWithItsValue) {
   EXPECT_NE(line.find("train_micro_batch_size_per_gpu=4 (--batch)"), std::string::npos) << line;
   EXPECT_NE(line.find("zero_optimization.reduce_bucket_size=500000000"), std::string::npos) << line;
   EXPECT_EQ(auto_resolved_line(parse_config("{}")), "");
+}
+
+// Swap checksums are on unless the config turns them off (issue 17).
+TEST(Config, ChecksumsAreOnByDefault) {
+  EXPECT_TRUE(parse_config("{}").tiermem.checksum);
+  EXPECT_TRUE(parse_config(R"({"tiermem": {"device": "sim"}})").tiermem.checksum);
+  EXPECT_FALSE(parse_config(R"({"tiermem": {"checksum": false}})").tiermem.checksum);
 }
 
 }  // namespace

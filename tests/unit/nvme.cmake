@@ -8,3 +8,5 @@ tiermem_test(NAME swap_space_test SOURCES swap_space_test.cc
   DEPS tiermem::nvme LABELS nvme TIMEOUT 120)
 tiermem_test(NAME nvme_fault_test SOURCES nvme_fault_test.cc
   DEPS tiermem::nvme LABELS nvme TIMEOUT 120)
+tiermem_test(NAME checksum_test SOURCES checksum_test.cc
+  DEPS tiermem::nvme LABELS nvme TIMEOUT 60)

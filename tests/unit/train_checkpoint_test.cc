@@ -3,7 +3,10 @@
 #include "checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <filesystem>
 #include <fstream>
@@ -130,6 +133,52 @@ TEST_F(CheckpointTest, WrongSizeAndUnknownTensor) {
   std::vector<float> x(10);
   EXPECT_THROW(r.read_tensor("a", x.data(), 40), CheckpointError);
   EXPECT_THROW(r.read_tensor("zzz", x.data(), 40), CheckpointError);
+}
+
+// Symlinks planted at the checkpoint's temporary names (a shared directory) are never followed:
+// the writer fails with ELOOP naming the path, and the files they point to keep their contents.
+TEST_F(CheckpointTest, SymlinksPlantedAtTemporaryNamesAreNotFollowed) {
+  const fs::path victim = dir_ / "victim.txt";
+  fs::create_directories(rank_dir());
+  std::ofstream(victim) << "precious\n";
+  fs::create_symlink(victim, rank_dir() / "state-00000005.bin.tmp");
+  try {
+    CheckpointWriter w(dir_.string(), 0, 1, 5);
+    FAIL() << "the state file's temporary name was opened through a symlink";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.err(), ELOOP) << e.what();
+    EXPECT_EQ(e.path(), (rank_dir() / "state-00000005.bin.tmp").string());
+    EXPECT_NE(std::string(e.what()).find("symbolic link"), std::string::npos) << e.what();
+  }
+  fs::remove(rank_dir() / "state-00000005.bin.tmp");
+  fs::create_symlink(victim, rank_dir() / "manifest.json.tmp");
+  {
+    CheckpointWriter w(dir_.string(), 0, 1, 6);
+    w.add_tensor("a", Tier::kNvme, a_.data(), a_.size() * 4, "f32", {1000});
+    try {
+      w.commit({});
+      FAIL() << "the manifest's temporary name was opened through a symlink";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.err(), ELOOP) << e.what();
+      EXPECT_EQ(e.path(), (rank_dir() / "manifest.json.tmp").string());
+    }
+  }
+  std::ifstream in(victim);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), "precious\n");
+}
+
+// Checkpoint files keep the user's umask (0666 less it), as torch.save's do.
+TEST_F(CheckpointTest, FilesKeepTheUmask) {
+  const mode_t old = ::umask(027);
+  save(3);
+  ::umask(old);
+  for (const auto& e : fs::directory_iterator(rank_dir())) {
+    EXPECT_EQ(e.status().permissions() & fs::perms::mask,
+              fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read)
+        << e.path();
+  }
 }
 
 }  // namespace

@@ -303,3 +303,37 @@ TEST_F(TrainCli, ReadOnlyDirectory) {
 }
 
 }  // namespace
+
+namespace {
+
+// Shared and hostile directories (issue 17): a --swap-dir or --save owned by another user, or
+// world-writable without the sticky bit, is refused with exit 2 naming it and why; a swap
+// directory tiermem creates is 0700; the sticky bit (like /tmp) is accepted.
+TEST_F(TrainCli, DirectoryOthersCanTamperWithIsRefused) {
+  fs::create_directories(dir_ / "open");
+  fs::permissions(dir_ / "open", fs::perms::all, fs::perm_options::replace);  // 0777, no sticky
+  expect_usage_error("--swap-dir open", {"--swap-dir", "'open'", "world-writable (mode 0777) "
+                                         "without the sticky bit"});
+  expect_usage_error("--swap-dir swap --save open", {"--save", "'open'", "world-writable"});
+  fs::create_directories(dir_ / "sticky");
+  fs::permissions(dir_ / "sticky", fs::perms::all | fs::perms::sticky_bit,
+                  fs::perm_options::replace);
+  Result ok = run("--swap-dir sticky/swap --save sticky");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  // The swap directory it created is private to the user.
+  EXPECT_EQ(fs::status(dir_ / "sticky" / "swap").permissions() & fs::perms::mask,
+            fs::perms::owner_all);
+}
+
+TEST_F(TrainCli, DirectoryOfAnotherUserIsRefused) {
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "needs root to chown a directory to another uid: the refusal of a --swap-dir "
+                    "/ --save owned by someone else is untested in this run";
+  fs::create_directories(dir_ / "theirs");
+  ASSERT_EQ(::chown((dir_ / "theirs").c_str(), 4242, 4242), 0);
+  expect_usage_error("--swap-dir theirs", {"--swap-dir", "'theirs'", "owned by uid 4242"});
+  expect_usage_error("--swap-dir swap --save theirs", {"--save", "'theirs'", "owned by uid 4242"});
+  EXPECT_TRUE(fs::is_empty(dir_ / "theirs")) << "something was written into it";
+}
+
+}  // namespace

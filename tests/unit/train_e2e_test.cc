@@ -4,22 +4,28 @@
 //      losses, bit for bit, for 20 steps;
 //   2. on the default corpus (fortunes) the loss falls below a stated threshold;
 //   3. resume: the losses after the resume point equal the uninterrupted run's, bit for bit;
-//      a corrupt checkpoint is refused with a message naming the tensor;
+//      a corrupt checkpoint is refused with a message naming the tensor; a swap file damaged
+//      during a run (default settings: checksums on) stops it naming the tensor, and --resume
+//      from the last checkpoint continues bit for bit;
 //   5. the device's measured peak never exceeds its budget;
 //   gradient_clipping from the config clips (and grad_norm is reported per step);
 //   data errors: each bad --data gives one line naming the file and a nonzero exit before any
 //   step; bad flags exit with code 2.
 // (4, mpirun -np 2, is tests/unit/train_mpi_test.cc, label "mpi".)
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tiermem/dir_lock.h"
@@ -267,6 +273,94 @@ TEST_F(TrainE2E, BadFlagsExitWithCode2) {
     EXPECT_NE(r.err.find("tiermem-train: error:"), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// Flips one byte in every 4 KiB page of `file` (a failing drive, a bad cable, another process).
+// Returns the number of pages flipped.
+int flip_every_page(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDWR);
+  if (fd < 0) return 0;
+  struct stat st {};
+  int n = 0;
+  if (::fstat(fd, &st) == 0) {
+    for (off_t at = 123; at < st.st_size; at += 4096) {
+      char c = 0;
+      if (::pread(fd, &c, 1, at) != 1) break;
+      c = static_cast<char>(c ^ 0x20);
+      if (::pwrite(fd, &c, 1, at) == 1) ++n;
+    }
+  }
+  ::close(fd);
+  return n;
+}
+
+// Issue 17: with default settings, bytes of the swap file changed during a run stop it with exit 1
+// and a last line naming the tensor, the file, the offset, the hashes and what to do (--resume);
+// no summary, and the checkpoint is not newer than the last step reported; --resume from that
+// (verified) checkpoint then continues exactly as an uninterrupted run.
+TEST_F(TrainE2E, FlippedSwapBytesStopTheRunNamingTheTensorAndResumeIsExact) {
+  const std::string base = std::string(kTiny) + " --data " + corpus() +
+                           " --steps 400 --engine store --offload nvme --swap-dir swap ";
+  const RunResult full = run(base + "--stop-at 30");
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  ASSERT_EQ(losses(full).size(), 30u);
+
+  // The damaged run: started in the background, its swap file flipped once step 3 is reported.
+  std::ofstream(dir_ / "damaged.sh")
+      << "cd '" << dir_.string() << "'\n"
+      // timeout: a run that never notices the damage is killed (137), never hangs the suite.
+      << "OMP_NUM_THREADS=1 timeout -s KILL 120 " << TIERMEM_TRAIN_BIN << " " << base
+      << "--save ck --save-every 2 >out.txt 2>err.txt\n"
+      << "echo $? >rc.txt\n";
+  std::thread runner([&] { std::system(("bash " + (dir_ / "damaged.sh").string()).c_str()); });
+  int flipped = 0;
+  for (int i = 0; i < 2400 && flipped == 0 && !fs::exists(dir_ / "rc.txt"); ++i) {
+    if (slurp((dir_ / "out.txt").string()).find("\"step\":3,") != std::string::npos) {
+      for (const auto& e : fs::directory_iterator(dir_ / "swap" / "rank0"))
+        if (e.path().filename().string().rfind("tiermem-swap-", 0) == 0)
+          flipped += flip_every_page(e.path());
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  runner.join();
+  ASSERT_GT(flipped, 0) << "the swap file was never damaged";
+  const std::string out = slurp((dir_ / "out.txt").string());
+  const std::string err = slurp((dir_ / "err.txt").string());
+  ASSERT_EQ(std::stoi(slurp((dir_ / "rc.txt").string())), 1) << err;
+  EXPECT_EQ(err.find("tiermem-train: error: tensor '"), err.rfind('\n', err.size() - 2) + 1) << err;
+  for (const char* needle : {"checksum mismatch", "on a re-read", "written", "tiermem-swap-",
+                             " at offset ", "--resume ck"})
+    EXPECT_NE(err.find(needle), std::string::npos) << needle << " missing in: " << err;
+  EXPECT_EQ(out.find("\"summary\""), std::string::npos) << "a damaged run finished";
+  int last_step = 0;
+  {
+    std::istringstream lines(out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      json j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.contains("step")) last_step = j["step"].get<int>();
+    }
+  }
+  EXPECT_LT(last_step, 400);
+  // The checkpoint is not newer than the last step reported before the error.
+  const json manifest = json::parse(slurp((dir_ / "ck" / "rank0" / "manifest.json").string()),
+                                    nullptr, false);
+  ASSERT_FALSE(manifest.is_discarded());
+  const int saved = manifest["step"].get<int>();
+  EXPECT_LE(saved, last_step);
+  ASSERT_LT(saved, 28) << "the damage was seen too late for the resume check";
+
+  const RunResult resumed = run(base + "--resume ck --stop-at 30");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto want = losses(full, saved + 1, 30), got = losses(resumed);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(want[i], got[i]) << "step " << saved + 1 + static_cast<int>(i);
 }
 
 }  // namespace
