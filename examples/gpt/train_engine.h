@@ -51,7 +51,8 @@ struct EngineStats {
 // Hyper-parameters of one optimizer step (AdamW, see tiermem/adam.h).
 struct OptimStep {
   std::int64_t t = 1;        // 1-based optimizer step
-  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  float lr = 1e-3f, eps = 1e-8f, weight_decay = 0.0f;
+  double beta1 = 0.9, beta2 = 0.999;  // double, as AdamParams takes them
   float grad_scale = 1.0f;   // multiplies accumulated gradients (1 / micro-batches / ranks)
 };
 

@@ -404,8 +404,8 @@ int run_training(const TrainOptions& opts) {
       OptimStep os;
       os.t = t;
       os.lr = static_cast<float>(learning_rate(plan, t));
-      os.beta1 = static_cast<float>(plan.config.optimizer.beta1);
-      os.beta2 = static_cast<float>(plan.config.optimizer.beta2);
+      os.beta1 = plan.config.optimizer.beta1;
+      os.beta2 = plan.config.optimizer.beta2;
       os.eps = static_cast<float>(plan.config.optimizer.eps);
       os.weight_decay = static_cast<float>(plan.config.optimizer.weight_decay);
       os.grad_scale = 1.0f / static_cast<float>(plan.grad_accum * plan.world_size);

@@ -67,17 +67,31 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   StepResult res;
   const bool pre_pass = scaler != nullptr || cfg.gradient_clipping > 0;
   double sumsq = 0;
-  // Adds the squares of piece p's real (not padding) gradient elements to sumsq, in element
-  // order into the running sum as tiermem-train's loop does for its other engines (so that one
-  // rank's clipped steps equal theirs bit for bit).
-  auto add_sumsq = [&](const detail::Piece& p, const float* g) {
+  // Adds the squares of piece k's real (not padding) gradient elements to sumsq as tiermem-train's
+  // loop does for its other engines — one reduction per module, in element order, added to the
+  // running sum at the module's end — so that one rank's clipped steps equal theirs bit for bit
+  // (exactly when a module is one sub-group or small enough for one thread).
+  double module_sumsq = 0;
+  auto add_sumsq = [&](std::size_t k, const float* g) {
+    const detail::Piece& p = pieces[k];
     const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
     const ElemRange valid = m.shard.valid(opt_rank);
     const std::size_t valid_end = valid.end - m.shard.range(opt_rank).begin;  // shard-local
     const std::int64_t n = static_cast<std::int64_t>(std::min(p.end, std::max(valid_end, p.begin)) - p.begin);
-#pragma omp parallel for reduction(+ : sumsq) schedule(static) if (n > (1 << 18))
-    for (std::int64_t i = 0; i < n; ++i) sumsq += static_cast<double>(g[i]) * g[i];
+    const bool first = static_cast<std::size_t>(m.pieces.front()) == k;
+    const bool last = static_cast<std::size_t>(m.pieces.back()) == k;
+    if (first && last) {
+      double part = 0;
+#pragma omp parallel for reduction(+ : part) schedule(static) if (n > (1 << 18))
+      for (std::int64_t i = 0; i < n; ++i) part += static_cast<double>(g[i]) * g[i];
+      module_sumsq = part;
+    } else {
+      if (first) module_sumsq = 0;
+      for (std::int64_t i = 0; i < n; ++i) module_sumsq += static_cast<double>(g[i]) * g[i];
+    }
+    if (last) sumsq += module_sumsq;
   };
+
   if (pre_pass) {  // overflow check (fp16) and the global norm before anything is updated
     float bad = 0;
     for (std::size_t k = 0; k < pieces.size(); ++k) {
@@ -86,7 +100,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
       const float* g = grad_of(pieces[k], pin);
       const std::size_t n = pieces[k].size();
       if (scaler) bad += static_cast<float>(count_nonfinite(g, n));
-      add_sumsq(pieces[k], g);
+      add_sumsq(k, g);
     }
     if (scaler) {
       if (stage > 0 && world > 1) comm.all_reduce(&bad, &bad, 1, DType::kF32, ReduceOp::kSum);
@@ -121,8 +135,8 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
 
   AdamParams ap;
   ap.lr = static_cast<float>(cfg.optimizer.lr);
-  ap.beta1 = static_cast<float>(cfg.optimizer.beta1);
-  ap.beta2 = static_cast<float>(cfg.optimizer.beta2);
+  ap.beta1 = cfg.optimizer.beta1;  // double: 1 - beta computed from the configured value
+  ap.beta2 = cfg.optimizer.beta2;
   ap.eps = static_cast<float>(cfg.optimizer.eps);
   ap.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
   ap.step = st.steps + 1;
@@ -141,7 +155,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
     TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, Phase::kOptimizer);
     TensorStore::Pin gpin;
     const float* g = grad_of(p, gpin);
-    if (!pre_pass) add_sumsq(p, g);
+    if (!pre_pass) add_sumsq(k, g);
     std::byte* out;
     if (m.stored) {
       if (param_module != p.module) {

@@ -304,7 +304,8 @@ int flip_every_page(const fs::path& file) {
 // (verified) checkpoint then continues exactly as an uninterrupted run.
 TEST_F(TrainE2E, FlippedSwapBytesStopTheRunNamingTheTensorAndResumeIsExact) {
   const std::string base = std::string(kTiny) + " --data " + corpus() +
-                           " --steps 400 --engine store --offload nvme --swap-dir swap ";
+                           " --steps 400 --engine zero --offload nvme --swap-dir swap "
+                           "--host-budget 256KiB ";  // smaller than the state: it pages to NVMe
   const RunResult full = run(base + "--stop-at 30");
   ASSERT_EQ(full.exit_code, 0) << full.err;
   ASSERT_EQ(losses(full).size(), 30u);
