@@ -213,8 +213,10 @@ class TensorStore {
 
   // As acquire(), for a caller that will overwrite EVERY byte before reading any: no bytes are
   // loaded (the copy's contents are undefined when it returns) and the copy is the newest at once
-  // (as after mark_dirty), so it is written down when evicted. Does not call the policy (the
-  // access needs no prefetch). Throws as acquire(); Error when another pin of `id` exists at any
+  // (as after mark_dirty), so it is written down when evicted. Until the pin is released no
+  // transfer uses the copy as its source (a prefetch to another tier waits or loads from
+  // elsewhere), so nothing copies half-written bytes. Does not call the policy (the access needs
+  // no prefetch). Throws as acquire(); Error when another pin of `id` exists at any
   // tier (its bytes would silently become stale).
   Pin acquire_for_overwrite(TensorId id, Tier tier);
 

@@ -74,6 +74,7 @@ struct Copy {
   int pins = 0;                   // user pins
   int readers = 0;                // transfers using this copy as their source
   bool writing = false;           // a transfer is writing this (resident) copy as its target
+  bool user_writing = false;      // pinned by acquire_for_overwrite: not a source until released
 };
 
 struct Entry {
@@ -232,7 +233,8 @@ struct TensorStore::Impl {
   int find_source(const Entry& e, Tier t) const {
     auto ok = [&](int s) {
       const Copy& c = e.copy[s];
-      return s != idx(t) && c.state == State::kResident && c.version == e.latest && !c.writing;
+      return s != idx(t) && c.state == State::kResident && c.version == e.latest && !c.writing &&
+             !c.user_writing;
     };
     for (int s = idx(t) + 1; s < kNumTiers && s <= idx(e.info.home); ++s) {
       if (ok(s)) return s;
@@ -1030,6 +1032,7 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
     ++e.latest;
     c.version = e.latest;
     ++c.pins;
+    c.user_writing = true;  // being filled: no transfer may copy from it until it is released
     // Other cached copies are stale now; drop the idle ones (no I/O: they are not current).
     for (int t = 0; t < 2; ++t) {
       Copy& o = e.copy[t];
@@ -1115,6 +1118,7 @@ void TensorStore::release_pin(TensorId id, Tier tier) noexcept {
     return;
   }
   --c.pins;
+  if (c.pins == 0) c.user_writing = false;  // filled (acquire_for_overwrite): a source again
   if (c.pins == 0 && tier != e.info.home && !m.policy_->keep_on_release(id, tier, m.view())) {
     if (!m.needs_writeback(e, tier) && c.readers == 0 && !c.writing) {
       m.tier_free(tier, c.ptr);
