@@ -16,6 +16,7 @@ tiermem.IoError, an OSError with errno, strerror, filename, offset and length (b
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from . import _tiermem
@@ -108,9 +109,10 @@ class aio_handle(_tiermem._AioHandle):
     def async_pwrite(self, buffer: Any, filename: Any, file_offset: int = 0) -> int:
         """Starts writing `buffer` to `filename` at `file_offset` (created when missing); returns 0
         at once, wait() completes it. `filename` may also be an open file descriptor (int), as
-        DeepSpeed's overload: the file is reopened through /proc/self/fd."""
+        DeepSpeed's overload: the file is reopened by the path /proc/self/fd names (the engine
+        opens files with O_NOFOLLOW, so it cannot open the /proc symlink itself)."""
         if isinstance(filename, int) and not isinstance(filename, bool):
-            filename = f"/proc/self/fd/{filename}"
+            filename = os.readlink(f"/proc/self/fd/{filename}")
         return super().async_pwrite(buffer, filename, file_offset)
 
     def is_pinned(self, tensor: Any) -> bool:
