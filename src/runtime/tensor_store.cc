@@ -228,6 +228,25 @@ struct TensorStore::Impl {
     return true;
   }
 
+  // The copy at `tier` holds the newest bytes from now on (the caller wrote, or will write, all of
+  // them): it gets a new version, and the other cached copies nobody uses are dropped (no I/O:
+  // they are stale). Wakes waiters.
+  void make_newest(Entry& e, TensorId id, Tier tier) {
+    ++e.latest;
+    e.copy[idx(tier)].version = e.latest;
+    for (int t = 0; t < 2; ++t) {
+      Copy& o = e.copy[t];
+      if (t != idx(tier) && tier_at(t) != e.info.home && o.state == State::kResident && o.pins == 0 &&
+          o.readers == 0 && !o.writing) {
+        tier_free(tier_at(t), o.ptr);
+        account(tier_at(t), -static_cast<std::int64_t>(o.alloc_bytes));
+        o = Copy{};
+        policy_->on_evicted(id, tier_at(t));
+      }
+    }
+    cv_.notify_all();
+  }
+
   // Where to load tier t of e from: a current, resident copy not being written; nearest slower
   // tier first, then faster ones. -1 when none is available right now.
   int find_source(const Entry& e, Tier t) const {
@@ -1029,22 +1048,9 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
       m.account(tier, static_cast<std::int64_t>(size));
       c.state = State::kResident;
     }
-    ++e.latest;
-    c.version = e.latest;
     ++c.pins;
     c.user_writing = true;  // being filled: no transfer may copy from it until it is released
-    // Other cached copies are stale now; drop the idle ones (no I/O: they are not current).
-    for (int t = 0; t < 2; ++t) {
-      Copy& o = e.copy[t];
-      if (t != idx(tier) && tier_at(t) != e.info.home && o.state == State::kResident && o.pins == 0 &&
-          o.readers == 0 && !o.writing) {
-        m.tier_free(tier_at(t), o.ptr);
-        m.account(tier_at(t), -static_cast<std::int64_t>(o.alloc_bytes));
-        o = Copy{};
-        m.policy_->on_evicted(id, tier_at(t));
-      }
-    }
-    m.cv_.notify_all();
+    m.make_newest(e, id, tier);
     return Pin(this, id, tier, c.ptr, e.info.bytes);
   }
 }
@@ -1092,20 +1098,7 @@ void TensorStore::mark_dirty(TensorId id, Tier tier) {
     throw Error(fmt::format("TensorStore::mark_dirty: tensor '{}' is not pinned on {}", e.info.name,
                             tier_name(tier)));
   }
-  ++e.latest;
-  c.version = e.latest;
-  // Stale cached copies nobody uses are dropped now (no I/O: they are not current).
-  for (int t = 0; t < 2; ++t) {
-    Copy& o = e.copy[t];
-    if (t != idx(tier) && tier_at(t) != e.info.home && o.state == State::kResident && o.pins == 0 &&
-        o.readers == 0 && !o.writing) {
-      m.tier_free(tier_at(t), o.ptr);
-      m.account(tier_at(t), -static_cast<std::int64_t>(o.alloc_bytes));
-      o = Copy{};
-      m.policy_->on_evicted(id, tier_at(t));
-    }
-  }
-  m.cv_.notify_all();
+  m.make_newest(e, id, tier);
 }
 
 void TensorStore::release_pin(TensorId id, Tier tier) noexcept {

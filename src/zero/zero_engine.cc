@@ -83,7 +83,7 @@ void ZeroEngine::release_gathered(Gathered& g) noexcept {
 // --------------------------------------------------------------------------------- set-up
 
 ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptions options)
-    : config_(config), impl_(std::make_unique<Impl>(comm, options, config)) {
+    : config_(config), impl_(std::make_unique<Impl>(comm, options, config_)) {
   Impl& I = *impl_;
   const ZeroConfig& z = config_.zero;
   if (z.stage < 0 || z.stage > 3) {
@@ -359,8 +359,7 @@ void ZeroEngine::set_learning_rate(double lr) {
     throw ConfigError("optimizer.params.lr", fmt::format("{}", lr),
                       fmt::format("learning rate {} must be finite and >= 0", lr));
   }
-  config_.optimizer.lr = lr;
-  impl_->cfg.optimizer.lr = lr;
+  config_.optimizer.lr = lr;  // Impl::cfg refers to config_
 }
 
 double ZeroEngine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }

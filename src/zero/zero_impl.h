@@ -90,7 +90,7 @@ namespace tiermem {
 struct ZeroEngine::Impl {
   Communicator& comm;
   ZeroEngineOptions opts;
-  Config cfg;  // the engine's copy (learning rate updated by set_learning_rate)
+  const Config& cfg;  // ZeroEngine::config_ (declared before impl_, so it outlives this)
   int rank = 0, world = 1;
   int opt_world = 1, opt_rank = 0;  // stage 0: optimizer state is not partitioned
   int stage = 0;
