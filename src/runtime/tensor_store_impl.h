@@ -1,0 +1,289 @@
+// tensor_store_impl.h — TensorStore::Impl, shared by the store's parts (internal, not installed):
+//   tensor_store.cc           the public API: registration, pins, acquire/fetch/prefetch, stats
+//   tensor_store_data.cc      caller data in and out: read, write, flush
+//   tensor_store_residency.cc residency state: versions, budgets, eviction, ensure
+//   tensor_store_transfer.cc  transfers between tiers: the chunk pipelines and the worker pool
+//
+// Residency bookkeeping. Every tensor has one Copy per tier. A copy's `version` says which write
+// of the tensor it holds; Entry::latest is the newest. A copy is current when version == latest.
+// The home copy always exists. Loads copy from a current resident copy (preferring the nearest
+// slower tier), tagging the destination with the version they started from, so a write racing a
+// load leaves the result stale (reloaded later), never silently wrong. A copy must be written down
+// before it is dropped exactly when it is current and no slower copy is current (it then holds the
+// only newest bytes above home).
+//
+// Locking (TM_GUARDED_BY in comments): mu_ guards every Entry, the accounting and the policy.
+// It is released around every transfer; copies in transfer are marked (state loading/evicting,
+// `readers` for a copy used as a source, `writing` for a copy being written as a target) so no
+// other thread frees, refreshes or writes them meanwhile. Waiters sleep on cv_, notified on
+// every state change. Lock order: mu_ -> (allocator / pool / worker-queue / bounce mutexes, all
+// leaves). No lock is held across I/O or device copies.
+#pragma once
+
+#include "tiermem/tensor_store.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "tiermem/config.h"
+#include "tiermem/device.h"
+#include "tiermem/error.h"
+#include "tiermem/log.h"
+#include "tiermem/lru_policy.h"
+#include "tiermem/pinned_host_pool.h"
+#include "tiermem/swap_space.h"
+#include "tiermem/trace.h"
+
+namespace tiermem::store_detail {
+
+enum class State : std::uint8_t { kAbsent, kLoading, kResident, kEvicting };
+enum class Mode : std::uint8_t { kAcquire, kFetch, kPrefetch };
+
+struct Copy {
+  State state = State::kAbsent;
+  void* ptr = nullptr;            // device or host memory; null for NVMe
+  std::uint64_t alloc_bytes = 0;  // accounted against the tier's budget
+  std::uint64_t version = 0;
+  int pins = 0;                   // user pins
+  int readers = 0;                // transfers using this copy as their source
+  bool writing = false;           // a transfer is writing this (resident) copy as its target
+  bool user_writing = false;      // pinned by acquire_for_overwrite: not a source until released
+};
+
+struct Entry {
+  TensorInfo info;
+  Copy copy[kNumTiers];
+  std::vector<SwapExtent> extents;  // home kNvme: one extent per pipeline chunk
+  SwapSpace* swap = nullptr;        // home kNvme: the swap space holding `extents`
+  std::uint64_t latest = 1;
+};
+
+constexpr int idx(Tier t) { return static_cast<int>(t); }
+constexpr Tier tier_at(int i) { return static_cast<Tier>(i); }
+
+inline std::string track(Tier from, Tier to) {
+  return std::string(tier_name(from)) + "->" + std::string(tier_name(to));
+}
+
+// Fixed set of pinned bounce chunks shared by all pipelines.
+class BouncePool {
+ public:
+  BouncePool(PinnedHostPool& pool, int count, std::uint64_t chunk_bytes) {
+    for (int i = 0; i < count; ++i) free_.push_back(pool.allocate(chunk_bytes));
+    count_ = free_.size();
+  }
+  void* acquire() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    void* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
+  void* try_acquire() {
+    std::lock_guard lock(mu_);
+    if (free_.empty()) return nullptr;
+    void* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
+  void release(void* p) {
+    {
+      std::lock_guard lock(mu_);
+      free_.push_back(p);
+    }
+    cv_.notify_one();
+  }
+  // Chunks acquired and not yet released.
+  std::uint64_t in_use() {
+    std::lock_guard lock(mu_);
+    return count_ - free_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<void*> free_;  // guarded by mu_
+  std::size_t count_ = 0;    // const after construction
+};
+
+}  // namespace tiermem::store_detail
+
+namespace tiermem {
+
+using namespace store_detail;  // NOLINT: the store's parts share these names
+
+struct TensorStore::Impl {
+  TensorStoreOptions opts;
+  std::shared_ptr<Device> device;
+  std::shared_ptr<SwapSpace> swap;
+  std::unique_ptr<PinnedHostPool> host_pool;
+  std::unique_ptr<PinnedHostPool> bounce_pool_mem;
+  std::unique_ptr<BouncePool> bounce;
+  std::vector<void*> registered_host;  // registered with the device (unregister at exit)
+  std::vector<void*> registered_io;    // registered with the swap's engine
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Entry>> entries_;                // guarded by mu_
+  std::unordered_map<std::string, TensorId> by_name_;          // guarded by mu_
+  std::unique_ptr<ResidencyPolicy> policy_;                    // guarded by mu_
+  std::uint64_t budget_[kNumTiers] = {};                       // const after construction
+  std::uint64_t used_[kNumTiers] = {};                         // guarded by mu_
+  TensorStoreStats stats_;                                     // guarded by mu_
+
+  // Worker threads for fetch/prefetch/async write-back.
+  std::mutex q_mu_;
+  std::condition_variable q_cv_, idle_cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by q_mu_
+  int busy_ = 0;                             // guarded by q_mu_
+  bool stop_ = false;                        // guarded by q_mu_
+  std::vector<std::thread> workers_;
+
+  // ---------------------------------------------------------------- helpers (need mu_ held)
+
+  Entry& entry(TensorId id) {
+    if (id >= entries_.size()) throw Error(fmt::format("TensorStore: unknown tensor id {}", id));
+    return *entries_[id];
+  }
+
+  ResidencyView view() const {
+    ResidencyView v;
+    for (int t = 0; t < kNumTiers; ++t) {
+      v.resident_bytes[t] = used_[t];
+      v.budget_bytes[t] = budget_[t];
+    }
+    return v;
+  }
+
+  std::uint64_t alloc_size(Tier t, std::uint64_t bytes) const {
+    return t == Tier::kDevice ? device->allocation_size(bytes) : PinnedHostPool::allocation_size(bytes);
+  }
+
+  // `home`: a home copy (lives until the tensor's contents are replaced): host homes are carved
+  // from the top of the pool so that they never fragment the space caches cycle through.
+  void* tier_alloc(Tier t, std::uint64_t bytes, bool home = false) {
+    if (t == Tier::kDevice) return device->try_allocate(bytes);
+    return home ? host_pool->try_allocate_high(bytes) : host_pool->try_allocate(bytes);
+  }
+  void tier_free(Tier t, void* p) {
+    if (t == Tier::kDevice) {
+      device->free(p);
+    } else {
+      host_pool->free(p);
+    }
+  }
+
+  void account(Tier t, std::int64_t delta) {
+    used_[idx(t)] = static_cast<std::uint64_t>(static_cast<std::int64_t>(used_[idx(t)]) + delta);
+    stats_.peak_resident_bytes[idx(t)] = std::max(stats_.peak_resident_bytes[idx(t)], used_[idx(t)]);
+  }
+
+  std::uint64_t pinned_bytes(Tier t, int* count = nullptr) const;
+
+  // True when the copy at `t` holds the only newest bytes above home (must be written down).
+  bool needs_writeback(const Entry& e, Tier t) const;
+
+  // The copy at `tier` holds the newest bytes from now on (the caller wrote, or will write, all of
+  // them): it gets a new version, and the other cached copies nobody uses are dropped (no I/O:
+  // they are stale). Wakes waiters.
+  void make_newest(Entry& e, TensorId id, Tier tier);
+
+  // Where to load tier t of e from: a current, resident copy not being written; nearest slower
+  // tier first, then faster ones. -1 when none is available right now.
+  int find_source(const Entry& e, Tier t) const;
+
+  // Waits on cv_ until notified or `deadline`; records the wait in the trace. Returns false on
+  // timeout.
+  bool wait(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline) {
+    TraceSpan span("wait", "wait");
+    return cv_.wait_until(lock, deadline) != std::cv_status::timeout;
+  }
+
+  // ---------------------------------------------------------------- transfers (no lock held)
+
+  void transfer(const Entry& e, Tier from, void* from_ptr, Tier to, void* to_ptr);
+
+  // "tensor 'name' (<what>)": what TensorStore puts in front of the IoErrors it propagates.
+  static std::string io_context(const Entry& e, const std::string& what) {
+    return "tensor '" + e.info.name + "' (" + what + ")";
+  }
+
+  void transfer_bytes(const Entry& e, Tier from, void* from_ptr, Tier to, void* to_ptr);
+
+  std::uint64_t chunk_len(const Entry& e, std::size_t k) const {
+    return std::min<std::uint64_t>(opts.pipeline_chunk_bytes, e.info.bytes - k * opts.pipeline_chunk_bytes);
+  }
+
+  void nvme_to_host(const Entry& e, void* dst);
+
+  void host_to_nvme(const Entry& e, const void* src);
+
+  // A two-stage chunk pipeline through bounce buffers (the NVMe <-> device paths): for each
+  // chunk k < n, start_first(k, buf) starts stage one into/out of a bounce buffer; when it has
+  // completed, start_second(k, buf) starts stage two, so stage one of chunk k+1 overlaps stage two
+  // of chunk k, with at most opts.pipeline_chunks chunks in flight. Each start returns a handle
+  // with wait() (blocks, rethrows the operation's error) and ready() (IoRequest, DeviceEvent).
+  // Deadlock-free with other pipelines sharing the bounce pool: it blocks for a buffer only when
+  // it holds none; otherwise it finishes its own oldest chunk to free one. On an error (a failed
+  // or refused operation) it waits for everything it started, returns every buffer, rethrows.
+  template <class StartFirst, class StartSecond>
+  void bounce_pipeline(std::size_t n, StartFirst start_first, StartSecond start_second);
+
+  // NVMe -> device: the read of chunk k+1 overlaps the H2D copy of chunk k.
+  void nvme_to_device(const Entry& e, void* dst);
+
+  // Device -> NVMe: the D2H copy of chunk k+1 overlaps the NVMe write of chunk k.
+  void device_to_nvme(const Entry& e, const void* src);
+
+  // ---------------------------------------------------------------- eviction (mu_ held)
+
+  // Evicts the resident, unpinned copy of `id` at `t` (writing it down first when needed).
+  // Releases mu_ during the write-back. Throws the write-back's error (copy kept resident).
+  void evict_locked(std::unique_lock<std::mutex>& lock, TensorId id, Tier t);
+
+  // Allocates `size` accounted bytes at `t`, evicting per the policy; waits for releases until
+  // `deadline`. Returns nullptr for a prefetch that would have to wait, or whose victims the
+  // policy refuses: a prefetch of `incoming` first plans every victim it needs (choose_victim
+  // over the remaining candidates) and asks evict_for_prefetch once per planned victim; it evicts
+  // none unless all are accepted, so a refused prefetch costs nothing. Throws OutOfMemoryError.
+  void* make_room(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size, Mode mode,
+                  std::chrono::steady_clock::time_point deadline,
+                  TensorId incoming = kInvalidTensor, bool home = false);
+
+  // For a prefetch of `incoming` needing `size` bytes at `t`: picks victims among `candidates`
+  // (consumed) until the budget fits (at least one when the budget fits but the allocator does
+  // not), asking the policy's evict_for_prefetch for each; evicts them all only if every one is
+  // accepted. Returns false (nothing evicted, the caller drops the prefetch) on a refusal or when
+  // the candidates cannot free enough. mu_ held; released during write-backs.
+  bool plan_prefetch_evictions(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size,
+                               TensorId incoming, std::vector<TensorId>& candidates);
+
+  // ---------------------------------------------------------------- ensure (mu_ held)
+
+  // Makes `id` resident and current at `t`; pins it when mode == kAcquire. Returns the copy's
+  // pointer, or nullptr when a prefetch gave up.
+  void* ensure(std::unique_lock<std::mutex>& lock, TensorId id, Tier t, Mode mode,
+               std::chrono::steady_clock::time_point deadline, bool* hit);
+
+  // ---------------------------------------------------------------- workers
+
+  void submit(std::function<void()> fn);
+
+  void worker_loop();
+
+  void prefetch_one(TensorId id, Tier t);
+
+  // Issues the policy's hints (mu_ held; the work runs on workers).
+  void issue_hints(const std::vector<PrefetchHint>& hints);
+};
+
+}  // namespace tiermem

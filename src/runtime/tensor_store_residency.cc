@@ -1,0 +1,284 @@
+// tensor_store_residency.cc — TensorStore residency state: which copy is current, budgets and
+// policy-driven eviction, and ensure() (make a tensor resident at a tier). See tensor_store_impl.h.
+#include "tensor_store_impl.h"
+
+namespace tiermem {
+
+std::uint64_t TensorStore::Impl::pinned_bytes(Tier t, int* count) const {
+  std::uint64_t b = 0;
+  int n = 0;
+  for (const auto& e : entries_) {
+    const Copy& c = e->copy[idx(t)];
+    if (c.state != State::kAbsent && (c.pins > 0 || e->info.home == t)) {
+      b += c.alloc_bytes;
+      ++n;
+    }
+  }
+  if (count) *count = n;
+  return b;
+}
+
+bool TensorStore::Impl::needs_writeback(const Entry& e, Tier t) const {
+  const Copy& c = e.copy[idx(t)];
+  if (c.version != e.latest || t == e.info.home) return false;
+  for (int l = idx(t) + 1; l <= idx(e.info.home); ++l) {
+    const Copy& lc = e.copy[l];
+    if (lc.version == e.latest && (lc.state == State::kResident || lc.state == State::kEvicting)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void TensorStore::Impl::make_newest(Entry& e, TensorId id, Tier tier) {
+  ++e.latest;
+  e.copy[idx(tier)].version = e.latest;
+  for (int t = 0; t < 2; ++t) {
+    Copy& o = e.copy[t];
+    if (t != idx(tier) && tier_at(t) != e.info.home && o.state == State::kResident && o.pins == 0 &&
+        o.readers == 0 && !o.writing) {
+      tier_free(tier_at(t), o.ptr);
+      account(tier_at(t), -static_cast<std::int64_t>(o.alloc_bytes));
+      o = Copy{};
+      policy_->on_evicted(id, tier_at(t));
+    }
+  }
+  cv_.notify_all();
+}
+
+int TensorStore::Impl::find_source(const Entry& e, Tier t) const {
+  auto ok = [&](int s) {
+    const Copy& c = e.copy[s];
+    return s != idx(t) && c.state == State::kResident && c.version == e.latest && !c.writing &&
+           !c.user_writing;
+  };
+  for (int s = idx(t) + 1; s < kNumTiers && s <= idx(e.info.home); ++s) {
+    if (ok(s)) return s;
+  }
+  for (int s = idx(t) - 1; s >= 0; --s) {
+    if (ok(s)) return s;
+  }
+  return -1;
+}
+
+void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorId id, Tier t) {
+  Entry& e = *entries_[id];
+  Copy& c = e.copy[idx(t)];
+  c.state = State::kEvicting;
+  if (needs_writeback(e, t)) {
+    // Target: the next tier down when its copy is resident and free to write, else home.
+    Tier target = e.info.home;
+    if (t == Tier::kDevice && e.info.home == Tier::kNvme) {
+      Copy& h = e.copy[idx(Tier::kHost)];
+      if (h.state == State::kResident && !h.writing && h.readers == 0 && h.pins == 0) target = Tier::kHost;
+    }
+    Copy& dst = e.copy[idx(target)];
+    while (dst.writing) cv_.wait(lock);  // another write to the same target finishes first
+    dst.writing = true;
+    const std::uint64_t version = c.version;
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      transfer(e, t, c.ptr, target, dst.ptr);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    dst.writing = false;
+    if (err) {
+      c.state = State::kResident;
+      cv_.notify_all();
+      std::rethrow_exception(err);
+    }
+    dst.version = std::max(dst.version, version);
+    stats_.bytes_moved[idx(t)][idx(target)] += e.info.bytes;
+    ++stats_.moves[idx(t)][idx(target)];
+    ++stats_.writebacks[idx(t)];
+  }
+  tier_free(t, c.ptr);
+  account(t, -static_cast<std::int64_t>(c.alloc_bytes));
+  c = Copy{};
+  ++stats_.evictions[idx(t)];
+  policy_->on_evicted(id, t);
+  cv_.notify_all();
+}
+
+void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size, Mode mode,
+                std::chrono::steady_clock::time_point deadline,
+                TensorId incoming, bool home) {
+  if (size > budget_[idx(t)]) {
+    throw OutOfMemoryError(t, size, budget_[idx(t)],
+                           fmt::format("larger than the whole {} budget", tier_name(t)));
+  }
+  std::vector<TensorId> candidates;
+  while (true) {
+    if (used_[idx(t)] + size <= budget_[idx(t)]) {
+      if (void* p = tier_alloc(t, size, home)) return p;
+    }
+    candidates.clear();
+    for (TensorId i = 0; i < entries_.size(); ++i) {
+      const Entry& e = *entries_[i];
+      const Copy& c = e.copy[idx(t)];
+      if (c.state == State::kResident && c.pins == 0 && c.readers == 0 && !c.writing && e.info.home != t) {
+        candidates.push_back(i);
+      }
+    }
+    if (!candidates.empty() && mode == Mode::kPrefetch) {
+      if (!plan_prefetch_evictions(lock, t, size, incoming, candidates)) return nullptr;
+      continue;
+    }
+    if (!candidates.empty()) {
+      TensorId victim = policy_->choose_victim(t, candidates);
+      if (std::find(candidates.begin(), candidates.end(), victim) == candidates.end()) {
+        victim = candidates.front();  // a policy bug must not corrupt the store
+      }
+      evict_locked(lock, victim, t);
+      continue;
+    }
+    if (mode == Mode::kPrefetch) return nullptr;
+    if (!wait(lock, deadline)) {
+      if (used_[idx(t)] + size <= budget_[idx(t)]) {
+        if (void* p = tier_alloc(t, size, home)) return p;
+      }
+      int n = 0;
+      std::uint64_t pinned = pinned_bytes(t, &n);
+      ++stats_.oom_errors;
+      throw OutOfMemoryError(
+          t, size, budget_[idx(t)] - used_[idx(t)],
+          fmt::format("{} tier full after waiting {:.1f} s for a release: budget {}, resident {}, "
+                      "pinned {} in {} tensors (pins and home copies cannot be evicted); release "
+                      "pins sooner, raise the {} budget or tiermem.acquire_timeout_s",
+                      tier_name(t), opts.acquire_timeout.count(), format_bytes(budget_[idx(t)]),
+                      format_bytes(used_[idx(t)]), format_bytes(pinned), n, tier_name(t)));
+    }
+  }
+}
+
+bool TensorStore::Impl::plan_prefetch_evictions(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size,
+                             TensorId incoming, std::vector<TensorId>& candidates) {
+  std::vector<TensorId> plan;
+  std::uint64_t freed = 0;
+  while (used_[idx(t)] - freed + size > budget_[idx(t)] || plan.empty()) {
+    if (candidates.empty()) return false;
+    TensorId victim = policy_->choose_victim(t, candidates);
+    auto it = std::find(candidates.begin(), candidates.end(), victim);
+    if (it == candidates.end()) {
+      it = candidates.begin();  // a policy bug must not corrupt the store
+      victim = *it;
+    }
+    if (!policy_->evict_for_prefetch(t, incoming, victim)) return false;
+    plan.push_back(victim);
+    freed += entries_[victim]->copy[idx(t)].alloc_bytes;
+    candidates.erase(it);
+  }
+  for (TensorId v : plan) {
+    // evict_locked releases mu_ during a write-back: re-check each victim is still evictable.
+    const Copy& c = entries_[v]->copy[idx(t)];
+    if (c.state == State::kResident && c.pins == 0 && c.readers == 0 && !c.writing) {
+      evict_locked(lock, v, t);
+    }
+  }
+  return true;
+}
+
+void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id, Tier t, Mode mode,
+             std::chrono::steady_clock::time_point deadline, bool* hit) {
+  Entry& e = entry(id);
+  if (t == Tier::kNvme && mode == Mode::kAcquire) {
+    throw Error("TensorStore: tensor '" + e.info.name + "' cannot be pinned on the nvme tier");
+  }
+  if (idx(t) > idx(e.info.home)) {
+    throw Error(fmt::format("TensorStore: tensor '{}' has home {}; it cannot be brought to the "
+                            "slower tier {}",
+                            e.info.name, tier_name(e.info.home), tier_name(t)));
+  }
+  if (t == Tier::kDevice && !device) {
+    throw NotSupportedError("TensorStore: no device was given, tensor '" + e.info.name +
+                            "' cannot go to the device tier");
+  }
+  *hit = true;
+  auto timeout = [&] {
+    ++stats_.oom_errors;
+    int n = 0;
+    std::uint64_t pinned = pinned_bytes(t, &n);
+    return OutOfMemoryError(t, e.info.bytes, budget_[idx(t)] - used_[idx(t)],
+                            fmt::format("timed out after {:.1f} s waiting for tensor '{}' on {} "
+                                        "(busy: pinned elsewhere or in transfer); pinned {} in {} tensors",
+                                        opts.acquire_timeout.count(), e.info.name, tier_name(t),
+                                        format_bytes(pinned), n));
+  };
+  while (true) {
+    Copy& c = e.copy[idx(t)];
+    if (c.state == State::kResident && c.version == e.latest && !c.writing) {
+      if (mode == Mode::kAcquire) ++c.pins;
+      return c.ptr;
+    }
+    *hit = false;
+    if (c.state == State::kLoading || c.state == State::kEvicting || c.writing ||
+        (c.state == State::kResident && (c.pins > 0 || c.readers > 0))) {
+      if (mode == Mode::kPrefetch) return nullptr;
+      if (!wait(lock, deadline)) throw timeout();
+      continue;
+    }
+    int src = find_source(e, t);
+    if (src < 0) {  // the newest bytes are in transfer (being written down); wait for them
+      if (mode == Mode::kPrefetch) return nullptr;
+      if (!wait(lock, deadline)) throw timeout();
+      continue;
+    }
+    if (c.state == State::kAbsent) {
+      std::uint64_t size = alloc_size(t, e.info.bytes);
+      void* p = make_room(lock, t, size, mode, deadline, id);
+      if (p == nullptr) return nullptr;
+      if (c.state != State::kAbsent) {  // someone else started meanwhile (mu_ was released)
+        tier_free(t, p);
+        continue;
+      }
+      src = find_source(e, t);
+      if (src < 0) {
+        tier_free(t, p);
+        continue;
+      }
+      c.ptr = p;
+      c.alloc_bytes = size;
+      account(t, static_cast<std::int64_t>(size));
+    }
+    // Load (or refresh in place) from src.
+    const bool refresh = c.state == State::kResident;
+    c.state = State::kLoading;
+    Copy& s = e.copy[src];
+    ++s.readers;
+    const std::uint64_t version = s.version;
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      transfer(e, tier_at(src), s.ptr, t, c.ptr);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    --s.readers;
+    if (err) {
+      if (refresh) {  // keep the (stale) allocation; the home copy is never freed
+        c.state = State::kResident;
+      } else {
+        tier_free(t, c.ptr);
+        account(t, -static_cast<std::int64_t>(c.alloc_bytes));
+        c = Copy{};
+      }
+      cv_.notify_all();
+      std::rethrow_exception(err);
+    }
+    c.state = State::kResident;
+    c.version = version;
+    stats_.bytes_moved[src][idx(t)] += e.info.bytes;
+    ++stats_.moves[src][idx(t)];
+    cv_.notify_all();
+    if (c.version == e.latest) {
+      if (mode == Mode::kAcquire) ++c.pins;
+      return c.ptr;
+    }
+  }
+}
+
+}  // namespace tiermem
