@@ -1,10 +1,10 @@
 // tests/mpi/zero_mlp.h — a tiny deterministic MLP driven through ZeroEngine the way the GPT
 // trainer drives it, and the same model trained by plain single-process fp32 AdamW (the
-// reference). Shared by tests/unit/zero_engine_test.cc (one rank) and tests/mpi (2, 4 ranks).
+// reference). Shared by tests/unit/zero_engine_test.cc (one rank) and tests/mpi (1-4 ranks).
 //
 // Model: y = W2 · tanh(W1 · x + b1) + b2, loss = mean over samples of 0.5·|y − t|².
 // Modules: 0 = [W1 (16×8), b1 (16)] (144 elements), 1 = [W2 (4×16), b2 (4)] (68 elements).
-// Data: 8 fixed samples; every step uses all 8 (the global batch), split evenly over ranks and
+// Data: 24 fixed samples; every step uses all 24 (the global batch), split evenly over ranks and
 // then over micro-batches, so the mean gradient equals the reference's.
 #pragma once
 
@@ -20,7 +20,7 @@
 
 namespace tiermem::testing {
 
-constexpr int kIn = 8, kHidden = 16, kOut = 4, kSamples = 8;
+constexpr int kIn = 8, kHidden = 16, kOut = 4, kSamples = 24;
 
 struct MlpData {
   std::vector<float> x, t;  // [kSamples][kIn], [kSamples][kOut]

@@ -51,7 +51,7 @@ class ZeroMpiMatrix : public ::testing::TestWithParam<Case> {};
 TEST_P(ZeroMpiMatrix, TenStepsMatchSingleProcessReference) {
   Communicator& c = world_comm();
   const int W = c.world_size();
-  const int micro = W <= 4 ? 2 : 1;  // 8 samples = W × micro × per-micro
+  const int micro = W <= 4 ? 2 : 1;  // 24 samples = W × micro × per-micro
   Config cfg = testing::with_param_offload(
       testing::mlp_config(GetParam().stage, GetParam().offload, nvme_base(), micro), GetParam().param,
       nvme_base());
