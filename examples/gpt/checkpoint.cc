@@ -123,7 +123,54 @@ void CheckpointWriter::add_tensor(const std::string& name, Tier tier, const void
   kill_point("ckpt-tensor");  // TEST-ONLY (kill_point.h)
 }
 
+int CheckpointWriter::begin_tensor(const std::string& name, Tier tier, std::uint64_t bytes,
+                                   const std::string& dtype, std::vector<std::int64_t> shape) {
+  CheckpointTensor t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.bytes = bytes;
+  t.tier = tier;
+  t.file = state_name_;
+  t.offset = offset_;
+  offset_ = (offset_ + bytes + kAlign - 1) / kAlign * kAlign;
+  tensors_.push_back(std::move(t));
+  Stream s;
+  s.tensor = tensors_.size() - 1;
+  s.hash = std::shared_ptr<void>(XXH64_createState(), [](void* p) {
+    XXH64_freeState(static_cast<XXH64_state_t*>(p));
+  });
+  if (!s.hash) throw std::bad_alloc();
+  XXH64_reset(static_cast<XXH64_state_t*>(s.hash.get()), 0);
+  streams_.push_back(std::move(s));
+  return static_cast<int>(streams_.size() - 1);
+}
+
+void CheckpointWriter::write_part(int handle, const void* data, std::uint64_t bytes) {
+  if (handle < 0 || static_cast<std::size_t>(handle) >= streams_.size())
+    throw CheckpointError(fmt::format("checkpoint writer: no streamed tensor {}", handle));
+  Stream& s = streams_[static_cast<std::size_t>(handle)];
+  CheckpointTensor& t = tensors_[s.tensor];
+  if (s.written + bytes > t.bytes)
+    throw CheckpointError(fmt::format("checkpoint {}: tensor '{}': a part of {} bytes at {} runs "
+                                      "past its {} bytes", tmp_path_, t.name, bytes, s.written,
+                                      t.bytes));
+  XXH64_update(static_cast<XXH64_state_t*>(s.hash.get()), data, static_cast<std::size_t>(bytes));
+  write_all(fd_, tmp_path_, data, bytes, t.offset + s.written);
+  s.written += bytes;
+  if (s.written == t.bytes) {
+    t.xxh64 = XXH64_digest(static_cast<XXH64_state_t*>(s.hash.get()));
+    kill_point("ckpt-tensor");  // TEST-ONLY (kill_point.h)
+  }
+}
+
 std::string CheckpointWriter::commit(const nlohmann::json& meta) {
+  for (const Stream& s : streams_) {
+    const CheckpointTensor& t = tensors_[s.tensor];
+    if (s.written != t.bytes)
+      throw CheckpointError(fmt::format("checkpoint {}: tensor '{}' got {} of its {} bytes",
+                                        tmp_path_, t.name, s.written, t.bytes));
+  }
   // Pad the state file to its aligned length so every offset is inside the file.
   if (::ftruncate(fd_, static_cast<off_t>(offset_)) != 0)
     throw IoError(tmp_path_, offset_, 0, errno, "ftruncate", "checkpoint state file");
@@ -279,6 +326,50 @@ void CheckpointReader::read_tensor(const std::string& name, void* dst, std::uint
     done += static_cast<std::uint64_t>(n);
   }
   const std::uint64_t found = checksum64(dst, bytes);
+  if (found != t.xxh64)
+    bad(state_path_, fmt::format("tensor '{}' (offset {}, {} bytes): checksum mismatch: "
+                                 "manifest xxh64 {}, data has {}",
+                                 name, t.offset, bytes, hex64(t.xxh64), hex64(found)));
+}
+
+void CheckpointReader::read_part(const std::string& name, std::uint64_t offset, void* dst,
+                                 std::uint64_t bytes) {
+  const CheckpointTensor& t = find(name);
+  if (offset > t.bytes || bytes > t.bytes - offset)
+    bad(manifest_path_, fmt::format("tensor '{}' has {} bytes: cannot read {} at offset {}", name,
+                                    t.bytes, bytes, offset));
+  char* p = static_cast<char*>(dst);
+  std::uint64_t done = 0;
+  while (done < bytes) {
+    const std::uint64_t at = t.offset + offset + done;
+    ssize_t n = ::pread(fd_, p + done, bytes - done, static_cast<off_t>(at));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(state_path_, at, bytes - done, errno, "pread", "checkpoint");
+    }
+    if (n == 0)
+      bad(state_path_, fmt::format("tensor '{}': unexpected end of file at offset {}", name, at));
+    done += static_cast<std::uint64_t>(n);
+  }
+}
+
+void CheckpointReader::verify_tensor(const std::string& name, std::uint64_t bytes) {
+  const CheckpointTensor& t = find(name);
+  if (t.bytes != bytes)
+    bad(manifest_path_, fmt::format("tensor '{}': expected {} bytes, the checkpoint has {}", name,
+                                    bytes, t.bytes));
+  constexpr std::uint64_t kChunk = 8u << 20;
+  std::vector<char> buf(static_cast<std::size_t>(std::min(kChunk, bytes)));
+  std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> h(XXH64_createState(),
+                                                                       XXH64_freeState);
+  if (!h) throw std::bad_alloc();
+  XXH64_reset(h.get(), 0);
+  for (std::uint64_t off = 0; off < bytes; off += kChunk) {
+    const std::uint64_t n = std::min(kChunk, bytes - off);
+    read_part(name, off, buf.data(), n);
+    XXH64_update(h.get(), buf.data(), static_cast<std::size_t>(n));
+  }
+  const std::uint64_t found = XXH64_digest(h.get());
   if (found != t.xxh64)
     bad(state_path_, fmt::format("tensor '{}' (offset {}, {} bytes): checksum mismatch: "
                                  "manifest xxh64 {}, data has {}",

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,15 @@ class CheckpointWriter {
 
   void add_tensor(const std::string& name, Tier tier, const void* data, std::uint64_t bytes,
                   const std::string& dtype = "f32", std::vector<std::int64_t> shape = {});
+
+  // A tensor written in parts, for state too large to hold in memory at once: begin_tensor
+  // reserves `bytes` bytes for it in the state file and returns its handle; write_part appends
+  // the next part (in order; several streamed tensors may be open at once and interleave). The
+  // checksum is computed as the parts go by. commit() throws CheckpointError if a streamed
+  // tensor did not get exactly its `bytes`; write_part throws CheckpointError past the end.
+  int begin_tensor(const std::string& name, Tier tier, std::uint64_t bytes,
+                   const std::string& dtype = "f32", std::vector<std::int64_t> shape = {});
+  void write_part(int handle, const void* data, std::uint64_t bytes);
   // Writes the manifest with `meta`, fsyncs, renames, fsyncs the directory, then removes older
   // state files of this rank. Returns the manifest path.
   std::string commit(const nlohmann::json& meta);
@@ -100,6 +110,12 @@ class CheckpointWriter {
   std::uint64_t offset_ = 0;
   bool committed_ = false;
   std::vector<CheckpointTensor> tensors_;
+  struct Stream {
+    std::size_t tensor = 0;      // index into tensors_
+    std::uint64_t written = 0;   // bytes so far
+    std::shared_ptr<void> hash;  // XXH64_state_t, owned
+  };
+  std::vector<Stream> streams_;
 };
 
 // Deletes what crashed writers left in DIR/rank<rank>: state files (and temporaries) the current
@@ -128,6 +144,14 @@ class CheckpointReader {
   // Reads tensor `name` into dst (exactly `bytes` bytes, which must equal the manifest's) and
   // verifies its checksum. Throws CheckpointError.
   void read_tensor(const std::string& name, void* dst, std::uint64_t bytes);
+
+  // For tensors too large to read at once: verify_tensor checks that tensor `name` has exactly
+  // `bytes` bytes and that its checksum matches, reading it in bounded chunks (no tensor-sized
+  // buffer); read_part then reads `bytes` bytes at `offset` into the tensor (no checksum: verify
+  // first). Both throw CheckpointError (missing tensor, wrong size, range outside the tensor,
+  // checksum mismatch, short file) or IoError.
+  void verify_tensor(const std::string& name, std::uint64_t bytes);
+  void read_part(const std::string& name, std::uint64_t offset, void* dst, std::uint64_t bytes);
 
  private:
   const CheckpointTensor& find(const std::string& name) const;

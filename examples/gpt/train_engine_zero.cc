@@ -10,9 +10,10 @@
 // and takes the loop's scheduled learning rate each step (set_learning_rate).
 //
 // Checkpoints (--save/--resume), as DeepSpeed's per-rank ZeRO checkpoints: each rank writes its
-// own optimizer shard to DIR/rank<r>/ (CheckpointWriter's per-rank directory), from
-// ZeroEngine::export_optimizer_state, and reads it back with import_optimizer_state (which also
-// republishes the working parameters from the restored master). Tensors of a rank:
+// own optimizer shard to DIR/rank<r>/ (CheckpointWriter's per-rank directory), streamed one
+// optimizer sub-group at a time from ZeroEngine::export_optimizer_state, and streams it back
+// (checksums verified first) with import_optimizer_state (which also republishes the working
+// parameters from the restored master): no shard-sized buffer at any model size. Tensors:
 //   zero.master, zero.exp_avg, zero.exp_avg_sq  f32 [shard_numel]  the rank-flat fp32 master
 //                                               weights and Adam m, v (tier: nvme or host)
 //   zero.partition  i64 [4 + modules]  world size, rank, alignment (elements), module count,
@@ -188,15 +189,20 @@ class ZeroTrainEngine final : public TrainEngine {
   }
 
   void save(CheckpointWriter& w) override {
-    const ZeroOptimizerState st = zero_->export_optimizer_state();
+    // Streamed one optimizer sub-group at a time: no shard-sized buffer, whatever the model size.
     const Tier tier = zero_->config().zero.offload_optimizer.device == OffloadDevice::kNvme
                           ? Tier::kNvme
                           : Tier::kHost;
-    const std::int64_t n = static_cast<std::int64_t>(st.master.size());
-    w.add_tensor("zero.master", tier, st.master.data(), st.master.size() * 4, "f32", {n});
-    w.add_tensor("zero.exp_avg", tier, st.exp_avg.data(), st.exp_avg.size() * 4, "f32", {n});
-    w.add_tensor("zero.exp_avg_sq", tier, st.exp_avg_sq.data(), st.exp_avg_sq.size() * 4, "f32",
-                 {n});
+    const std::size_t numel = zero_->shard_numel();
+    const std::int64_t n = static_cast<std::int64_t>(numel);
+    const int hm = w.begin_tensor("zero.master", tier, numel * 4, "f32", {n});
+    const int hm1 = w.begin_tensor("zero.exp_avg", tier, numel * 4, "f32", {n});
+    const int hm2 = w.begin_tensor("zero.exp_avg_sq", tier, numel * 4, "f32", {n});
+    const ZeroOptimizerState st = zero_->export_optimizer_state([&](const ZeroStateChunk& c) {
+      w.write_part(hm, c.master, c.n * 4);
+      w.write_part(hm1, c.exp_avg, c.n * 4);
+      w.write_part(hm2, c.exp_avg_sq, c.n * 4);
+    });
     std::vector<std::int64_t> part = {st.world_size, st.rank,
                                       static_cast<std::int64_t>(st.alignment_elems),
                                       static_cast<std::int64_t>(st.module_numels.size())};
@@ -235,12 +241,11 @@ class ZeroTrainEngine final : public TrainEngine {
       throw CheckpointError(fmt::format("checkpoint {}: {} modules saved, the model has {}", mf,
                                         part[3], modules));
     }
-    st.master.resize(n);
-    st.exp_avg.resize(n);
-    st.exp_avg_sq.resize(n);
-    r.read_tensor("zero.master", st.master.data(), n * 4);
-    r.read_tensor("zero.exp_avg", st.exp_avg.data(), n * 4);
-    r.read_tensor("zero.exp_avg_sq", st.exp_avg_sq.data(), n * 4);
+    // Checksums verified first (bounded reads), then streamed into the engine one optimizer
+    // sub-group at a time: no shard-sized buffer, whatever the model size.
+    for (const char* name : {"zero.master", "zero.exp_avg", "zero.exp_avg_sq"}) {
+      r.verify_tensor(name, n * 4);
+    }
     std::int64_t steps[2] = {0, 0};
     r.read_tensor("zero.steps", steps, sizeof steps);
     st.steps = steps[0];
@@ -256,7 +261,11 @@ class ZeroTrainEngine final : public TrainEngine {
       st.loss_scaler = ls;
     }
     try {
-      zero_->import_optimizer_state(st);
+      zero_->import_optimizer_state(st, [&](const ZeroStateChunk& c) {
+        r.read_part("zero.master", c.offset * 4, c.master, c.n * 4);
+        r.read_part("zero.exp_avg", c.offset * 4, c.exp_avg, c.n * 4);
+        r.read_part("zero.exp_avg_sq", c.offset * 4, c.exp_avg_sq, c.n * 4);
+      });
     } catch (const IoError&) {
       throw;
     } catch (const CommError&) {

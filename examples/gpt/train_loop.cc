@@ -121,8 +121,10 @@ float run_micro_batch(gpt::Model& model, TrainEngine& engine, const Batch& b, bo
                       Timers* timers) {
   const gpt::GptConfig& cfg = model.config();
   model.set_batch(b.inputs, b.targets);
+  // An evaluation pass (no backward) runs between training steps: outside the step's access trace.
+  const Phase fwd_phase = backward ? Phase::kForward : Phase::kOutsideStep;
   for (const gpt::Step& s : gpt::forward_steps(cfg)) {
-    gpt::ParamView p = engine.acquire_params(s.module, Phase::kForward);
+    gpt::ParamView p = engine.acquire_params(s.module, fwd_phase);
     {
       TraceSpan span(backward ? "fwd " + gpt::step_name(s) : "eval " + gpt::step_name(s),
                      "compute");

@@ -70,8 +70,9 @@ class Prefetcher final : public ResidencyPolicy {
 
   void begin_step() override;
   void end_step() override;
-  // Records/checks the access; while replaying returns device hints (nearest first) followed by
-  // host hints for the NVMe look-ahead. Each trace position is hinted at most once per step.
+  // Records/checks the access (kOutsideStep ones only update recency: no trace, no hints); while
+  // replaying returns device hints (nearest first) followed by host hints for the NVMe
+  // look-ahead. Each trace position is hinted at most once per step.
   std::vector<PrefetchHint> on_access(TensorId id, std::uint64_t bytes, Tier tier, Phase phase,
                                       const ResidencyView& view) override;
   bool keep_on_release(TensorId id, Tier tier, const ResidencyView& view) override;

@@ -24,7 +24,10 @@ using TensorId = std::uint32_t;
 inline constexpr TensorId kInvalidTensor = std::numeric_limits<TensorId>::max();
 
 // Phase of training an access belongs to (recorded in traces; used by the simulator).
-enum class Phase : std::uint8_t { kForward, kBackward, kOptimizer, kOther };
+// kOutsideStep: an access outside the repeating training step — a checkpoint save or load, an
+// evaluation pass between steps. Policies see it for recency only: the Prefetcher neither records
+// it in nor matches it against the step's access trace, so it never makes the trace diverge.
+enum class Phase : std::uint8_t { kForward, kBackward, kOptimizer, kOther, kOutsideStep };
 
 // A request the policy makes: bring `id` up to `tier` ahead of use.
 struct PrefetchHint {

@@ -86,6 +86,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -165,6 +166,17 @@ struct ZeroOptimizerState {
   std::int64_t steps = 0;                  // optimizer steps taken (bias correction: steps + 1 next)
   std::int64_t skipped_steps = 0;          // fp16 overflows so far (statistics)
   std::optional<LossScalerState> loss_scaler;  // present iff fp16 is enabled
+};
+
+// One optimizer sub-group's slice of this rank's shard, as the streamed export/import hand it
+// over: elements [offset, offset + n) of the rank-flat shard (ZeroOptimizerState's layout) of the
+// fp32 master weights and the two Adam moments. Non-owning; valid during the callback only.
+struct ZeroStateChunk {
+  std::size_t offset = 0;  // elements into the rank-flat shard
+  std::size_t n = 0;       // elements in each span
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
 };
 
 class ZeroEngine {
@@ -293,6 +305,27 @@ class ZeroEngine {
   // an impossible loss-scaler state); nothing is changed then. IoError from the swap space /
   // parameter store (the state is then partly written: import again or discard the engine).
   void import_optimizer_state(const ZeroOptimizerState& state);
+
+  // The same two calls, streamed one optimizer sub-group at a time, so that a checkpoint of any
+  // size needs no host memory beyond the engine's budget: no shard-sized vectors.
+  //
+  // Export: calls `sink` once per sub-group, in increasing `offset`, the chunks tiling
+  // [0, shard_numel()); the spans point into the sub-group as the store holds it at the host tier
+  // and are valid only during the call (read them, do not keep them). The returned state has the
+  // partition fields, step counts and loss-scaler state, and empty vectors. The next sub-groups
+  // are prefetched while `sink` runs. Accesses are Phase::kOutsideStep (the step's access trace
+  // is untouched). Errors: as the vector form, plus whatever `sink` throws (propagated; nothing
+  // changed).
+  ZeroOptimizerState export_optimizer_state(const std::function<void(const ZeroStateChunk&)>& sink);
+
+  // Import: validates `header` (its vectors must be empty) as the vector form does — nothing is
+  // changed on an error — then calls `source` once per sub-group, in increasing `offset`, to fill
+  // the chunk's three spans (`n` elements each; every element must be written), writes each
+  // sub-group at its home and republishes the working parameters from it, as the vector form
+  // does. If `source` throws, the exception propagates and the state is partly written (import
+  // again or discard the engine). Collective, as the vector form.
+  void import_optimizer_state(const ZeroOptimizerState& header,
+                              const std::function<void(const ZeroStateChunk&)>& source);
 
   ZeroStats stats() const;
   // Bytes the engine's store has written to NVMe so far. Thread-safe (unlike the other calls):

@@ -14,6 +14,7 @@ std::string_view phase_name(Phase p) {
     case Phase::kBackward: return "backward";
     case Phase::kOptimizer: return "optimizer";
     case Phase::kOther: return "other";
+    case Phase::kOutsideStep: return "outside-step";
   }
   return "?";
 }

@@ -84,6 +84,7 @@ void Prefetcher::end_step() {
 std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes, Tier tier,
                                                 Phase phase, const ResidencyView& view) {
   last_tick_[id] = ++tick_;
+  if (phase == Phase::kOutsideStep) return {};  // not part of the step: the trace never sees it
   const bool matched = trace_.on_access(Access{id, bytes, phase, tier});
   if (!matched) {
     // Recording, or the trace just diverged: drop everything derived from a stale trace.

@@ -138,7 +138,8 @@ struct ZeroEngine::Impl {
 
   // zero_step.cc
   StepResult step();
-  void publish_working(int i, const float* master_shard);  // fp32 shard -> working homes
+  ZeroOptimizerState state_header() const;  // partition fields, steps, scaler; no vectors
+  void validate_import(const ZeroOptimizerState& state, bool vectors) const;
 
   // Helpers.
   void to_working(const float* src, std::byte* dst, std::size_t n) const {

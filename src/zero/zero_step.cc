@@ -205,20 +205,6 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   return res;
 }
 
-// fp32 master shard of module i -> its working shard (store or engine buffer); no collective.
-void ZeroEngine::Impl::publish_working(int i, const float* master_shard) {
-  detail::ZeroModule& m = mods[static_cast<std::size_t>(i)];
-  const std::size_t n = m.shard.shard;
-  if (n == 0) return;
-  if (m.stored) {
-    std::vector<std::byte> tmp(n * wsize);
-    to_working(master_shard, tmp.data(), n);
-    store->write(m.param, tmp);  // at home; cached copies dropped
-  } else {
-    to_working(master_shard, m.mem_shard.b(), n);
-  }
-}
-
 // --------------------------------------------------------------------------------- export
 
 std::vector<float> ZeroEngine::export_master(int module) {
@@ -240,112 +226,167 @@ std::vector<float> ZeroEngine::export_master(int module) {
   return full;
 }
 
-ZeroOptimizerState ZeroEngine::export_optimizer_state() {
-  Impl& I = *impl_;
-  I.finalize();
-  I.sync();
-  const std::size_t R = I.plan.rank_flat_elems;
+ZeroOptimizerState ZeroEngine::Impl::state_header() const {
   ZeroOptimizerState out;
-  out.world_size = I.opt_world;
-  out.rank = I.opt_rank;
-  out.alignment_elems = I.opts.alignment_elems;
-  for (const auto& m : I.mods) out.module_numels.push_back(m.numel);
-  out.steps = I.st.steps;
-  out.skipped_steps = I.st.skipped_steps;
-  if (I.scaler) out.loss_scaler = I.scaler->state();
-  out.master.resize(R);
-  out.exp_avg.resize(R);
-  out.exp_avg_sq.resize(R);
-  std::vector<float> tmp;
-  for (const detail::Piece& p : I.pieces) {  // [master | m | v]
-    const std::size_t n = p.size();
-    tmp.resize(3 * n);
-    I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
-    const auto b = static_cast<std::ptrdiff_t>(p.flat);
-    std::copy(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(n), out.master.begin() + b);
-    std::copy(tmp.begin() + static_cast<std::ptrdiff_t>(n), tmp.begin() + static_cast<std::ptrdiff_t>(2 * n),
-              out.exp_avg.begin() + b);
-    std::copy(tmp.begin() + static_cast<std::ptrdiff_t>(2 * n), tmp.end(), out.exp_avg_sq.begin() + b);
-  }
+  out.world_size = opt_world;
+  out.rank = opt_rank;
+  out.alignment_elems = opts.alignment_elems;
+  for (const auto& m : mods) out.module_numels.push_back(m.numel);
+  out.steps = st.steps;
+  out.skipped_steps = st.skipped_steps;
+  if (scaler) out.loss_scaler = scaler->state();
   return out;
 }
 
-void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& state) {
-  Impl& I = *impl_;
-  I.finalize();
-  const std::size_t R = I.plan.rank_flat_elems;
-  // Validate everything before changing anything.
+// Everything import checks before it changes anything. `vectors`: the vector form (each vector
+// holds the whole shard) or the streamed one (they must be empty).
+void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vectors) const {
+  const std::size_t R = plan.rank_flat_elems;
   auto mismatch = [](const std::string& what, const std::string& got, const std::string& want) {
     return Error("ZeroEngine::import_optimizer_state: " + what + " is " + got + " in the imported state but " +
                  want + " in this engine (import the shard this rank exported, with the same world size, "
                  "modules and alignment)");
   };
-  if (state.world_size != I.opt_world) {
+  if (state.world_size != opt_world) {
     throw mismatch("the optimizer partition's world size", std::to_string(state.world_size),
-                   std::to_string(I.opt_world));
+                   std::to_string(opt_world));
   }
-  if (state.rank != I.opt_rank) {
-    throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(I.opt_rank));
+  if (state.rank != opt_rank) {
+    throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(opt_rank));
   }
-  if (state.alignment_elems != I.opts.alignment_elems) {
-    throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(I.opts.alignment_elems));
+  if (state.alignment_elems != opts.alignment_elems) {
+    throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(opts.alignment_elems));
   }
-  if (state.module_numels.size() != I.mods.size()) {
-    throw mismatch("the module count", std::to_string(state.module_numels.size()), std::to_string(I.mods.size()));
+  if (state.module_numels.size() != mods.size()) {
+    throw mismatch("the module count", std::to_string(state.module_numels.size()), std::to_string(mods.size()));
   }
-  for (std::size_t i = 0; i < I.mods.size(); ++i) {
-    if (state.module_numels[i] != I.mods[i].numel) {
-      throw mismatch("module " + std::to_string(i) + " (" + I.mods[i].name + ")'s numel",
-                     std::to_string(state.module_numels[i]), std::to_string(I.mods[i].numel));
+  for (std::size_t i = 0; i < mods.size(); ++i) {
+    if (state.module_numels[i] != mods[i].numel) {
+      throw mismatch("module " + std::to_string(i) + " (" + mods[i].name + ")'s numel",
+                     std::to_string(state.module_numels[i]), std::to_string(mods[i].numel));
     }
   }
   for (const auto& [name, vec] : {std::pair<const char*, const std::vector<float>*>{"master", &state.master},
                                   {"exp_avg", &state.exp_avg},
                                   {"exp_avg_sq", &state.exp_avg_sq}}) {
-    if (vec->size() != R) {
+    if (vectors && vec->size() != R) {
       throw mismatch(std::string(name) + "'s length (elements)", std::to_string(vec->size()), std::to_string(R));
+    }
+    if (!vectors && !vec->empty()) {
+      throw Error("ZeroEngine::import_optimizer_state: the streamed import takes the state from its source; the "
+                  "header's " + std::string(name) + " must be empty (it has " + std::to_string(vec->size()) +
+                  " elements)");
     }
   }
   if (state.steps < 0 || state.skipped_steps < 0) {
     throw Error("ZeroEngine::import_optimizer_state: step counts must be >= 0 (steps " + std::to_string(state.steps) +
                 ", skipped_steps " + std::to_string(state.skipped_steps) + ")");
   }
-  if (state.loss_scaler.has_value() != (I.scaler != nullptr)) {
+  if (state.loss_scaler.has_value() != (scaler != nullptr)) {
     throw mismatch("fp16 loss-scaler state", state.loss_scaler ? "present" : "absent",
-                   I.scaler ? "expected (fp16.enabled)" : "not expected (fp16 disabled)");
+                   scaler ? "expected (fp16.enabled)" : "not expected (fp16 disabled)");
   }
   if (state.loss_scaler) {
-    DynamicLossScaler probe = *I.scaler;
+    DynamicLossScaler probe = *scaler;
     probe.restore(*state.loss_scaler);  // throws on an impossible state, before anything changes
   }
+}
 
-  I.zero_grad();  // also waits for in-flight reduce-scatters
-  // 1. The optimizer state, where it lives (each sub-group written at its home).
-  std::vector<float> tmp;
-  for (const detail::Piece& p : I.pieces) {
+ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(const ZeroStateChunk&)>& sink) {
+  Impl& I = *impl_;
+  I.finalize();
+  I.sync();
+  const std::size_t B = static_cast<std::size_t>(std::max(1, I.cfg.zero.offload_optimizer.buffer_count));
+  for (std::size_t k = 0; k < I.pieces.size(); ++k) {
+    std::vector<TensorId> ahead;
+    for (std::size_t j = k + 1; j < I.pieces.size() && j < k + B; ++j) ahead.push_back(I.pieces[j].optim);
+    if (!ahead.empty()) I.store->prefetch(ahead, Tier::kHost);
+    const detail::Piece& p = I.pieces[k];
+    TensorStore::Pin pin = I.store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
+    float* s = pin.as<float>();  // [master | m | v]
     const std::size_t n = p.size();
-    const auto b = static_cast<std::ptrdiff_t>(p.flat), e = static_cast<std::ptrdiff_t>(p.flat + n);
-    tmp.resize(3 * n);
-    std::copy(state.master.begin() + b, state.master.begin() + e, tmp.begin());
-    std::copy(state.exp_avg.begin() + b, state.exp_avg.begin() + e, tmp.begin() + static_cast<std::ptrdiff_t>(n));
-    std::copy(state.exp_avg_sq.begin() + b, state.exp_avg_sq.begin() + e,
-              tmp.begin() + static_cast<std::ptrdiff_t>(2 * n));
-    I.store->write(p.optim, std::as_bytes(std::span<const float>(tmp)));
+    sink(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
   }
-  I.st.steps = state.steps;
-  I.st.skipped_steps = state.skipped_steps;
-  if (I.scaler) I.scaler->restore(*state.loss_scaler);
+  return I.state_header();
+}
 
-  // 2. The working params from the imported master, as step() publishes them.
-  for (std::size_t i = 0; i < I.mods.size(); ++i) {
-    I.publish_working(static_cast<int>(i), state.master.data() + I.mods[i].flat);
+ZeroOptimizerState ZeroEngine::export_optimizer_state() {
+  const std::size_t R = shard_numel();
+  std::vector<float> master(R), exp_avg(R), exp_avg_sq(R);
+  ZeroOptimizerState out = export_optimizer_state([&](const ZeroStateChunk& c) {
+    std::copy(c.master, c.master + c.n, master.begin() + static_cast<std::ptrdiff_t>(c.offset));
+    std::copy(c.exp_avg, c.exp_avg + c.n, exp_avg.begin() + static_cast<std::ptrdiff_t>(c.offset));
+    std::copy(c.exp_avg_sq, c.exp_avg_sq + c.n, exp_avg_sq.begin() + static_cast<std::ptrdiff_t>(c.offset));
+  });
+  out.master = std::move(master);
+  out.exp_avg = std::move(exp_avg);
+  out.exp_avg_sq = std::move(exp_avg_sq);
+  return out;
+}
+
+void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
+                                        const std::function<void(const ZeroStateChunk&)>& source) {
+  Impl& I = *impl_;
+  I.finalize();
+  I.validate_import(header, /*vectors=*/false);
+  I.zero_grad();  // also waits for in-flight reduce-scatters
+
+  // Each sub-group in order: filled in place at the host tier by `source` (acquired for
+  // overwrite: the old state is never read) and written back to its home by the store; the
+  // working shard of its module is rewritten from the new master in the same pass, as step()
+  // publishes it (the stored shard acquired for overwrite at the module's first sub-group).
+  TensorStore::Pin param_pin;
+  int param_module = -1;
+  for (detail::Piece& p : I.pieces) {
+    detail::ZeroModule& m = I.mods[static_cast<std::size_t>(p.module)];
+    TensorStore::Pin state = I.store->acquire_for_overwrite(p.optim, Tier::kHost);
+    float* s = state.as<float>();
+    const std::size_t n = p.size();
+    source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+    state.mark_dirty();
+    std::byte* out;
+    if (m.stored) {
+      if (param_module != p.module) {
+        if (param_pin.valid()) param_pin.mark_dirty();
+        param_pin.release();
+        param_pin = I.store->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : Tier::kHost);
+        param_module = p.module;
+      }
+      out = param_pin.as<std::byte>() + p.begin * I.wsize;
+    } else {
+      out = m.mem_shard.b() + p.begin * I.wsize;
+    }
+    I.to_working(s, out, n);
   }
+  if (param_pin.valid()) param_pin.mark_dirty();
+  param_pin.release();
+  I.st.steps = header.steps;
+  I.st.skipped_steps = header.skipped_steps;
+  if (I.scaler) I.scaler->restore(*header.loss_scaler);
+
+  // The modules kept whole: all-gather their new working params.
   for (auto& m : I.mods) {
     if (m.full.p != nullptr && (I.stage == 1 || I.stage == 2 || m.persistent)) {
       I.comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, I.comm_dtype);
       ++I.st.all_gather_calls;
     }
   }
+}
+
+void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& state) {
+  Impl& I = *impl_;
+  I.finalize();
+  I.validate_import(state, /*vectors=*/true);
+  ZeroOptimizerState header = state;
+  header.master.clear();
+  header.exp_avg.clear();
+  header.exp_avg_sq.clear();
+  import_optimizer_state(header, [&](const ZeroStateChunk& c) {
+    const auto b = static_cast<std::ptrdiff_t>(c.offset), e = static_cast<std::ptrdiff_t>(c.offset + c.n);
+    std::copy(state.master.begin() + b, state.master.begin() + e, c.master);
+    std::copy(state.exp_avg.begin() + b, state.exp_avg.begin() + e, c.exp_avg);
+    std::copy(state.exp_avg_sq.begin() + b, state.exp_avg_sq.begin() + e, c.exp_avg_sq);
+  });
 }
 
 }  // namespace tiermem

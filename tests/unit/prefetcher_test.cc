@@ -264,6 +264,35 @@ TEST(Prefetcher, BeladyEqualsBruteForceOptimumOnTinyTraces) {
 
 // ---- invalidation -------------------------------------------------------------------------------
 
+// Accesses outside the step (checkpoint save/load, evaluation between steps) are neither recorded
+// nor matched: a replayed step with such accesses in the middle keeps its trace and its hints.
+TEST(Prefetcher, OutsideStepAccessesNeitherRecordNorDiverge) {
+  PrefetcherOptions o;
+  o.prefetch_bucket_bytes = 10;
+  Prefetcher p(o);
+  p.begin_step();
+  EXPECT_TRUE(p.on_access(7, 10, Tier::kHost, Phase::kOutsideStep, empty_view()).empty());
+  for (TensorId id : {1u, 2u, 3u}) p.on_access(id, 10, Tier::kDevice, Phase::kForward, empty_view());
+  p.end_step();
+  p.begin_step();
+  EXPECT_TRUE(p.using_trace());
+  const auto h1 = p.on_access(1, 10, Tier::kDevice, Phase::kForward, empty_view());
+  EXPECT_EQ(ids_of(h1, Tier::kDevice), Ids{2});
+  EXPECT_TRUE(p.on_access(9, 10, Tier::kHost, Phase::kOutsideStep, empty_view()).empty());
+  EXPECT_TRUE(p.on_access(1, 10, Tier::kHost, Phase::kOutsideStep, empty_view()).empty());
+  const auto h2 = p.on_access(2, 10, Tier::kDevice, Phase::kForward, empty_view());
+  EXPECT_TRUE(p.using_trace()) << "an outside-step access made the trace diverge";
+  EXPECT_EQ(ids_of(h2, Tier::kDevice), Ids{3});
+  p.on_access(3, 10, Tier::kDevice, Phase::kForward, empty_view());
+  p.end_step();
+  // Control: the same extra access as a step access does make it diverge.
+  p.begin_step();
+  p.on_access(1, 10, Tier::kDevice, Phase::kForward, empty_view());
+  p.on_access(9, 10, Tier::kDevice, Phase::kForward, empty_view());
+  EXPECT_FALSE(p.using_trace());
+  p.end_step();
+}
+
 TEST(Prefetcher, ChangedOrderReRecordsAndNeverUsesAStaleTrace) {
   PrefetcherOptions o;
   o.prefetch_bucket_bytes = 10;  // one tensor ahead

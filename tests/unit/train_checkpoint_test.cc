@@ -84,6 +84,52 @@ TEST_F(CheckpointTest, RoundTripAndOldStateRemoved) {
   EXPECT_EQ(error_of_load(), "");
 }
 
+// Streamed tensors: written in interleaved parts, read back whole or in parts with the same
+// checksum an add_tensor of the same bytes gets; verify_tensor catches a flipped byte; parts past
+// the end, an incomplete tensor at commit and reads outside a tensor are CheckpointErrors.
+TEST_F(CheckpointTest, StreamedTensorsInInterleavedParts) {
+  {
+    CheckpointWriter w(dir_.string(), 0, 1, 4);
+    const int ha = w.begin_tensor("a", Tier::kNvme, a_.size() * 4, "f32", {1000});
+    const int hb = w.begin_tensor("b", Tier::kHost, b_.size() * 4, "f32", {37});
+    w.write_part(ha, a_.data(), 400 * 4);
+    w.write_part(hb, b_.data(), 10 * 4);
+    w.write_part(ha, a_.data() + 400, 600 * 4);
+    EXPECT_THROW(w.write_part(hb, b_.data(), 28 * 4), CheckpointError) << "one element too many";
+    w.write_part(hb, b_.data() + 10, 27 * 4);
+    w.commit({{"hello", 4}});
+  }
+  EXPECT_EQ(error_of_load(), "");  // whole-tensor reads verify the streamed checksums
+  CheckpointReader r(dir_.string(), 0);
+  EXPECT_EQ(r.tensors()[0].xxh64, checksum64(a_.data(), a_.size() * 4));
+  r.verify_tensor("a", a_.size() * 4);
+  std::vector<float> part(100);
+  r.read_part("a", 900 * 4, part.data(), 100 * 4);
+  EXPECT_EQ(part, std::vector<float>(a_.begin() + 900, a_.end()));
+  EXPECT_THROW(r.read_part("a", 950 * 4, part.data(), 100 * 4), CheckpointError);
+  EXPECT_THROW(r.verify_tensor("a", 999 * 4), CheckpointError);
+  {
+    std::fstream f(rank_dir() / "state-00000004.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3000);
+    f.put('\x7f');
+  }
+  CheckpointReader r2(dir_.string(), 0);
+  try {
+    r2.verify_tensor("a", a_.size() * 4);
+    ADD_FAILURE() << "a flipped byte passed verify_tensor";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+  }
+  // An incomplete streamed tensor is refused at commit; the previous checkpoint stays.
+  {
+    CheckpointWriter w(dir_.string(), 0, 1, 8);
+    const int ha = w.begin_tensor("a", Tier::kNvme, a_.size() * 4, "f32", {1000});
+    w.write_part(ha, a_.data(), 4);
+    EXPECT_THROW(w.commit({{"hello", 8}}), CheckpointError);
+  }
+  EXPECT_EQ(CheckpointReader(dir_.string(), 0).step(), 4);
+}
+
 TEST_F(CheckpointTest, FlippedByteIsAChecksumMismatchNamingTheTensor) {
   save(3);
   const fs::path state = rank_dir() / "state-00000003.bin";
