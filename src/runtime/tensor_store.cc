@@ -113,7 +113,7 @@ TensorStore::TensorStore(TensorStoreOptions options, std::shared_ptr<Device> dev
   }
   m.budget_[idx(Tier::kHost)] = m.host_pool->budget_bytes();
   m.budget_[idx(Tier::kNvme)] = UINT64_MAX;  // bounded by the swap space (OutOfMemoryError there)
-  for (int i = 0; i < options.worker_threads; ++i) m.workers_.emplace_back([&m] { m.worker_loop(); });
+  m.pool_ = std::make_unique<boost::asio::thread_pool>(static_cast<std::size_t>(options.worker_threads));
   TM_LOG_DEBUG("RUNTIME", "TensorStore: device {} ({}), host {} ({}), nvme {}",
                m.device ? m.device->name() : "none", format_bytes(m.budget_[0]),
                format_bytes(m.budget_[1]), m.host_pool->pinned() ? "pinned" : "unpinned",
@@ -122,12 +122,7 @@ TensorStore::TensorStore(TensorStoreOptions options, std::shared_ptr<Device> dev
 
 TensorStore::~TensorStore() {
   Impl& m = *impl_;
-  {
-    std::lock_guard lock(m.q_mu_);
-    m.stop_ = true;
-  }
-  m.q_cv_.notify_all();
-  for (auto& t : m.workers_) t.join();
+  m.pool_->join();  // runs every task already posted (write-backs included), then stops
   std::lock_guard lock(m.mu_);
   for (auto& e : m.entries_) {
     for (int t = 0; t < 2; ++t) {
@@ -480,7 +475,7 @@ TensorStoreStats TensorStore::stats() const {
 void TensorStore::drain() {
   Impl& m = *impl_;
   std::unique_lock lock(m.q_mu_);
-  m.idle_cv_.wait(lock, [&] { return m.queue_.empty() && m.busy_ == 0; });
+  m.idle_cv_.wait(lock, [&] { return m.pending_ == 0; });
 }
 
 Device* TensorStore::device() const noexcept { return impl_->device.get(); }

@@ -32,6 +32,9 @@
 #include <thread>
 #include <unordered_map>
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+
 #include <fmt/format.h>
 
 #include "tiermem/config.h"
@@ -140,13 +143,12 @@ struct TensorStore::Impl {
   std::uint64_t used_[kNumTiers] = {};                         // guarded by mu_
   TensorStoreStats stats_;                                     // guarded by mu_
 
-  // Worker threads for fetch/prefetch/async write-back.
+  // Worker threads for fetch/prefetch/async write-back: a Boost.Asio thread pool; `pending_`
+  // counts tasks posted and not yet finished, for drain().
+  std::unique_ptr<boost::asio::thread_pool> pool_;
   std::mutex q_mu_;
-  std::condition_variable q_cv_, idle_cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by q_mu_
-  int busy_ = 0;                             // guarded by q_mu_
-  bool stop_ = false;                        // guarded by q_mu_
-  std::vector<std::thread> workers_;
+  std::condition_variable idle_cv_;
+  int pending_ = 0;  // guarded by q_mu_
 
   // ---------------------------------------------------------------- helpers (need mu_ held)
 
@@ -276,9 +278,8 @@ struct TensorStore::Impl {
 
   // ---------------------------------------------------------------- workers
 
+  // Runs `fn` on a pool thread. `fn` must not throw (tasks catch and record their own errors).
   void submit(std::function<void()> fn);
-
-  void worker_loop();
 
   void prefetch_one(TensorId id, Tier t);
 

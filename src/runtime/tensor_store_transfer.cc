@@ -153,29 +153,16 @@ void TensorStore::Impl::device_to_nvme(const Entry& e, const void* src) {
 void TensorStore::Impl::submit(std::function<void()> fn) {
   {
     std::lock_guard lock(q_mu_);
-    queue_.push_back(std::move(fn));
+    ++pending_;
   }
-  q_cv_.notify_one();
-}
-
-void TensorStore::Impl::worker_loop() {
-  while (true) {
-    std::function<void()> fn;
-    {
-      std::unique_lock lock(q_mu_);
-      q_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      fn = std::move(queue_.front());
-      queue_.pop_front();
-      ++busy_;
-    }
+  boost::asio::post(*pool_, [this, fn = std::move(fn)] {
     fn();  // never throws: tasks catch their own errors
     {
       std::lock_guard lock(q_mu_);
-      --busy_;
+      --pending_;
     }
     idle_cv_.notify_all();
-  }
+  });
 }
 
 void TensorStore::Impl::prefetch_one(TensorId id, Tier t) {
