@@ -118,6 +118,7 @@ class Prefetcher final : public ResidencyPolicy {
   std::int64_t cur_ = -1;         // absolute index of the latest access (-1: none this replay)
   std::int64_t dev_cursor_ = -1;  // last absolute index hinted to the device
   std::int64_t host_cursor_ = -1; // last absolute index hinted to the host
+  std::vector<std::uint8_t> host_moves_;  // per trace position: counted in the NVMe look-ahead
   bool continuing_ = false;       // the previous step replayed fully (cursors carry over)
 
   // LRU fallback: access tick per tensor (0 = never accessed).

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
@@ -40,6 +41,11 @@ struct ResidencyView {
   // Bytes resident per tier and the budget of each tier (bytes).
   std::uint64_t resident_bytes[kNumTiers] = {};
   std::uint64_t budget_bytes[kNumTiers] = {};
+  // True when tensor `id` has a current copy in memory (host or device tier, resident or being
+  // loaded): using it needs no NVMe read. Empty when the caller cannot tell (then a policy must
+  // assume every tensor may need one). TensorStore's view answers from its own state and may
+  // only be called during the policy call it was passed to.
+  std::function<bool(TensorId)> in_memory;
 };
 
 class ResidencyPolicy {

@@ -119,13 +119,24 @@ std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes
     }
     dev_cursor_ = c;
   }
-  // NVMe->host look-ahead: every upcoming access, further ahead, on its own byte budget.
+  // NVMe->host look-ahead: every upcoming access, further ahead, on its own byte budget. The
+  // budget counts the bytes that move: an access whose tensor is already in memory when the
+  // cursor passes it (a device-resident parameter, a host-homed gradient partition) is neither
+  // hinted nor counted, so the look-ahead reaches past them to what does need reading (e.g. the
+  // optimizer state of the coming step, read during backward).
   if (options_.nvme_prefetch_bytes > 0) {
+    if (host_moves_.size() != t.size()) host_moves_.assign(t.size(), 1);
+    auto slot = [&](std::int64_t abs) -> std::uint8_t& { return host_moves_[static_cast<std::size_t>(abs % n)]; };
     std::int64_t c = std::max(host_cursor_, cur_);
     std::uint64_t window = 0;
-    for (std::int64_t a = cur_ + 1; a <= c; ++a) window += at(a).bytes;
+    for (std::int64_t a = cur_ + 1; a <= c; ++a) {
+      if (slot(a)) window += at(a).bytes;
+    }
     for (; c + 1 <= end; ++c) {
       const Access& x = at(c + 1);
+      const bool moves = !view.in_memory || !view.in_memory(x.id);
+      slot(c + 1) = moves ? 1 : 0;
+      if (!moves) continue;
       if (window > 0 && window + x.bytes > options_.nvme_prefetch_bytes) break;
       if (x.id != id) hints.push_back({x.id, Tier::kHost});
       window += x.bytes;

@@ -163,6 +163,15 @@ struct TensorStore::Impl {
       v.resident_bytes[t] = used_[t];
       v.budget_bytes[t] = budget_[t];
     }
+    v.in_memory = [this](TensorId id) {  // mu_ is held by whoever passes the view to the policy
+      if (id >= entries_.size()) return false;
+      const Entry& e = *entries_[id];
+      for (int t = 0; t < idx(Tier::kNvme); ++t) {
+        const Copy& c = e.copy[t];
+        if ((c.state == State::kResident || c.state == State::kLoading) && c.version == e.latest) return true;
+      }
+      return false;
+    };
     return v;
   }
 

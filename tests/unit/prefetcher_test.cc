@@ -128,6 +128,39 @@ TEST(Prefetcher, MaxLiveBytesStopsDeviceHintsButNotHostHints) {
   q.end_step();
 }
 
+// The NVMe look-ahead budget counts bytes that move: tensors already in memory (the view's
+// in_memory) are neither hinted nor counted, so the look-ahead reaches the ones on NVMe behind
+// them; a tensor hinted earlier keeps counting while it is ahead of the current access.
+TEST(Prefetcher, NvmeLookAheadSkipsTensorsAlreadyInMemory) {
+  PrefetcherOptions o;
+  o.prefetch_bucket_bytes = 0;  // host look-ahead only
+  o.max_live_bytes = 0;
+  o.nvme_prefetch_bytes = 25;
+  Prefetcher p(o);
+  step(p, {0, 1, 2, 3, 4, 5, 6});
+  p.begin_step();
+  std::set<TensorId> memory = {1, 2, 3};  // e.g. parameters cached on the device
+  ResidencyView v;
+  v.in_memory = [&](TensorId id) { return memory.count(id) > 0; };
+  auto h = p.on_access(0, 10, Tier::kDevice, Phase::kForward, v);
+  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{4, 5})) << "1-3 are in memory: 4 and 5 fill the 25 bytes";
+  memory.insert({4, 5});  // the prefetches landed
+  h = p.on_access(1, 10, Tier::kDevice, Phase::kForward, v);
+  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{})) << "4 and 5 still count: 6 does not fit yet";
+  p.on_access(2, 10, Tier::kDevice, Phase::kForward, v);
+  p.on_access(3, 10, Tier::kDevice, Phase::kForward, v);
+  h = p.on_access(4, 10, Tier::kDevice, Phase::kForward, v);
+  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{6}));
+  p.end_step();
+  // Without the view's answer every access counts (the old rule): only 1 and 2 fit.
+  Prefetcher q(o);
+  step(q, {0, 1, 2, 3, 4, 5, 6});
+  q.begin_step();
+  h = q.on_access(0, 10, Tier::kDevice, Phase::kForward, ResidencyView{});
+  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{1, 2}));
+  q.end_step();
+}
+
 TEST(Prefetcher, LookAheadWrapsIntoTheNextStep) {
   PrefetcherOptions o;
   o.prefetch_bucket_bytes = 20;
