@@ -1,0 +1,51 @@
+// examples/gpt/train_device.h — which device tiermem-train computes on, decided once before
+// anything is built, and the one line that says so.
+//
+//   --device sim   SimDevice (host memory behind a budget); the model runs the CPU kernels.
+//   --device cuda  CudaDevice and the CUDA model backend. With no usable GPU (a build without
+//                  CUDA, no driver, no visible device) the run is refused: UsageError, which
+//                  run_training prints as one line and exits 2. Never a silent CPU run.
+//   --device auto  cuda when a CUDA device is visible, else sim; either way one line says which
+//                  and why (the probe's reason when it is sim).
+// The flag wins over the config's tiermem.device; the error names whichever gave the value.
+//
+// Thread-safety: pure functions over their arguments.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gpt/backend.h"
+#include "tiermem/device.h"
+#include "train_loop.h"
+#include "train_options.h"
+
+namespace tiermem::train {
+
+struct DeviceDecision {
+  std::string device;  // "cuda" or "sim": what tiermem.device becomes (make_device decides no more)
+  std::string note;    // one line for the log: what was picked and why ("" for an explicit sim)
+};
+
+// `requested` is "auto", "cuda" or "sim"; `key` names where it came from ("--device" or
+// "tiermem.device"), for the error. Throws UsageError(key, "cuda", why) for cuda without a
+// usable device, ConfigError for any other value.
+DeviceDecision decide_device(const std::string& requested, const std::string& key,
+                             const CudaProbe& probe);
+
+// The device budget left to the engine when the CUDA backend's activations and workspace
+// (`backend_bytes`, device memory) come out of `budget_bytes` (0: the device's own default, which
+// CudaDevice measures after the backend has allocated: returns 0). Throws UsageError(key, ...)
+// naming both sizes when the backend alone takes the whole budget.
+std::uint64_t engine_device_budget(std::uint64_t budget_bytes, std::uint64_t backend_bytes,
+                                   const std::string& key);
+
+// The model's backend for plan->config.tiermem.device (decided by decide_device): the CUDA backend
+// for "cuda" (its device bytes taken out of tiermem.device_budget_bytes, engine_device_budget),
+// the CPU backend otherwise. Call before the engine is built. `budget_key` names the budget's
+// source for errors ("--device-budget" or "tiermem.device_budget_bytes").
+std::unique_ptr<gpt::ModelBackend> make_model_backend(TrainPlan* plan,
+                                                      const std::string& budget_key);
+
+}  // namespace tiermem::train
