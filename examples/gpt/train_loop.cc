@@ -273,15 +273,12 @@ int run_training(const TrainOptions& opts) {
     TrainPlan plan = make_plan(opts, cfg, ranks.rank, ranks.world_size);
     check_run_paths(opts, cfg);
     // The device, decided once (train_device.h): --device cuda without a usable GPU stops here
-    // with one line and exit 2; auto says what it picked.
-    {
-      const std::string& asked = plan.config.tiermem.device;
-      const DeviceDecision dd =
-          decide_device(asked, opts.device.empty() ? "tiermem.device" : "--device",
-                        asked == "sim" ? CudaProbe{} : probe_cuda());
-      plan.config.tiermem.device = dd.device;
-      if (ranks.rank == 0 && !dd.note.empty()) TM_LOG_INFO("TRAIN", "{}", dd.note);
-    }
+    // with one line and exit 2; what auto picked is said once the run's input is checked.
+    const std::string asked_device = plan.config.tiermem.device;
+    const DeviceDecision device = decide_device(
+        asked_device, opts.device.empty() ? "tiermem.device" : "--device",
+        asked_device == "sim" ? CudaProbe{} : probe_cuda());
+    plan.config.tiermem.device = device.device;
 
     // ---- 2. Data, checked before anything heavy is built. Text is byte-level: vocab 256.
     const std::string data_path = opts.data.empty() ? kDefaultCorpus : opts.data;
@@ -305,6 +302,7 @@ int run_training(const TrainOptions& opts) {
     gpt::ModelBackend& model = *backend;
     engine = make_engine(plan, opts);
     const bool lead = plan.rank == 0;
+    if (lead && !device.note.empty()) TM_LOG_INFO("TRAIN", "{}", device.note);
 
     if (!opts.trace_path.empty()) {
       std::string path = opts.trace_path;
