@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpt/backend.h"
@@ -64,15 +65,29 @@ class CudaBackend final : public ModelBackend {
     cudaDeviceProp prop{};
     TM_BACKEND_CUDA(cudaGetDeviceProperties(&prop, dev));
     name_ = fmt::format("cuda:{} ({})", dev, prop.name);
-    TM_BACKEND_CUDA(cudaMalloc(&base_, layout_.bytes));
-    layout_ = CudaBackendLayout(cfg, batch_size, T_, reinterpret_cast<std::uintptr_t>(base_));
-    TM_BACKEND_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
-      cudaStreamDestroy(stream_);
-      cudaFree(base_);
-      throw CudaError("cublasCreate failed (the CUDA backend's cuBLAS handle)");
+    const cudaError_t rc = cudaMalloc(&base_, layout_.bytes);
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      throw CudaError(fmt::format("the CUDA model backend cannot allocate its {} bytes of "
+                                  "activations and workspace on {}: {} (a smaller --batch or "
+                                  "--seq-len needs less)",
+                                  layout_.bytes, name_, cudaGetErrorString(rc)));
     }
-    cublasSetStream(cublas_, stream_);
+    layout_ = CudaBackendLayout(cfg, batch_size, T_, reinterpret_cast<std::uintptr_t>(base_));
+    try {
+      TM_BACKEND_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
+        throw CudaError("cublasCreate failed (the CUDA backend's cuBLAS handle)");
+      }
+      if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) {
+        throw CudaError("cublasSetStream failed (the CUDA backend's compute stream)");
+      }
+    } catch (...) {
+      if (cublas_) cublasDestroy(cublas_);
+      if (stream_) cudaStreamDestroy(stream_);
+      cudaFree(base_);
+      throw;
+    }
     losses_host_.resize(static_cast<std::size_t>(B_) * T_);
   }
   ~CudaBackend() override {
