@@ -24,9 +24,9 @@ DeviceDecision decide_device(const std::string& requested, const std::string& ke
   if (requested == "cuda") {
     if (!probe.usable()) {
       throw UsageError(key, "cuda",
-                       fmt::format("{} cuda: no usable CUDA device: {}; use --device sim (or "
+                       fmt::format("no usable CUDA device for 'cuda': {}; use --device sim (or "
                                    "auto) to run on the CPU",
-                                   key, probe.reason.empty() ? "none found" : probe.reason));
+                                   probe.reason.empty() ? "none found" : probe.reason));
     }
     d.device = "cuda";
     d.note = fmt::format("device {} ({} cuda): the model computes on the GPU", gpu, key);

@@ -213,11 +213,11 @@ TEST_F(TrainCli, DeviceCudaWithoutAGpuIsRefusedAndAutoSaysWhatItPicked) {
   EXPECT_EQ(lines_with(a.err, "auto picked cuda") + lines_with(a.err, "auto picked sim"), 1)
       << a.err;
   if (picked_cuda) GTEST_SKIP() << "a CUDA device is visible: --device cuda is not refused here";
-  expect_usage_error("--device cuda --swap-dir swap", {"--device cuda: no usable CUDA device"});
+  expect_usage_error("--device cuda --swap-dir swap", {"error: --device: no usable CUDA device for 'cuda'"});
   // The same from the config file, naming its key.
   std::ofstream(dir_ / "cuda.json") << R"({"tiermem": {"device": "cuda"}})";
   expect_usage_error("--config cuda.json --swap-dir swap",
-                     {"tiermem.device cuda: no usable CUDA device"});
+                     {"error: tiermem.device: no usable CUDA device for 'cuda'"});
   // --device sim is quiet about devices and trains.
   Result s = run("--device sim --swap-dir swap --steps 1");
   EXPECT_EQ(s.exit_code, 0) << s.err;
