@@ -19,9 +19,11 @@
 // (the engines reduce them from host memory); the CUDA backend copies the module's accumulated
 // gradient in, accumulates on the device and copies it back before backward() returns.
 //
-// Completion: every call returns with its results where the caller can read them (the CUDA
-// backend synchronises its stream at the end of backward() and in loss()), so parameter and
-// gradient buffers may be released or reused as soon as a call returns.
+// Completion: parameter and gradient buffers may be released or reused as soon as a call
+// returns. The CUDA backend copies a module's parameters into its own staging area and waits for
+// that copy only, so forward() returns while the step's kernels still run (the engine fetches the
+// next module meanwhile); backward() returns with the gradient accumulated into the host span,
+// and loss() waits for the head's kernels.
 // Units: elements unless a name ends in _bytes. Thread-safety: a backend is driven by one thread.
 // Errors: as gpt::Model (Error for wrong sizes or order, ConfigError for bad shapes);
 // CudaError for CUDA failures; NotSupportedError from make_cuda_backend in a build without CUDA.

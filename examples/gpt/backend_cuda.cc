@@ -76,6 +76,7 @@ class CudaBackend final : public ModelBackend {
     layout_ = CudaBackendLayout(cfg, batch_size, T_, reinterpret_cast<std::uintptr_t>(base_));
     try {
       TM_BACKEND_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      TM_BACKEND_CUDA(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
       if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
         throw CudaError("cublasCreate failed (the CUDA backend's cuBLAS handle)");
       }
@@ -84,6 +85,7 @@ class CudaBackend final : public ModelBackend {
       }
     } catch (...) {
       if (cublas_) cublasDestroy(cublas_);
+      if (staged_) cudaEventDestroy(staged_);
       if (stream_) cudaStreamDestroy(stream_);
       cudaFree(base_);
       throw;
@@ -93,6 +95,7 @@ class CudaBackend final : public ModelBackend {
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     cublasDestroy(cublas_);
+    cudaEventDestroy(staged_);
     cudaStreamDestroy(stream_);
     cudaFree(base_);
   }
@@ -159,8 +162,9 @@ class CudaBackend final : public ModelBackend {
         loss_valid_ = false;
         break;
     }
-    // The parameters may be released when this returns: nothing queued may read them later.
-    TM_BACKEND_CUDA(cudaStreamSynchronize(stream_));
+    // Not synchronised: the step's kernels read only the staged copy of the parameters (waited
+    // for in stage_params), so the engine may release them and fetch the next module's while
+    // this step computes. The next step's staging waits behind it on the stream.
   }
 
   float loss() override {
@@ -320,6 +324,10 @@ class CudaBackend final : public ModelBackend {
                                       stream_));
       cuda::cast_bf16_to_f32(layout_.params32, layout_.params16, n, stream_);
     }
+    // The caller may release (and the engine reuse) its parameter buffer once this returns:
+    // wait for the copy, not for the kernels queued after it.
+    TM_BACKEND_CUDA(cudaEventRecord(staged_, stream_));
+    TM_BACKEND_CUDA(cudaEventSynchronize(staged_));
   }
 
   // out[N, OC] = inp[N, C]·wᵀ + bias, with inp cast to bf16 first.
@@ -347,6 +355,7 @@ class CudaBackend final : public ModelBackend {
   std::string name_;
   void* base_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t staged_ = nullptr;  // recorded after a module's parameters are staged
   cublasHandle_t cublas_ = nullptr;
   std::vector<float> losses_host_;
   float loss_ = 0;
