@@ -34,17 +34,17 @@ out=$(PATH="$T/gpu:$PATH" BUILD_DIR="$T/build" OUT_JSON="$T/out.json" LOG_DIR="$
       BUDGET_S=60 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
 [[ $rc == 1 ]] || fail "failed build: exit $rc, want 1: $out"
 [[ $out == *"==== gpu-check: NVIDIA H200"* ]] || fail "failed build: no table: $out"
-for row in build "gpu unit tests" "bench h2d" "bench d2h" "bench pipeline" "train gpt2" offload; do
+for row in build "gpu unit tests" "bench h2d" "bench d2h" "bench gemm" "bench pipeline" "train gpt2" offload; do
   printf '%s\n' "$out" | grep -q "^$row " || fail "failed build: no row '$row': $out"
 done
-[[ $(printf '%s\n' "$out" | grep -c ' SKIP ') == 6 ]] || fail "failed build: want 6 SKIP rows: $out"
+[[ $(printf '%s\n' "$out" | grep -c ' SKIP ') == 7 ]] || fail "failed build: want 7 SKIP rows: $out"
 [[ -s $T/out.json ]] || fail "failed build: no JSON"
 if command -v python3 >/dev/null; then
   python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d['gpu'] == 'NVIDIA H200' and d['failed'] == 1, d
-assert [c['status'] for c in d['checks']] == ['FAIL'] + ['SKIP'] * 6, d
+assert [c['status'] for c in d['checks']] == ['FAIL'] + ['SKIP'] * 7, d
 assert 'fake cmake' in d['checks'][0]['detail'], d
 " "$T/out.json" || fail "failed build: bad JSON: $(cat "$T/out.json")"
 fi
