@@ -23,6 +23,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "gpt/cublas_loader.h"
 #include "gpt/kernels_cuda.h"
 #endif
 
@@ -56,7 +57,7 @@ int run_gemm(const GemmOptions& o) {
   check(cudaMemcpy(a, fill.data(), N * C * 2, cudaMemcpyHostToDevice), "upload a");
   check(cudaMemcpy(w, fill.data(), OC * C * 2, cudaMemcpyHostToDevice), "upload w");
   cublasHandle_t h = nullptr;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw CudaError("bench gemm: cublasCreate failed");
+  if (gpt::cuda::cublas_api().create(&h) != CUBLAS_STATUS_SUCCESS) throw CudaError("bench gemm: cublasCreate failed");
   cudaStream_t s = nullptr;
   check(cudaStreamCreate(&s), "cudaStreamCreate");
   cudaEvent_t e0, e1;
@@ -99,7 +100,7 @@ int run_gemm(const GemmOptions& o) {
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaStreamDestroy(s);
-  cublasDestroy(h);
+  gpt::cuda::cublas_api().destroy(h);
   cudaFree(a);
   cudaFree(w);
   cudaFree(c);

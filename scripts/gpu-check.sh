@@ -91,7 +91,7 @@ print_table() {
 }
 
 on_signal() {
-  for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  stop_background
   record "(interrupted)" FAIL "$(elapsed)" "stopped by a signal; the steps above are complete"
   print_table
   exit 1
@@ -116,8 +116,8 @@ tail1() { grep -v '^\s*$' "$1" | tail -1 | cut -c1-160; }
 # ---- the build -------------------------------------------------------------------------------
 check_build() {
   local log=$LOG_DIR/build.log
-  run "$log" "$(limit 330)" bash -c "cmake --preset cuda && cmake --build --preset cuda -j $JOBS \
-    --target tiermem-train tiermem-bench cuda_device_test gpt_cuda_test gpu_adam_test"
+  run "$log" "$(limit 330)" bash -c "cmake --preset cuda -B '$BUILD_DIR' && cmake --build '$BUILD_DIR' \
+    -j $JOBS --target tiermem-train tiermem-bench cuda_device_test gpt_cuda_test gpu_adam_test"
   local st; st=$(status_of)
   record build "$st" "$SECS" "$([[ $st == ok ]] && echo "$BUILD_DIR (preset cuda)" || tail1 "$log")"
   [[ $st == ok ]]
@@ -128,9 +128,18 @@ TRAIN_ARGS=(--model gpt2 --steps 20 --batch 4 --seq-len 256 --lr 3e-4 --warmup 2
             --offload none --json)
 [[ -n $DATA ]] && TRAIN_ARGS+=(--data "$DATA")
 start_cpu_reference() {
+  rm -f "$LOG_DIR/train-gpt2-cpu.rc" "$LOG_DIR/train-gpt2-cpu.pid"
   ( timeout 420 nice -n 5 "$TRAIN" "${TRAIN_ARGS[@]}" --device sim --device-budget 8GiB \
-      >"$LOG_DIR/train-gpt2-cpu.log" 2>&1; echo $? >"$LOG_DIR/train-gpt2-cpu.rc" ) &
+      >"$LOG_DIR/train-gpt2-cpu.log" 2>&1 &
+    echo $! >"$LOG_DIR/train-gpt2-cpu.pid"
+    wait $!
+    echo $? >"$LOG_DIR/train-gpt2-cpu.rc" ) &
   BG_PIDS+=($!)
+}
+# Stops the background run (its timeout passes the signal on to the trainer).
+stop_background() {
+  [[ -f $LOG_DIR/train-gpt2-cpu.pid ]] && kill "$(cat "$LOG_DIR/train-gpt2-cpu.pid")" 2>/dev/null
+  for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null; done
 }
 
 # ---- 1. GPU unit tests -------------------------------------------------------------------------
@@ -306,6 +315,6 @@ else
     record "$c" SKIP 0 "the build failed"
   done
 fi
-for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+stop_background
 print_table
 exit $FAILED

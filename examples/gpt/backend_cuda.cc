@@ -15,6 +15,7 @@
 
 #include "gpt/backend.h"
 #include "gpt/backend_layout.h"
+#include "gpt/cublas_loader.h"
 #include "gpt/kernels_cuda.h"
 #include "tiermem/error.h"
 
@@ -77,14 +78,14 @@ class CudaBackend final : public ModelBackend {
     try {
       TM_BACKEND_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       TM_BACKEND_CUDA(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
-      if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) {
+      if (cuda::cublas_api().create(&cublas_) != CUBLAS_STATUS_SUCCESS) {
         throw CudaError("cublasCreate failed (the CUDA backend's cuBLAS handle)");
       }
-      if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) {
+      if (cuda::cublas_api().set_stream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS) {
         throw CudaError("cublasSetStream failed (the CUDA backend's compute stream)");
       }
     } catch (...) {
-      if (cublas_) cublasDestroy(cublas_);
+      if (cublas_) cuda::cublas_api().destroy(cublas_);
       if (staged_) cudaEventDestroy(staged_);
       if (stream_) cudaStreamDestroy(stream_);
       cudaFree(base_);
@@ -94,7 +95,7 @@ class CudaBackend final : public ModelBackend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
-    cublasDestroy(cublas_);
+    cuda::cublas_api().destroy(cublas_);  // loaded: the constructor used it
     cudaEventDestroy(staged_);
     cudaStreamDestroy(stream_);
     cudaFree(base_);

@@ -6,6 +6,7 @@
 // deterministic). Attention is the plain O(T²) per-row form (scores materialised in `att`), not a
 // fused FlashAttention-style kernel.
 #include "gpt/kernels_cuda.h"
+#include "gpt/cublas_loader.h"
 
 #include <cuda_bf16.h>
 
@@ -338,9 +339,9 @@ void matmul_forward(cublasHandle_t handle, float* out, const std::uint16_t* inp_
     beta = 1;
   }
   const float alpha = 1;
-  TM_GPT_CUBLAS(cublasSetStream(handle, stream));
+  TM_GPT_CUBLAS(cublas_api().set_stream(handle, stream));
   // outᵀ (OC × N) = w (OC × C) · inpᵀ (C × N)
-  TM_GPT_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &alpha, w_bf16,
+  TM_GPT_CUBLAS(cublas_api().gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &alpha, w_bf16,
                              CUDA_R_16BF, C, inp_bf16, CUDA_R_16BF, C, &beta, out, CUDA_R_32F, OC,
                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
@@ -349,15 +350,15 @@ void matmul_backward(cublasHandle_t handle, float* dinp, float* dw, float* dbias
                      const std::uint16_t* dout_bf16, const float* dout, const std::uint16_t* inp_bf16,
                      const std::uint16_t* w_bf16, int N, int C, int OC, cudaStream_t stream) {
   const float one = 1, zero = 0;
-  TM_GPT_CUBLAS(cublasSetStream(handle, stream));
+  TM_GPT_CUBLAS(cublas_api().set_stream(handle, stream));
   if (dinp != nullptr) {
     // dinpᵀ (C × N) = wᵀ (C × OC) · doutᵀ (OC × N)
-    TM_GPT_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, w_bf16,
+    TM_GPT_CUBLAS(cublas_api().gemm_ex(handle, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, w_bf16,
                                CUDA_R_16BF, C, dout_bf16, CUDA_R_16BF, OC, &zero, dinp, CUDA_R_32F,
                                C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   // dwᵀ (C × OC) += inpᵀ (C × N) · dout (N × OC)
-  TM_GPT_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp_bf16,
+  TM_GPT_CUBLAS(cublas_api().gemm_ex(handle, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp_bf16,
                              CUDA_R_16BF, C, dout_bf16, CUDA_R_16BF, OC, &one, dw, CUDA_R_32F, C,
                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (dbias != nullptr) {

@@ -5,7 +5,8 @@
 //
 // Memory: every pointer is device memory (cudaMalloc or managed), caller-owned; fp32 activations
 // except GEMM inputs, which are bf16 (raw bits, uint16) with fp32 accumulation and fp32 outputs
-// (cuBLAS cublasGemmEx, CUBLAS_COMPUTE_32F). cast_f32_to_bf16 makes those bf16 copies.
+// (cuBLAS cublasGemmEx, CUBLAS_COMPUTE_32F; cuBLAS is loaded on first use, gpt/cublas_loader.h,
+// so a handle comes from cublas_api().create). cast_f32_to_bf16 makes those bf16 copies.
 // Asynchrony: every function enqueues work on `stream` and returns; results are ready when the
 // stream is synchronised. Buffers may be reused after that. Row kernels run the phases of
 // gpt/layer_math.h with a warp per row (LayerNorm, attention) or a block of 512 threads per row

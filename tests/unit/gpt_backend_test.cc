@@ -11,6 +11,10 @@
 #include "gpt/backend_layout.h"
 #include "tiermem/error.h"
 
+#if TIERMEM_HAVE_CUDA
+#include "gpt/cublas_loader.h"
+#endif
+
 namespace tiermem::gpt {
 namespace {
 
@@ -124,6 +128,19 @@ TEST(GptBackend, CudaBackendWithoutAGpuThrowsAnErrorNeverCrashes) {
     EXPECT_FALSE(std::string(e.what()).empty());
   }
 }
+
+#if TIERMEM_HAVE_CUDA
+// cuBLAS is loaded on first use, not linked (cublas_loader.h): the load and every entry point the
+// model calls must resolve, GPU or not (dlopen needs no driver).
+TEST(GptBackend, CublasLoadsOnFirstUseWithEveryEntryPoint) {
+  const cuda::CublasApi& api = cuda::cublas_api();
+  EXPECT_NE(api.create, nullptr);
+  EXPECT_NE(api.destroy, nullptr);
+  EXPECT_NE(api.set_stream, nullptr);
+  EXPECT_NE(api.gemm_ex, nullptr);
+  EXPECT_EQ(&cuda::cublas_api(), &api);  // loaded once
+}
+#endif
 
 }  // namespace
 }  // namespace tiermem::gpt
