@@ -29,23 +29,6 @@ void cuda_check(cudaError_t rc, const char* what, int line) {
 }
 #define TM_BACKEND_CUDA(expr) cuda_check((expr), #expr, __LINE__)
 
-// Pointers to one block's tensors inside a module buffer (the layout of model.h).
-template <class P>
-struct Block {
-  P *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w,
-      *fc_proj_b;
-  Block(P* p, std::int64_t C) {
-    auto take = [&p](std::int64_t n) {
-      P* r = p;
-      p += n;
-      return r;
-    };
-    ln1_w = take(C), ln1_b = take(C), qkv_w = take(3 * C * C), qkv_b = take(3 * C);
-    proj_w = take(C * C), proj_b = take(C), ln2_w = take(C), ln2_b = take(C);
-    fc_w = take(4 * C * C), fc_b = take(4 * C), fc_proj_w = take(4 * C * C), fc_proj_b = take(C);
-  }
-};
-
 bool is_device_memory(const void* p) {
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -133,8 +116,8 @@ class CudaBackend final : public ModelBackend {
                               p + static_cast<std::int64_t>(V) * C, B, T, C, stream_);
         break;
       case StepKind::kBlock: {
-        const Block<const float> w(p, C);
-        const Block<const std::uint16_t> w16(p16, C);
+        const BlockTensors<const float> w(p, C);
+        const BlockTensors<const std::uint16_t> w16(p16, C);
         const CudaBackendLayout::Layer& a = layout_.layers[static_cast<std::size_t>(s.layer)];
         const float* x = layout_.resid[static_cast<std::size_t>(s.layer)];
         float* y = layout_.resid[static_cast<std::size_t>(s.layer) + 1];
@@ -211,9 +194,9 @@ class CudaBackend final : public ModelBackend {
                                  L.lnf_mean, L.lnf_rstd, N, C, stream_);
         break;
       case StepKind::kBlock: {
-        const Block<const float> w(L.params32, C);
-        const Block<const std::uint16_t> w16(L.params16, C);
-        const Block<float> dw(g, C);
+        const BlockTensors<const float> w(L.params32, C);
+        const BlockTensors<const std::uint16_t> w16(L.params16, C);
+        const BlockTensors<float> dw(g, C);
         const CudaBackendLayout::Layer& a = L.layers[static_cast<std::size_t>(s.layer)];
         copy(L.d_resid_mid, L.d_resid, NC);
         linear_backward(L.d_fch_gelu, dw.fc_proj_w, dw.fc_proj_b, L.d_resid, a.fch_gelu,

@@ -119,6 +119,18 @@ TEST(GptBackend, CudaLayoutIsAlignedDisjointAndCounted) {
   EXPECT_EQ(cuda_backend_bytes(cfg, 1, 0), cuda_backend_bytes(cfg, 1, cfg.seq_len));
 }
 
+TEST(GptBackend, BlockTensorsFollowTheModuleLayout) {
+  const GptConfig cfg = GptConfig::named("mini");
+  const ModuleLayout m = module_layout(cfg, 1);
+  std::vector<float> buf(static_cast<std::size_t>(m.numel));
+  const BlockTensors<float> b(buf.data(), cfg.d_model);
+  const float* got[] = {b.ln1_w, b.ln1_b, b.qkv_w, b.qkv_b, b.proj_w, b.proj_b,
+                        b.ln2_w, b.ln2_b, b.fc_w, b.fc_b, b.fc_proj_w, b.fc_proj_b};
+  ASSERT_EQ(m.tensors.size(), std::size(got));
+  for (std::size_t i = 0; i < m.tensors.size(); ++i)
+    EXPECT_EQ(got[i] - buf.data(), m.tensors[i].offset) << m.tensors[i].name;
+}
+
 TEST(GptBackend, CudaBackendWithoutAGpuThrowsAnErrorNeverCrashes) {
   try {
     const auto b = make_cuda_backend(GptConfig::named("tiny"), 1, 4);
