@@ -29,7 +29,9 @@
 # (/tmp/gpu-check: every step's full output).
 # Exit status: 0 every step ok; 1 a step failed, timed out or was skipped for lack of time;
 #              2 bad usage; 3 no GPU on this machine (one line; nothing built or run).
-set -uo pipefail
+# No `set -e` / `set -u`: a slip in one step must not end the run before the table is printed
+# (an EXIT trap prints it in any case).
+set -o pipefail
 cd "$(dirname "$0")/.."
 PROBE_ONLY=0
 case "${1:-}" in
@@ -74,15 +76,18 @@ json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/ }; s=${s//$'\
 record() {
   local metrics=${5:-}
   [[ -n $metrics ]] || metrics='{}'
-  ROWS+=("$(printf '%-30s %-8s %6ss  %s' "$1" "$2" "$3" "$4")")
+  ROWS+=("$(printf '%-44s %-8s %5ss  %s' "$1" "$2" "$3" "$4")")
   JROWS+=("{\"name\":$(json_str "$1"),\"status\":$(json_str "$2"),\"seconds\":$3,\"detail\":$(json_str "$4"),\"metrics\":$metrics}")
   [[ $2 == ok ]] || FAILED=1
 }
 
+TABLE_PRINTED=0
 print_table() {
+  (( TABLE_PRINTED )) && return
+  TABLE_PRINTED=1
   echo
   echo "==== gpu-check: $GPU_NAME, $(elapsed) s, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') ===="
-  printf '%-30s %-8s %7s  %s\n' check status time detail
+  printf '%-44s %-8s %6s  %s\n' check status time detail
   printf '%s\n' "${ROWS[@]}"
   local body; body=$(IFS=,; echo "${JROWS[*]}")
   printf '{"gpu":%s,"seconds":%s,"failed":%s,"checks":[%s]}\n' "$(json_str "$GPU_NAME")" \
@@ -97,6 +102,17 @@ on_signal() {
   exit 1
 }
 trap on_signal INT TERM
+# Whatever ends the script (even a bug in it), the background run stops and the table is printed.
+on_exit() {
+  local rc=$?
+  stop_background
+  if (( ! TABLE_PRINTED )); then
+    record "(aborted)" FAIL "$(elapsed)" "gpu-check.sh ended early (exit $rc); the steps above are complete"
+    print_table
+    exit 1
+  fi
+}
+trap on_exit EXIT
 
 # run <log> <seconds> cmd... : runs under timeout; sets RC (124 = timed out) and SECS.
 run() {
@@ -145,13 +161,15 @@ stop_background() {
 # ---- 1. GPU unit tests -------------------------------------------------------------------------
 check_gpu_tests() {
   local log=$LOG_DIR/ctest-gpu.log
-  run "$log" "$(limit 150)" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 120
+  # --verbose: every test's output, so that a skip ("no CUDA device") is seen, not only failures.
+  run "$log" "$(limit 150)" ctest --test-dir "$BUILD_DIR" -L gpu --verbose --timeout 120
   local st; st=$(status_of)
   local summary; summary=$(grep -E 'tests passed' "$log" | tail -1)
-  if [[ $st == ok ]] && grep -q "no CUDA device" "$log"; then
-    st=FAIL; summary="$summary; some tests skipped with 'no CUDA device'"
+  local skipped; skipped=$(grep -cE '\[ +SKIPPED +\] [A-Za-z]' "$log")
+  if [[ $st == ok ]] && (( skipped > 0 )); then
+    st=FAIL; summary="$summary; $skipped test cases skipped ($(grep -m1 -oE 'no CUDA device|[a-z][^"]*GPU[^"]{0,40}' "$log" | head -1))"
   fi
-  local n; n=$(grep -cE '^\[ +OK +\]' "$log")
+  local n; n=$(grep -cE '\[ +OK +\] [A-Za-z]' "$log")
   record "gpu unit tests (ctest -L gpu)" "$st" "$SECS" "${summary:-$(tail1 "$log")}" \
     "{\"gtest_cases_ok\":${n:-0}}"
 }
@@ -160,7 +178,9 @@ check_gpu_tests() {
 check_copy_bench() {  # h2d | d2h
   local log=$LOG_DIR/bench-$1.log
   run "$log" "$(limit 90)" "$BENCH" "$1" --device cuda --min-size 64M --max-size 1G --reps 3 --json
-  local st; st=$(status_of) j; j=$(last_json "$log")
+  local st j
+  st=$(status_of)
+  j=$(last_json "$log")
   if [[ $st == ok ]]; then
     local g p r; g=$(py "round(j['gbps'],2)" "$j"); p=$(py "round(j.get('cudamemcpy_gbps',0),2)" "$j")
     r=$(py "round(j.get('ratio_to_cudamemcpy',0),3)" "$j")
@@ -177,7 +197,9 @@ GEMM_TFLOPS=""
 check_gemm_bench() {
   local log=$LOG_DIR/bench-gemm.log
   run "$log" "$(limit 60)" "$BENCH" gemm --rows 8192 --d-model 1600 --reps 20 --json
-  local st; st=$(status_of) j; j=$(last_json "$log")
+  local st j
+  st=$(status_of)
+  j=$(last_json "$log")
   if [[ $st == ok ]]; then
     GEMM_TFLOPS=$(py "round(j['tflops'],1)" "$j")
     record "bench gemm (bf16 cuBLAS)" ok "$SECS" "$GEMM_TFLOPS TFLOP/s, [8192, 1600] x [1600, 6400]" \
@@ -197,7 +219,9 @@ check_pipeline_bench() {
   local log=$LOG_DIR/bench-pipeline.log
   run "$log" "$(limit 120)" "$BENCH" pipeline --device cuda --path "$NVME_DIR" --tensor-size 256M \
     --tensors 4 --reps 3 --json
-  local st; st=$(status_of) j; j=$(last_json "$log")
+  local st j
+  st=$(status_of)
+  j=$(last_json "$log")
   if [[ $st == ok ]]; then
     local r g s; r=$(py "round(j['ratio_to_slowest_stage'],3)" "$j"); g=$(py "round(j['gbps'],2)" "$j")
     s=$(py "j['slowest_stage']+' '+str(round(j['slowest_stage_gbps'],2))" "$j")
@@ -277,7 +301,7 @@ check_offload() {
     --device-budget "${budget_mib}MiB"
   local st; st=$(status_of)
   rm -rf "$swap"
-  local name="$model nvme, state $((state >> 30)) GiB / budget $((budget_mib >> 10)) GiB"
+  local name="$model nvme, state $((state >> 30)) GiB, budget ${budget_mib} MiB"
   if [[ $st == ok ]]; then
     local j; j=$(last_json "$log")
     local tf tps stall
