@@ -132,7 +132,8 @@ tail1() { grep -v '^\s*$' "$1" | tail -1 | cut -c1-160; }
 # ---- the build -------------------------------------------------------------------------------
 check_build() {
   local log=$LOG_DIR/build.log
-  run "$log" "$(limit 330)" bash -c "cmake --preset cuda -B '$BUILD_DIR' && cmake --build '$BUILD_DIR' \
+  # Release (no debug info: the build is most of the time budget); only the targets the checks run.
+  run "$log" "$(limit 330)" bash -c "cmake --preset cuda -B '$BUILD_DIR' -DCMAKE_BUILD_TYPE=Release && cmake --build '$BUILD_DIR' \
     -j $JOBS --target tiermem-train tiermem-bench cuda_device_test gpt_cuda_test gpu_adam_test"
   local st; st=$(status_of)
   record build "$st" "$SECS" "$([[ $st == ok ]] && echo "$BUILD_DIR (preset cuda)" || tail1 "$log")"
