@@ -70,9 +70,10 @@ std::unique_ptr<ModelBackend> make_cpu_backend(const GptConfig& cfg, int batch_s
 // Device bytes make_cuda_backend(cfg, batch_size, seq_len) allocates (pure; for budgets).
 std::uint64_t cuda_backend_bytes(const GptConfig& cfg, int batch_size, int seq_len);
 
-// The CUDA backend on the current CUDA device. Throws NotSupportedError without CUDA in the
-// build, CudaError when the device cannot give its memory or cuBLAS cannot start.
+// The CUDA backend on CUDA device `ordinal` (made the calling thread's current device; -1: the
+// current device). Throws NotSupportedError without CUDA in the build, CudaError when the device
+// cannot give its memory or cuBLAS cannot start.
 std::unique_ptr<ModelBackend> make_cuda_backend(const GptConfig& cfg, int batch_size,
-                                                int seq_len);
+                                                int seq_len, int ordinal = -1);
 
 }  // namespace tiermem::gpt

@@ -45,7 +45,7 @@ std::uint64_t cuda_backend_bytes(const GptConfig& cfg, int batch_size, int seq_l
 }
 
 #if !TIERMEM_HAVE_CUDA
-std::unique_ptr<ModelBackend> make_cuda_backend(const GptConfig&, int, int) {
+std::unique_ptr<ModelBackend> make_cuda_backend(const GptConfig&, int, int, int) {
   throw NotSupportedError(
       "the CUDA model backend: this build has no CUDA (configure with -DTIERMEM_WITH_CUDA=ON)");
 }

@@ -349,7 +349,8 @@ class CudaBackend final : public ModelBackend {
 }  // namespace
 
 std::unique_ptr<ModelBackend> make_cuda_backend(const GptConfig& cfg, int batch_size,
-                                                int seq_len) {
+                                                int seq_len, int ordinal) {
+  if (ordinal >= 0) TM_BACKEND_CUDA(cudaSetDevice(ordinal));
   return std::make_unique<CudaBackend>(cfg, batch_size, seq_len);
 }
 

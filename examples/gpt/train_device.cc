@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "tiermem/env.h"
 #include "tiermem/log.h"
 
 namespace tiermem::train {
@@ -46,6 +47,23 @@ DeviceDecision decide_device(const std::string& requested, const std::string& ke
   throw ConfigError(key, requested, "must be one of auto, cuda, sim");
 }
 
+int local_rank_from_env() { return local_rank_from(env_param); }
+
+int local_rank_from(const std::function<std::optional<std::string>(std::string_view)>& lookup) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK"}) {
+    const auto v = lookup(name);
+    if (!v) continue;
+    try {
+      std::size_t used = 0;
+      const int r = std::stoi(*v, &used);
+      if (used == v->size() && r >= 0) return r;
+    } catch (const std::exception&) {
+    }
+    throw ConfigError(name, *v, "expected a rank >= 0");
+  }
+  return 0;
+}
+
 std::uint64_t engine_device_budget(std::uint64_t budget_bytes, std::uint64_t backend_bytes,
                                    const std::string& key) {
   if (budget_bytes == 0) return 0;
@@ -68,7 +86,8 @@ std::unique_ptr<gpt::ModelBackend> make_model_backend(TrainPlan* plan,
   std::uint64_t& budget = plan->config.tiermem.device_budget_bytes;
   const std::uint64_t given = budget;
   budget = engine_device_budget(budget, need, budget_key);
-  auto backend = gpt::make_cuda_backend(plan->model, plan->batch, plan->seq_len);
+  const int ordinal = cuda_ordinal_for(local_rank_from_env(), probe_cuda().device_count);
+  auto backend = gpt::make_cuda_backend(plan->model, plan->batch, plan->seq_len, ordinal);
   if (plan->rank == 0) {
     TM_LOG_INFO("TRAIN", "model on {}: activations and workspace {} of device memory{}",
                 backend->name(), format_bytes(backend->activation_bytes()),

@@ -13,8 +13,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "gpt/backend.h"
 #include "tiermem/device.h"
@@ -34,6 +37,16 @@ struct DeviceDecision {
 DeviceDecision decide_device(const std::string& requested, const std::string& key,
                              const CudaProbe& probe);
 
+// This process's rank on its node (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or LOCAL_RANK;
+// 0 without a launcher), and the GPU it computes on: one GPU per rank, local_rank % devices.
+// Throws ConfigError for a malformed value. local_rank_from reads the variables through `lookup`
+// (env_param in local_rank_from_env; a map in tests, since env_param reads each name once).
+int local_rank_from(const std::function<std::optional<std::string>(std::string_view)>& lookup);
+int local_rank_from_env();
+inline int cuda_ordinal_for(int local_rank, int device_count) {
+  return device_count > 0 ? local_rank % device_count : 0;
+}
+
 // The device budget left to the engine when the CUDA backend's activations and workspace
 // (`backend_bytes`, device memory) come out of `budget_bytes` (0: the device's own default, which
 // CudaDevice measures after the backend has allocated: returns 0). Throws UsageError(key, ...)
@@ -42,7 +55,8 @@ std::uint64_t engine_device_budget(std::uint64_t budget_bytes, std::uint64_t bac
                                    const std::string& key);
 
 // The model's backend for plan->config.tiermem.device (decided by decide_device): the CUDA backend
-// for "cuda" (its device bytes taken out of tiermem.device_budget_bytes, engine_device_budget),
+// for "cuda" on GPU cuda_ordinal_for(local rank, visible GPUs) (its device bytes taken out of
+// tiermem.device_budget_bytes, engine_device_budget),
 // the CPU backend otherwise. Call before the engine is built. `budget_key` names the budget's
 // source for errors ("--device-budget" or "tiermem.device_budget_bytes").
 std::unique_ptr<gpt::ModelBackend> make_model_backend(TrainPlan* plan,

@@ -2,6 +2,10 @@
 // every probe outcome, without needing (or touching) a GPU.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <optional>
+#include <string>
+
 #include "train_device.h"
 
 namespace tiermem::train {
@@ -74,6 +78,27 @@ TEST(TrainDevice, CudaActivationsComeOutOfTheDeviceBudget) {
     EXPECT_EQ(e.key_path(), "tiermem.device_budget_bytes");
     EXPECT_NE(std::string(e.what()).find("activations"), std::string::npos) << e.what();
   }
+}
+
+TEST(TrainDevice, OneGpuPerLocalRank) {
+  EXPECT_EQ(cuda_ordinal_for(0, 8), 0);
+  EXPECT_EQ(cuda_ordinal_for(3, 8), 3);
+  EXPECT_EQ(cuda_ordinal_for(9, 8), 1);
+  EXPECT_EQ(cuda_ordinal_for(2, 0), 0);
+  std::map<std::string, std::string, std::less<>> env;
+  auto lookup = [&env](std::string_view name) -> std::optional<std::string> {
+    const auto it = env.find(name);
+    return it == env.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  EXPECT_EQ(local_rank_from(lookup), 0);
+  env["LOCAL_RANK"] = "5";
+  EXPECT_EQ(local_rank_from(lookup), 5);
+  env["OMPI_COMM_WORLD_LOCAL_RANK"] = "2";  // mpirun's wins
+  EXPECT_EQ(local_rank_from(lookup), 2);
+  env["OMPI_COMM_WORLD_LOCAL_RANK"] = "two";
+  EXPECT_THROW(local_rank_from(lookup), ConfigError);
+  env["OMPI_COMM_WORLD_LOCAL_RANK"] = "-1";
+  EXPECT_THROW(local_rank_from(lookup), ConfigError);
 }
 
 TEST(TrainDevice, ProbeNeverThrowsAndExplainsAnAbsentDevice) {
