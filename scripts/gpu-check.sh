@@ -16,7 +16,9 @@
 #      state), state >= 8x the device budget, NVMe offload: tokens/s, TFLOP/s, stall %; then the
 #      same model resident on the device. TFLOP/s are also given as a fraction of the GEMM peak
 #      (the goal for the offloaded run: >= 0.9 x min(GEMM peak, the PCIe/NVMe bound);
-#      reported, not enforced: a slow run is a finding, not a broken check).
+#      reported, not enforced: a slow run is a finding, not a broken check). Note: with a CUDA
+#      device ZeroEngine keeps working parameters in the host tier and the CUDA backend copies
+#      each module in per step (docs/benchmarks.md), so "resident" means host-resident state.
 # Prints one table (also when a step fails or the time runs out) and writes it as JSON.
 #
 #   scripts/gpu-check.sh                 # from anywhere; about 8 minutes on one H200
