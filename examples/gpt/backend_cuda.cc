@@ -60,7 +60,12 @@ class CudaBackend final : public ModelBackend {
     layout_ = CudaBackendLayout(cfg, batch_size, T_, reinterpret_cast<std::uintptr_t>(base_));
     try {
       TM_BACKEND_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-      TM_BACKEND_CUDA(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+      TM_BACKEND_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+      for (int b = 0; b < 2; ++b) {
+        TM_BACKEND_CUDA(cudaEventCreateWithFlags(&staged_[b], cudaEventDisableTiming));
+        TM_BACKEND_CUDA(cudaEventCreateWithFlags(&consumed_[b], cudaEventDisableTiming));
+        TM_BACKEND_CUDA(cudaEventRecord(consumed_[b], stream_));  // both buffers start free
+      }
       if (cuda::cublas_api().create(&cublas_) != CUBLAS_STATUS_SUCCESS) {
         throw CudaError("cublasCreate failed (the CUDA backend's cuBLAS handle)");
       }
@@ -69,8 +74,7 @@ class CudaBackend final : public ModelBackend {
       }
     } catch (...) {
       if (cublas_) cuda::cublas_api().destroy(cublas_);
-      if (staged_) cudaEventDestroy(staged_);
-      if (stream_) cudaStreamDestroy(stream_);
+      destroy_events_and_streams();
       cudaFree(base_);
       throw;
     }
@@ -78,9 +82,9 @@ class CudaBackend final : public ModelBackend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(copy_stream_);
     cuda::cublas_api().destroy(cublas_);  // loaded: the constructor used it
-    cudaEventDestroy(staged_);
-    cudaStreamDestroy(stream_);
+    destroy_events_and_streams();
     cudaFree(base_);
   }
 
@@ -107,8 +111,8 @@ class CudaBackend final : public ModelBackend {
     stage_params(s, params);
     const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_head, V = cfg_.vocab_size, N = B * T;
     const std::int64_t NC = static_cast<std::int64_t>(N) * C;
-    const float* p = layout_.params32;
-    const std::uint16_t* p16 = layout_.params16;
+    const float* p = cur32_;
+    const std::uint16_t* p16 = cur16_;
     std::uint16_t* in16 = layout_.in16;
     switch (s.kind) {
       case StepKind::kEmbed:
@@ -148,7 +152,8 @@ class CudaBackend final : public ModelBackend {
     }
     // Not synchronised: the step's kernels read only the staged copy of the parameters (waited
     // for in stage_params), so the engine may release them and fetch the next module's while
-    // this step computes. The next step's staging waits behind it on the stream.
+    // this step computes; the next module is staged into the other buffer meanwhile.
+    release_staging();
   }
 
   float loss() override {
@@ -172,7 +177,8 @@ class CudaBackend final : public ModelBackend {
       throw Error(fmt::format("gpt backward {}: module {} gradient must have {} elements, got {}",
                               step_name(s), s.module, need, grads.size()));
     }
-    if (s.kind != StepKind::kEmbed || params.numel() != 0) stage_params(s, params);
+    const bool staged = s.kind != StepKind::kEmbed || params.numel() != 0;
+    if (staged) stage_params(s, params);
     // The module's gradient so far (the tied embedding accumulates over two steps) comes in,
     // is accumulated on the device, and goes back out.
     float* g = layout_.grads;
@@ -185,17 +191,17 @@ class CudaBackend final : public ModelBackend {
       case StepKind::kHead:
         cuda::crossentropy_backward(L.probs, L.targets, N, V, 1.0f / static_cast<float>(N),
                                     stream_);
-        linear_backward(L.d_ln, g, nullptr, L.probs, L.lnf, L.params16, N, C, V);
+        linear_backward(L.d_ln, g, nullptr, L.probs, L.lnf, cur16_, N, C, V);
         break;
       case StepKind::kFinalNorm:
         TM_BACKEND_CUDA(cudaMemsetAsync(L.d_resid, 0, NC * sizeof(float), stream_));
         cuda::layernorm_backward(L.d_resid, g, g + C, L.d_ln,
-                                 L.resid[static_cast<std::size_t>(cfg_.n_layer)], L.params32,
+                                 L.resid[static_cast<std::size_t>(cfg_.n_layer)], cur32_,
                                  L.lnf_mean, L.lnf_rstd, N, C, stream_);
         break;
       case StepKind::kBlock: {
-        const BlockTensors<const float> w(L.params32, C);
-        const BlockTensors<const std::uint16_t> w16(L.params16, C);
+        const BlockTensors<const float> w(cur32_, C);
+        const BlockTensors<const std::uint16_t> w16(cur16_, C);
         const BlockTensors<float> dw(g, C);
         const CudaBackendLayout::Layer& a = L.layers[static_cast<std::size_t>(s.layer)];
         copy(L.d_resid_mid, L.d_resid, NC);
@@ -220,6 +226,7 @@ class CudaBackend final : public ModelBackend {
                                C, stream_);
         break;
     }
+    if (staged) release_staging();
     TM_BACKEND_CUDA(cudaMemcpyAsync(grads.data(), g, grads.size_bytes(), cudaMemcpyDeviceToHost,
                                     stream_));
     TM_BACKEND_CUDA(cudaStreamSynchronize(stream_));
@@ -284,8 +291,11 @@ class CudaBackend final : public ModelBackend {
     }
   }
 
-  // The module's parameters as fp32 (params32) and bf16 (params16) in device memory: used in
-  // place when they are device memory, else copied from the host.
+  // The module's parameters as fp32 and bf16 in device memory, in staging buffer `buf_`: copied
+  // (host -> device, or device -> device) and cast on the copy stream, after the compute that
+  // last read that buffer (consumed_), so module i+1 is staged while module i computes. Returns
+  // once the copy is done (the caller may then release its buffer); the compute stream waits
+  // for it on the device (staged_).
   void stage_params(const Step& s, ParamView params) {
     const std::size_t need = static_cast<std::size_t>(module_layout(cfg_, s.module).numel);
     if (params.numel() != need) {
@@ -293,25 +303,41 @@ class CudaBackend final : public ModelBackend {
                               step_name(s), s.module, need, params.numel()));
     }
     const std::int64_t n = static_cast<std::int64_t>(need);
+    buf_ ^= 1;
+    float* p32 = layout_.params32[buf_];
+    std::uint16_t* p16 = layout_.params16[buf_];
+    TM_BACKEND_CUDA(cudaStreamWaitEvent(copy_stream_, consumed_[buf_], 0));
     if (params.dtype() == DType::kF32) {
       const float* src = params.f32().data();
-      TM_BACKEND_CUDA(cudaMemcpyAsync(layout_.params32, src, need * sizeof(float),
+      TM_BACKEND_CUDA(cudaMemcpyAsync(p32, src, need * sizeof(float),
                                       is_device_memory(src) ? cudaMemcpyDeviceToDevice
                                                             : cudaMemcpyHostToDevice,
-                                      stream_));
-      cuda::cast_f32_to_bf16(layout_.params16, layout_.params32, n, stream_);
+                                      copy_stream_));
+      cuda::cast_f32_to_bf16(p16, p32, n, copy_stream_);
     } else {
       const std::uint16_t* src = params.bf16_bits().data();
-      TM_BACKEND_CUDA(cudaMemcpyAsync(layout_.params16, src, need * sizeof(std::uint16_t),
+      TM_BACKEND_CUDA(cudaMemcpyAsync(p16, src, need * sizeof(std::uint16_t),
                                       is_device_memory(src) ? cudaMemcpyDeviceToDevice
                                                             : cudaMemcpyHostToDevice,
-                                      stream_));
-      cuda::cast_bf16_to_f32(layout_.params32, layout_.params16, n, stream_);
+                                      copy_stream_));
+      cuda::cast_bf16_to_f32(p32, p16, n, copy_stream_);
     }
-    // The caller may release (and the engine reuse) its parameter buffer once this returns:
-    // wait for the copy, not for the kernels queued after it.
-    TM_BACKEND_CUDA(cudaEventRecord(staged_, stream_));
-    TM_BACKEND_CUDA(cudaEventSynchronize(staged_));
+    TM_BACKEND_CUDA(cudaEventRecord(staged_[buf_], copy_stream_));
+    TM_BACKEND_CUDA(cudaEventSynchronize(staged_[buf_]));
+    TM_BACKEND_CUDA(cudaStreamWaitEvent(stream_, staged_[buf_], 0));
+    cur32_ = p32;
+    cur16_ = p16;
+  }
+  // The kernels enqueued so far are the last readers of the current staging buffer.
+  void release_staging() { TM_BACKEND_CUDA(cudaEventRecord(consumed_[buf_], stream_)); }
+
+  void destroy_events_and_streams() noexcept {
+    for (int b = 0; b < 2; ++b) {
+      if (staged_[b]) cudaEventDestroy(staged_[b]);
+      if (consumed_[b]) cudaEventDestroy(consumed_[b]);
+    }
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
+    if (stream_) cudaStreamDestroy(stream_);
   }
 
   // out[N, OC] = inp[N, C]·wᵀ + bias, with inp cast to bf16 first.
@@ -338,8 +364,13 @@ class CudaBackend final : public ModelBackend {
   CudaBackendLayout layout_;
   std::string name_;
   void* base_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t staged_ = nullptr;  // recorded after a module's parameters are staged
+  cudaStream_t stream_ = nullptr;       // the model's kernels, the gradient copies
+  cudaStream_t copy_stream_ = nullptr;  // parameter staging
+  cudaEvent_t staged_[2] = {};          // staging buffer b holds the next module's parameters
+  cudaEvent_t consumed_[2] = {};        // the last kernel reading staging buffer b is done
+  int buf_ = 1;                         // the staging buffer in use (the first stage takes 0)
+  const float* cur32_ = nullptr;        // the current module's parameters, fp32 and bf16
+  const std::uint16_t* cur16_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::vector<float> losses_host_;
   float loss_ = 0;

@@ -9,7 +9,8 @@
 //   lnf [N, C], lnf_mean, lnf_rstd, losses [N], probs [N, V]
 //   d_resid, d_resid_mid, d_ln, d_atty [N, C]; d_qkv [N, 3C]; d_fch, d_fch_gelu [N, 4C];
 //   d_att [B, NH, T, T]
-//   params32, grads [M] fp32; params16 [M] bf16; in16 [N, 4C] bf16 (a GEMM input),
+//   params32[2], grads [M] fp32; params16[2] [M] bf16 (two staging buffers: module i+1 is
+//   copied in while module i computes); in16 [N, 4C] bf16 (a GEMM input),
 //   out16 [N, max(4C, V)] bf16 (a GEMM output gradient); tokens, targets [N] int32.
 // Thread-safety: a value type.
 #pragma once
@@ -48,8 +49,8 @@ struct CudaBackendLayout {
   std::vector<Layer> layers;
   float *lnf, *lnf_mean, *lnf_rstd, *probs, *losses;
   float *d_resid, *d_resid_mid, *d_ln, *d_qkv, *d_att, *d_atty, *d_fch, *d_fch_gelu;
-  float *params32, *grads;
-  std::uint16_t *params16, *in16, *out16;
+  float *params32[2], *grads;
+  std::uint16_t *params16[2], *in16, *out16;
   std::int32_t *tokens, *targets;
   std::uint64_t max_module_elems = 0;
   std::uint64_t bytes = 0;  // the allocation the layout needs, bytes
@@ -84,8 +85,10 @@ struct CudaBackendLayout {
     lnf = f32(N * C), lnf_mean = f32(N), lnf_rstd = f32(N), probs = f32(N * V), losses = f32(N);
     d_resid = f32(N * C), d_resid_mid = f32(N * C), d_ln = f32(N * C), d_qkv = f32(N * 3 * C);
     d_att = f32(att), d_atty = f32(N * C), d_fch = f32(N * 4 * C), d_fch_gelu = f32(N * 4 * C);
-    params32 = f32(max_module_elems), grads = f32(max_module_elems);
-    params16 = b16(max_module_elems), in16 = b16(N * 4 * C);
+    params32[0] = f32(max_module_elems), params32[1] = f32(max_module_elems);
+    grads = f32(max_module_elems);
+    params16[0] = b16(max_module_elems), params16[1] = b16(max_module_elems);
+    in16 = b16(N * 4 * C);
     out16 = b16(N * (V > 4 * C ? V : 4 * C));
     tokens = i32(N), targets = i32(N);
   }

@@ -91,9 +91,11 @@ TEST(GptBackend, CudaLayoutIsAlignedDisjointAndCounted) {
   add(L.d_fch, N * 4 * C * 4);
   add(L.d_fch_gelu, N * 4 * C * 4);
   add(L.d_att, att * 4);
-  add(L.params32, L.max_module_elems * 4);
+  for (int b = 0; b < 2; ++b) {
+    add(L.params32[b], L.max_module_elems * 4);
+    add(L.params16[b], L.max_module_elems * 2);
+  }
   add(L.grads, L.max_module_elems * 4);
-  add(L.params16, L.max_module_elems * 2);
   add(L.in16, N * 4 * C * 2);
   add(L.out16, N * std::max(4 * C, V) * 2);
   add(L.tokens, N * 4);
