@@ -1,6 +1,7 @@
 // The GPT model's CUDA kernels against its CPU kernels on the same random inputs. Row kernels run
-// the same gpt/layer_math.h code, so they must agree to fp32 rounding (1e-5 relative to the
-// largest reference value); GEMMs take bf16 inputs, so the CPU reference is given the same
+// the same gpt/layer_math.h phases (split over a warp or a block, combined by shuffles: only the
+// summation order and the device's expf differ), so they must agree to fp32 rounding (1e-5
+// relative to the largest reference value), also at GPT-2's widths (C 768, V 50257); GEMMs take bf16 inputs, so the CPU reference is given the same
 // bf16-rounded inputs and the bound is 1e-4 relative (fp32 accumulation order only).
 // Skips with "no CUDA device" where there is no GPU; scripts/gpu-check.sh runs it on one.
 #include <gtest/gtest.h>
@@ -159,6 +160,44 @@ TEST(GptCuda, GeluResidualCrossEntropyMatchCpu) {
   cpu::crossentropy_backward(probs.data(), tgt.data(), N, V, 1.0f / N);
   cuda::crossentropy_backward(glog.p, gtgt.p, N, V, 1.0f / N, nullptr);
   expect_near_all(glog.get(), probs, 1e-5, "dlogits");
+}
+
+// The warp- and block-per-row kernels where each lane owns many elements: LayerNorm over 1600
+// columns (gpt2-xl), cross-entropy over 50257 logits (GPT-2's vocabulary); and the bf16 -> fp32
+// cast (exact).
+TEST(GptCuda, RowKernelsAtGpt2WidthsMatchCpu) {
+  REQUIRE_DEVICE();
+  const int Nw = 6, Cw = 1600, Vw = 50257;
+  auto x = randn(static_cast<std::size_t>(Nw) * Cw, 21, 2.0f), w = randn(Cw, 22), b = randn(Cw, 23);
+  std::vector<float> out(Nw * Cw), mean(Nw), rstd(Nw);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), Nw, Cw);
+  Dev<float> gx(x), gw(w), gb(b), gout(filled(Nw * Cw)), gmean(filled(Nw)), grstd(filled(Nw));
+  cuda::layernorm_forward(gout.p, gmean.p, grstd.p, gx.p, gw.p, gb.p, Nw, Cw, nullptr);
+  expect_near_all(gout.get(), out, 1e-5, "layernorm out, C 1600");
+  expect_near_all(grstd.get(), rstd, 1e-5, "layernorm rstd, C 1600");
+
+  std::vector<std::int32_t> tgt = {0, 1, 50256, 777, 31337, 4};
+  auto logits = randn(static_cast<std::size_t>(Nw) * Vw, 24, 3.0f);
+  std::vector<float> probs = logits;
+  const float loss = cpu::crossentropy_forward(probs.data(), tgt.data(), Nw, Vw);
+  Dev<float> glog(logits), glosses(filled(Nw));
+  Dev<std::int32_t> gtgt(tgt);
+  cuda::crossentropy_forward(glog.p, glosses.p, gtgt.p, Nw, Vw, nullptr);
+  expect_near_all(glog.get(), probs, 1e-5, "softmax probabilities, V 50257");
+  double sum = 0;
+  for (float l : glosses.get()) sum += l;
+  EXPECT_NEAR(sum / Nw, loss, 1e-5 * std::abs(loss));
+
+  std::vector<std::uint16_t> bits(4096);
+  std::vector<float> want(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) {
+    bits[i] = static_cast<std::uint16_t>((i * 40503u) & 0xff7fu);  // finite (exponent < 0xff), both signs
+    want[i] = bf16_to_f32(bits[i]);
+  }
+  Dev<std::uint16_t> gbits(bits);
+  Dev<float> gf(filled(bits.size()));
+  cuda::cast_bf16_to_f32(gf.p, gbits.p, static_cast<std::int64_t>(bits.size()), nullptr);
+  EXPECT_EQ(gf.get(), want);
 }
 
 TEST(GptCuda, Bf16MatmulMatchesCpuOnRoundedInputs) {
