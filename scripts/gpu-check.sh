@@ -296,7 +296,7 @@ check_offload() {
   fi
   local budget_mib=$(( state / 8 / 1048576 ))
   local swap; swap=$(mktemp -d "$NVME_DIR/tiermem-gpu-check.XXXX")
-  local args=(--model "$model" --steps 2 --batch 1 --seq-len 256 --grad-accum 2 --eval-every 0
+  local args=(--model "$model" --steps 2 --batch 1 --seq-len 128 --grad-accum 2 --eval-every 0
               --lr 1e-5 --warmup 0 --json --device cuda)
   [[ -n $DATA ]] && args+=(--data "$DATA")
   local log=$LOG_DIR/train-offload.log
