@@ -9,7 +9,10 @@
 // page-locked memory from a PinnedHostPool registered with the device (cudaHostRegister on CUDA;
 // on SimDevice it is prefaulted host memory, locked when RLIMIT_MEMLOCK allows); "pageable" is a
 // fresh std::vector. With --json the last line is one JSON object: per-size results and
-// gbps = the pinned GB/s at the largest size.
+// gbps = the pinned GB/s at the largest size. On CUDA it also times the reference peak: plain
+// synchronous cudaMemcpy between cudaMallocHost memory and cudaMalloc memory at the largest size
+// (outside tiermem, the number the pinned path should reach), as cudamemcpy_gbps and
+// ratio_to_cudamemcpy = gbps / cudamemcpy_gbps (absent on SimDevice or when it cannot run).
 #include <sys/mman.h>
 
 #include <cstring>
@@ -26,6 +29,10 @@
 #include "tiermem/error.h"
 #include "tiermem/pinned_host_pool.h"
 
+#if TIERMEM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace tiermem::bench {
 namespace {
 
@@ -41,6 +48,40 @@ DeviceOptions device_options(const std::string& choice, std::uint64_t budget) {
   c.tiermem.device = choice;
   c.tiermem.device_budget_bytes = budget;
   return DeviceOptions::from_config(c);
+}
+
+// The reference peak: median GB/s of `reps` synchronous cudaMemcpy of `bytes` between
+// cudaMallocHost and cudaMalloc buffers; 0 when CUDA is absent or an allocation fails.
+double cudamemcpy_peak_gbps(std::uint64_t bytes, bool h2d, int reps) {
+#if TIERMEM_HAVE_CUDA
+  void* host = nullptr;
+  void* dev = nullptr;
+  if (cudaMallocHost(&host, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (cudaMalloc(&dev, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFreeHost(host);
+    return 0;
+  }
+  std::memset(host, 1, bytes);
+  std::vector<double> t;
+  bool ok = true;
+  for (int r = 0; r < reps + 1 && ok; ++r) {  // the first is a warm-up
+    const double t0 = now_s();
+    ok = (h2d ? cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice)
+              : cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost)) == cudaSuccess;
+    if (r > 0) t.push_back(static_cast<double>(bytes) / (now_s() - t0) / 1e9);
+  }
+  if (!ok) cudaGetLastError();
+  cudaFree(dev);
+  cudaFreeHost(host);
+  return ok ? median(t) : 0;
+#else
+  (void)bytes, (void)h2d, (void)reps;
+  return 0;
+#endif
 }
 
 int run_copy(const CopyOptions& o, bool h2d) {
@@ -95,9 +136,21 @@ int run_copy(const CopyOptions& o, bool h2d) {
   if (locked) munlock(pinned, hi);
   if (dev->kind() == DeviceKind::kCuda && registered) dev->unregister_host(pinned);
   pool.free(pinned);
+  const double peak = dev->kind() == DeviceKind::kCuda
+                          ? cudamemcpy_peak_gbps(std::min<std::uint64_t>(hi, 1ull << 30), h2d, o.reps)
+                          : 0;
+  if (peak > 0) {
+    std::cout << fmt::format("reference: cudaMemcpy from cudaMallocHost memory {:.2f} GB/s; "
+                             "pinned path / reference = {:.3f}\n",
+                             peak, last_pinned / peak);
+  }
   if (o.json) {
     nlohmann::json j{{"bench", dir}, {"device", dev->name()}, {"pinned_locked", registered},
                      {"results", results}, {"gbps", last_pinned}};
+    if (peak > 0) {
+      j["cudamemcpy_gbps"] = peak;
+      j["ratio_to_cudamemcpy"] = last_pinned / peak;
+    }
     std::cout << j.dump() << "\n";
   }
   return 0;

@@ -5,10 +5,15 @@
 //
 // Memory: every pointer is device memory (cudaMalloc or managed), caller-owned; fp32 activations
 // except GEMM inputs, which are bf16 (raw bits, uint16) with fp32 accumulation and fp32 outputs
-// (cuBLAS cublasGemmEx, CUBLAS_COMPUTE_32F). cast_f32_to_bf16 makes those bf16 copies.
+// (cuBLAS cublasGemmEx, CUBLAS_COMPUTE_32F; cuBLAS is loaded on first use, gpt/cublas_loader.h,
+// so a handle comes from cublas_api().create). cast_f32_to_bf16 makes those bf16 copies.
 // Asynchrony: every function enqueues work on `stream` and returns; results are ready when the
-// stream is synchronised. Buffers may be reused after that. Row kernels run one thread per row
-// (simple, shared math; not tuned).
+// stream is synchronised. Buffers may be reused after that. Row kernels run the phases of
+// gpt/layer_math.h with a warp per row (LayerNorm, attention) or a block of 512 threads per row
+// (cross-entropy), combining partials with warp shuffles and shared memory; column sums (LayerNorm
+// dw/db, dbias) use 32 x 8 tiles in a fixed order, so every kernel is deterministic
+// (no atomics). Attention materialises the [B, NH, T, T] probabilities (no fused
+// FlashAttention-style tiling yet).
 // Thread-safety: functions are reentrant; a cublasHandle_t must not be used by two threads at once.
 // Errors: launch and cuBLAS failures throw tiermem::CudaError naming the call and file:line.
 #pragma once
@@ -22,6 +27,8 @@ namespace tiermem::gpt::cuda {
 
 // dst[i] = bf16(src[i]), round to nearest even; n elements.
 void cast_f32_to_bf16(std::uint16_t* dst, const float* src, std::int64_t n, cudaStream_t stream);
+// dst[i] = float(bf16 bits src[i]) (exact); n elements.
+void cast_bf16_to_f32(float* dst, const std::uint16_t* src, std::int64_t n, cudaStream_t stream);
 
 // out[n, c] = wte[tokens[n], c] + wpe[n % T, c]   (=)
 void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,

@@ -1,7 +1,16 @@
 // gpt/layer_math.h — the per-row math of every GPT layer, written once as __host__ __device__
 // functions: the CPU kernels (kernels_cpu.cc) call them inside OpenMP loops and the CUDA kernels
-// (kernels_cuda.cu) call them one thread per row, so the CPU tests (in double precision) cover the
-// math both paths run. Templated on the real type R (float or double).
+// (kernels_cuda.cu) call them with several threads per row, so the CPU tests (in double
+// precision) cover the math both paths run. Templated on the real type R (float or double).
+//
+// Lanes. A row's work is split into PHASES, each a function taking (lane, lanes): lane k of
+// `lanes` handles elements k, k + lanes, k + 2·lanes, ... and returns its partial result; the
+// caller combines the partials of every lane (a sum or a max: warp shuffles and shared memory on
+// the GPU) before the next phase, which gets the combined value. The CPU runs each phase with
+// lane 0 of 1 (the plain sequential loop); the whole-row functions (layernorm_row_forward, ...)
+// are exactly that. tests/unit/gpt_row_math_test.cc runs the phases with 32 lanes on the CPU and
+// checks that they give the whole-row result: the decomposition the GPU kernels use is tested
+// here without a GPU.
 //
 // Conventions: N = B·T rows, C = d_model, NH = heads, hs = C/NH, qkv rows are [q | k | v] each of
 // width C with head h at columns h·hs .. h·hs+hs-1. att is [B, NH, T, T] (row t holds the softmax
@@ -60,53 +69,91 @@ TM_GPT_HD R gelu_grad(R x) {
 }
 
 // LayerNorm of one row of C: out = (x − mean)·rstd·w + b, rstd = 1/√(var + 1e-5) (biased var).
+// Phases: sum of x -> mean = sum / C; sum of (x − mean)² -> rstd; apply.
+template <class R>
+TM_GPT_HD R layernorm_row_sum(const R* x, int C, int lane, int lanes) {
+  R s = 0;
+  for (int i = lane; i < C; i += lanes) s += x[i];
+  return s;
+}
+template <class R>
+TM_GPT_HD R layernorm_row_sq_dev(const R* x, R mean, int C, int lane, int lanes) {
+  R v = 0;
+  for (int i = lane; i < C; i += lanes) {
+    const R d = x[i] - mean;
+    v += d * d;
+  }
+  return v;
+}
+template <class R>
+TM_GPT_HD R layernorm_rstd(R sq_dev_sum, int C) {
+  return R(1) / m_sqrt(sq_dev_sum / R(C) + R(kLayerNormEps));
+}
+template <class R>
+TM_GPT_HD void layernorm_row_apply(const R* x, const R* w, const R* b, R* out, R mean, R rstd,
+                                   int C, int lane, int lanes) {
+  for (int i = lane; i < C; i += lanes) out[i] = (x[i] - mean) * rstd * w[i] + b[i];
+}
 template <class R>
 TM_GPT_HD void layernorm_row_forward(const R* x, const R* w, const R* b, R* out, R* mean_out,
                                      R* rstd_out, int C) {
-  R m = 0;
-  for (int i = 0; i < C; ++i) m += x[i];
-  m /= R(C);
-  R v = 0;
-  for (int i = 0; i < C; ++i) {
-    R d = x[i] - m;
-    v += d * d;
-  }
-  v /= R(C);
-  R rs = R(1) / m_sqrt(v + R(kLayerNormEps));
-  for (int i = 0; i < C; ++i) out[i] = (x[i] - m) * rs * w[i] + b[i];
+  const R m = layernorm_row_sum(x, C, 0, 1) / R(C);
+  const R rs = layernorm_rstd(layernorm_row_sq_dev(x, m, C, 0, 1), C);
+  layernorm_row_apply(x, w, b, out, m, rs, C, 0, 1);
   *mean_out = m;
   *rstd_out = rs;
 }
 // dx += dLayerNorm/dx for one row, given dout, the saved mean and rstd:
 //   dx_i += rstd·(g_i − mean(g) − x̂_i·mean(g·x̂)),  g = dout·w,  x̂ = (x − mean)·rstd
+// Phases: the sums of g and g·x̂ (both at once) -> their means; apply.
 template <class R>
-TM_GPT_HD void layernorm_row_backward_dx(const R* dout, const R* x, const R* w, R mean, R rstd,
-                                         R* dx, int C) {
+TM_GPT_HD void layernorm_row_dx_sums(const R* dout, const R* x, const R* w, R mean, R rstd,
+                                     int C, int lane, int lanes, R* sum_g, R* sum_gx) {
   R mg = 0, mgx = 0;
-  for (int i = 0; i < C; ++i) {
-    R g = dout[i] * w[i];
+  for (int i = lane; i < C; i += lanes) {
+    const R g = dout[i] * w[i];
     mg += g;
     mgx += g * (x[i] - mean) * rstd;
   }
-  mg /= R(C);
-  mgx /= R(C);
-  for (int i = 0; i < C; ++i) {
-    R xh = (x[i] - mean) * rstd;
-    dx[i] += rstd * (dout[i] * w[i] - mg - xh * mgx);
+  *sum_g = mg;
+  *sum_gx = mgx;
+}
+template <class R>
+TM_GPT_HD void layernorm_row_dx_apply(const R* dout, const R* x, const R* w, R mean, R rstd,
+                                      R mean_g, R mean_gx, R* dx, int C, int lane, int lanes) {
+  for (int i = lane; i < C; i += lanes) {
+    const R xh = (x[i] - mean) * rstd;
+    dx[i] += rstd * (dout[i] * w[i] - mean_g - xh * mean_gx);
   }
+}
+template <class R>
+TM_GPT_HD void layernorm_row_backward_dx(const R* dout, const R* x, const R* w, R mean, R rstd,
+                                         R* dx, int C) {
+  R sg, sgx;
+  layernorm_row_dx_sums(dout, x, w, mean, rstd, C, 0, 1, &sg, &sgx);
+  layernorm_row_dx_apply(dout, x, w, mean, rstd, sg / R(C), sgx / R(C), dx, C, 0, 1);
+}
+
+// The most negative finite value: the start of a max over lanes that may own no element.
+template <class R>
+TM_GPT_HD R lowest() {
+  return R(-3.0e38);
 }
 
 // Causal self-attention forward for query row (b, t, h): scores s_j = q·k_j/√hs for j <= t,
 // att_j = softmax(s)_j (att_j = 0 for j > t), out = Σ_j att_j v_j.
+// Phases: scores (lanes over keys j; returns the partial max) -> exp (lanes over j; returns the
+// partial sum) -> normalize by 1/sum (lanes over j, zeros after t) -> out (lanes over the head's
+// dims i). Each phase reads what the previous one wrote for every lane.
 template <class R>
-TM_GPT_HD void attention_row_forward(const R* qkv, R* att, R* out, int T, int C, int NH, int b,
-                                     int t, int h) {
+TM_GPT_HD R attention_row_scores(const R* qkv, R* att, int T, int C, int NH, int b, int t, int h,
+                                 int lane, int lanes) {
   const int hs = C / NH;
   const R scale = R(1) / m_sqrt(R(hs));
   const R* q = qkv + (static_cast<long>(b) * T + t) * 3 * C + h * hs;
   R* a = att + ((static_cast<long>(b) * NH + h) * T + t) * T;
-  R mx = R(-1e30);
-  for (int j = 0; j <= t; ++j) {
+  R mx = lowest<R>();
+  for (int j = lane; j <= t; j += lanes) {
     const R* k = qkv + (static_cast<long>(b) * T + j) * 3 * C + C + h * hs;
     R s = 0;
     TM_GPT_SIMD_SUM_S
@@ -115,37 +162,62 @@ TM_GPT_HD void attention_row_forward(const R* qkv, R* att, R* out, int T, int C,
     a[j] = s;
     if (s > mx) mx = s;
   }
+  return mx;
+}
+template <class R>
+TM_GPT_HD R attention_row_exp(R* att, R mx, int T, int NH, int b, int t, int h, int lane,
+                              int lanes) {
+  R* a = att + ((static_cast<long>(b) * NH + h) * T + t) * T;
   R sum = 0;
-  for (int j = 0; j <= t; ++j) {
+  for (int j = lane; j <= t; j += lanes) {
     a[j] = m_exp(a[j] - mx);
     sum += a[j];
   }
-  R inv = R(1) / sum;
-  for (int j = 0; j <= t; ++j) a[j] *= inv;
-  for (int j = t + 1; j < T; ++j) a[j] = 0;
+  return sum;
+}
+template <class R>
+TM_GPT_HD void attention_row_normalize(R* att, R inv_sum, int T, int NH, int b, int t, int h,
+                                       int lane, int lanes) {
+  R* a = att + ((static_cast<long>(b) * NH + h) * T + t) * T;
+  for (int j = lane; j < T; j += lanes) a[j] = j <= t ? a[j] * inv_sum : R(0);
+}
+template <class R>
+TM_GPT_HD void attention_row_out(const R* qkv, const R* att, R* out, int T, int C, int NH, int b,
+                                 int t, int h, int lane, int lanes) {
+  const int hs = C / NH;
+  const R* a = att + ((static_cast<long>(b) * NH + h) * T + t) * T;
   R* o = out + (static_cast<long>(b) * T + t) * C + h * hs;
-  for (int i = 0; i < hs; ++i) o[i] = 0;
+  for (int i = lane; i < hs; i += lanes) o[i] = 0;
   for (int j = 0; j <= t; ++j) {
     const R* v = qkv + (static_cast<long>(b) * T + j) * 3 * C + 2 * C + h * hs;
     const R aj = a[j];
     TM_GPT_SIMD
-    for (int i = 0; i < hs; ++i) o[i] += aj * v[i];
+    for (int i = lane; i < hs; i += lanes) o[i] += aj * v[i];
   }
+}
+template <class R>
+TM_GPT_HD void attention_row_forward(const R* qkv, R* att, R* out, int T, int C, int NH, int b,
+                                     int t, int h) {
+  const R mx = attention_row_scores(qkv, att, T, C, NH, b, t, h, 0, 1);
+  const R sum = attention_row_exp(att, mx, T, NH, b, t, h, 0, 1);
+  attention_row_normalize(att, R(1) / sum, T, NH, b, t, h, 0, 1);
+  attention_row_out(qkv, att, out, T, C, NH, b, t, h, 0, 1);
 }
 
 // Attention backward, phase 1, query row (b, t, h): the gradient of the (scaled) scores,
 //   dpre_j = att_j·(datt_j − Σ_k att_k·datt_k),  datt_j = dout·v_j   (j <= t; 0 after)
-// dpre has the layout of att.
+// dpre has the layout of att. Phases: dots (lanes over j: dpre_j = datt_j; returns the partial
+// Σ att_j·datt_j) -> apply (lanes over j).
 template <class R>
-TM_GPT_HD void attention_row_dpre(const R* qkv, const R* att, const R* dout, R* dpre, int T, int C,
-                                  int NH, int b, int t, int h) {
+TM_GPT_HD R attention_row_dpre_dots(const R* qkv, const R* att, const R* dout, R* dpre, int T,
+                                    int C, int NH, int b, int t, int h, int lane, int lanes) {
   const int hs = C / NH;
   const long row = ((static_cast<long>(b) * NH + h) * T + t) * T;
   const R* a = att + row;
   R* d = dpre + row;
   const R* go = dout + (static_cast<long>(b) * T + t) * C + h * hs;
   R dot = 0;
-  for (int j = 0; j <= t; ++j) {
+  for (int j = lane; j <= t; j += lanes) {
     const R* v = qkv + (static_cast<long>(b) * T + j) * 3 * C + 2 * C + h * hs;
     R s = 0;
     TM_GPT_SIMD_SUM_S
@@ -153,37 +225,50 @@ TM_GPT_HD void attention_row_dpre(const R* qkv, const R* att, const R* dout, R* 
     d[j] = s;
     dot += a[j] * s;
   }
-  for (int j = 0; j <= t; ++j) d[j] = a[j] * (d[j] - dot);
-  for (int j = t + 1; j < T; ++j) d[j] = 0;
+  return dot;
+}
+template <class R>
+TM_GPT_HD void attention_row_dpre_apply(const R* att, R* dpre, R dot, int T, int NH, int b, int t,
+                                        int h, int lane, int lanes) {
+  const long row = ((static_cast<long>(b) * NH + h) * T + t) * T;
+  for (int j = lane; j < T; j += lanes) dpre[row + j] = j <= t ? att[row + j] * (dpre[row + j] - dot) : R(0);
+}
+template <class R>
+TM_GPT_HD void attention_row_dpre(const R* qkv, const R* att, const R* dout, R* dpre, int T, int C,
+                                  int NH, int b, int t, int h) {
+  const R dot = attention_row_dpre_dots(qkv, att, dout, dpre, T, C, NH, b, t, h, 0, 1);
+  attention_row_dpre_apply(att, dpre, dot, T, NH, b, t, h, 0, 1);
 }
 
 // Phase 2, query row (b, t, h): dq = (1/√hs)·Σ_{j<=t} dpre_tj·k_j (written, not accumulated).
+// Lanes over the head's dims i.
 template <class R>
 TM_GPT_HD void attention_row_dq(const R* qkv, const R* dpre, R* dqkv, int T, int C, int NH, int b,
-                                int t, int h) {
+                                int t, int h, int lane = 0, int lanes = 1) {
   const int hs = C / NH;
   const R scale = R(1) / m_sqrt(R(hs));
   const R* d = dpre + ((static_cast<long>(b) * NH + h) * T + t) * T;
   R* dq = dqkv + (static_cast<long>(b) * T + t) * 3 * C + h * hs;
-  for (int i = 0; i < hs; ++i) dq[i] = 0;
+  for (int i = lane; i < hs; i += lanes) dq[i] = 0;
   for (int j = 0; j <= t; ++j) {
     const R* k = qkv + (static_cast<long>(b) * T + j) * 3 * C + C + h * hs;
     R s = d[j] * scale;
     TM_GPT_SIMD
-    for (int i = 0; i < hs; ++i) dq[i] += s * k[i];
+    for (int i = lane; i < hs; i += lanes) dq[i] += s * k[i];
   }
 }
 
 // Phase 3, key row (b, j, h): dk_j = (1/√hs)·Σ_{t>=j} dpre_tj·q_t, dv_j = Σ_{t>=j} att_tj·dout_t
-// (written, not accumulated).
+// (written, not accumulated). Lanes over the head's dims i.
 template <class R>
 TM_GPT_HD void attention_row_dkv(const R* qkv, const R* att, const R* dpre, const R* dout, R* dqkv,
-                                 int T, int C, int NH, int b, int j, int h) {
+                                 int T, int C, int NH, int b, int j, int h, int lane = 0,
+                                 int lanes = 1) {
   const int hs = C / NH;
   const R scale = R(1) / m_sqrt(R(hs));
   R* dk = dqkv + (static_cast<long>(b) * T + j) * 3 * C + C + h * hs;
   R* dv = dk + C;
-  for (int i = 0; i < hs; ++i) dk[i] = dv[i] = 0;
+  for (int i = lane; i < hs; i += lanes) dk[i] = dv[i] = 0;
   const long base = (static_cast<long>(b) * NH + h) * T;
   for (int t = j; t < T; ++t) {
     R dp = dpre[(base + t) * T + j] * scale;
@@ -191,7 +276,7 @@ TM_GPT_HD void attention_row_dkv(const R* qkv, const R* att, const R* dpre, cons
     const R* q = qkv + (static_cast<long>(b) * T + t) * 3 * C + h * hs;
     const R* go = dout + (static_cast<long>(b) * T + t) * C + h * hs;
     TM_GPT_SIMD
-    for (int i = 0; i < hs; ++i) {
+    for (int i = lane; i < hs; i += lanes) {
       dk[i] += dp * q[i];
       dv[i] += a * go[i];
     }
@@ -200,21 +285,41 @@ TM_GPT_HD void attention_row_dkv(const R* qkv, const R* att, const R* dpre, cons
 
 // Softmax cross-entropy of one row of V logits, in place: logits become probabilities; returns
 // −log p[target] (computed from the max-shifted log-sum-exp, finite for any finite logits).
+// Phases: max (lanes over i) -> sum of exp(l − max) -> the loss (read the target's logit BEFORE
+// the apply phase overwrites it) -> apply (lanes over i).
+template <class R>
+TM_GPT_HD R xent_row_max(const R* logits, int V, int lane, int lanes) {
+  R mx = lowest<R>();
+  for (int i = lane; i < V; i += lanes) mx = logits[i] > mx ? logits[i] : mx;
+  return mx;
+}
+template <class R>
+TM_GPT_HD R xent_row_sumexp(const R* logits, R mx, int V, int lane, int lanes) {
+  R sum = 0;
+  for (int i = lane; i < V; i += lanes) sum += m_exp(logits[i] - mx);
+  return sum;
+}
+template <class R>
+TM_GPT_HD R xent_row_loss(R target_logit, R mx, R sum) {
+  return -(target_logit - mx - m_log(sum));
+}
+template <class R>
+TM_GPT_HD void xent_row_apply(R* logits, R mx, R inv_sum, int V, int lane, int lanes) {
+  for (int i = lane; i < V; i += lanes) logits[i] = m_exp(logits[i] - mx) * inv_sum;
+}
 template <class R>
 TM_GPT_HD R softmax_xent_row_forward(R* logits, int V, int target) {
-  R mx = logits[0];
-  for (int i = 1; i < V; ++i) mx = logits[i] > mx ? logits[i] : mx;
-  R sum = 0;
-  for (int i = 0; i < V; ++i) sum += m_exp(logits[i] - mx);
-  R lt = logits[target] - mx - m_log(sum);
-  R inv = R(1) / sum;
-  for (int i = 0; i < V; ++i) logits[i] = m_exp(logits[i] - mx) * inv;
-  return -lt;
+  const R mx = xent_row_max(logits, V, 0, 1);
+  const R sum = xent_row_sumexp(logits, mx, V, 0, 1);
+  const R loss = xent_row_loss(logits[target], mx, sum);
+  xent_row_apply(logits, mx, R(1) / sum, V, 0, 1);
+  return loss;
 }
 // dlogits = (p − onehot(target))·dloss, in place over the probabilities of one row.
 template <class R>
-TM_GPT_HD void softmax_xent_row_backward(R* probs, int V, int target, R dloss) {
-  for (int i = 0; i < V; ++i) probs[i] = (probs[i] - (i == target ? R(1) : R(0))) * dloss;
+TM_GPT_HD void softmax_xent_row_backward(R* probs, int V, int target, R dloss, int lane = 0,
+                                         int lanes = 1) {
+  for (int i = lane; i < V; i += lanes) probs[i] = (probs[i] - (i == target ? R(1) : R(0))) * dloss;
 }
 
 }  // namespace tiermem::gpt::math

@@ -24,6 +24,8 @@
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "tiermem/trace.h"
+#include "gpt/backend.h"
+#include "train_device.h"
 #include "train_engine.h"
 #include "train_engines.h"
 #include "train_stats.h"
@@ -117,7 +119,7 @@ struct Timers {
 };
 
 // Forward (and backward) of one micro-batch through the engine. Returns the loss.
-float run_micro_batch(gpt::Model& model, TrainEngine& engine, const Batch& b, bool backward,
+float run_micro_batch(gpt::ModelBackend& model, TrainEngine& engine, const Batch& b, bool backward,
                       Timers* timers) {
   const gpt::GptConfig& cfg = model.config();
   model.set_batch(b.inputs, b.targets);
@@ -153,7 +155,7 @@ float run_micro_batch(gpt::Model& model, TrainEngine& engine, const Batch& b, bo
   return loss;
 }
 
-double evaluate(gpt::Model& model, TrainEngine& engine, const BatchSampler& eval_sampler,
+double evaluate(gpt::ModelBackend& model, TrainEngine& engine, const BatchSampler& eval_sampler,
                 const TrainPlan& plan, Timers* timers) {
   Batch b;
   double sum = 0;
@@ -272,6 +274,13 @@ int run_training(const TrainOptions& opts) {
     Config cfg = effective_config(opts, ranks.rank);
     TrainPlan plan = make_plan(opts, cfg, ranks.rank, ranks.world_size);
     check_run_paths(opts, cfg);
+    // The device, decided once (train_device.h): --device cuda without a usable GPU stops here
+    // with one line and exit 2; what auto picked is said once the run's input is checked.
+    const std::string asked_device = plan.config.tiermem.device;
+    const DeviceDecision device = decide_device(
+        asked_device, opts.device.empty() ? "tiermem.device" : "--device",
+        asked_device == "sim" ? CudaProbe{} : probe_cuda());
+    plan.config.tiermem.device = device.device;
 
     // ---- 2. Data, checked before anything heavy is built. Text is byte-level: vocab 256.
     const std::string data_path = opts.data.empty() ? kDefaultCorpus : opts.data;
@@ -289,9 +298,13 @@ int run_training(const TrainOptions& opts) {
                                     plan.seed ^ 0x5eed0e7a1ull);
 
     // ---- 3. Engine (parameters, gradients, optimizer state) and model (activations).
+    // The model's backend first: on CUDA its activations come out of the device budget.
+    const std::unique_ptr<gpt::ModelBackend> backend = make_model_backend(
+        &plan, opts.device_budget_bytes ? "--device-budget" : "tiermem.device_budget_bytes");
+    gpt::ModelBackend& model = *backend;
     engine = make_engine(plan, opts);
-    gpt::Model model(plan.model, plan.batch, plan.seq_len);
     const bool lead = plan.rank == 0;
+    if (lead && !device.note.empty()) TM_LOG_INFO("TRAIN", "{}", device.note);
 
     if (!opts.trace_path.empty()) {
       std::string path = opts.trace_path;
@@ -506,11 +519,14 @@ int run_training(const TrainOptions& opts) {
     s.param_count = static_cast<std::uint64_t>(gpt::num_params(plan.model));
     s.param_bytes = engine->param_bytes();
     s.optimizer_bytes = engine->optimizer_bytes();
-    s.device_budget_bytes = st.budget_bytes[0];
-    s.device_peak_bytes = st.peak_bytes[0];
-    s.host_budget_bytes = st.budget_bytes[1];
     s.activation_bytes = model.activation_bytes();
-    s.host_peak_bytes = st.peak_bytes[1] + s.activation_bytes;
+    // Activations live in device memory with the CUDA backend (taken out of the device budget
+    // before the engine got the rest), in host memory with the CPU backend.
+    const std::uint64_t device_activations = model.on_device() ? s.activation_bytes : 0;
+    s.device_budget_bytes = st.budget_bytes[0] ? st.budget_bytes[0] + device_activations : 0;
+    s.device_peak_bytes = st.peak_bytes[0] + device_activations;
+    s.host_budget_bytes = st.budget_bytes[1];
+    s.host_peak_bytes = st.peak_bytes[1] + (model.on_device() ? 0 : s.activation_bytes);
     s.host_pool_peak_bytes = st.host_pool_peak_bytes;
     s.host_bounce_bytes = st.host_bounce_bytes;
     s.host_engine_peak_bytes = st.host_engine_peak_bytes;

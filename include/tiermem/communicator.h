@@ -8,7 +8,9 @@
 //            unless the program already did; it is finalised at exit only if tiermem started it.
 //   nccl   — NCCL (device buffers, CUDA builds only), bootstrapped over MPI (the unique id is
 //            broadcast by rank 0), on its own CUDA stream; async NCCL errors are polled with
-//            ncclCommGetAsyncError and raised as CommError.
+//            ncclCommGetAsyncError and raised as CommError naming the rank and the operation; a
+//            wait longer than TIERMEM_NCCL_TIMEOUT_S (default 1800 s) aborts the communicator
+//            (ncclCommAbort) and raises CommError, as does every later call on it.
 //
 // Buffers: counts are in ELEMENTS of `dtype`. The caller owns every buffer; it must stay valid
 // and untouched (send: not written; recv: not read or written) until the handle's wait()

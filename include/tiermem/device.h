@@ -180,6 +180,19 @@ struct DeviceOptions {
 // Never throws ("driver version is insufficient" and similar count as no device).
 bool cuda_device_available() noexcept;
 
+// What a look for CUDA devices found, with the reason when none is usable (for one-line messages).
+struct CudaProbe {
+  bool built_with_cuda = false;  // this build compiled CudaDevice (TIERMEM_HAVE_CUDA)
+  int device_count = 0;          // visible CUDA devices; 0 when none or the runtime failed
+  std::string device0_name;      // "NVIDIA H200" when device_count > 0
+  // "" when device_count > 0; else why not, e.g. "this build has no CUDA", "cudaGetDeviceCount:
+  // CUDA driver version is insufficient for CUDA runtime version (no GPU driver)".
+  std::string reason;
+  bool usable() const noexcept { return device_count > 0; }
+};
+// Looks (cudaGetDeviceCount, cudaGetDeviceProperties of device 0). Never throws.
+CudaProbe probe_cuda() noexcept;
+
 // Makes the device the options ask for: kAuto = CudaDevice when cuda_device_available(), else
 // SimDevice; the choice and why is logged once (GPU tag). kCuda without CUDA (build or device)
 // throws NotSupportedError saying which is missing.

@@ -51,6 +51,40 @@ bool cuda_device_available() noexcept {
 #endif
 }
 
+CudaProbe probe_cuda() noexcept {
+  CudaProbe p;
+#if TIERMEM_HAVE_CUDA
+  p.built_with_cuda = true;
+  try {
+    int n = 0;
+    const cudaError_t rc = cudaGetDeviceCount(&n);
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      p.reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(rc);
+      if (rc == cudaErrorInsufficientDriver || rc == cudaErrorNoDevice)
+        p.reason += rc == cudaErrorNoDevice ? " (no GPU)" : " (no GPU driver, or one too old)";
+      return p;
+    }
+    if (n <= 0) {
+      p.reason = "cudaGetDeviceCount found no device (check CUDA_VISIBLE_DEVICES)";
+      return p;
+    }
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+      p.device0_name = prop.name;
+    } else {
+      cudaGetLastError();
+    }
+    p.device_count = n;
+  } catch (...) {  // std::string allocation: report no device rather than throw
+    p.device_count = 0;
+  }
+#else
+  p.reason = "this build has no CUDA (configure with -DTIERMEM_WITH_CUDA=ON on a machine with nvcc)";
+#endif
+  return p;
+}
+
 namespace {
 std::unique_ptr<Device> make_sim(const DeviceOptions& o) {
   SimDeviceOptions so;

@@ -1,6 +1,7 @@
 // The GPT model's CUDA kernels against its CPU kernels on the same random inputs. Row kernels run
-// the same gpt/layer_math.h code, so they must agree to fp32 rounding (1e-5 relative to the
-// largest reference value); GEMMs take bf16 inputs, so the CPU reference is given the same
+// the same gpt/layer_math.h phases (split over a warp or a block, combined by shuffles: only the
+// summation order and the device's expf differ), so they must agree to fp32 rounding (1e-5
+// relative to the largest reference value), also at GPT-2's widths (C 768, V 50257); GEMMs take bf16 inputs, so the CPU reference is given the same
 // bf16-rounded inputs and the bound is 1e-4 relative (fp32 accumulation order only).
 // Skips with "no CUDA device" where there is no GPU; scripts/gpu-check.sh runs it on one.
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "gpt/kernels_cpu.h"
+#include "gpt/backend.h"
 #include "gpt/kernels_cuda.h"
 #include "tiermem/dtype.h"
 
@@ -160,6 +162,44 @@ TEST(GptCuda, GeluResidualCrossEntropyMatchCpu) {
   expect_near_all(glog.get(), probs, 1e-5, "dlogits");
 }
 
+// The warp- and block-per-row kernels where each lane owns many elements: LayerNorm over 1600
+// columns (gpt2-xl), cross-entropy over 50257 logits (GPT-2's vocabulary); and the bf16 -> fp32
+// cast (exact).
+TEST(GptCuda, RowKernelsAtGpt2WidthsMatchCpu) {
+  REQUIRE_DEVICE();
+  const int Nw = 6, Cw = 1600, Vw = 50257;
+  auto x = randn(static_cast<std::size_t>(Nw) * Cw, 21, 2.0f), w = randn(Cw, 22), b = randn(Cw, 23);
+  std::vector<float> out(Nw * Cw), mean(Nw), rstd(Nw);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), Nw, Cw);
+  Dev<float> gx(x), gw(w), gb(b), gout(filled(Nw * Cw)), gmean(filled(Nw)), grstd(filled(Nw));
+  cuda::layernorm_forward(gout.p, gmean.p, grstd.p, gx.p, gw.p, gb.p, Nw, Cw, nullptr);
+  expect_near_all(gout.get(), out, 1e-5, "layernorm out, C 1600");
+  expect_near_all(grstd.get(), rstd, 1e-5, "layernorm rstd, C 1600");
+
+  std::vector<std::int32_t> tgt = {0, 1, 50256, 777, 31337, 4};
+  auto logits = randn(static_cast<std::size_t>(Nw) * Vw, 24, 3.0f);
+  std::vector<float> probs = logits;
+  const float loss = cpu::crossentropy_forward(probs.data(), tgt.data(), Nw, Vw);
+  Dev<float> glog(logits), glosses(filled(Nw));
+  Dev<std::int32_t> gtgt(tgt);
+  cuda::crossentropy_forward(glog.p, glosses.p, gtgt.p, Nw, Vw, nullptr);
+  expect_near_all(glog.get(), probs, 1e-5, "softmax probabilities, V 50257");
+  double sum = 0;
+  for (float l : glosses.get()) sum += l;
+  EXPECT_NEAR(sum / Nw, loss, 1e-5 * std::abs(loss));
+
+  std::vector<std::uint16_t> bits(4096);
+  std::vector<float> want(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) {
+    bits[i] = static_cast<std::uint16_t>((i * 40503u) & 0xff7fu);  // finite (exponent < 0xff), both signs
+    want[i] = bf16_to_f32(bits[i]);
+  }
+  Dev<std::uint16_t> gbits(bits);
+  Dev<float> gf(filled(bits.size()));
+  cuda::cast_bf16_to_f32(gf.p, gbits.p, static_cast<std::int64_t>(bits.size()), nullptr);
+  EXPECT_EQ(gf.get(), want);
+}
+
 TEST(GptCuda, Bf16MatmulMatchesCpuOnRoundedInputs) {
   REQUIRE_DEVICE();
   const int OC = 3 * C;
@@ -200,6 +240,45 @@ TEST(GptCuda, Bf16MatmulMatchesCpuOnRoundedInputs) {
   expect_near_all(gdw.get(), dw, 1e-4, "matmul dw");
   expect_near_all(gdbias.get(), dbias, 1e-4, "matmul dbias");
   cublasDestroy(h);
+}
+
+// The whole model through the CUDA backend against the CPU backend (backend.h), parameters
+// given from host memory: the loss within 1% (bf16 GEMM inputs) and every module's gradient
+// within 3% of its largest magnitude; then the same with parameters already in device memory.
+TEST(GptCuda, CudaBackendMatchesCpuBackend) {
+  REQUIRE_DEVICE();
+  const GptConfig cfg = GptConfig::named("tiny");
+  const int Bm = 2, Tm = 16;
+  const auto params = init_params(cfg, 7);
+  std::vector<std::int32_t> tok(Bm * Tm), tgt(Bm * Tm);
+  for (int i = 0; i < Bm * Tm; ++i) tok[i] = (i * 5 + 1) % cfg.vocab_size, tgt[i] = (i * 3 + 2) % cfg.vocab_size;
+  auto run = [&](ModelBackend& b, bool device_params, std::vector<std::vector<float>>* grads) {
+    std::vector<Dev<float>*> dev;
+    for (const auto& p : params) dev.push_back(device_params ? new Dev<float>(p) : nullptr);
+    auto view = [&](int m) {
+      return device_params ? ParamView(std::span<const float>(dev[m]->p, dev[m]->n))
+                           : ParamView(params[m]);
+    };
+    b.set_batch(tok, tgt);
+    for (const Step& s : forward_steps(cfg)) b.forward(s, view(s.module));
+    const float loss = b.loss();
+    grads->assign(params.size(), {});
+    for (std::size_t m = 0; m < params.size(); ++m) (*grads)[m].assign(params[m].size(), 0.0f);
+    for (const Step& s : backward_steps(cfg)) b.backward(s, view(s.module), (*grads)[s.module]);
+    for (auto* d : dev) delete d;
+    return loss;
+  };
+  auto cpu = make_cpu_backend(cfg, Bm, Tm);
+  auto gpu = make_cuda_backend(cfg, Bm, Tm);
+  EXPECT_TRUE(gpu->on_device());
+  std::vector<std::vector<float>> g_cpu, g_gpu;
+  const float l_cpu = run(*cpu, false, &g_cpu);
+  for (bool device_params : {false, true}) {
+    SCOPED_TRACE(device_params ? "params in device memory" : "params in host memory");
+    const float l_gpu = run(*gpu, device_params, &g_gpu);
+    EXPECT_NEAR(l_gpu, l_cpu, 0.01 * l_cpu);
+    for (std::size_t m = 0; m < g_cpu.size(); ++m) expect_near_all(g_gpu[m], g_cpu[m], 3e-2, "module gradient");
+  }
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 # end-to-end runs of the binary (tests/unit/train_e2e.sh) with small settings. Label "train".
 if(TARGET tiermem_train)
   tiermem_test(NAME train_unit_test
-               SOURCES train_data_test.cc train_checkpoint_test.cc train_options_test.cc train_lr_schedule_test.cc
+               SOURCES train_data_test.cc train_checkpoint_test.cc train_options_test.cc train_lr_schedule_test.cc train_device_test.cc
                DEPS tiermem_train LABELS train TIMEOUT 60)
   tiermem_test(NAME train_e2e_test SOURCES train_e2e_test.cc
                DEPS nlohmann_json::nlohmann_json tiermem::core LABELS train TIMEOUT 240)

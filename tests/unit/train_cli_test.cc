@@ -203,6 +203,27 @@ TEST_F(TrainCli, AutoIsResolvedInOneLineAndInertKeysWarnOnce) {
   EXPECT_NE(g.out.find("\"tokens\":96,"), std::string::npos) << g.out;
 }
 
+// --device: cuda without a usable GPU is refused in one line with exit 2 (never a silent CPU
+// run); auto says in one line which device it picked. On a machine with a GPU, auto picks cuda
+// and the refusal cannot happen: that part skips, saying so.
+TEST_F(TrainCli, DeviceCudaWithoutAGpuIsRefusedAndAutoSaysWhatItPicked) {
+  Result a = run("--device auto --swap-dir swap --steps 1");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  const bool picked_cuda = lines_with(a.err, "auto picked cuda") == 1;
+  EXPECT_EQ(lines_with(a.err, "auto picked cuda") + lines_with(a.err, "auto picked sim"), 1)
+      << a.err;
+  if (picked_cuda) GTEST_SKIP() << "a CUDA device is visible: --device cuda is not refused here";
+  expect_usage_error("--device cuda --swap-dir swap", {"error: --device: no usable CUDA device for 'cuda'"});
+  // The same from the config file, naming its key.
+  std::ofstream(dir_ / "cuda.json") << R"({"tiermem": {"device": "cuda"}})";
+  expect_usage_error("--config cuda.json --swap-dir swap",
+                     {"error: tiermem.device: no usable CUDA device for 'cuda'"});
+  // --device sim is quiet about devices and trains.
+  Result s = run("--device sim --swap-dir swap --steps 1");
+  EXPECT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_EQ(lines_with(s.err, "auto picked"), 0) << s.err;
+}
+
 // Every "loss" of a --json run's step lines, as printed.
 std::vector<std::string> step_losses(const std::string& out) {
   std::vector<std::string> losses;
