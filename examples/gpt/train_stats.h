@@ -76,6 +76,13 @@ struct Summary {
   double flops = 0;
   std::string param_offload, optimizer_offload, device_kind;
   int zero_stage = 0;
+  // What tiermem-plan --check compares (plan.h): the steady step time (mean after the first
+  // step), the time split as shares of `seconds`, and the run's inputs under "plan_inputs".
+  double step_seconds = 0;
+  int batch = 0, grad_accum = 0, seq_len = 0;
+  struct GptDims {
+    int n_layer = 0, n_head = 0, d_model = 0, context = 0, vocab = 0;
+  } gpt;
 };
 
 class Reporter {
