@@ -40,10 +40,25 @@ double number(const nlohmann::json& j, const std::string& key, const std::string
   return x;
 }
 
+// Every module's element count, in registration order: embed, block.0 .. block.{L-1}, ln_f. The
+// blocks are alike, so the layouts of a one-layer model give them all (the largest-model search
+// plans tens of thousands of layers).
 std::vector<std::size_t> module_numels(const gpt::GptConfig& g) {
+  gpt::GptConfig one = g;
+  one.n_layer = 1;
+  const std::vector<gpt::ModuleLayout> l = gpt::module_layouts(one);
   std::vector<std::size_t> n;
-  for (const auto& l : gpt::module_layouts(g)) n.push_back(static_cast<std::size_t>(l.numel));
+  n.reserve(static_cast<std::size_t>(g.n_layer) + 2);
+  n.push_back(static_cast<std::size_t>(l.at(0).numel));
+  n.insert(n.end(), static_cast<std::size_t>(g.n_layer), static_cast<std::size_t>(l.at(1).numel));
+  n.push_back(static_cast<std::size_t>(l.at(2).numel));
   return n;
+}
+
+std::uint64_t param_count(const std::vector<std::size_t>& numels) {
+  std::uint64_t s = 0;
+  for (std::size_t x : numels) s += x;
+  return s;
 }
 
 bool device_is_sim(const Config& cfg, const MachineProfile& m) {
@@ -70,7 +85,7 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
   const ZeroPlan& z = p.zero;
   const int stage = cfg.zero.stage;
   const std::uint64_t wsize = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
-  p.params = static_cast<std::uint64_t>(gpt::num_params(run.model));
+  p.params = param_count(numels);
 
   // Device: the stored working shards homed there, else the store's cache of offloaded ones up
   // to its budget (the device budget less the room kept for all-gathered modules).
@@ -354,7 +369,15 @@ MachineProfile load_profile(const std::string& path) {
   if (!in) throw ConfigError("--profile", path, "cannot open the profile file");
   std::stringstream ss;
   ss << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {  // tiermem-bench's whole output: the last line that is a JSON object
+    std::istringstream lines(ss.str());
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] != '{') continue;
+      nlohmann::json l = nlohmann::json::parse(line, nullptr, false);
+      if (!l.is_discarded()) j = std::move(l);
+    }
+  }
   if (j.is_discarded()) throw ConfigError("--profile", path, "not valid JSON");
   // tiermem-bench profile --json prints {"profile": {...}}; a written profile may be either.
   return parse_profile(j.is_object() && j.contains("profile") ? j["profile"] : j, path);
@@ -486,7 +509,7 @@ nlohmann::json prediction_json(const Prediction& p) {
                           {"engine", p.host_engine_bytes}, {"gradient_buffers", p.grad_buffer_peak_bytes},
                           {"activations", p.activation_bytes}, {"sim_device", p.sim_device_bytes}};
   j["nvme_peak_bytes"] = p.nvme_peak_bytes;
-  if (!p.fits) return j;
+  if (!p.fits || p.time.step_s <= 0) return j;  // no time without a profile's rates
   const TimePrediction& t = p.time;
   j["step_seconds"] = t.step_s;
   j["time_seconds"] = {{"compute", t.compute_s}, {"io_wait", t.stall_s}, {"nvme", t.nvme_s},

@@ -65,7 +65,9 @@ TEST(PlanActivations, FormulaEqualsTheModelsAllocation) {
 
 TEST_F(PlanTest, BytesPerTierMatchTheEnginesPeaks) {
   for (const std::string offload : {"none", "cpu", "nvme"}) {
-    for (const std::string model : {"tiny", "mini"}) {
+    // tiny at the default budgets; mini with budgets (its demo budgets, a quarter and an eighth
+    // of its state, are below what --offload none needs: the planner and the engine refuse that).
+    for (const std::string model : {"tiny", "mini --host-budget 64MiB --device-budget 64MiB"}) {
       SCOPED_TRACE(model + " --offload " + offload);
       const RunResult t = run("--model " + model + " --seq-len 16 --batch 2 --steps 2 --eval-every 0 --offload " +
                               offload + " --swap-dir swap --json --data " + corpus());
@@ -100,27 +102,41 @@ TEST_F(PlanTest, BytesPerTierMatchTheEnginesPeaks) {
 }
 
 TEST_F(PlanTest, WhatThePlannerRefusesTheEngineRefusesWithTheSameMinimum) {
-  const std::string args = "--model tiny --seq-len 16 --offload cpu --host-budget 16KiB";
-  const RunResult p = plan(args + " --profile profile.json --json");
-  EXPECT_EQ(p.exit_code, 1) << p.out << p.err;
-  ASSERT_TRUE(p.summary.is_object()) << p.out;
-  EXPECT_FALSE(p.summary["fits"].get<bool>());
-  const std::uint64_t min = p.summary["host_min_bytes"].get<std::uint64_t>();
-  EXPECT_GT(min, 16u << 10);
-  EXPECT_NE(p.summary["fix"].get<std::string>().find(std::to_string(min)), std::string::npos) << p.summary["fix"];
+  struct Case {
+    std::string base, too_small, tier;  // tier: which minimum ("host" or "device")
+    bool runs_at_min = true;            // raising that one budget to its minimum is enough
+  } cases[] = {
+      {"--model tiny --seq-len 16 --offload cpu", "--host-budget 16KiB", "host"},
+      // The mini demo's own budgets (a quarter and an eighth of its state) with --offload none,
+      // which keeps the optimizer state in host memory (then the device budget is short too).
+      {"--model mini --seq-len 16 --offload none", "", "host", false},
+      // Every working shard homed on the device, more than the budget (but above the largest
+      // tensor, which tiermem-train checks itself before the engine).
+      {"--model tiny --seq-len 16 --offload none", "--device-budget 96KiB", "device"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.base + " " + c.too_small);
+    const RunResult p = plan(c.base + " " + c.too_small + " --profile profile.json --json");
+    EXPECT_EQ(p.exit_code, 1) << p.out << p.err;
+    ASSERT_TRUE(p.summary.is_object()) << p.out;
+    EXPECT_FALSE(p.summary["fits"].get<bool>());
+    const std::uint64_t min = p.summary[c.tier + "_min_bytes"].get<std::uint64_t>();
+    EXPECT_GT(min, p.summary[c.tier + "_budget_bytes"].get<std::uint64_t>());
+    EXPECT_NE(p.summary["fix"].get<std::string>().find(std::to_string(min)), std::string::npos) << p.summary["fix"];
 
-  const RunResult t = run(args + " --steps 1 --swap-dir swap --data " + corpus());
-  EXPECT_EQ(t.exit_code, 2) << t.err;
-  EXPECT_NE(t.err.find("is below the " + tiermem::format_bytes(min)), std::string::npos)
-      << "planner minimum " << tiermem::format_bytes(min) << "; engine said: " << t.err;
+    const RunResult t = run(c.base + " " + c.too_small + " --steps 1 --swap-dir swap --data " + corpus());
+    EXPECT_EQ(t.exit_code, 2) << t.err;
+    EXPECT_NE(t.err.find("is below the " + tiermem::format_bytes(min)), std::string::npos)
+        << "planner minimum " << tiermem::format_bytes(min) << "; engine said: " << t.err;
 
-  // At the planner's minimum, the engine runs.
-  const RunResult ok = run("--model tiny --seq-len 16 --offload cpu --host-budget " + std::to_string(min) +
-                           " --steps 1 --swap-dir swap --data " + corpus());
-  EXPECT_EQ(ok.exit_code, 0) << ok.err;
-  const RunResult pok = plan("--model tiny --seq-len 16 --offload cpu --host-budget " + std::to_string(min) +
-                             " --profile profile.json --json");
-  EXPECT_EQ(pok.exit_code, 0) << pok.err;
+    // At the planner's minimum, both run.
+    if (!c.runs_at_min) continue;
+    const std::string at_min = c.base + " --" + c.tier + "-budget " + std::to_string(min);
+    const RunResult pok = plan(at_min + " --profile profile.json --json");
+    EXPECT_EQ(pok.exit_code, 0) << pok.out << pok.err;
+    const RunResult ok = run(at_min + " --steps 1 --swap-dir swap --data " + corpus());
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  }
 }
 
 TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
@@ -152,7 +168,10 @@ TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
 }
 
 TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
-  const RunResult r = plan("--model gpt2 --offload nvme --profile profile.json --json");
+  json fast = json::parse(kProfile);
+  fast["compute_gflops"] = 1e5;  // compute out of the way: the NVMe link must be the bottleneck
+  std::ofstream(dir_ / "fast.json") << fast.dump();
+  const RunResult r = plan("--model gpt2 --offload nvme --profile fast.json --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json& j = r.summary;
   ASSERT_TRUE(j.is_object()) << r.out;
@@ -162,6 +181,9 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
   // With 1 GB/s NVMe and 124 M params x 16 B of NVMe state, the link dominates Adam at 1e8/s.
   EXPECT_EQ(j["bottleneck"], "nvme") << t;
   EXPECT_GT(j["largest_model"]["params"].get<double>(), j["params"].get<double>());
+  tiermem::gpt::GptConfig gpt2 = tiermem::gpt::GptConfig::named("gpt2");
+  gpt2.vocab_size = 256;  // text data: byte-level, as tiermem-train
+  EXPECT_EQ(j["params"].get<std::int64_t>(), tiermem::gpt::num_params(gpt2));
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
   // Without a profile: bytes only.
   const RunResult m = plan("--model gpt2 --offload nvme --json");
