@@ -12,9 +12,10 @@
 //                                     (tiermem.device auto: CUDA when visible, else SimDevice)
 //   cpu_adam_params_per_s             tiermem::adam_step (best ISA, all OpenMP threads), 16 M params
 //   gemm_gflops                       OpenBLAS sgemm [512 x 768] x [768 x 3072] (the model's MLP)
-//   compute_gflops, compute_gflops_by_width   the GPT model's own forward+backward (2 layers, batch
-//                                     4, seq 128, vocab 256) at d_model 256 / 768 / 1024, model FLOPs
-//                                     (gpt::flops_per_token) per second; compute_gflops is d 768's
+//   compute_gflops, compute_gflops_by_width(_128)   the GPT model's own forward+backward (2 layers,
+//                                     seq 128, vocab 256, batch 4 = 512 tokens; _128: batch 1) at
+//                                     d_model 256 / 768 / 1024, model FLOPs (gpt::flops_per_token)
+//                                     per second; compute_gflops is d 768's at 512 tokens
 //   host_memory_bytes, host_available_bytes   /proc/meminfo MemTotal, MemAvailable
 //   nvme_free_bytes                   statvfs(--path) f_bavail
 // With --json the last line is {"profile": {...}}; tiermem-plan --profile reads it.
@@ -155,14 +156,14 @@ double measure_gemm(const ProfileOpts& o) {
 }
 
 // The model's forward+backward at one width: model FLOPs per second.
-double measure_model(const ProfileOpts& o, int d_model) {
+double measure_model(const ProfileOpts& o, int d_model, int batch) {
   gpt::GptConfig cfg;
   cfg.n_layer = 2;
   cfg.d_model = d_model;
   cfg.n_head = std::max(1, d_model / 64);
   cfg.seq_len = 128;
   cfg.vocab_size = 256;
-  const int B = 4, T = 128;
+  const int B = batch, T = 128;
   auto params = gpt::init_params(cfg, 1);
   std::vector<std::vector<float>> grads;
   for (const auto& p : params) grads.emplace_back(p.size(), 0.f);
@@ -175,7 +176,7 @@ double measure_model(const ProfileOpts& o, int d_model) {
   gpt::Model model(cfg, B, T);
   model.forward_backward(params, grads, tok, tgt);  // warm-up
   std::vector<double> rates;
-  for (int i = 0; i < o.reps; ++i) {
+  for (int i = 0; i < std::min(o.reps, 2); ++i) {  // the slowest part: two are enough
     const double t0 = now_s();
     model.forward_backward(params, grads, tok, tgt);
     rates.push_back(gpt::flops_per_token(cfg, T) * B * T / (now_s() - t0) / 1e9);
@@ -203,8 +204,11 @@ int run_profile(const ProfileOpts& o) {
   const auto [h2d, d2h] = measure_copies(o, copy_bytes, &device);
   const double adam = measure_adam(o);
   const double gemm = measure_gemm(o);
-  nlohmann::json by_width;
-  for (int d : {256, 768, 1024}) by_width[std::to_string(d)] = measure_model(o, d);
+  nlohmann::json by_width, by_width_128;
+  for (int d : {256, 768, 1024}) {
+    by_width[std::to_string(d)] = measure_model(o, d, 4);
+    by_width_128[std::to_string(d)] = measure_model(o, d, 1);
+  }
   struct statvfs sv {};
   std::uint64_t free_bytes = 0;
   if (statvfs(o.path.c_str(), &sv) == 0) free_bytes = static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
@@ -216,7 +220,8 @@ int run_profile(const ProfileOpts& o) {
   p["threads"] = omp_get_max_threads();
   p["gpus"] = 1;
   p["compute_gflops"] = by_width["768"];
-  p["compute_gflops_by_width"] = by_width;
+  p["compute_gflops_by_width"] = by_width;          // micro-batches of 512 tokens
+  p["compute_gflops_by_width_128"] = by_width_128;  // micro-batches of 128 tokens
   p["gemm_gflops"] = gemm;
   p["cpu_adam_params_per_s"] = adam;
   p["h2d_gbps"] = h2d;
@@ -237,8 +242,11 @@ int run_profile(const ProfileOpts& o) {
               note.empty() ? "" : (", " + note).c_str());
   std::printf("  copies     h2d %.2f GB/s, d2h %.2f GB/s\n", h2d, d2h);
   std::printf("  cpu adam   %.3g params/s\n", adam);
-  std::printf("  compute    sgemm %.1f GFLOP/s; model fwd+bwd d256 %.1f, d768 %.1f, d1024 %.1f GFLOP/s\n", gemm,
-              by_width["256"].get<double>(), by_width["768"].get<double>(), by_width["1024"].get<double>());
+  std::printf("  compute    sgemm %.1f GFLOP/s; model fwd+bwd d256 %.1f, d768 %.1f, d1024 %.1f GFLOP/s "
+              "(512 tokens), %.1f, %.1f, %.1f (128 tokens)\n",
+              gemm, by_width["256"].get<double>(), by_width["768"].get<double>(), by_width["1024"].get<double>(),
+              by_width_128["256"].get<double>(), by_width_128["768"].get<double>(),
+              by_width_128["1024"].get<double>());
   std::printf("  memory     %s total, %s available; %s free under %s (%.1f s)\n",
               format_bytes(p["host_memory_bytes"]).c_str(), format_bytes(p["host_available_bytes"]).c_str(),
               format_bytes(free_bytes).c_str(), o.path.c_str(), p["seconds"].get<double>());

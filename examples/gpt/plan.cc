@@ -108,11 +108,11 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
   // Host: the store's pool (homes; NVMe-homed working shards and optimizer sub-groups cached
   // while the budget allows), bounce chunks, engine buffers, the trainer's gradient buffers (the
   // tied embedding's plus the largest other module's, fp32) and the model's activations.
-  std::uint64_t pool = z.host_home_bytes + host_cache;
-  const std::uint64_t B = static_cast<std::uint64_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
+  // The pool is a write-back cache of the NVMe-homed state: it fills with all of it (working
+  // shards, optimizer state, swapped gradients) up to the budget.
   const std::uint64_t per_elem = (z.optimizer_home == Tier::kNvme ? 12 : 0) +
                                  (stage >= 2 && z.gradient_home == Tier::kNvme ? 4 : 0);
-  pool += std::min<std::uint64_t>((B + 1) * per_elem * z.piece_elems, per_elem * z.rank_flat_elems);
+  const std::uint64_t pool = z.host_home_bytes + host_cache + per_elem * z.rank_flat_elems;
   p.host_pool_peak_bytes = std::min(pool, z.host_budget_bytes);
   p.host_bounce_bytes = cfg.tiermem.pipeline_chunk_bytes * static_cast<std::uint64_t>(cfg.tiermem.pipeline_chunks);
   p.host_engine_bytes = z.host_engine_bytes;
@@ -167,9 +167,16 @@ void check_fit(const train::TrainPlan& run, const Config& cfg, const MachineProf
                         "(activations {}, pool {})",
                         format_bytes(p.host_peak_bytes), per_node, format_bytes(m.host_memory_bytes),
                         format_bytes(p.activation_bytes), format_bytes(p.host_pool_peak_bytes));
-    p.fix = p.activation_bytes > p.host_peak_bytes / 2
-                ? fmt::format("a smaller micro-batch (--batch {}) with more accumulation", std::max(1, run.batch / 2))
-                : std::string("offload to NVMe (--offload nvme) with a smaller host budget");
+    // tiermem-train keeps every activation of a micro-batch (no activation checkpointing).
+    if (p.activation_bytes > p.host_peak_bytes / 2 && run.batch > 1) {
+      p.fix = fmt::format("a smaller micro-batch (--batch {}) with more accumulation (--grad-accum {})",
+                          run.batch / 2, run.grad_accum * 2);
+    } else if (p.activation_bytes > p.host_peak_bytes / 2) {
+      p.fix = fmt::format("shorter sequences (--seq-len {}): the activations of one sequence do not fit",
+                          std::max(1, run.seq_len / 2));
+    } else {
+      p.fix = "offload to NVMe (--offload nvme) with a smaller host budget";
+    }
   } else if (!sim && m.device_memory_bytes && p.device_peak_bytes > m.device_memory_bytes) {
     p.fits = false;
     p.why = fmt::format("the device peak {} exceeds the device's {}", format_bytes(p.device_peak_bytes),
@@ -216,8 +223,16 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   const double P = static_cast<double>(p.params);
   p.tokens_per_step = static_cast<std::uint64_t>(run.batch) * run.seq_len * run.grad_accum * W;
   p.flops_per_step = gpt::flops_per_token(run.model, run.seq_len) * static_cast<double>(p.tokens_per_step);
-  t.compute_s = p.flops_per_step / W / (compute_gflops(m, run.model.d_model) * 1e9);
+  const double mb_tokens = static_cast<double>(run.batch) * run.seq_len;
+  t.compute_s = p.flops_per_step / W / (compute_gflops(m, run.model.d_model, mb_tokens) * 1e9);
 
+  // NVMe-homed state lives in the host pool's write-back cache, in what the homes leave of the
+  // budget; what does not fit streams from NVMe and back every step. The optimizer state, touched
+  // once per step, is what falls out first; the parameters keep the rest.
+  const double room = z.host_budget_bytes > z.host_home_bytes ? static_cast<double>(z.host_budget_bytes - z.host_home_bytes) : 0;
+  const double param_nvme = static_cast<double>(z.nvme_param_bytes), opt_nvme = static_cast<double>(z.nvme_optimizer_bytes);
+  const double opt_miss = std::min(opt_nvme, std::max(0.0, param_nvme + opt_nvme - room));
+  const double param_room = std::max(0.0, room - (opt_nvme - opt_miss));
   // Parameters through the tiers: the tier simulator over the step's accesses.
   double nvme_read = 0, nvme_write = 0, h2d = 0;
   if (z.uses_device && z.param_home != Tier::kDevice) {
@@ -227,9 +242,7 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     if (!trace.empty()) {
       TierModel tm;
       tm.device_budget_bytes = z.device_budget_bytes - z.gather_reserve_bytes;
-      // The host caches NVMe-homed shards in what its homes leave of the budget.
-      const std::uint64_t host_used = z.host_home_bytes;
-      tm.host_budget_bytes = z.host_budget_bytes > host_used ? z.host_budget_bytes - host_used : 0;
+      tm.host_budget_bytes = z.param_home == Tier::kNvme ? static_cast<std::uint64_t>(param_room) : z.host_budget_bytes;
       tm.home = z.param_home == Tier::kNvme ? Tier::kNvme : Tier::kHost;
       tm.nvme_to_host_gbps = m.nvme_read_gbps;
       tm.host_to_device_gbps = m.h2d_gbps;
@@ -242,7 +255,8 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
       const SimResult s = simulate(trace, tm, SimPolicy::kBelady,
                                    PrefetcherOptions::from_config(cfg, wsize == 2 ? DType::kBF16 : DType::kF32));
       nvme_read += static_cast<double>(s.bytes_nvme_to_host);
-      h2d += static_cast<double>(s.bytes_host_to_device);
+      // Each step publishes new working shards, so the device's copies are fetched again.
+      h2d += std::max(static_cast<double>(s.bytes_host_to_device), static_cast<double>(z.param_store_bytes));
       t.stall_s = s.stall_seconds;
     }
   }
@@ -264,19 +278,16 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   }
   // Optimizer: sub-groups pipelined (read i+1, step i, write i-1), then the new working params.
   t.adam_s = R / m.cpu_adam_params_per_s;
-  double opt_read = 0, opt_write = 0;
-  if (z.optimizer_home == Tier::kNvme) opt_read = opt_write = 12.0 * R;
-  if (stage >= 2 && z.gradient_home == Tier::kNvme) {
-    opt_read += 4.0 * R * (run.grad_accum + 1);
-    opt_write += 4.0 * R * run.grad_accum;
-  }
-  double opt_io_s = opt_read / (m.nvme_read_gbps * 1e9) + opt_write / (m.nvme_write_gbps * 1e9);
+  // Optimizer state that does not stay cached is read and written back once per step.
+  const double opt_read = opt_miss, opt_write = opt_miss;
+  const double opt_io_s = opt_read / (m.nvme_read_gbps * 1e9) + opt_write / (m.nvme_write_gbps * 1e9);
   double publish_s = 0;
   if (z.uses_device) {
     const double b = static_cast<double>(z.param_store_bytes);
     if (z.param_home == Tier::kNvme) {
-      nvme_write += b;
-      publish_s = b / (m.nvme_write_gbps * 1e9);
+      const double evicted = std::max(0.0, param_nvme - param_room);  // written back, dirty
+      nvme_write += evicted;
+      publish_s = evicted / (m.nvme_write_gbps * 1e9) + (b - std::min(b, evicted)) / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
     } else {
       h2d += z.param_home == Tier::kDevice ? b : 0;
       publish_s = b / (m.h2d_gbps * 1e9);
@@ -318,9 +329,11 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
   m.gpus = static_cast<int>(number(j, "gpus", source, false));
   if (m.gpus == 0) m.gpus = 1;
   m.compute_gflops = number(j, "compute_gflops", source, true);
-  if (j.contains("compute_gflops_by_width")) {
-    const auto& w = j["compute_gflops_by_width"];
-    if (!w.is_object()) throw ConfigError(source + ": compute_gflops_by_width", w.dump(), "must be an object");
+  for (const char* key : {"compute_gflops_by_width", "compute_gflops_by_width_128"}) {
+    if (!j.contains(key)) continue;
+    const auto& w = j[key];
+    auto& out = std::string(key).ends_with("_128") ? m.compute_gflops_by_width_128 : m.compute_gflops_by_width;
+    if (!w.is_object()) throw ConfigError(source + ": " + key, w.dump(), "must be an object");
     for (const auto& [k, v] : w.items()) {
       int d = 0;
       try {
@@ -328,10 +341,10 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
       } catch (const std::exception&) {
         d = 0;
       }
-      if (d <= 0) throw ConfigError(source + ": compute_gflops_by_width." + k, k, "keys are widths (d_model > 0)");
-      m.compute_gflops_by_width.emplace_back(d, number(w, k, source + ": compute_gflops_by_width", true));
+      if (d <= 0) throw ConfigError(source + ": " + key + "." + k, k, "keys are widths (d_model > 0)");
+      out.emplace_back(d, number(w, k, source + ": " + key, true));
     }
-    std::sort(m.compute_gflops_by_width.begin(), m.compute_gflops_by_width.end());
+    std::sort(out.begin(), out.end());
   }
   m.cpu_adam_params_per_s = number(j, "cpu_adam_params_per_s", source, true);
   m.h2d_gbps = number(j, "h2d_gbps", source, true);
@@ -349,9 +362,9 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
   return m;
 }
 
-double compute_gflops(const MachineProfile& m, int d_model) {
-  const auto& w = m.compute_gflops_by_width;
-  if (w.empty()) return m.compute_gflops;
+namespace {
+double by_width(const std::vector<std::pair<int, double>>& w, int d_model, double fallback) {
+  if (w.empty()) return fallback;
   if (d_model <= w.front().first) return w.front().second;
   if (d_model >= w.back().first) return w.back().second;
   for (std::size_t i = 1; i < w.size(); ++i) {
@@ -362,6 +375,15 @@ double compute_gflops(const MachineProfile& m, int d_model) {
     }
   }
   return w.back().second;
+}
+}  // namespace
+
+double compute_gflops(const MachineProfile& m, int d_model, double tokens) {
+  const double at512 = by_width(m.compute_gflops_by_width, d_model, m.compute_gflops);
+  if (m.compute_gflops_by_width_128.empty()) return at512;
+  const double at128 = by_width(m.compute_gflops_by_width_128, d_model, at512);
+  const double f = std::clamp(std::log(std::max(tokens, 1.0) / 128.0) / std::log(4.0), 0.0, 1.0);
+  return at128 + f * (at512 - at128);
 }
 
 MachineProfile load_profile(const std::string& path) {

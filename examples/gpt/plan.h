@@ -45,9 +45,10 @@ struct MachineProfile {
   std::string cpu_isa;                  // Adam kernel ISA the figures were measured with
   int gpus = 1;                         // devices (ranks) in the machine
   double compute_gflops = 0;            // model FLOP/s of one rank's compute backend (GFLOP/s)
-  // Optional: the model's measured rate by d_model (tiermem-bench profile); when present the
-  // rate at a width is interpolated linearly in log(d_model), clamped at the ends.
-  std::vector<std::pair<int, double>> compute_gflops_by_width;
+  // Optional: the model's measured rate by d_model (tiermem-bench profile) for micro-batches of
+  // 512 tokens and (_128) of 128 tokens; the rate of a run is interpolated linearly in
+  // log(d_model), then in log(tokens per micro-batch) between the two, clamped at the ends.
+  std::vector<std::pair<int, double>> compute_gflops_by_width, compute_gflops_by_width_128;
   double cpu_adam_params_per_s = 0;     // CPU AdamW, all the machine's cores (ranks share it)
   double h2d_gbps = 0, d2h_gbps = 0;    // host <-> device, one rank
   double nvme_read_gbps = 0, nvme_write_gbps = 0;  // all drives together (ranks share them)
@@ -64,8 +65,8 @@ struct MachineProfile {
 MachineProfile parse_profile(const nlohmann::json& j, const std::string& source);
 MachineProfile load_profile(const std::string& path);
 
-// The compute rate (GFLOP/s) for a model of width `d_model` on `m`.
-double compute_gflops(const MachineProfile& m, int d_model);
+// The compute rate (GFLOP/s) for a model of width `d_model` in micro-batches of `tokens` on `m`.
+double compute_gflops(const MachineProfile& m, int d_model, double tokens = 512);
 
 // The host and device budgets a run gets when the config leaves them 0, on `m` (as the engine
 // resolves them on that machine: host 1/16 of memory in [256 MiB, 1 GiB]; device sim 1 GiB,

@@ -168,7 +168,7 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
     auto pct = [&](double v) { return x.step_s > 0 ? 100.0 * v / x.step_s : 0.0; };
     t += fmt::format("step time       {} (predicted; bottleneck: {})\n", seconds_text(x.step_s), x.bottleneck);
     t += fmt::format("  compute       {:>10} ({:.0f} %)  {:.3g} GFLOP at {:.0f} GFLOP/s\n", seconds_text(x.compute_s),
-                     pct(x.compute_s), p.flops_per_step / run.world_size / 1e9, plan::compute_gflops(m, run.model.d_model));
+                     pct(x.compute_s), p.flops_per_step / run.world_size / 1e9, plan::compute_gflops(m, run.model.d_model, static_cast<double>(run.batch) * run.seq_len));
     t += fmt::format("  I/O wait      {:>10} ({:.0f} %)  parameters not yet on the device\n",
                      seconds_text(x.stall_s), pct(x.stall_s));
     t += fmt::format("  nvme link     {:>10} busy      read {}, write {}\n", seconds_text(x.nvme_s),
