@@ -196,8 +196,18 @@ std::uint64_t meminfo(const char* key) {
 }
 
 int run_profile(const ProfileOpts& o) {
-  const std::uint64_t nvme_bytes = parse_size(o.nvme_size, "--size");
-  const std::uint64_t copy_bytes = parse_size(o.copy_size, "--copy-size");
+  std::uint64_t nvme_bytes = 0, copy_bytes = 0;
+  try {
+    nvme_bytes = parse_size(o.nvme_size, "--size");
+    copy_bytes = parse_size(o.copy_size, "--copy-size");
+  } catch (const ConfigError& e) {  // bad input: one line, exit 2, like a flag CLI11 rejects
+    std::fprintf(stderr, "tiermem-bench: error: %s = %s: %s\n", e.key_path().c_str(), e.value().c_str(), e.what());
+    return 2;
+  }
+  if (nvme_bytes < (8u << 20) || copy_bytes < 4096) {
+    std::fprintf(stderr, "tiermem-bench: error: --size must be at least 8MiB and --copy-size at least 4KiB\n");
+    return 2;
+  }
   const double t_start = now_s();
   std::string note, device;
   const auto [nvme_r, nvme_w] = measure_nvme(o, nvme_bytes, &note);
