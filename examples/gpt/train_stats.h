@@ -8,7 +8,10 @@
 //   {"eval":{"step":N,"loss":..}}
 //   {"summary":{"initial_loss":..,"final_loss":..,"steps":..,"param_bytes":..,
 //    "optimizer_bytes":..,"device_budget_bytes":..,"device_peak_bytes":..,
-//    "nvme_bytes_read":..,"nvme_bytes_written":..,"stall_seconds":..,"seconds":.., ...}}
+//    "nvme_bytes_read":..,"nvme_bytes_written":..,"stall_seconds":..,"seconds":.., ...,
+//    "step_seconds":..,"compute_share":..,"io_wait_share":..,"communication_share":..,
+//    "optimizer_share":..,"plan_inputs":{"batch","grad_accum","seq_len","n_layer","n_head",
+//    "d_model","context","vocab"}}}   (the last three groups: what tiermem-plan --check reads)
 // Losses are printed with enough digits to round-trip a double exactly, so two runs' losses can
 // be compared bitwise from their output.
 //
