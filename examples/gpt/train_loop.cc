@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <vector>
 
 #include "checkpoint.h"
 #include "data.h"
@@ -244,6 +245,10 @@ void install_stop_handlers() {
 
 }  // namespace
 
+TrainPlan make_train_plan(const TrainOptions& opts, const Config& cfg, int rank, int world_size) {
+  return make_plan(opts, cfg, rank, world_size);
+}
+
 double learning_rate(const TrainPlan& plan, int t) {
   // The config's scheduler section (WarmupLR, WarmupDecayLR, WarmupCosineLR), else the trainer's
   // own warm-up + cosine decay (lr_schedule.h; the same values as before, bit for bit).
@@ -401,6 +406,7 @@ int run_training(const TrainOptions& opts) {
     const auto t_loop = Clock::now();
     EngineStats prev = engine->stats();
     int steps_run = 0;
+    std::vector<double> step_seconds;  // wall time of each step run (summary: step_seconds)
     const int last_step = opts.stop_at > 0 ? std::min(opts.stop_at, plan.steps) : plan.steps;
     g_stop_signal.store(0);
     install_stop_handlers();
@@ -461,6 +467,7 @@ int run_training(const TrainOptions& opts) {
       rep.grad_norm = grad_norm;
       rep.tokens = tokens_per_step;
       rep.seconds = seconds_since(t0);
+      step_seconds.push_back(rep.seconds);
       rep.flops = flops_per_step;
       rep.moved = now.moved - prev.moved;
       rep.stall_seconds = now.stall_seconds - prev.stall_seconds;
@@ -513,6 +520,18 @@ int run_training(const TrainOptions& opts) {
     s.final_step = plan.steps;
     s.tokens = tokens_per_step * static_cast<std::uint64_t>(steps_run);
     s.seconds = seconds_since(t_loop);
+    // Steady state: the mean step after the first (which records the prefetch trace).
+    if (!step_seconds.empty()) {
+      const std::size_t skip = step_seconds.size() > 1 ? 1 : 0;
+      double sum = 0;
+      for (std::size_t i = skip; i < step_seconds.size(); ++i) sum += step_seconds[i];
+      s.step_seconds = sum / static_cast<double>(step_seconds.size() - skip);
+    }
+    s.batch = plan.batch;
+    s.grad_accum = plan.grad_accum;
+    s.seq_len = plan.seq_len;
+    s.gpt = {plan.model.n_layer, plan.model.n_head, plan.model.d_model, plan.model.seq_len,
+             plan.model.vocab_size};
     s.initial_loss = initial_loss;
     s.final_loss = last_loss;
     s.final_eval_loss = last_eval;

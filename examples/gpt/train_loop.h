@@ -36,6 +36,12 @@ struct TrainPlan {
 // decay to lr / 10 at step `steps`.
 double learning_rate(const TrainPlan& plan, int t);
 
+// The run's plan from the options and the effective config (effective_config): model, steps,
+// batch, sequence length, and for the demo (mini, no --config) its device and host budgets. The
+// vocabulary is the preset's; run_training makes it byte-level (256) for text data (not *.bin).
+// tiermem-plan calls this so that it plans the run tiermem-train would make. Throws ConfigError.
+TrainPlan make_train_plan(const TrainOptions& opts, const Config& cfg, int rank, int world_size);
+
 // Runs the whole program after option parsing. Returns the process exit code (0 ok, 1 error;
 // the error is printed as one line "tiermem-train: error: ..." on stderr).
 int run_training(const TrainOptions& opts);

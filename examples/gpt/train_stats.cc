@@ -187,6 +187,17 @@ void Reporter::summary(const Summary& s) {
                                {"communication", s.split.comm},
                                {"optimizer", s.split.optimizer},
                                {"other", s.split.other}};
+    // tiermem-plan --check (plan.h): fields the planner predicts, and the inputs it plans from.
+    j["step_seconds"] = s.step_seconds;
+    auto share = [&](double x) { return s.seconds > 0 ? x / s.seconds : 0.0; };
+    j["compute_share"] = share(s.split.compute);
+    j["io_wait_share"] = share(s.split.io_wait);
+    j["communication_share"] = share(s.split.comm);
+    j["optimizer_share"] = share(s.split.optimizer);
+    j["plan_inputs"] = {{"batch", s.batch}, {"grad_accum", s.grad_accum}, {"seq_len", s.seq_len},
+                        {"n_layer", s.gpt.n_layer}, {"n_head", s.gpt.n_head},
+                        {"d_model", s.gpt.d_model}, {"context", s.gpt.context},
+                        {"vocab", s.gpt.vocab}};
     nlohmann::json out;
     out["summary"] = std::move(j);
     std::fprintf(out_, "%s\n", out.dump().c_str());

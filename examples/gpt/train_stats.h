@@ -8,7 +8,10 @@
 //   {"eval":{"step":N,"loss":..}}
 //   {"summary":{"initial_loss":..,"final_loss":..,"steps":..,"param_bytes":..,
 //    "optimizer_bytes":..,"device_budget_bytes":..,"device_peak_bytes":..,
-//    "nvme_bytes_read":..,"nvme_bytes_written":..,"stall_seconds":..,"seconds":.., ...}}
+//    "nvme_bytes_read":..,"nvme_bytes_written":..,"stall_seconds":..,"seconds":.., ...,
+//    "step_seconds":..,"compute_share":..,"io_wait_share":..,"communication_share":..,
+//    "optimizer_share":..,"plan_inputs":{"batch","grad_accum","seq_len","n_layer","n_head",
+//    "d_model","context","vocab"}}}   (the last three groups: what tiermem-plan --check reads)
 // Losses are printed with enough digits to round-trip a double exactly, so two runs' losses can
 // be compared bitwise from their output.
 //
@@ -76,6 +79,13 @@ struct Summary {
   double flops = 0;
   std::string param_offload, optimizer_offload, device_kind;
   int zero_stage = 0;
+  // What tiermem-plan --check compares (plan.h): the steady step time (mean after the first
+  // step), the time split as shares of `seconds`, and the run's inputs under "plan_inputs".
+  double step_seconds = 0;
+  int batch = 0, grad_accum = 0, seq_len = 0;
+  struct GptDims {
+    int n_layer = 0, n_head = 0, d_model = 0, context = 0, vocab = 0;
+  } gpt;
 };
 
 class Reporter {

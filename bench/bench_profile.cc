@@ -1,0 +1,285 @@
+// tiermem-bench profile — measure this machine into the profile tiermem-plan reads (docs/plan.md).
+//
+//   cmake --build build/default --target tiermem-bench
+//   build/default/bench/tiermem-bench profile --path ./tiermem-swap --json > profiles/this-machine.json
+//
+// Measures, in about half a minute (each figure the median of --reps repetitions):
+//   nvme_read_gbps / nvme_write_gbps  the IoEngine at the engine's settings (the default config's
+//                                     aio block size, queue depth and rings; O_DIRECT unless the
+//                                     filesystem refuses it), --size bytes in pipeline_chunk_bytes
+//                                     requests, all in flight, on a file under --path (removed)
+//   h2d_gbps / d2h_gbps               copies of --copy-size through the Device the engine would make
+//                                     (tiermem.device auto: CUDA when visible, else SimDevice)
+//   cpu_adam_params_per_s             tiermem::adam_step (best ISA, all OpenMP threads), 16 M params
+//   gemm_gflops                       OpenBLAS sgemm [512 x 768] x [768 x 3072] (the model's MLP)
+//   compute_gflops, compute_gflops_by_width(_128)   the GPT model's own forward+backward (2 layers,
+//                                     seq 128, vocab 256, batch 4 = 512 tokens; _128: batch 1) at
+//                                     d_model 256 / 768 / 1024, model FLOPs (gpt::flops_per_token)
+//                                     per second; compute_gflops is d 768's at 512 tokens
+//   host_memory_bytes, host_available_bytes   /proc/meminfo MemTotal, MemAvailable
+//   nvme_free_bytes                   statvfs(--path) f_bavail
+// With --json the last line is {"profile": {...}}; tiermem-plan --profile reads it.
+#include <omp.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench.h"
+#include "gpt/kernels_cpu.h"
+#include "gpt/model.h"
+#include "tiermem/adam.h"
+#include "tiermem/config.h"
+#include "tiermem/device.h"
+#include "tiermem/error.h"
+#include "tiermem/io_engine.h"
+
+namespace tiermem::bench {
+namespace {
+
+struct ProfileOpts {
+  std::string path = "tiermem-swap";
+  std::string nvme_size = "256MiB";
+  std::string copy_size = "256MiB";
+  int reps = 3;
+  bool json = false;
+};
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+std::unique_ptr<std::byte, AlignedFree> aligned(std::uint64_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes) != 0) throw OutOfMemoryError(Tier::kHost, bytes, 0);
+  std::memset(p, 0x5a, bytes);
+  return std::unique_ptr<std::byte, AlignedFree>(static_cast<std::byte*>(p));
+}
+
+// NVMe: write then read `bytes` in chunk-sized requests, all submitted at once (the engine splits
+// them into block_size pieces and keeps queue_depth in flight per ring).
+std::pair<double, double> measure_nvme(const ProfileOpts& o, std::uint64_t bytes, std::string* note) {
+  Config cfg;
+  std::filesystem::create_directories(o.path);
+  const std::string file = (std::filesystem::path(o.path) / fmt::format("tiermem-profile-{}.dat", ::getpid())).string();
+  std::unique_ptr<IoEngine> io = make_io_engine(cfg);
+  IoFile f;
+  try {
+    f = io->open_file(file, true);
+  } catch (const IoError&) {
+    cfg.tiermem.o_direct = false;  // tmpfs and others: buffered, said in the profile
+    io = make_io_engine(cfg);
+    f = io->open_file(file, true);
+    *note = "buffered (the filesystem refuses O_DIRECT): figures include the page cache";
+  }
+  const std::uint64_t chunk = cfg.tiermem.pipeline_chunk_bytes;
+  bytes = bytes / chunk * chunk;
+  auto buf = aligned(bytes);
+  io->allocate_space(f, 0, bytes);
+  auto pass = [&](bool write) {
+    std::vector<IoRequest> reqs;
+    const double t0 = now_s();
+    for (std::uint64_t off = 0; off < bytes; off += chunk) {
+      reqs.push_back(write ? io->submit_write(f, off, chunk, buf.get() + off)
+                           : io->submit_read(f, off, chunk, buf.get() + off));
+    }
+    wait_all(reqs);
+    return static_cast<double>(bytes) / (now_s() - t0) / 1e9;
+  };
+  std::vector<double> w, r;
+  for (int i = 0; i < o.reps; ++i) w.push_back(pass(true));
+  ::sync();
+  for (int i = 0; i < o.reps; ++i) r.push_back(pass(false));
+  io->close_file(f);
+  std::filesystem::remove(file);
+  return {median(r), median(w)};
+}
+
+std::pair<double, double> measure_copies(const ProfileOpts& o, std::uint64_t bytes, std::string* device) {
+  std::unique_ptr<Device> dev = make_device(Config{});
+  *device = dev->kind() == DeviceKind::kSim ? "sim" : "cuda";
+  auto host = aligned(bytes);
+  dev->register_host(host.get(), bytes);
+  void* d = dev->allocate(bytes);
+  std::vector<double> h2d, d2h;
+  for (int i = 0; i < o.reps + 1; ++i) {  // the first pass touches the pages: not counted
+    double t0 = now_s();
+    dev->copy_h2d_async(d, host.get(), bytes).wait();
+    const double a = static_cast<double>(bytes) / (now_s() - t0) / 1e9;
+    t0 = now_s();
+    dev->copy_d2h_async(host.get(), d, bytes).wait();
+    const double b = static_cast<double>(bytes) / (now_s() - t0) / 1e9;
+    if (i > 0) {
+      h2d.push_back(a);
+      d2h.push_back(b);
+    }
+  }
+  dev->free(d);
+  dev->unregister_host(host.get());
+  return {median(h2d), median(d2h)};
+}
+
+double measure_adam(const ProfileOpts& o) {
+  const std::size_t n = 16u << 20;
+  std::vector<float> master(n, 0.5f), grad(n, 0.01f), m(n, 0.f), v(n, 0.f);
+  AdamParams p;
+  adam_step(p, master.data(), grad.data(), m.data(), v.data(), n);  // warm-up, first touch
+  std::vector<double> rates;
+  for (int i = 0; i < o.reps; ++i) {
+    p.step = i + 2;
+    const double t0 = now_s();
+    adam_step(p, master.data(), grad.data(), m.data(), v.data(), n);
+    rates.push_back(static_cast<double>(n) / (now_s() - t0));
+  }
+  return median(rates);
+}
+
+double measure_gemm(const ProfileOpts& o) {
+  const int N = 512, C = 768, OC = 3072;
+  std::vector<float> a(static_cast<std::size_t>(N) * C, 0.01f), w(static_cast<std::size_t>(OC) * C, 0.02f),
+      c(static_cast<std::size_t>(N) * OC);
+  gpt::cpu::matmul_forward<float>(c.data(), a.data(), w.data(), nullptr, N, C, OC);
+  std::vector<double> rates;
+  for (int i = 0; i < o.reps; ++i) {
+    const double t0 = now_s();
+    gpt::cpu::matmul_forward<float>(c.data(), a.data(), w.data(), nullptr, N, C, OC);
+    rates.push_back(2.0 * N * C * OC / (now_s() - t0) / 1e9);
+  }
+  return median(rates);
+}
+
+// The model's forward+backward at one width: model FLOPs per second.
+double measure_model(const ProfileOpts& o, int d_model, int batch) {
+  gpt::GptConfig cfg;
+  cfg.n_layer = 2;
+  cfg.d_model = d_model;
+  cfg.n_head = std::max(1, d_model / 64);
+  cfg.seq_len = 128;
+  cfg.vocab_size = 256;
+  const int B = batch, T = 128;
+  auto params = gpt::init_params(cfg, 1);
+  std::vector<std::vector<float>> grads;
+  for (const auto& p : params) grads.emplace_back(p.size(), 0.f);
+  std::vector<std::int32_t> tok(static_cast<std::size_t>(B) * T), tgt(tok.size());
+  std::mt19937 rng(7);
+  for (std::size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = static_cast<std::int32_t>(rng() % 256);
+    tgt[i] = static_cast<std::int32_t>(rng() % 256);
+  }
+  gpt::Model model(cfg, B, T);
+  model.forward_backward(params, grads, tok, tgt);  // warm-up
+  std::vector<double> rates;
+  for (int i = 0; i < std::min(o.reps, 2); ++i) {  // the slowest part: two are enough
+    const double t0 = now_s();
+    model.forward_backward(params, grads, tok, tgt);
+    rates.push_back(gpt::flops_per_token(cfg, T) * B * T / (now_s() - t0) / 1e9);
+  }
+  return median(rates);
+}
+
+std::uint64_t meminfo(const char* key) {
+  std::ifstream in("/proc/meminfo");
+  std::string k;
+  std::uint64_t kb = 0;
+  std::string unit;
+  while (in >> k >> kb >> unit) {
+    if (k == std::string(key) + ":") return kb * 1024;
+  }
+  return 0;
+}
+
+int run_profile(const ProfileOpts& o) {
+  std::uint64_t nvme_bytes = 0, copy_bytes = 0;
+  try {
+    nvme_bytes = parse_size(o.nvme_size, "--size");
+    copy_bytes = parse_size(o.copy_size, "--copy-size");
+  } catch (const ConfigError& e) {  // bad input: one line, exit 2, like a flag CLI11 rejects
+    std::fprintf(stderr, "tiermem-bench: error: %s = %s: %s\n", e.key_path().c_str(), e.value().c_str(), e.what());
+    return 2;
+  }
+  if (nvme_bytes < (8u << 20) || copy_bytes < 4096) {
+    std::fprintf(stderr, "tiermem-bench: error: --size must be at least 8MiB and --copy-size at least 4KiB\n");
+    return 2;
+  }
+  const double t_start = now_s();
+  std::string note, device;
+  const auto [nvme_r, nvme_w] = measure_nvme(o, nvme_bytes, &note);
+  const auto [h2d, d2h] = measure_copies(o, copy_bytes, &device);
+  const double adam = measure_adam(o);
+  const double gemm = measure_gemm(o);
+  nlohmann::json by_width, by_width_128;
+  for (int d : {256, 768, 1024}) {
+    by_width[std::to_string(d)] = measure_model(o, d, 4);
+    by_width_128[std::to_string(d)] = measure_model(o, d, 1);
+  }
+  struct statvfs sv {};
+  std::uint64_t free_bytes = 0;
+  if (statvfs(o.path.c_str(), &sv) == 0) free_bytes = static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
+  const Config cfg;
+  nlohmann::json p;
+  p["name"] = "this machine (tiermem-bench profile)";
+  p["device"] = device;
+  p["cpu_isa"] = std::string(adam_isa_name(adam_best_isa()));
+  p["threads"] = omp_get_max_threads();
+  p["gpus"] = 1;
+  p["compute_gflops"] = by_width["768"];
+  p["compute_gflops_by_width"] = by_width;          // micro-batches of 512 tokens
+  p["compute_gflops_by_width_128"] = by_width_128;  // micro-batches of 128 tokens
+  p["gemm_gflops"] = gemm;
+  p["cpu_adam_params_per_s"] = adam;
+  p["h2d_gbps"] = h2d;
+  p["d2h_gbps"] = d2h;
+  p["nvme_read_gbps"] = nvme_r;
+  p["nvme_write_gbps"] = nvme_w;
+  p["nvme_settings"] = {{"block_size", cfg.aio.block_size_bytes}, {"queue_depth", cfg.aio.queue_depth},
+                        {"rings", cfg.aio.intra_op_parallelism}, {"request_bytes", cfg.tiermem.pipeline_chunk_bytes},
+                        {"o_direct", note.empty()}, {"path", o.path}};
+  if (!note.empty()) p["note"] = note;
+  p["host_memory_bytes"] = meminfo("MemTotal");
+  p["host_available_bytes"] = meminfo("MemAvailable");
+  p["nvme_free_bytes"] = free_bytes;
+  p["seconds"] = now_s() - t_start;
+  std::printf("profile: %s, CPU %s, %d threads\n", device.c_str(), p["cpu_isa"].get<std::string>().c_str(),
+              omp_get_max_threads());
+  std::printf("  nvme       read %.2f GB/s, write %.2f GB/s (%s)%s\n", nvme_r, nvme_w, o.path.c_str(),
+              note.empty() ? "" : (", " + note).c_str());
+  std::printf("  copies     h2d %.2f GB/s, d2h %.2f GB/s\n", h2d, d2h);
+  std::printf("  cpu adam   %.3g params/s\n", adam);
+  std::printf("  compute    sgemm %.1f GFLOP/s; model fwd+bwd d256 %.1f, d768 %.1f, d1024 %.1f GFLOP/s "
+              "(512 tokens), %.1f, %.1f, %.1f (128 tokens)\n",
+              gemm, by_width["256"].get<double>(), by_width["768"].get<double>(), by_width["1024"].get<double>(),
+              by_width_128["256"].get<double>(), by_width_128["768"].get<double>(),
+              by_width_128["1024"].get<double>());
+  std::printf("  memory     %s total, %s available; %s free under %s (%.1f s)\n",
+              format_bytes(p["host_memory_bytes"]).c_str(), format_bytes(p["host_available_bytes"]).c_str(),
+              format_bytes(free_bytes).c_str(), o.path.c_str(), p["seconds"].get<double>());
+  if (o.json) std::printf("%s\n", nlohmann::json{{"profile", p}}.dump().c_str());
+  return 0;
+}
+
+CommandSetup setup_profile() {
+  return [](CLI::App& sub) -> std::function<int()> {
+    auto o = std::make_shared<ProfileOpts>();
+    sub.add_option("--path", o->path, "directory on the NVMe drive the swap files go to")->default_val(o->path);
+    sub.add_option("--size", o->nvme_size, "bytes written then read per repetition")->default_val(o->nvme_size);
+    sub.add_option("--copy-size", o->copy_size, "bytes per host<->device copy")->default_val(o->copy_size);
+    sub.add_option("--reps", o->reps, "repetitions (medians)")->default_val(o->reps)->check(CLI::Range(1, 100));
+    sub.add_flag("--json", o->json, "last line: {\"profile\": {...}} for tiermem-plan --profile");
+    return [o] { return run_profile(*o); };
+  };
+}
+
+}  // namespace
+
+TIERMEM_BENCH_COMMAND(profile, "profile",
+                      "measure this machine (NVMe, host<->device, CPU Adam, GEMM, memory) for tiermem-plan",
+                      setup_profile());
+
+}  // namespace tiermem::bench

@@ -1,0 +1,549 @@
+// examples/gpt/plan.cc — tiermem-plan's model (plan.h): profile loading, bytes per tier through
+// plan_zero, the step's time through the tier simulator and the profile's rates, the largest
+// model that fits, and the comparison with a run's summary.
+#include "plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <fstream>
+#include <sstream>
+
+#include "gpt/model.h"
+#include "tiermem/error.h"
+#include "tiermem/shard.h"
+#include "tiermem/tier_simulator.h"
+
+namespace tiermem::plan {
+namespace {
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+constexpr std::size_t kAlignment = 1024;  // ZeroEngineOptions::alignment_elems (the default)
+constexpr int kMaxInflightBuckets = 4;    // ZeroEngineOptions::max_inflight_buckets
+
+std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+std::uint64_t host_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }
+std::uint64_t dev_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }
+
+double number(const nlohmann::json& j, const std::string& key, const std::string& source,
+              bool required) {
+  if (!j.contains(key)) {
+    if (required) throw ConfigError(source + ": " + key, "(missing)", "required number is missing");
+    return 0;
+  }
+  const auto& v = j.at(key);
+  if (!v.is_number()) throw ConfigError(source + ": " + key, v.dump(), "must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < 0 || (required && x == 0)) {
+    throw ConfigError(source + ": " + key, v.dump(), required ? "must be > 0" : "must be >= 0");
+  }
+  return x;
+}
+
+// Every module's element count, in registration order: embed, block.0 .. block.{L-1}, ln_f. The
+// blocks are alike, so the layouts of a one-layer model give them all (the largest-model search
+// plans tens of thousands of layers).
+std::vector<std::size_t> module_numels(const gpt::GptConfig& g) {
+  gpt::GptConfig one = g;
+  one.n_layer = 1;
+  const std::vector<gpt::ModuleLayout> l = gpt::module_layouts(one);
+  std::vector<std::size_t> n;
+  n.reserve(static_cast<std::size_t>(g.n_layer) + 2);
+  n.push_back(static_cast<std::size_t>(l.at(0).numel));
+  n.insert(n.end(), static_cast<std::size_t>(g.n_layer), static_cast<std::size_t>(l.at(1).numel));
+  n.push_back(static_cast<std::size_t>(l.at(2).numel));
+  return n;
+}
+
+std::uint64_t param_count(const std::vector<std::size_t>& numels) {
+  std::uint64_t s = 0;
+  for (std::size_t x : numels) s += x;
+  return s;
+}
+
+bool device_is_sim(const Config& cfg, const MachineProfile& m) {
+  if (cfg.tiermem.device == "sim") return true;
+  if (cfg.tiermem.device == "cuda") return false;
+  return m.device != "cuda";
+}
+
+ZeroPlanOptions plan_options(const Config& cfg, const MachineProfile& m, int world) {
+  ZeroPlanOptions po;
+  po.world_size = world;
+  po.alignment_elems = kAlignment;
+  po.max_inflight_buckets = kMaxInflightBuckets;
+  po.device_host_addressable = device_is_sim(cfg, m);
+  return po;
+}
+
+// Memory of a run (no time): fills the plan and the peaks of `p`.
+void predict_memory(const train::TrainPlan& run, const Config& cfg, const MachineProfile& m,
+                    Prediction& p) {
+  const std::vector<std::size_t> numels = module_numels(run.model);
+  const ZeroPlanOptions po = plan_options(cfg, m, run.world_size);
+  p.zero = plan_zero(cfg, numels, po);
+  const ZeroPlan& z = p.zero;
+  const int stage = cfg.zero.stage;
+  const std::uint64_t wsize = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
+  p.params = param_count(numels);
+
+  // Device: the stored working shards homed there, else the store's cache of offloaded ones up
+  // to its budget (the device budget less the room kept for all-gathered modules).
+  const ShardLayout layout = make_shard_layout(numels, stage == 0 ? 1 : run.world_size, kAlignment);
+  std::uint64_t dev_all = 0, host_cache = 0;
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    const bool persistent = stage == 3 && numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
+    const bool stored = stage == 3 && layout.modules[i].shard > 0 && (!persistent || run.world_size == 1);
+    if (!stored) continue;
+    dev_all += dev_round(layout.modules[i].shard * wsize);
+    if (!persistent && z.param_home == Tier::kNvme) host_cache += host_round(layout.modules[i].shard * wsize);
+  }
+  if (z.uses_device) {
+    const std::uint64_t store_budget =
+        z.device_budget_bytes > z.gather_reserve_bytes ? z.device_budget_bytes - z.gather_reserve_bytes : 0;
+    p.device_peak_bytes = std::min(dev_all, store_budget) + z.gather_reserve_bytes;
+  }
+  p.sim_device_bytes = device_is_sim(cfg, m) ? p.device_peak_bytes : 0;
+
+  // Host: the store's pool (homes; NVMe-homed working shards and optimizer sub-groups cached
+  // while the budget allows), bounce chunks, engine buffers, the trainer's gradient buffers (the
+  // tied embedding's plus the largest other module's, fp32) and the model's activations.
+  // The pool is a write-back cache of the NVMe-homed state: it fills with all of it (working
+  // shards, optimizer state, swapped gradients) up to the budget.
+  const std::uint64_t per_elem = (z.optimizer_home == Tier::kNvme ? 12 : 0) +
+                                 (stage >= 2 && z.gradient_home == Tier::kNvme ? 4 : 0);
+  const std::uint64_t pool = z.host_home_bytes + host_cache + per_elem * z.rank_flat_elems;
+  p.host_pool_peak_bytes = std::min(pool, z.host_budget_bytes);
+  p.host_bounce_bytes = cfg.tiermem.pipeline_chunk_bytes * static_cast<std::uint64_t>(cfg.tiermem.pipeline_chunks);
+  p.host_engine_bytes = z.host_engine_bytes;
+  std::size_t largest_other = 0;
+  for (std::size_t i = 1; i < numels.size(); ++i) largest_other = std::max(largest_other, numels[i]);
+  p.grad_buffer_peak_bytes = 4ull * (numels.empty() ? 0 : numels[0] + largest_other);
+  p.activation_bytes = activation_bytes(run.model, run.batch, run.seq_len);
+  p.host_peak_bytes = p.host_pool_peak_bytes + p.host_bounce_bytes + p.host_engine_bytes +
+                      p.grad_buffer_peak_bytes + p.activation_bytes + p.sim_device_bytes;
+  p.nvme_peak_bytes = z.nvme_bytes;
+}
+
+// What does not fit the machine (beyond the budgets plan_zero checks), and the smallest fix.
+void check_fit(const train::TrainPlan& run, const Config& cfg, const MachineProfile& m, Prediction& p) {
+  const ZeroPlan& z = p.zero;
+  const bool sim = device_is_sim(cfg, m);
+  if (!z.fits) {
+    p.fits = false;
+    p.why = z.why;
+    if (z.host_budget_bytes < z.host_min_bytes) {
+      if (z.host_min_bytes + p.host_peak_bytes - p.host_pool_peak_bytes <= m.host_memory_bytes) {
+        p.fix = fmt::format("raise the host budget to {} (--host-budget {} or tiermem.host_budget_bytes)",
+                            format_bytes(z.host_min_bytes), z.host_min_bytes);
+      } else {
+        p.fix = "offload the optimizer state to NVMe (--offload nvme or offload_optimizer.device nvme): the host "
+                "cannot hold it";
+      }
+    } else {
+      const std::uint64_t dev_mem = sim ? m.host_memory_bytes : m.device_memory_bytes;
+      if (dev_mem == 0 || z.device_min_bytes <= dev_mem) {
+        p.fix = fmt::format("raise the device budget to {} (--device-budget {} or tiermem.device_budget_bytes)",
+                            format_bytes(z.device_min_bytes), z.device_min_bytes);
+      } else {
+        p.fix = "offload the parameters (--offload nvme, or offload_param.device cpu|nvme)";
+      }
+    }
+    return;
+  }
+  const int per_node = std::clamp(run.world_size, 1, std::max(1, m.gpus));  // ranks sharing the machine
+  const std::uint64_t nvme_need = p.nvme_peak_bytes * static_cast<std::uint64_t>(per_node);
+  if (m.nvme_free_bytes && nvme_need > m.nvme_free_bytes) {
+    p.fits = false;
+    p.why = fmt::format("the NVMe state needs {} ({} x {} rank(s) per machine) but the profile has {} free",
+                        format_bytes(nvme_need), format_bytes(p.nvme_peak_bytes), per_node,
+                        format_bytes(m.nvme_free_bytes));
+    p.fix = fmt::format("add nvme_path entries on other drives with {} more free space, or offload less "
+                        "(offload_optimizer.device cpu when the host has room)",
+                        format_bytes(nvme_need - m.nvme_free_bytes));
+  } else if (p.host_peak_bytes * per_node > m.host_memory_bytes) {
+    p.fits = false;
+    p.why = fmt::format("the host peak {} x {} rank(s) per machine exceeds the machine's {} of memory "
+                        "(activations {}, pool {})",
+                        format_bytes(p.host_peak_bytes), per_node, format_bytes(m.host_memory_bytes),
+                        format_bytes(p.activation_bytes), format_bytes(p.host_pool_peak_bytes));
+    // tiermem-train keeps every activation of a micro-batch (no activation checkpointing).
+    if (p.activation_bytes > p.host_peak_bytes / 2 && run.batch > 1) {
+      p.fix = fmt::format("a smaller micro-batch (--batch {}) with more accumulation (--grad-accum {})",
+                          run.batch / 2, run.grad_accum * 2);
+    } else if (p.activation_bytes > p.host_peak_bytes / 2) {
+      p.fix = fmt::format("shorter sequences (--seq-len {}): the activations of one sequence do not fit",
+                          std::max(1, run.seq_len / 2));
+    } else {
+      p.fix = "offload to NVMe (--offload nvme) with a smaller host budget";
+    }
+  } else if (!sim && m.device_memory_bytes && p.device_peak_bytes > m.device_memory_bytes) {
+    p.fits = false;
+    p.why = fmt::format("the device peak {} exceeds the device's {}", format_bytes(p.device_peak_bytes),
+                        format_bytes(m.device_memory_bytes));
+    p.fix = "offload the parameters (--offload nvme) or lower tiermem.device_budget_bytes";
+  }
+}
+
+// One step's parameter accesses (stored modules only), as the trainer makes them: per
+// micro-batch, forward 0..L+1 then the tied head (module 0), backward head, L+1..0.
+std::vector<Access> step_trace(const std::vector<std::size_t>& numels, const ShardLayout& layout,
+                               const Config& cfg, std::uint64_t wsize, int micro_batches) {
+  std::vector<bool> offloaded(numels.size());
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    const bool persistent = numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
+    offloaded[i] = layout.modules[i].shard > 0 && !persistent;
+  }
+  std::vector<Access> t;
+  auto add = [&](std::size_t i, Phase ph) {
+    if (offloaded[i]) t.push_back({static_cast<TensorId>(i), layout.modules[i].shard * wsize, ph, Tier::kDevice});
+  };
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    for (std::size_t i = 0; i < numels.size(); ++i) add(i, Phase::kForward);
+    add(0, Phase::kForward);
+    add(0, Phase::kBackward);
+    for (std::size_t i = numels.size(); i-- > 0;) add(i, Phase::kBackward);
+  }
+  return t;
+}
+
+void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineProfile& machine, Prediction& p) {
+  const ZeroPlan& z = p.zero;
+  // The ranks of one machine share its drives: each gets 1 / ranks-per-machine of the NVMe rates.
+  MachineProfile m = machine;
+  const int per_node = std::clamp(run.world_size, 1, std::max(1, machine.gpus));
+  m.nvme_read_gbps /= per_node;
+  m.nvme_write_gbps /= per_node;
+  m.cpu_adam_params_per_s /= per_node;  // and its CPUs
+  TimePrediction& t = p.time;
+  const int stage = cfg.zero.stage;
+  const int W = std::max(1, run.world_size);
+  const std::uint64_t wsize = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
+  const double R = static_cast<double>(z.rank_flat_elems);
+  const double P = static_cast<double>(p.params);
+  p.tokens_per_step = static_cast<std::uint64_t>(run.batch) * run.seq_len * run.grad_accum * W;
+  p.flops_per_step = gpt::flops_per_token(run.model, run.seq_len) * static_cast<double>(p.tokens_per_step);
+  const double mb_tokens = static_cast<double>(run.batch) * run.seq_len;
+  t.compute_s = p.flops_per_step / W / (compute_gflops(m, run.model.d_model, mb_tokens) * 1e9);
+
+  // NVMe-homed state lives in the host pool's write-back cache, in what the homes leave of the
+  // budget; what does not fit streams from NVMe and back every step. The optimizer state, touched
+  // once per step, is what falls out first; the parameters keep the rest.
+  const double room = z.host_budget_bytes > z.host_home_bytes ? static_cast<double>(z.host_budget_bytes - z.host_home_bytes) : 0;
+  const double param_nvme = static_cast<double>(z.nvme_param_bytes), opt_nvme = static_cast<double>(z.nvme_optimizer_bytes);
+  const double opt_miss = std::min(opt_nvme, std::max(0.0, param_nvme + opt_nvme - room));
+  const double param_room = std::max(0.0, room - (opt_nvme - opt_miss));
+  // Parameters through the tiers: the tier simulator over the step's accesses.
+  double nvme_read = 0, nvme_write = 0, h2d = 0;
+  if (z.uses_device && z.param_home != Tier::kDevice) {
+    const std::vector<std::size_t> numels = module_numels(run.model);
+    const ShardLayout layout = make_shard_layout(numels, W, kAlignment);
+    const std::vector<Access> trace = step_trace(numels, layout, cfg, wsize, run.grad_accum);
+    if (!trace.empty()) {
+      TierModel tm;
+      tm.device_budget_bytes = z.device_budget_bytes - z.gather_reserve_bytes;
+      tm.host_budget_bytes = z.param_home == Tier::kNvme ? static_cast<std::uint64_t>(param_room) : z.host_budget_bytes;
+      tm.home = z.param_home == Tier::kNvme ? Tier::kNvme : Tier::kHost;
+      tm.nvme_to_host_gbps = m.nvme_read_gbps;
+      tm.host_to_device_gbps = m.h2d_gbps;
+      double fwd_bytes = 0;
+      for (const Access& a : trace) fwd_bytes += a.phase == Phase::kForward ? static_cast<double>(a.bytes) : 0;
+      // Forward is a third of the compute, backward two thirds (backward_factor 2).
+      tm.compute_gbps = std::max(1e-9, fwd_bytes / (t.compute_s / 3.0) / 1e9);
+      tm.backward_factor = 2.0;
+      tm.steps = 3;
+      const SimResult s = simulate(trace, tm, SimPolicy::kBelady,
+                                   PrefetcherOptions::from_config(cfg, wsize == 2 ? DType::kBF16 : DType::kF32));
+      nvme_read += static_cast<double>(s.bytes_nvme_to_host);
+      // Each step publishes new working shards, so the device's copies are fetched again.
+      h2d += std::max(static_cast<double>(s.bytes_host_to_device), static_cast<double>(z.param_store_bytes));
+      t.stall_s = s.stall_seconds;
+    }
+  }
+  // Gradients: world 1 hands each micro-batch's fp32 gradients to the engine (a host copy);
+  // several ranks reduce-scatter them (stages 2-3) or all-reduce them (0-1), and stage 3
+  // all-gathers each module forward and backward.
+  const double grad_bytes = 4.0 * P * run.grad_accum;
+  if (W == 1) {
+    t.d2h_s = grad_bytes / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
+    // tiermem-train times a gather (waiting for its fetch included) and a gradient hand-off as
+    // communication, and the same waits also as I/O wait: predicted the same way.
+    t.comm_s = t.d2h_s + t.stall_s;
+  } else {
+    const double frac = static_cast<double>(W - 1) / W;
+    double bytes = (stage >= 2 ? 1.0 : 2.0) * frac * grad_bytes;
+    if (stage == 3) bytes += 2.0 * frac * P * static_cast<double>(wsize) * run.grad_accum;
+    p.comm_bytes = static_cast<std::uint64_t>(bytes);
+    t.comm_s = m.comm_gbps > 0 ? bytes / (m.comm_gbps * 1e9) : 0;
+  }
+  // Optimizer: sub-groups pipelined (read i+1, step i, write i-1), then the new working params.
+  t.adam_s = R / m.cpu_adam_params_per_s;
+  // Optimizer state that does not stay cached is read and written back once per step.
+  const double opt_read = opt_miss, opt_write = opt_miss;
+  const double opt_io_s = opt_read / (m.nvme_read_gbps * 1e9) + opt_write / (m.nvme_write_gbps * 1e9);
+  double publish_s = 0;
+  if (z.uses_device) {
+    const double b = static_cast<double>(z.param_store_bytes);
+    if (z.param_home == Tier::kNvme) {
+      const double evicted = std::max(0.0, param_nvme - param_room);  // written back, dirty
+      nvme_write += evicted;
+      publish_s = evicted / (m.nvme_write_gbps * 1e9) + (b - std::min(b, evicted)) / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
+    } else {
+      h2d += z.param_home == Tier::kDevice ? b : 0;
+      publish_s = b / (m.h2d_gbps * 1e9);
+    }
+  }
+  nvme_read += opt_read;
+  nvme_write += opt_write;
+  t.optimizer_s = std::max(t.adam_s, opt_io_s) + publish_s;
+  t.nvme_s = nvme_read / (m.nvme_read_gbps * 1e9) + nvme_write / (m.nvme_write_gbps * 1e9);
+  t.h2d_s = h2d / (m.h2d_gbps * 1e9);
+  p.nvme_read_bytes = static_cast<std::uint64_t>(nvme_read);
+  p.nvme_write_bytes = static_cast<std::uint64_t>(nvme_write);
+  p.h2d_bytes = static_cast<std::uint64_t>(h2d);
+  const double comm_extra = W == 1 ? t.d2h_s : t.comm_s;  // world 1: the stall is already counted
+  t.step_s = t.compute_s + t.stall_s + comm_extra + t.optimizer_s;
+  const std::pair<double, const char*> parts[] = {{t.compute_s, "compute"},
+                                                  {t.nvme_s, "nvme"},
+                                                  {t.h2d_s, "host->device"},
+                                                  {W == 1 ? t.d2h_s : t.comm_s, "communication"},
+                                                  {t.adam_s, "optimizer"}};
+  t.bottleneck = std::max_element(std::begin(parts), std::end(parts))->second;
+  p.tokens_per_s = t.step_s > 0 ? static_cast<double>(p.tokens_per_step) / t.step_s : 0;
+  p.tflops = t.step_s > 0 ? p.flops_per_step / t.step_s / 1e12 : 0;
+}
+
+}  // namespace
+
+MachineProfile parse_profile(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) throw ConfigError(source, j.dump().substr(0, 40), "a profile is one JSON object");
+  MachineProfile m;
+  m.name = j.value("name", source);
+  if (j.contains("device")) {
+    if (!j["device"].is_string() || (j["device"] != "sim" && j["device"] != "cuda")) {
+      throw ConfigError(source + ": device", j["device"].dump(), "must be \"sim\" or \"cuda\"");
+    }
+    m.device = j["device"].get<std::string>();
+  }
+  if (j.contains("cpu_isa") && j["cpu_isa"].is_string()) m.cpu_isa = j["cpu_isa"].get<std::string>();
+  m.gpus = static_cast<int>(number(j, "gpus", source, false));
+  if (m.gpus == 0) m.gpus = 1;
+  m.compute_gflops = number(j, "compute_gflops", source, true);
+  for (const char* key : {"compute_gflops_by_width", "compute_gflops_by_width_128"}) {
+    if (!j.contains(key)) continue;
+    const auto& w = j[key];
+    auto& out = std::string(key).ends_with("_128") ? m.compute_gflops_by_width_128 : m.compute_gflops_by_width;
+    if (!w.is_object()) throw ConfigError(source + ": " + key, w.dump(), "must be an object");
+    for (const auto& [k, v] : w.items()) {
+      int d = 0;
+      try {
+        d = std::stoi(k);
+      } catch (const std::exception&) {
+        d = 0;
+      }
+      if (d <= 0) throw ConfigError(source + ": " + key + "." + k, k, "keys are widths (d_model > 0)");
+      out.emplace_back(d, number(w, k, source + ": " + key, true));
+    }
+    std::sort(out.begin(), out.end());
+  }
+  m.cpu_adam_params_per_s = number(j, "cpu_adam_params_per_s", source, true);
+  m.h2d_gbps = number(j, "h2d_gbps", source, true);
+  m.d2h_gbps = number(j, "d2h_gbps", source, false);
+  m.nvme_read_gbps = number(j, "nvme_read_gbps", source, true);
+  m.nvme_write_gbps = number(j, "nvme_write_gbps", source, true);
+  m.comm_gbps = number(j, "comm_gbps", source, false);
+  m.host_memory_bytes = static_cast<std::uint64_t>(number(j, "host_memory_bytes", source, true));
+  m.device_memory_bytes = static_cast<std::uint64_t>(number(j, "device_memory_bytes", source, false));
+  m.nvme_free_bytes = static_cast<std::uint64_t>(number(j, "nvme_free_bytes", source, false));
+  if (j.contains("sources")) {
+    if (!j["sources"].is_object()) throw ConfigError(source + ": sources", j["sources"].dump(), "must be an object");
+    for (const auto& [k, v] : j["sources"].items()) m.sources[k] = v.is_string() ? v.get<std::string>() : v.dump();
+  }
+  return m;
+}
+
+namespace {
+double by_width(const std::vector<std::pair<int, double>>& w, int d_model, double fallback) {
+  if (w.empty()) return fallback;
+  if (d_model <= w.front().first) return w.front().second;
+  if (d_model >= w.back().first) return w.back().second;
+  for (std::size_t i = 1; i < w.size(); ++i) {
+    if (d_model <= w[i].first) {
+      const double f = std::log(static_cast<double>(d_model) / w[i - 1].first) /
+                       std::log(static_cast<double>(w[i].first) / w[i - 1].first);
+      return w[i - 1].second + f * (w[i].second - w[i - 1].second);
+    }
+  }
+  return w.back().second;
+}
+}  // namespace
+
+double compute_gflops(const MachineProfile& m, int d_model, double tokens) {
+  const double at512 = by_width(m.compute_gflops_by_width, d_model, m.compute_gflops);
+  if (m.compute_gflops_by_width_128.empty()) return at512;
+  const double at128 = by_width(m.compute_gflops_by_width_128, d_model, at512);
+  const double f = std::clamp(std::log(std::max(tokens, 1.0) / 128.0) / std::log(4.0), 0.0, 1.0);
+  return at128 + f * (at512 - at128);
+}
+
+MachineProfile load_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("--profile", path, "cannot open the profile file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {  // tiermem-bench's whole output: the last line that is a JSON object
+    std::istringstream lines(ss.str());
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] != '{') continue;
+      nlohmann::json l = nlohmann::json::parse(line, nullptr, false);
+      if (!l.is_discarded()) j = std::move(l);
+    }
+  }
+  if (j.is_discarded()) throw ConfigError("--profile", path, "not valid JSON");
+  // tiermem-bench profile --json prints {"profile": {...}}; a written profile may be either.
+  return parse_profile(j.is_object() && j.contains("profile") ? j["profile"] : j, path);
+}
+
+Config with_machine_budgets(Config cfg, const MachineProfile& m) {
+  if (cfg.tiermem.host_budget_bytes == 0) {
+    cfg.tiermem.host_budget_bytes = std::clamp<std::uint64_t>(m.host_memory_bytes / 16 / kMiB * kMiB, 256 * kMiB, 1024 * kMiB);
+  }
+  if (cfg.tiermem.device_budget_bytes == 0) {
+    cfg.tiermem.device_budget_bytes = device_is_sim(cfg, m) ? 1024 * kMiB
+                                                            : m.device_memory_bytes / 100 * 95;
+  }
+  return cfg;
+}
+
+std::uint64_t activation_bytes(const gpt::GptConfig& g, int batch, int seq_len) {
+  const std::uint64_t N = static_cast<std::uint64_t>(batch) * seq_len, C = g.d_model, NH = g.n_head,
+                      V = g.vocab_size, L = g.n_layer;
+  const std::uint64_t att = static_cast<std::uint64_t>(batch) * NH * seq_len * seq_len;
+  const std::uint64_t floats = (L + 1) * N * C + L * (15 * N * C + 4 * N + att) + N * C + 2 * N + N * V +
+                               15 * N * C + att;
+  return floats * sizeof(float);
+}
+
+Prediction predict(const train::TrainPlan& run, const MachineProfile& m) {
+  Prediction p;
+  const Config cfg = with_machine_budgets(run.config, m);
+  predict_memory(run, cfg, m, p);
+  check_fit(run, cfg, m, p);
+  // Time needs rates (a memory-only profile has none).
+  if (p.zero.fits && compute_gflops(m, run.model.d_model) > 0 && m.cpu_adam_params_per_s > 0) {
+    predict_time(run, cfg, m, p);
+  }
+  return p;
+}
+
+LargestModel largest_model(const train::TrainPlan& run, const MachineProfile& m) {
+  LargestModel out;
+  auto try_layers = [&](int L, std::string* why) {
+    train::TrainPlan r = run;
+    r.model.n_layer = L;
+    Prediction p;
+    Config cfg = with_machine_budgets(r.config, m);
+    predict_memory(r, cfg, m, p);
+    // Budgets at their minimum (a user would raise them): what the machine itself can hold.
+    if (!p.zero.fits) {
+      cfg.tiermem.host_budget_bytes = std::max(cfg.tiermem.host_budget_bytes, p.zero.host_min_bytes);
+      cfg.tiermem.device_budget_bytes = std::max(cfg.tiermem.device_budget_bytes, p.zero.device_min_bytes);
+      p = Prediction{};
+      predict_memory(r, cfg, m, p);
+    }
+    check_fit(r, cfg, m, p);
+    if (why) *why = p.why;
+    return p.fits ? p.params : 0;
+  };
+  int lo = 0, hi = 1;
+  const int kMaxLayers = 1 << 16;
+  while (hi <= kMaxLayers && try_layers(hi, nullptr) > 0) {
+    lo = hi;
+    hi *= 2;
+  }
+  if (hi > kMaxLayers) {
+    out.n_layer = lo;
+    out.params = try_layers(lo, nullptr);
+    out.limit = fmt::format("searched up to {} layers", kMaxLayers);
+    return out;
+  }
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (try_layers(mid, nullptr) > 0 ? lo : hi) = mid;
+  }
+  out.n_layer = lo;
+  out.params = lo > 0 ? try_layers(lo, nullptr) : 0;
+  try_layers(hi, &out.limit);
+  return out;
+}
+
+std::vector<CheckRow> check_against(const Prediction& p, const nlohmann::json& s, const std::string& source) {
+  const double step = p.time.step_s;
+  const std::pair<const char*, double> predicted[] = {
+      {"step_seconds", step},
+      {"compute_share", step > 0 ? p.time.compute_s / step : 0},
+      {"io_wait_share", step > 0 ? p.time.stall_s / step : 0},
+      {"communication_share", step > 0 ? p.time.comm_s / step : 0},
+      {"optimizer_share", step > 0 ? p.time.optimizer_s / step : 0},
+      {"device_peak_bytes", static_cast<double>(p.device_peak_bytes)},
+      {"host_peak_bytes", static_cast<double>(p.host_peak_bytes)},
+      {"nvme_peak_bytes", static_cast<double>(p.nvme_peak_bytes)},
+  };
+  std::vector<CheckRow> rows;
+  for (const auto& [field, pred] : predicted) {
+    if (!s.contains(field) || !s[field].is_number()) {
+      throw ConfigError(source + ": summary." + field, s.contains(field) ? s[field].dump() : "(missing)",
+                        "a tiermem-train --json summary has this number (is the summary from an older build?)");
+    }
+    CheckRow r;
+    r.field = field;
+    r.predicted = pred;
+    r.measured = s[field].get<double>();
+    r.rel_error = r.measured != 0 ? std::abs(pred - r.measured) / std::abs(r.measured) : (pred == 0 ? 0 : 1);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+nlohmann::json prediction_json(const Prediction& p) {
+  const ZeroPlan& z = p.zero;
+  nlohmann::json j;
+  j["fits"] = p.fits;
+  if (!p.fits) {
+    j["why"] = p.why;
+    j["fix"] = p.fix;
+  }
+  j["params"] = p.params;
+  j["homes"] = {{"params", std::string(tier_name(z.param_home))},
+                {"optimizer", std::string(tier_name(z.optimizer_home))},
+                {"gradients", std::string(tier_name(z.gradient_home))}};
+  j["sub_group_elems"] = z.piece_elems;
+  j["host_budget_bytes"] = z.host_budget_bytes;
+  j["host_min_bytes"] = z.host_min_bytes;
+  j["host_min_why"] = z.host_min_why;
+  j["device_budget_bytes"] = z.device_budget_bytes;
+  j["device_min_bytes"] = z.device_min_bytes;
+  j["device_min_why"] = z.device_min_why;
+  j["device_peak_bytes"] = p.device_peak_bytes;
+  j["host_peak_bytes"] = p.host_peak_bytes;
+  j["host_peak_parts"] = {{"pool", p.host_pool_peak_bytes}, {"bounce", p.host_bounce_bytes},
+                          {"engine", p.host_engine_bytes}, {"gradient_buffers", p.grad_buffer_peak_bytes},
+                          {"activations", p.activation_bytes}, {"sim_device", p.sim_device_bytes}};
+  j["nvme_peak_bytes"] = p.nvme_peak_bytes;
+  if (!p.fits || p.time.step_s <= 0) return j;  // no time without a profile's rates
+  const TimePrediction& t = p.time;
+  j["step_seconds"] = t.step_s;
+  j["time_seconds"] = {{"compute", t.compute_s}, {"io_wait", t.stall_s}, {"nvme", t.nvme_s},
+                       {"host_to_device", t.h2d_s}, {"gradient_handoff", t.d2h_s},
+                       {"communication", t.comm_s}, {"adam", t.adam_s}, {"optimizer", t.optimizer_s}};
+  j["bottleneck"] = t.bottleneck;
+  j["traffic_bytes"] = {{"nvme_read", p.nvme_read_bytes}, {"nvme_write", p.nvme_write_bytes},
+                        {"host_to_device", p.h2d_bytes}, {"collectives", p.comm_bytes}};
+  j["tokens_per_step"] = p.tokens_per_step;
+  j["tokens_per_s"] = p.tokens_per_s;
+  j["tflops"] = p.tflops;
+  return j;
+}
+
+}  // namespace tiermem::plan

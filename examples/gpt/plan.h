@@ -1,0 +1,141 @@
+// examples/gpt/plan.h — tiermem-plan's model of a run: bytes per tier, minimum budgets, the
+// largest model that fits, and the step time split by resource, predicted from a machine profile
+// before anything is allocated; and the comparison of a prediction with a tiermem-train summary.
+//
+// Bytes come from plan_zero (tiermem/zero_plan.h), the function ZeroEngine itself calls, so the
+// planner and the engine agree on homes, sub-group size and minimum budgets by construction.
+// Peaks add what the engine and the trainer allocate around that state (bounce chunks, gradient
+// buffers, activations, SimDevice memory), each from the same formulas the code uses.
+//
+// Time (one rank, one optimizer step), from the profile's measured rates:
+//   compute    model FLOPs of the step (gpt::flops_per_token) / compute_gflops
+//   params     stage 3 with offloaded parameters: the step's module accesses replayed by the tier
+//              simulator (tiermem/tier_simulator.h, Belady policy, the engine's budgets) give the
+//              NVMe->host and host->device bytes and the stall not hidden behind compute
+//   gradients  each micro-batch's fp32 gradients handed to the engine (world 1: a host copy at
+//              d2h_gbps; several ranks: a reduce-scatter at comm_gbps)
+//   gather     stage 3, several ranks: all-gather of each module, forward and backward
+//   optimizer  sub-groups pipelined: max(Adam at cpu_adam_params_per_s, the optimizer state's
+//              NVMe read + write) + the new working parameters written to their home
+// step = forward/backward (compute + stall) + gradients + gather + optimizer. The bottleneck is
+// the largest of compute, the NVMe link, the host->device link, communication and Adam.
+//
+// Units: *_bytes bytes, *_gbps 1e9 bytes/s, *_s seconds, FLOP counts as multiply-add = 2.
+// Thread-safety: plain values and pure functions (load_profile reads a file); reentrant.
+// Errors: ConfigError naming the key path ("<file>: <key>") and value for a bad profile or
+// summary; gpt::GptConfig errors for bad model dimensions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tiermem/zero_plan.h"
+#include "train_loop.h"
+
+namespace tiermem::plan {
+
+// What a machine can do, measured (tiermem-bench profile --json) or written from published
+// figures (profiles/*.json, each figure's source in `sources`).
+struct MachineProfile {
+  std::string name;
+  std::string device = "sim";           // what the model computes on: sim (CPU kernels) | cuda
+  std::string cpu_isa;                  // Adam kernel ISA the figures were measured with
+  int gpus = 1;                         // devices (ranks) in the machine
+  double compute_gflops = 0;            // model FLOP/s of one rank's compute backend (GFLOP/s)
+  // Optional: the model's measured rate by d_model (tiermem-bench profile) for micro-batches of
+  // 512 tokens and (_128) of 128 tokens; the rate of a run is interpolated linearly in
+  // log(d_model), then in log(tokens per micro-batch) between the two, clamped at the ends.
+  std::vector<std::pair<int, double>> compute_gflops_by_width, compute_gflops_by_width_128;
+  double cpu_adam_params_per_s = 0;     // CPU AdamW, all the machine's cores (ranks share it)
+  double h2d_gbps = 0, d2h_gbps = 0;    // host <-> device, one rank
+  double nvme_read_gbps = 0, nvme_write_gbps = 0;  // all drives together (ranks share them)
+  double comm_gbps = 0;                 // per-rank collective bus bandwidth (0: unknown)
+  std::uint64_t host_memory_bytes = 0;  // physical host memory (all ranks share it)
+  std::uint64_t device_memory_bytes = 0;  // per device (sim: 0, its budget is host memory)
+  std::uint64_t nvme_free_bytes = 0;    // free space under the swap paths
+  std::map<std::string, std::string> sources;  // field -> where the figure comes from
+};
+
+// Reads a profile. Required: compute_gflops, cpu_adam_params_per_s, h2d_gbps, nvme_read_gbps,
+// nvme_write_gbps, host_memory_bytes (numbers > 0). Throws ConfigError("<path>: <key>", value,
+// why) for a missing file, bad JSON, a missing or non-positive required key, or a wrong type.
+MachineProfile parse_profile(const nlohmann::json& j, const std::string& source);
+MachineProfile load_profile(const std::string& path);
+
+// The compute rate (GFLOP/s) for a model of width `d_model` in micro-batches of `tokens` on `m`.
+double compute_gflops(const MachineProfile& m, int d_model, double tokens = 512);
+
+// The host and device budgets a run gets when the config leaves them 0, on `m` (as the engine
+// resolves them on that machine: host 1/16 of memory in [256 MiB, 1 GiB]; device sim 1 GiB,
+// cuda 95 % of device memory). Returns `cfg` with both filled.
+Config with_machine_budgets(Config cfg, const MachineProfile& m);
+
+struct TimePrediction {
+  double compute_s = 0;        // model FLOPs / compute rate
+  double stall_s = 0;          // forward/backward waiting for parameters (not hidden)
+  double nvme_s = 0;           // NVMe busy time (reads + writes of the step)
+  double h2d_s = 0;            // host->device busy time
+  double d2h_s = 0;            // device->host / gradient hand-off busy time
+  double comm_s = 0;           // collectives (and, world 1, the gradient hand-off)
+  double adam_s = 0;           // CPU Adam over the rank's shard
+  double optimizer_s = 0;      // the optimizer phase: max(Adam, its NVMe traffic) + publish
+  double step_s = 0;
+  std::string bottleneck;      // compute | nvme | host->device | communication | optimizer
+};
+
+struct Prediction {
+  ZeroPlan zero;               // plan_zero's answer for this run (homes, minimum budgets, fits)
+  std::uint64_t params = 0;
+  std::uint64_t tokens_per_step = 0;  // all ranks
+  double flops_per_step = 0;          // all ranks
+  // Peaks, bytes, one rank, as tiermem-train's summary counts them.
+  std::uint64_t device_peak_bytes = 0;
+  std::uint64_t host_peak_bytes = 0;  // = the parts below
+  std::uint64_t host_pool_peak_bytes = 0, host_bounce_bytes = 0, host_engine_bytes = 0;
+  std::uint64_t grad_buffer_peak_bytes = 0, activation_bytes = 0, sim_device_bytes = 0;
+  std::uint64_t nvme_peak_bytes = 0;
+  // Traffic of one steady-state step, bytes.
+  std::uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0, h2d_bytes = 0, comm_bytes = 0;
+  TimePrediction time;
+  double tokens_per_s = 0, tflops = 0;
+  bool fits = true;
+  std::string why;   // when !fits: what does not fit, with the numbers
+  std::string fix;   // when !fits: the smallest change that makes it run
+};
+
+// Predicts `run` (tiermem-train's resolved plan: model, batch, seq_len, grad_accum, world size,
+// config) on `m`. Budgets left 0 in the config are resolved for `m` (with_machine_budgets).
+Prediction predict(const train::TrainPlan& run, const MachineProfile& m);
+
+// The largest model of the same width, heads, vocabulary and sequence length (more or fewer
+// layers) that fits `m` at this configuration: budgets at their minimum, NVMe state within the
+// free space, host peak within host memory, device peak within device memory. n_layer 0 when
+// not even one layer fits. `limit` names what stops the next size.
+struct LargestModel {
+  int n_layer = 0;
+  std::uint64_t params = 0;
+  std::string limit;
+};
+LargestModel largest_model(const train::TrainPlan& run, const MachineProfile& m);
+
+// Activation bytes gpt::Model allocates for a micro-batch of `batch` x `seq_len` (the same
+// sizes as its constructor; tests hold the two together).
+std::uint64_t activation_bytes(const gpt::GptConfig& cfg, int batch, int seq_len);
+
+// The fields --check compares: step_seconds, the four time shares and the three tier peaks.
+struct CheckRow {
+  std::string field;
+  double predicted = 0, measured = 0, rel_error = 0;  // rel_error = |p - m| / m (0 when both 0)
+};
+// Measured values from a summary object (tiermem-train --json's "summary"). Throws ConfigError
+// naming the summary key when a field is missing or not a number.
+std::vector<CheckRow> check_against(const Prediction& p, const nlohmann::json& summary,
+                                    const std::string& source);
+
+// JSON of a prediction (the --json object of tiermem-plan).
+nlohmann::json prediction_json(const Prediction& p);
+
+}  // namespace tiermem::plan

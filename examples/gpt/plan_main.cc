@@ -1,0 +1,306 @@
+// tiermem-plan — before a run: bytes per tier, minimum budgets, the largest model that fits, and
+// the step time split by resource, predicted from a machine profile; after a run: the prediction
+// held against the run's summary. docs/plan.md describes the model and its limits.
+//
+//   cmake --build build/default --target tiermem-plan tiermem-bench
+//   build/default/bench/tiermem-bench profile --json > me.json        # measure this machine
+//   build/default/examples/gpt/tiermem-plan --model gpt2 --offload nvme --profile me.json
+//   build/default/examples/gpt/tiermem-train --model gpt2 --offload nvme --json > run.jsonl
+//   build/default/examples/gpt/tiermem-plan --check run.jsonl --profile me.json [--json]
+//
+// The run is described with tiermem-train's own flags (--model, --batch, --seq-len, --config,
+// --offload, budgets ...) and resolved by the same code (effective_config, make_train_plan), so
+// the plan is that of the run tiermem-train would make. Without --profile only bytes are
+// predicted (budgets resolve for this machine's memory); time needs rates.
+// Exit: 0 the configuration runs (or --check printed), 1 it cannot run (why and the smallest
+// fix printed), 2 bad input (one line naming the flag, key or path).
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <sstream>
+
+#include "gpt/model.h"
+#include "plan.h"
+#include "tiermem/error.h"
+#include "tiermem/log.h"
+
+namespace {
+
+using namespace tiermem;
+using nlohmann::json;
+
+struct PlanArgs {
+  train::TrainOptions run;
+  std::string profile_path, check_path;
+  int world_size = 1;
+  int vocab = 0;
+  int context = 0;  // --check: the model's context (rows of wpe) from the summary
+  bool json = false;
+};
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "tiermem-plan: error: %s\n", msg.c_str());
+  return 2;
+}
+
+// This machine's memory (no rates): what a plan without --profile resolves budgets against.
+plan::MachineProfile memory_only_profile(const std::string& swap_dir) {
+  plan::MachineProfile m;
+  m.name = "this machine (memory only; give --profile for time)";
+  m.host_memory_bytes = static_cast<std::uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  struct statvfs sv {};
+  std::filesystem::path probe = swap_dir.empty() ? "." : swap_dir;
+  while (!probe.empty() && !std::filesystem::exists(probe)) probe = probe.parent_path();
+  if (statvfs(probe.empty() ? "." : probe.c_str(), &sv) == 0) {
+    m.nvme_free_bytes = static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
+  }
+  return m;
+}
+
+// The summary object of a tiermem-train --json output (the last {"summary":..} line), or of a
+// file holding just that object.
+json read_summary(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("--check", path, "cannot open the summary file");
+  std::string line;
+  json found;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("summary")) found = j["summary"];
+  }
+  if (found.is_null()) {
+    std::ifstream again(path);
+    std::stringstream ss;
+    ss << again.rdbuf();
+    json j = json::parse(ss.str(), nullptr, false);
+    if (!j.is_discarded() && j.is_object()) found = j.contains("summary") ? j["summary"] : j;
+  }
+  if (!found.is_object() || !found.contains("model")) {
+    throw ConfigError("--check", path, "no {\"summary\": ...} object of tiermem-train --json in it");
+  }
+  return found;
+}
+
+// Overrides the run's options with what the summary says ran.
+void apply_summary(const json& s, const std::string& path, PlanArgs& a) {
+  auto get_int = [&](const json& o, const char* key, const std::string& where) {
+    if (!o.contains(key) || !o[key].is_number_integer()) {
+      throw ConfigError(path + ": " + where + key, o.contains(key) ? o[key].dump() : "(missing)",
+                        "expected an integer (a summary of this build's tiermem-train --json)");
+    }
+    return o[key].get<long long>();
+  };
+  if (!s.contains("plan_inputs") || !s["plan_inputs"].is_object()) {
+    throw ConfigError(path + ": summary.plan_inputs", "(missing)",
+                      "the summary predates tiermem-plan: rerun tiermem-train --json from this build");
+  }
+  const json& in = s["plan_inputs"];
+  a.run.model = "custom";
+  a.run.n_layer = static_cast<int>(get_int(in, "n_layer", "summary.plan_inputs."));
+  a.run.n_head = static_cast<int>(get_int(in, "n_head", "summary.plan_inputs."));
+  a.run.d_model = static_cast<int>(get_int(in, "d_model", "summary.plan_inputs."));
+  a.run.seq_len = static_cast<int>(get_int(in, "seq_len", "summary.plan_inputs."));
+  a.vocab = static_cast<int>(get_int(in, "vocab", "summary.plan_inputs."));
+  a.run.batch = static_cast<int>(get_int(in, "batch", "summary.plan_inputs."));
+  a.run.batch_given = true;
+  a.run.grad_accum = static_cast<int>(get_int(in, "grad_accum", "summary.plan_inputs."));
+  a.run.grad_accum_given = true;
+  a.world_size = static_cast<int>(get_int(s, "world_size", "summary."));
+  a.run.host_budget_bytes = static_cast<std::uint64_t>(get_int(s, "host_budget_bytes", "summary."));
+  const auto dev = static_cast<std::uint64_t>(get_int(s, "device_budget_bytes", "summary."));
+  if (dev) a.run.device_budget_bytes = dev;
+  a.context = static_cast<int>(get_int(in, "context", "summary.plan_inputs."));
+  // Where the state lived (stage 3): the --offload shortcut that puts it there.
+  const std::string ph = s.value("param_offload", ""), oh = s.value("optimizer_offload", "");
+  if (s.value("zero_stage", 0) == 3) {
+    if (ph == "nvme" && oh == "nvme") a.run.offload = "nvme";
+    if (ph == "host" && oh == "host") a.run.offload = "cpu";
+    if (ph == "device" && oh == "host") a.run.offload = "none";
+  }
+}
+
+std::string seconds_text(double s) {
+  if (s >= 1) return fmt::format("{:.2f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.0f} us", s * 1e6);
+}
+
+void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, const plan::Prediction& p,
+                const plan::LargestModel& big, bool timed) {
+  const ZeroPlan& z = p.zero;
+  std::string t;
+  t += fmt::format("tiermem-plan: {} ({:.2f} M params; {} layers, d_model {}, vocab {}), batch {} x seq {} x "
+                   "accum {}, {} rank{}\n",
+                   run.model_name, static_cast<double>(p.params) / 1e6, run.model.n_layer, run.model.d_model,
+                   run.model.vocab_size, run.batch, run.seq_len, run.grad_accum, run.world_size,
+                   run.world_size == 1 ? "" : "s");
+  t += fmt::format("profile         {}{}\n", m.name, m.cpu_isa.empty() ? "" : fmt::format(" (CPU {})", m.cpu_isa));
+  t += fmt::format("zero            stage {}: params -> {}, optimizer -> {}, gradients -> {}, sub-groups of {} "
+                   "elements\n",
+                   run.config.zero.stage, tier_name(z.param_home), tier_name(z.optimizer_home),
+                   tier_name(z.gradient_home), z.piece_elems);
+  t += "memory (one rank)\n";
+  t += fmt::format("  device        peak {:>10}   budget {}, minimum {}{}\n", format_bytes(p.device_peak_bytes),
+                   format_bytes(z.device_budget_bytes), format_bytes(z.device_min_bytes),
+                   z.device_min_why.empty() ? "" : " (" + z.device_min_why + ")");
+  t += fmt::format("  host          peak {:>10}   budget {}, minimum {} ({})\n", format_bytes(p.host_peak_bytes),
+                   format_bytes(z.host_budget_bytes), format_bytes(z.host_min_bytes), z.host_min_why);
+  t += fmt::format("                = pool {} + bounce {} + engine {} + gradient buffers {} + activations {}{}\n",
+                   format_bytes(p.host_pool_peak_bytes), format_bytes(p.host_bounce_bytes),
+                   format_bytes(p.host_engine_bytes), format_bytes(p.grad_buffer_peak_bytes),
+                   format_bytes(p.activation_bytes),
+                   p.sim_device_bytes ? " + sim device " + format_bytes(p.sim_device_bytes) : "");
+  t += fmt::format("  nvme          peak {:>10}{}\n", format_bytes(p.nvme_peak_bytes),
+                   m.nvme_free_bytes ? fmt::format("   free {}", format_bytes(m.nvme_free_bytes)) : "");
+  t += fmt::format("largest model   {} layers, {:.2f} B params at this configuration{}\n", big.n_layer,
+                   static_cast<double>(big.params) / 1e9, big.limit.empty() ? "" : " (next size: " + big.limit + ")");
+  if (!p.fits) {
+    t += fmt::format("CANNOT RUN      {}\nsmallest fix    {}\n", p.why, p.fix);
+  } else if (timed) {
+    const plan::TimePrediction& x = p.time;
+    auto pct = [&](double v) { return x.step_s > 0 ? 100.0 * v / x.step_s : 0.0; };
+    t += fmt::format("step time       {} (predicted; bottleneck: {})\n", seconds_text(x.step_s), x.bottleneck);
+    t += fmt::format("  compute       {:>10} ({:.0f} %)  {:.3g} GFLOP at {:.0f} GFLOP/s\n", seconds_text(x.compute_s),
+                     pct(x.compute_s), p.flops_per_step / run.world_size / 1e9, plan::compute_gflops(m, run.model.d_model, static_cast<double>(run.batch) * run.seq_len));
+    t += fmt::format("  I/O wait      {:>10} ({:.0f} %)  parameters not yet on the device\n",
+                     seconds_text(x.stall_s), pct(x.stall_s));
+    t += fmt::format("  nvme link     {:>10} busy      read {}, write {}\n", seconds_text(x.nvme_s),
+                     format_bytes(p.nvme_read_bytes), format_bytes(p.nvme_write_bytes));
+    t += fmt::format("  host->device  {:>10} busy      {}\n", seconds_text(x.h2d_s), format_bytes(p.h2d_bytes));
+    t += fmt::format("  communication {:>10} ({:.0f} %)  {}\n", seconds_text(x.comm_s), pct(x.comm_s),
+                     run.world_size == 1 ? "world 1: gradient hand-off + the gathers' waits"
+                                         : fmt::format("{} of collectives", format_bytes(p.comm_bytes)));
+    t += fmt::format("  optimizer     {:>10} ({:.0f} %)  Adam {} at {:.3g} params/s\n", seconds_text(x.optimizer_s),
+                     pct(x.optimizer_s), seconds_text(x.adam_s), m.cpu_adam_params_per_s);
+    t += fmt::format("throughput      {:.0f} tokens/s, {:.3f} TFLOP/s\n", p.tokens_per_s, p.tflops);
+  } else {
+    t += "step time       - (give --profile, e.g. from tiermem-bench profile --json)\n";
+  }
+  std::fputs(t.c_str(), stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  PlanArgs a;
+  CLI::App app{"tiermem-plan: predict a tiermem-train run's memory per tier and step time from a machine "
+               "profile, before the run; --check holds a run's --json summary against the prediction"};
+  app.set_help_flag("-h,--help", "print this help and exit");
+  std::string device_budget, host_budget;
+  app.add_option("--model", a.run.model, "model preset (tiny, mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl) or "
+                                         "custom")->default_val(a.run.model);
+  app.add_option("--layers", a.run.n_layer, "--model custom: layers")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--heads", a.run.n_head, "--model custom: heads [d_model / 64]")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--d-model", a.run.d_model, "--model custom: width")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--vocab", a.vocab, "vocabulary [the preset's; 256 for text data, as tiermem-train]")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--data", a.run.data, "the run's data: text trains a byte-level vocabulary (256), *.bin keeps "
+                                       "the preset's");
+  app.add_option("--batch", a.run.batch, "micro-batch per rank (sequences)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--grad-accum", a.run.grad_accum, "micro-batches per step")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--seq-len", a.run.seq_len, "tokens per sequence")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--world-size", a.world_size, "ranks (GPUs) [1]")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--config", a.run.config_path, "DeepSpeed-style ds_config.json (as tiermem-train)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--offload", a.run.offload, "offload_param and offload_optimizer device: none, cpu, nvme")
+      ->check(CLI::IsMember({"none", "cpu", "nvme"}));
+  app.add_option("--device", a.run.device, "auto | cuda | sim [the profile's device]")
+      ->check(CLI::IsMember({"auto", "cuda", "sim"}));
+  app.add_option("--device-budget", device_budget, "device budget, e.g. 64MiB");
+  app.add_option("--host-budget", host_budget, "host pool budget, e.g. 2GiB");
+  app.add_option("--swap-dir", a.run.swap_dir, "NVMe swap directory (its free space bounds the NVMe state)");
+  app.add_option("--profile", a.profile_path, "machine profile JSON (tiermem-bench profile --json, or profiles/*.json)");
+  app.add_option("--check", a.check_path, "a tiermem-train --json output: print predicted vs measured per field");
+  app.add_flag("--json", a.json, "one JSON object (the last line printed)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return fail(e.what());
+  }
+  set_log_level("warn");
+  try {
+    if (!device_budget.empty()) a.run.device_budget_bytes = parse_size(device_budget, "--device-budget");
+    if (!host_budget.empty()) a.run.host_budget_bytes = parse_size(host_budget, "--host-budget");
+    a.run.batch_given = app.count("--batch") > 0;
+    a.run.grad_accum_given = app.count("--grad-accum") > 0;
+    const bool custom_dims = app.count("--layers") + app.count("--heads") + app.count("--d-model") > 0;
+    if (a.run.model == "custom" && (a.run.n_layer == 0 || a.run.d_model == 0)) {
+      throw ConfigError("--model", "custom", "needs --layers and --d-model (and optionally --heads)");
+    }
+    if (a.run.model != "custom" && custom_dims) {
+      throw ConfigError("--layers/--heads/--d-model", a.run.model, "only with --model custom");
+    }
+    json summary;
+    if (!a.check_path.empty()) {
+      summary = read_summary(a.check_path);
+      apply_summary(summary, a.check_path, a);
+    }
+    const plan::MachineProfile m =
+        a.profile_path.empty() ? memory_only_profile(a.run.swap_dir) : plan::load_profile(a.profile_path);
+    if (a.run.device.empty() && m.device == "cuda") a.run.device = "cuda";
+    if (a.run.device.empty()) a.run.device = "sim";
+    Config cfg = train::effective_config(a.run, 0, a.world_size);
+    train::TrainPlan run = train::make_train_plan(a.run, cfg, 0, a.world_size);
+    if (a.context > 0) run.model.seq_len = a.context;
+    // Vocabulary as tiermem-train makes it: byte-level for text data (not *.bin), unless --vocab.
+    const bool bin = std::filesystem::path(a.run.data).extension() == ".bin";
+    if (a.vocab > 0) {
+      run.model.vocab_size = a.vocab;
+    } else if (!bin) {
+      run.model.vocab_size = 256;
+    }
+    if (!summary.is_null()) run.model_name = summary.value("model", run.model_name);
+    run.model.validate();
+    const plan::Prediction p = plan::predict(run, m);
+    const bool timed = !a.profile_path.empty();
+    if (!a.check_path.empty()) {
+      if (!timed) throw ConfigError("--profile", "(none)", "--check compares step time too: give --profile");
+      const std::vector<plan::CheckRow> rows = plan::check_against(p, summary, a.check_path);
+      if (a.json) {
+        json j;
+        for (const auto& r : rows) {
+          j[r.field + "_predicted"] = r.predicted;
+          j[r.field + "_measured"] = r.measured;
+          j[r.field + "_rel_error"] = r.rel_error;
+        }
+        j["prediction"] = plan::prediction_json(p);
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("tiermem-plan --check %s (profile %s)\n%-22s %14s %14s %10s\n", a.check_path.c_str(),
+                    m.name.c_str(), "field", "predicted", "measured", "rel.error");
+        for (const auto& r : rows) {
+          std::printf("%-22s %14.6g %14.6g %9.1f %%\n", r.field.c_str(), r.predicted, r.measured,
+                      100.0 * r.rel_error);
+        }
+      }
+      return 0;
+    }
+    const plan::LargestModel big = plan::largest_model(run, m);
+    if (a.json) {
+      json j = plan::prediction_json(p);
+      j["model"] = run.model_name;
+      j["profile"] = m.name;
+      j["largest_model"] = {{"n_layer", big.n_layer}, {"params", big.params}, {"limit", big.limit}};
+      if (!timed) j["time"] = "needs --profile";
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      print_text(run, m, p, big, timed);
+    }
+    return p.fits ? 0 : 1;
+  } catch (const ConfigError& e) {
+    return fail(e.value().empty() ? fmt::format("{}: {}", e.key_path(), e.what())
+                                  : fmt::format("{} = {}: {}", e.key_path(), e.value(), e.what()));
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}

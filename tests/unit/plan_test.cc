@@ -1,0 +1,196 @@
+// tests/unit/plan_test.cc — tiermem-plan (examples/gpt/plan.h) against what the engine does:
+//   - activation bytes: the planner's formula equals gpt::Model's allocation;
+//   - bytes per tier: tiny and mini runs of tiermem-train (offload none / cpu / nvme) held
+//     against the planner's prediction with --check: the state (NVMe peak; the device peak, the
+//     stored working shards) exactly, the host peak within kHostBound;
+//   - a configuration the planner says cannot fit is refused by the engine with the same minimum;
+//   - bad input: exit 2 and one line naming the key, value or path.
+#include "train_run.h"
+
+#include "gpt/model.h"
+#include "plan.h"
+#include "tiermem/error.h"
+
+#ifndef TIERMEM_PLAN_BIN
+#error "TIERMEM_PLAN_BIN must name the tiermem-plan executable"
+#endif
+
+namespace tiermem_train_test {
+namespace {
+
+// The host peak's stated bound: the planner counts the pool at what the homes, the NVMe-homed
+// caches and the sub-groups in flight can occupy (capped by the budget); the store may evict
+// earlier than that, so the measured pool may be lower, never higher. 5 % of the peak.
+constexpr double kHostBound = 0.05;
+
+// Rates are irrelevant to bytes; memory large enough that budgets come from the summary.
+const char* kProfile = R"({"name": "test", "compute_gflops": 10, "cpu_adam_params_per_s": 1e8,
+  "h2d_gbps": 10, "d2h_gbps": 10, "nvme_read_gbps": 1, "nvme_write_gbps": 1,
+  "host_memory_bytes": 17179869184, "nvme_free_bytes": 1099511627776})";
+
+class PlanTest : public TrainBinaryTest {
+ protected:
+  void SetUp() override {
+    TrainBinaryTest::SetUp();
+    std::ofstream(dir_ / "profile.json") << kProfile;
+  }
+  RunResult plan(const std::string& args) {
+    const std::string out = (dir_ / "plan_out.txt").string(), err = (dir_ / "plan_err.txt").string();
+    const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_PLAN_BIN + " " + args + " >" + out +
+                            " 2>" + err;
+    const int status = std::system(cmd.c_str());
+    RunResult r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    const auto nl = r.out.find_last_of('\n', r.out.size() >= 2 ? r.out.size() - 2 : 0);
+    const std::string last = nl == std::string::npos ? r.out : r.out.substr(nl + 1);
+    r.summary = json::parse(last, nullptr, false);
+    return r;
+  }
+  static int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+};
+
+TEST(PlanActivations, FormulaEqualsTheModelsAllocation) {
+  for (const char* name : {"tiny", "mini"}) {
+    for (int b : {1, 3}) {
+      tiermem::gpt::GptConfig cfg = tiermem::gpt::GptConfig::named(name);
+      for (int t : {8, cfg.seq_len}) {
+        tiermem::gpt::Model model(cfg, b, t);
+        EXPECT_EQ(tiermem::plan::activation_bytes(cfg, b, t), model.activation_bytes()) << name << " " << b << " " << t;
+      }
+    }
+  }
+}
+
+TEST_F(PlanTest, BytesPerTierMatchTheEnginesPeaks) {
+  for (const std::string offload : {"none", "cpu", "nvme"}) {
+    // tiny at the default budgets; mini with budgets (its demo budgets, a quarter and an eighth
+    // of its state, are below what --offload none needs: the planner and the engine refuse that).
+    for (const std::string model : {"tiny", "mini --host-budget 64MiB --device-budget 64MiB"}) {
+      SCOPED_TRACE(model + " --offload " + offload);
+      const RunResult t = run("--model " + model + " --seq-len 16 --batch 2 --steps 2 --eval-every 0 --offload " +
+                              offload + " --swap-dir swap --json --data " + corpus());
+      ASSERT_EQ(t.exit_code, 0) << t.err;
+      std::ofstream(dir_ / "run.jsonl") << t.out;
+      const RunResult c = plan("--check run.jsonl --profile profile.json --json");
+      ASSERT_EQ(c.exit_code, 0) << c.err;
+      ASSERT_TRUE(c.summary.is_object()) << c.out;
+      const json& j = c.summary;
+      // State: exactly.
+      EXPECT_EQ(j["nvme_peak_bytes_predicted"].get<double>(), j["nvme_peak_bytes_measured"].get<double>());
+      EXPECT_EQ(j["device_peak_bytes_predicted"].get<double>(), j["device_peak_bytes_measured"].get<double>());
+      if (offload == "nvme") {
+        EXPECT_GT(j["nvme_peak_bytes_measured"].get<double>(), 0);
+      }
+      if (offload == "none") {
+        EXPECT_EQ(j["nvme_peak_bytes_measured"].get<double>(), 0);
+      }
+      // Host (state + workspace): within the stated bound.
+      EXPECT_LE(j["host_peak_bytes_rel_error"].get<double>(), kHostBound)
+          << "predicted " << j["host_peak_bytes_predicted"] << " measured " << j["host_peak_bytes_measured"];
+      // Every compared field is there, as the issue names them.
+      for (const char* f : {"step_seconds", "compute_share", "io_wait_share", "communication_share",
+                            "optimizer_share"}) {
+        EXPECT_TRUE(j.contains(std::string(f) + "_predicted") && j.contains(std::string(f) + "_measured") &&
+                    j.contains(std::string(f) + "_rel_error"))
+            << f;
+      }
+      EXPECT_GT(j["step_seconds_predicted"].get<double>(), 0);
+    }
+  }
+}
+
+TEST_F(PlanTest, WhatThePlannerRefusesTheEngineRefusesWithTheSameMinimum) {
+  struct Case {
+    std::string base, too_small, tier;  // tier: which minimum ("host" or "device")
+    bool runs_at_min = true;            // raising that one budget to its minimum is enough
+  } cases[] = {
+      {"--model tiny --seq-len 16 --offload cpu", "--host-budget 16KiB", "host"},
+      // The mini demo's own budgets (a quarter and an eighth of its state) with --offload none,
+      // which keeps the optimizer state in host memory (then the device budget is short too).
+      {"--model mini --seq-len 16 --offload none", "", "host", false},
+      // Every working shard homed on the device, more than the budget (but above the largest
+      // tensor, which tiermem-train checks itself before the engine).
+      {"--model tiny --seq-len 16 --offload none", "--device-budget 96KiB", "device"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.base + " " + c.too_small);
+    const RunResult p = plan(c.base + " " + c.too_small + " --profile profile.json --json");
+    EXPECT_EQ(p.exit_code, 1) << p.out << p.err;
+    ASSERT_TRUE(p.summary.is_object()) << p.out;
+    EXPECT_FALSE(p.summary["fits"].get<bool>());
+    const std::uint64_t min = p.summary[c.tier + "_min_bytes"].get<std::uint64_t>();
+    EXPECT_GT(min, p.summary[c.tier + "_budget_bytes"].get<std::uint64_t>());
+    EXPECT_NE(p.summary["fix"].get<std::string>().find(std::to_string(min)), std::string::npos) << p.summary["fix"];
+
+    const RunResult t = run(c.base + " " + c.too_small + " --steps 1 --swap-dir swap --data " + corpus());
+    EXPECT_EQ(t.exit_code, 2) << t.err;
+    EXPECT_NE(t.err.find("is below the " + tiermem::format_bytes(min)), std::string::npos)
+        << "planner minimum " << tiermem::format_bytes(min) << "; engine said: " << t.err;
+
+    // At the planner's minimum, both run.
+    if (!c.runs_at_min) continue;
+    const std::string at_min = c.base + " --" + c.tier + "-budget " + std::to_string(min);
+    const RunResult pok = plan(at_min + " --profile profile.json --json");
+    EXPECT_EQ(pok.exit_code, 0) << pok.out << pok.err;
+    const RunResult ok = run(at_min + " --steps 1 --swap-dir swap --data " + corpus());
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  }
+}
+
+TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
+  struct Case {
+    std::string args, file, content, names;
+  } cases[] = {
+      {"--model nosuch --profile profile.json", "", "", "nosuch"},
+      {"--model gpt2 --profile bad.json", "bad.json", "{not json", "bad.json"},
+      {"--model gpt2 --profile p.json", "p.json", R"({"compute_gflops": 1})", "cpu_adam_params_per_s"},
+      {"--model gpt2 --profile p.json", "p.json",
+       R"({"compute_gflops": -3, "cpu_adam_params_per_s": 1, "h2d_gbps": 1, "nvme_read_gbps": 1,
+           "nvme_write_gbps": 1, "host_memory_bytes": 1})",
+       "compute_gflops"},
+      {"--model gpt2 --profile missing.json", "", "", "missing.json"},
+      {"--check nosummary.txt --profile profile.json", "nosummary.txt", "hello\n", "nosummary.txt"},
+      {"--model gpt2 --batch 0", "", "", "--batch"},
+      {"--model gpt2 --host-budget lots", "", "", "lots"},
+      {"--model gpt2 --layers 3", "", "", "--layers"},
+      {"--model gpt2 --no-such-flag", "", "", "no-such-flag"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    if (!c.file.empty()) std::ofstream(dir_ / c.file) << c.content;
+    const RunResult r = plan(c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(c.names), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
+  json fast = json::parse(kProfile);
+  fast["compute_gflops"] = 1e5;  // compute out of the way: the NVMe link must be the bottleneck
+  std::ofstream(dir_ / "fast.json") << fast.dump();
+  const RunResult r = plan("--model gpt2 --offload nvme --profile fast.json --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json& j = r.summary;
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_FALSE(j["bottleneck"].get<std::string>().empty());
+  const json& t = j["time_seconds"];
+  // With 1 GB/s NVMe and 124 M params x 16 B of NVMe state, the link dominates Adam at 1e8/s.
+  EXPECT_EQ(j["bottleneck"], "nvme") << t;
+  EXPECT_GT(j["largest_model"]["params"].get<double>(), j["params"].get<double>());
+  tiermem::gpt::GptConfig gpt2 = tiermem::gpt::GptConfig::named("gpt2");
+  gpt2.vocab_size = 256;  // text data: byte-level, as tiermem-train
+  EXPECT_EQ(j["params"].get<std::int64_t>(), tiermem::gpt::num_params(gpt2));
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  // Without a profile: bytes only.
+  const RunResult m = plan("--model gpt2 --offload nvme --json");
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_EQ(m.summary["nvme_peak_bytes"], j["nvme_peak_bytes"]);
+  EXPECT_FALSE(m.summary.contains("step_seconds"));
+}
+
+}  // namespace
+}  // namespace tiermem_train_test
