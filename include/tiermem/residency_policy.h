@@ -23,8 +23,10 @@ namespace tiermem {
 using TensorId = std::uint32_t;
 inline constexpr TensorId kInvalidTensor = std::numeric_limits<TensorId>::max();
 
-// Phase of training an access belongs to (recorded in traces; used by the simulator).
-enum class Phase : std::uint8_t { kForward, kBackward, kOptimizer, kOther };
+// Phase of training an access belongs to (recorded in traces; used by the simulator). kEval: a
+// forward-only pass between training steps (held-out loss), which the trace-based policy leaves
+// out of the step's trace (AccessTrace ignores it), so an evaluation is no divergence.
+enum class Phase : std::uint8_t { kForward, kBackward, kOptimizer, kOther, kEval };
 
 // A request the policy makes: bring `id` up to `tier` ahead of use.
 struct PrefetchHint {

@@ -14,6 +14,7 @@ std::string_view phase_name(Phase p) {
     case Phase::kBackward: return "backward";
     case Phase::kOptimizer: return "optimizer";
     case Phase::kOther: return "other";
+    case Phase::kEval: return "eval";
   }
   return "?";
 }
@@ -53,6 +54,7 @@ void AccessTrace::end_step() {
 }
 
 bool AccessTrace::on_access(const Access& a) {
+  if (a.phase == Phase::kEval) return false;  // not part of the step's repeating order
   switch (state_) {
     case State::kIdle:
     case State::kDiverged:
