@@ -39,16 +39,10 @@ double seconds_since(Clock::time_point t0) {
 TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int world) {
   TrainPlan p;
   p.model_name = o.model;
-  if (o.model == "custom") {
-    p.model.n_layer = o.n_layer;
-    p.model.d_model = o.d_model;
-    p.model.n_head = o.n_head > 0 ? o.n_head : std::max(1, o.d_model / 64);
-    p.model.seq_len = o.seq_len > 0 ? o.seq_len : 1024;
-    p.model.vocab_size = 50257;  // GPT-2's; byte-level text data makes it 256, as for the presets
-    p.model.validate();
-  } else {
-    p.model = gpt::GptConfig::named(o.model);
-  }
+  p.model = asked_model(o);
+  // Text data is byte-level: the vocabulary becomes 256 unless --vocab-size says otherwise (one
+  // line says so when that shrinks the model: vocab_change_note, printed by run_training).
+  p.model.vocab_size = train_vocab_size(o);
   const DemoDefaults d = demo_defaults(o.model);
   p.steps = o.steps > 0 ? o.steps : d.steps;
   // Batch and accumulation: command line > --config > demo default.
@@ -122,7 +116,10 @@ float run_micro_batch(gpt::Model& model, TrainEngine& engine, const Batch& b, bo
   const gpt::GptConfig& cfg = model.config();
   model.set_batch(b.inputs, b.targets);
   for (const gpt::Step& s : gpt::forward_steps(cfg)) {
-    gpt::ParamView p = engine.acquire_params(s.module, Phase::kForward);
+    // An evaluation pass is no part of the training step's access order (Phase::kEval: the
+    // Prefetcher's trace leaves it out instead of seeing a divergence after every eval).
+    gpt::ParamView p =
+        engine.acquire_params(s.module, backward ? Phase::kForward : Phase::kEval);
     {
       TraceSpan span(backward ? "fwd " + gpt::step_name(s) : "eval " + gpt::step_name(s),
                      "compute");
@@ -267,18 +264,18 @@ int run_training(const TrainOptions& opts) {
   try {
     // ---- 1. Rank, configuration and plan.
     const RankInfo ranks = detect_ranks();
+    set_log_rank(ranks.rank);  // what every rank would say alike, rank 0 says (tiermem/log.h)
     Config cfg = effective_config(opts, ranks.rank);
     TrainPlan plan = make_plan(opts, cfg, ranks.rank, ranks.world_size);
     check_run_paths(opts, cfg);
 
-    // ---- 2. Data, checked before anything heavy is built. Text is byte-level: vocab 256.
-    const std::string data_path = opts.data.empty() ? kDefaultCorpus : opts.data;
-    {
-      std::error_code ec;
-      const bool is_bin = std::filesystem::path(data_path).extension() == ".bin" &&
-                          !std::filesystem::is_directory(data_path, ec);
-      if (!is_bin) plan.model.vocab_size = kByteVocab;
+    if (plan.rank == 0) {
+      const std::string note = vocab_change_note(opts);
+      if (!note.empty()) TM_LOG_WARN("TRAIN", "{}", note);
     }
+
+    // ---- 2. Data, checked before anything heavy is built. Text is byte-level (make_plan).
+    const std::string data_path = opts.data.empty() ? kDefaultCorpus : opts.data;
     check_device_budget(opts, plan);
     Corpus corpus = load_corpus(data_path, plan.model.vocab_size);
     const Split split = split_corpus(corpus, plan.seq_len);
@@ -288,8 +285,18 @@ int run_training(const TrainOptions& opts) {
 
     // ---- 3. Engine (parameters, gradients, optimizer state) and model (activations).
     engine = make_engine(plan, opts);
-    gpt::Model model(plan.model, plan.batch, plan.seq_len);
+    gpt::ModelOptions model_options;
+    model_options.checkpoint_blocks = plan.config.activation_checkpointing.enabled;
+    gpt::Model model(plan.model, plan.batch, plan.seq_len, model_options);
     const bool lead = plan.rank == 0;
+    if (lead && model.checkpoints_blocks()) {
+      TM_LOG_INFO("TRAIN", "activation checkpointing ({}): {} block inputs kept ({}), every block "
+                  "recomputed in backward; activations {} in all",
+                  opts.activation_checkpointing ? "--activation-checkpointing"
+                                                : "the config's activation_checkpointing",
+                  plan.model.n_layer + 1, format_bytes(model.block_input_bytes()),
+                  format_bytes(model.activation_bytes()));
+    }
 
     if (!opts.trace_path.empty()) {
       std::string path = opts.trace_path;
@@ -502,6 +509,9 @@ int run_training(const TrainOptions& opts) {
     s.final_loss = last_loss;
     s.final_eval_loss = last_eval;
     s.param_count = static_cast<std::uint64_t>(gpt::num_params(plan.model));
+    s.vocab_size = plan.model.vocab_size;
+    s.activation_checkpointing = model.checkpoints_blocks();
+    s.activation_checkpoint_bytes = model.checkpoints_blocks() ? model.block_input_bytes() : 0;
     s.param_bytes = engine->param_bytes();
     s.optimizer_bytes = engine->optimizer_bytes();
     s.device_budget_bytes = st.budget_bytes[0];
