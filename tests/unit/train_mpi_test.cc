@@ -168,7 +168,7 @@ TEST(TrainMpi, ThreeRanksSayEachWarningOnce) {
   std::ofstream(dir / "inert.json") << R"({"zero_optimization": {"stage": 3,
       "offload_param": {"device": "nvme", "nvme_path": "swap", "pin_memory": false},
       "offload_optimizer": {"device": "nvme", "nvme_path": "swap", "pin_memory": false},
-      "contiguous_gradients": true}, "steps_per_print": 5})";
+      "contiguous_gradients": true}, "steps_per_print": 5, "gradient_clipping": "auto"})";
   std::string err;
   const auto steps = run_step_losses(
       "mpirun --allow-run-as-root --oversubscribe -np 3 -x OMP_NUM_THREADS=1 " +
