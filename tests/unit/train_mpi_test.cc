@@ -168,7 +168,8 @@ TEST(TrainMpi, ThreeRanksSayEachWarningOnce) {
   std::ofstream(dir / "inert.json") << R"({"zero_optimization": {"stage": 3,
       "offload_param": {"device": "nvme", "nvme_path": "swap", "pin_memory": false},
       "offload_optimizer": {"device": "nvme", "nvme_path": "swap", "pin_memory": false},
-      "contiguous_gradients": true}, "steps_per_print": 5, "gradient_clipping": "auto"})";
+      "contiguous_gradients": true, "stage3_param_persistence_threshold": 0},
+      "steps_per_print": 5, "gradient_clipping": "auto"})";
   std::string err;
   const auto steps = run_step_losses(
       "mpirun --allow-run-as-root --oversubscribe -np 3 -x OMP_NUM_THREADS=1 " +
@@ -187,6 +188,7 @@ TEST(TrainMpi, ThreeRanksSayEachWarningOnce) {
   EXPECT_EQ(count("'zero_optimization.contiguous_gradients'"), 1) << err;
   EXPECT_EQ(count("'steps_per_print'"), 1) << err;
   EXPECT_EQ(count("\"auto\" resolved"), 1) << err;
+  EXPECT_EQ(count("device: sim"), 1) << err;  // every rank's simulated device is alike
 }
 
 }  // namespace
