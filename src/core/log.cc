@@ -42,7 +42,11 @@ namespace {
 std::atomic<int> g_log_rank{0};
 }  // namespace
 
+// A cause is remembered only while warnings are logged: a silenced process (a fuzzer parsing
+// millions of configs with the level off) keeps no growing set; what it would have said is lost
+// anyway.
 bool first_time(std::string_view cause) {
+  if (!logger().should_log(spdlog::level::warn)) return false;
   static std::mutex mu;
   static std::set<std::string, std::less<>> seen;
   std::lock_guard<std::mutex> lock(mu);
