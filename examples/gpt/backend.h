@@ -51,6 +51,10 @@ class ModelBackend {
   // Activation and workspace memory the backend holds: host bytes (CPU), device bytes (CUDA).
   virtual std::size_t activation_bytes() const = 0;
   virtual bool on_device() const = 0;  // true: activation_bytes() is device memory
+  // Activation checkpointing (ModelOptions::checkpoint_blocks, CPU backend only): whether each
+  // block is recomputed in backward, and the bytes of the block inputs kept for it (0 without).
+  virtual bool checkpoints_blocks() const { return false; }
+  virtual std::size_t block_input_bytes() const { return 0; }
 
   // As gpt::Model (model.h).
   virtual void set_batch(std::span<const std::int32_t> tokens,
@@ -63,9 +67,10 @@ class ModelBackend {
   ModelBackend() = default;
 };
 
-// The CPU backend over gpt::Model(cfg, batch_size, seq_len). Throws ConfigError on bad sizes.
+// The CPU backend over gpt::Model(cfg, batch_size, seq_len, options). Throws ConfigError on bad
+// sizes.
 std::unique_ptr<ModelBackend> make_cpu_backend(const GptConfig& cfg, int batch_size,
-                                               int seq_len);
+                                               int seq_len, ModelOptions options = {});
 
 // Device bytes make_cuda_backend(cfg, batch_size, seq_len) allocates (pure; for budgets).
 std::uint64_t cuda_backend_bytes(const GptConfig& cfg, int batch_size, int seq_len);

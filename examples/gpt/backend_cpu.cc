@@ -11,14 +11,18 @@ namespace {
 
 class CpuBackend final : public ModelBackend {
  public:
-  CpuBackend(const GptConfig& cfg, int batch_size, int seq_len)
-      : model_(cfg, batch_size, seq_len) {}
+  CpuBackend(const GptConfig& cfg, int batch_size, int seq_len, ModelOptions options)
+      : model_(cfg, batch_size, seq_len, options) {}
   std::string name() const override { return "cpu"; }
   const GptConfig& config() const override { return model_.config(); }
   int batch_size() const override { return model_.batch_size(); }
   int seq_len() const override { return model_.seq_len(); }
   std::size_t activation_bytes() const override { return model_.activation_bytes(); }
   bool on_device() const override { return false; }
+  bool checkpoints_blocks() const override { return model_.checkpoints_blocks(); }
+  std::size_t block_input_bytes() const override {
+    return model_.checkpoints_blocks() ? model_.block_input_bytes() : 0;
+  }
   void set_batch(std::span<const std::int32_t> tokens,
                  std::span<const std::int32_t> targets) override {
     model_.set_batch(tokens, targets);
@@ -36,8 +40,8 @@ class CpuBackend final : public ModelBackend {
 }  // namespace
 
 std::unique_ptr<ModelBackend> make_cpu_backend(const GptConfig& cfg, int batch_size,
-                                               int seq_len) {
-  return std::make_unique<CpuBackend>(cfg, batch_size, seq_len);
+                                               int seq_len, ModelOptions options) {
+  return std::make_unique<CpuBackend>(cfg, batch_size, seq_len, options);
 }
 
 std::uint64_t cuda_backend_bytes(const GptConfig& cfg, int batch_size, int seq_len) {

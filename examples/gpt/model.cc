@@ -235,7 +235,8 @@ std::string step_name(const Step& s) {
 // ---------------------------------------------------------------------------------------------
 // Model
 
-Model::Model(const GptConfig& cfg, int batch_size, int seq_len) : cfg_(cfg) {
+Model::Model(const GptConfig& cfg, int batch_size, int seq_len, ModelOptions options)
+    : cfg_(cfg), options_(options) {
   cfg_.validate();
   if (seq_len == 0) seq_len = cfg_.seq_len;
   if (batch_size <= 0) {
@@ -253,7 +254,7 @@ Model::Model(const GptConfig& cfg, int batch_size, int seq_len) : cfg_(cfg) {
   tokens_.resize(N);
   targets_.resize(N);
   resid_.assign(L + 1, std::vector<float>(N * C));
-  layers_.resize(L);
+  layers_.resize(options_.checkpoint_blocks ? 1 : L);
   for (auto& l : layers_) {
     l.ln1.resize(N * C);
     l.ln1_mean.resize(N);
@@ -297,6 +298,16 @@ std::size_t Model::activation_bytes() const {
     add(*v);
   }
   return n;
+}
+
+std::size_t Model::block_input_bytes() const {
+  std::size_t n = 0;
+  for (const auto& r : resid_) n += r.size() * sizeof(float);
+  return n;
+}
+
+Model::Layer& Model::layer_activations(int layer) {
+  return layers_[options_.checkpoint_blocks ? 0 : static_cast<std::size_t>(layer)];
 }
 
 void Model::set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
@@ -374,12 +385,34 @@ struct BlockPtrs {
 };
 }  // namespace
 
+void Model::block_forward(int layer, std::span<const float> p, Layer& a,
+                          bool intermediates_only) {
+  const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_head;
+  const int N = B * T;
+  const std::int64_t NC = static_cast<std::int64_t>(N) * C;
+  BlockPtrs<const float> w(p.data(), C);
+  const float* x = resid_[layer].data();
+  cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1_w, w.ln1_b,
+                         N, C);
+  cpu::matmul_forward(a.qkv.data(), a.ln1.data(), w.qkv_w, w.qkv_b, N, C, 3 * C);
+  cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, T, C, NH);
+  cpu::matmul_forward(a.resid_mid.data(), a.atty.data(), w.proj_w, w.proj_b, N, C, C);
+  cpu::residual_forward(a.resid_mid.data(), a.resid_mid.data(), x, NC);
+  cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.resid_mid.data(),
+                         w.ln2_w, w.ln2_b, N, C);
+  cpu::matmul_forward(a.fch.data(), a.ln2.data(), w.fc_w, w.fc_b, N, C, 4 * C);
+  cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), 4 * NC);
+  if (intermediates_only) return;  // the block's backward reads fch_gelu, not the output
+  float* y = resid_[layer + 1].data();
+  cpu::matmul_forward(y, a.fch_gelu.data(), w.fc_proj_w, w.fc_proj_b, N, 4 * C, C);
+  cpu::residual_forward(y, y, a.resid_mid.data(), NC);
+}
+
 void Model::forward(const Step& s, ParamView params) {
   check_step(s, false);
   std::span<const float> p = as_f32(s, params, false);
-  const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_head, V = cfg_.vocab_size;
+  const int B = B_, T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
   const int N = B * T;
-  const std::int64_t NC = static_cast<std::int64_t>(N) * C;
   switch (s.kind) {
     case StepKind::kEmbed: {
       const float* wte = p.data();
@@ -387,25 +420,9 @@ void Model::forward(const Step& s, ParamView params) {
       cpu::encoder_forward(resid_[0].data(), tokens_.data(), wte, wpe, B, T, C);
       break;
     }
-    case StepKind::kBlock: {
-      BlockPtrs<const float> w(p.data(), C);
-      Layer& a = layers_[s.layer];
-      const float* x = resid_[s.layer].data();
-      cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1_w,
-                             w.ln1_b, N, C);
-      cpu::matmul_forward(a.qkv.data(), a.ln1.data(), w.qkv_w, w.qkv_b, N, C, 3 * C);
-      cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, T, C, NH);
-      cpu::matmul_forward(a.resid_mid.data(), a.atty.data(), w.proj_w, w.proj_b, N, C, C);
-      cpu::residual_forward(a.resid_mid.data(), a.resid_mid.data(), x, NC);
-      cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                             a.resid_mid.data(), w.ln2_w, w.ln2_b, N, C);
-      cpu::matmul_forward(a.fch.data(), a.ln2.data(), w.fc_w, w.fc_b, N, C, 4 * C);
-      cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), 4 * NC);
-      float* y = resid_[s.layer + 1].data();
-      cpu::matmul_forward(y, a.fch_gelu.data(), w.fc_proj_w, w.fc_proj_b, N, 4 * C, C);
-      cpu::residual_forward(y, y, a.resid_mid.data(), NC);
+    case StepKind::kBlock:
+      block_forward(s.layer, p, layer_activations(s.layer), /*intermediates_only=*/false);
       break;
-    }
     case StepKind::kFinalNorm:
       cpu::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(),
                              resid_[cfg_.n_layer].data(), p.data(), p.data() + C, N, C);
@@ -451,7 +468,10 @@ void Model::backward(const Step& s, ParamView params, std::span<float> grads) {
     case StepKind::kBlock: {
       BlockPtrs<const float> w(p.data(), C);
       BlockPtrs<float> dw(g, C);
-      Layer& a = layers_[s.layer];
+      Layer& a = layer_activations(s.layer);
+      // Checkpointing: the shared buffers hold another block's intermediates (or a later step's
+      // recompute); rebuild this block's from its kept input, with the parameters given here.
+      if (options_.checkpoint_blocks) block_forward(s.layer, p, a, /*intermediates_only=*/true);
       // d_resid_ = dL/d resid_[l+1]. MLP branch:
       std::copy(d_resid_.begin(), d_resid_.end(), d_resid_mid_.begin());
       cpu::matmul_backward(d_fch_gelu_.data(), dw.fc_proj_w, dw.fc_proj_b, d_resid_.data(),

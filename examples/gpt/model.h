@@ -44,6 +44,17 @@
 // n_layer·B·n_head·T² attention probabilities). CUDA kernels for the same layers are declared in
 // gpt/kernels_cuda.h.
 //
+// Activation checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost";
+// DeepSpeed's activation_checkpointing): a Model made with ModelOptions::checkpoint_blocks keeps,
+// of each transformer block, only its input (the residual stream, B·T·d floats) across the
+// forward pass; the block's intermediates (LayerNorm outputs, qkv, attention probabilities, MLP
+// activations) live in ONE set of buffers that every block overwrites. A block's backward step
+// first recomputes its forward from the kept input into those buffers (the same kernels on the
+// same values: bitwise the same intermediates), then runs its backward. It reads the same
+// parameters it is given for the backward step, so the engine gathers each module exactly as often
+// as without checkpointing (the access trace is unchanged); the cost is one more forward of every
+// block per backward pass (model FLOPs, flops_per_token(), do not count it).
+//
 // Units: counts are elements unless a name ends in _bytes; FLOPs count a multiply-add as 2.
 // Thread-safety: GptConfig and the free functions are pure and thread-safe. A Model is not
 // thread-safe: one thread drives it (it uses OpenMP and OpenBLAS threads inside each call).
@@ -174,16 +185,28 @@ class ParamView {
 // ---------------------------------------------------------------------------------------------
 // The model: activations for one micro-batch, forward and backward one step at a time.
 
+struct ModelOptions {
+  // Keep only each block's input; recompute the block's forward in its backward step (see the
+  // top of this file).
+  bool checkpoint_blocks = false;
+};
+
 class Model {
  public:
   // Allocates activations for batch_size sequences of seq_len tokens (0 means cfg.seq_len;
   // must be <= cfg.seq_len). Throws ConfigError on invalid sizes.
-  Model(const GptConfig& cfg, int batch_size, int seq_len = 0);
+  Model(const GptConfig& cfg, int batch_size, int seq_len = 0, ModelOptions options = {});
 
   const GptConfig& config() const { return cfg_; }
   int batch_size() const { return B_; }
   int seq_len() const { return T_; }
+  bool checkpoints_blocks() const { return options_.checkpoint_blocks; }
+  // Bytes of every activation and activation-gradient buffer, all allocated at construction:
+  // the Model's activation memory and its peak (fp32, host memory).
   std::size_t activation_bytes() const;
+  // Of those, the block inputs kept across the forward pass (n_layer + 1 residual streams of
+  // B·T·d floats): with checkpoint_blocks, the checkpoints.
+  std::size_t block_input_bytes() const;
 
   // Copies the micro-batch: tokens and targets are [batch_size, seq_len] row-major ids in
   // [0, vocab_size) (targets are usually tokens shifted by one). Throws Error on a wrong size or
@@ -217,10 +240,17 @@ class Model {
   std::span<const float> probs() const { return probs_; }
 
  private:
+  struct Layer;
   std::span<const float> as_f32(const Step& s, ParamView params, bool allow_empty);
   void check_step(const Step& s, bool backward);
+  // The intermediates of block `layer` (the one shared set with checkpoint_blocks).
+  Layer& layer_activations(int layer);
+  // Block `layer`'s forward from resid_[layer] into `a`; writes its output resid_[layer + 1]
+  // unless `intermediates_only` (the recompute: backward needs everything but the output).
+  void block_forward(int layer, std::span<const float> params, Layer& a, bool intermediates_only);
 
   GptConfig cfg_;
+  ModelOptions options_;
   int B_ = 0;
   int T_ = 0;
   std::vector<std::int32_t> tokens_, targets_;
@@ -235,7 +265,7 @@ class Model {
     std::vector<float> ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   };
   std::vector<std::vector<float>> resid_;  // resid_[l]: input of block l; resid_[L]: of ln_f
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;  // one per block; a single shared one with checkpoint_blocks
   std::vector<float> lnf_, lnf_mean_, lnf_rstd_, probs_;
   // Activation gradients (reused across layers).
   std::vector<float> d_resid_, d_resid_mid_, d_ln_, d_qkv_, d_att_, d_atty_, d_fch_, d_fch_gelu_;

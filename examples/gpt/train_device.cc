@@ -80,7 +80,13 @@ std::uint64_t engine_device_budget(std::uint64_t budget_bytes, std::uint64_t bac
 std::unique_ptr<gpt::ModelBackend> make_model_backend(TrainPlan* plan,
                                                       const std::string& budget_key) {
   if (plan->config.tiermem.device != "cuda") {
-    return gpt::make_cpu_backend(plan->model, plan->batch, plan->seq_len);
+    gpt::ModelOptions options;
+    options.checkpoint_blocks = plan->config.activation_checkpointing.enabled;
+    return gpt::make_cpu_backend(plan->model, plan->batch, plan->seq_len, options);
+  }
+  if (plan->config.activation_checkpointing.enabled && plan->rank == 0) {
+    TM_LOG_WARN("TRAIN", "activation checkpointing is not implemented by the CUDA model backend: "
+                "every block's activations are kept in device memory (turn it off to silence this)");
   }
   const std::uint64_t need = gpt::cuda_backend_bytes(plan->model, plan->batch, plan->seq_len);
   std::uint64_t& budget = plan->config.tiermem.device_budget_bytes;

@@ -42,16 +42,10 @@ double seconds_since(Clock::time_point t0) {
 TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int world) {
   TrainPlan p;
   p.model_name = o.model;
-  if (o.model == "custom") {
-    p.model.n_layer = o.n_layer;
-    p.model.d_model = o.d_model;
-    p.model.n_head = o.n_head > 0 ? o.n_head : std::max(1, o.d_model / 64);
-    p.model.seq_len = o.seq_len > 0 ? o.seq_len : 1024;
-    p.model.vocab_size = 50257;  // GPT-2's; byte-level text data makes it 256, as for the presets
-    p.model.validate();
-  } else {
-    p.model = gpt::GptConfig::named(o.model);
-  }
+  p.model = asked_model(o);
+  // Text data is byte-level: the vocabulary becomes 256 unless --vocab-size says otherwise (one
+  // line says so when that shrinks the model: vocab_change_note, printed by run_training).
+  p.model.vocab_size = train_vocab_size(o);
   const DemoDefaults d = demo_defaults(o.model);
   p.steps = o.steps > 0 ? o.steps : d.steps;
   // Batch and accumulation: command line > --config > demo default.
@@ -276,6 +270,7 @@ int run_training(const TrainOptions& opts) {
   try {
     // ---- 1. Rank, configuration and plan.
     const RankInfo ranks = detect_ranks();
+    set_log_rank(ranks.rank);  // what every rank would say alike, rank 0 says (tiermem/log.h)
     Config cfg = effective_config(opts, ranks.rank);
     TrainPlan plan = make_plan(opts, cfg, ranks.rank, ranks.world_size);
     check_run_paths(opts, cfg);
@@ -287,14 +282,13 @@ int run_training(const TrainOptions& opts) {
         asked_device == "sim" ? CudaProbe{} : probe_cuda());
     plan.config.tiermem.device = device.device;
 
-    // ---- 2. Data, checked before anything heavy is built. Text is byte-level: vocab 256.
-    const std::string data_path = opts.data.empty() ? kDefaultCorpus : opts.data;
-    {
-      std::error_code ec;
-      const bool is_bin = std::filesystem::path(data_path).extension() == ".bin" &&
-                          !std::filesystem::is_directory(data_path, ec);
-      if (!is_bin) plan.model.vocab_size = kByteVocab;
+    if (plan.rank == 0) {
+      const std::string note = vocab_change_note(opts);
+      if (!note.empty()) TM_LOG_WARN("TRAIN", "{}", note);
     }
+
+    // ---- 2. Data, checked before anything heavy is built. Text is byte-level (make_plan).
+    const std::string data_path = opts.data.empty() ? kDefaultCorpus : opts.data;
     check_device_budget(opts, plan);
     Corpus corpus = load_corpus(data_path, plan.model.vocab_size);
     const Split split = split_corpus(corpus, plan.seq_len);
@@ -310,6 +304,14 @@ int run_training(const TrainOptions& opts) {
     engine = make_engine(plan, opts);
     const bool lead = plan.rank == 0;
     if (lead && !device.note.empty()) TM_LOG_INFO("TRAIN", "{}", device.note);
+    if (lead && model.checkpoints_blocks()) {
+      TM_LOG_INFO("TRAIN", "activation checkpointing ({}): {} block inputs kept ({}), every block "
+                  "recomputed in backward; activations {} in all",
+                  opts.activation_checkpointing ? "--activation-checkpointing"
+                                                : "the config's activation_checkpointing",
+                  plan.model.n_layer + 1, format_bytes(model.block_input_bytes()),
+                  format_bytes(model.activation_bytes()));
+    }
 
     if (!opts.trace_path.empty()) {
       std::string path = opts.trace_path;
@@ -536,6 +538,9 @@ int run_training(const TrainOptions& opts) {
     s.final_loss = last_loss;
     s.final_eval_loss = last_eval;
     s.param_count = static_cast<std::uint64_t>(gpt::num_params(plan.model));
+    s.vocab_size = plan.model.vocab_size;
+    s.activation_checkpointing = model.checkpoints_blocks();
+    s.activation_checkpoint_bytes = model.checkpoints_blocks() ? model.block_input_bytes() : 0;
     s.param_bytes = engine->param_bytes();
     s.optimizer_bytes = engine->optimizer_bytes();
     s.activation_bytes = model.activation_bytes();

@@ -24,8 +24,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "tiermem/log.h"
-#include "train_engines.h"
 #include "train_loop.h"
 #include "train_options.h"
 
@@ -59,13 +57,5 @@ int main(int argc, char** argv) {
   tiermem::train::TrainOptions opts;
   const int rc = tiermem::train::parse_train_options(argc, argv, &opts);
   if (rc >= 0) return rc;
-  // A preset trained on text gets the byte-level vocabulary: say so once, with what it trains.
-  try {
-    if (tiermem::train::detect_ranks().rank == 0) {
-      const std::string note = tiermem::train::vocab_change_note(opts);
-      if (!note.empty()) TM_LOG_WARN("TRAIN", "{}", note);
-    }
-  } catch (const std::exception&) {  // a malformed RANK: run_training reports it (exit 2)
-  }
   return tiermem::train::run_training(opts);
 }

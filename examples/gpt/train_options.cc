@@ -51,23 +51,54 @@ DemoDefaults demo_defaults(const std::string& model) {
   return {3, 1, 128, 1, 0, 3e-4};  // gpt2*: a few steps to measure throughput
 }
 
-std::string vocab_change_note(const TrainOptions& opts) {
+gpt::GptConfig asked_model(const TrainOptions& o) {
+  if (o.model != "custom") return gpt::GptConfig::named(o.model);
+  gpt::GptConfig m;
+  m.n_layer = o.n_layer;
+  m.d_model = o.d_model;
+  m.n_head = o.n_head > 0 ? o.n_head : std::max(1, o.d_model / 64);
+  m.seq_len = o.seq_len > 0 ? o.seq_len : 1024;
+  m.vocab_size = 50257;  // GPT-2's
+  m.validate();
+  return m;
+}
+
+bool data_is_token_file(const TrainOptions& opts) {
   const std::string data = opts.data.empty() ? std::string(kDefaultCorpus) : opts.data;
   std::error_code ec;
-  const bool is_bin =
-      std::filesystem::path(data).extension() == ".bin" && !std::filesystem::is_directory(data, ec);
-  gpt::GptConfig m = gpt::GptConfig::named(opts.model);
-  // Only a preset whose vocabulary is larger (the GPT-2 family: 50257) becomes a smaller model.
-  if (is_bin || m.vocab_size <= kByteVocab) return "";
+  return std::filesystem::path(data).extension() == ".bin" &&
+         !std::filesystem::is_directory(data, ec);
+}
+
+int train_vocab_size(const TrainOptions& opts) {
+  const bool bin = data_is_token_file(opts);
+  if (opts.vocab_size > 0) {
+    if (!bin && opts.vocab_size < kByteVocab) {
+      throw UsageError("--vocab-size", std::to_string(opts.vocab_size),
+                       fmt::format("--vocab-size {} is too small for text data, which is "
+                                   "byte-level: token ids 0 to 255 need a vocabulary of at least "
+                                   "{}",
+                                   opts.vocab_size, kByteVocab));
+    }
+    return opts.vocab_size;
+  }
+  return bin ? asked_model(opts).vocab_size : kByteVocab;
+}
+
+std::string vocab_change_note(const TrainOptions& opts) {
+  gpt::GptConfig m = asked_model(opts);
+  const int trained = train_vocab_size(opts);
+  // Only a model whose vocabulary is larger (the GPT-2 family: 50257) becomes a smaller one.
+  if (opts.vocab_size > 0 || trained >= m.vocab_size) return "";
   const int asked = m.vocab_size;
   const double asked_params = static_cast<double>(gpt::num_params(m));
-  m.vocab_size = kByteVocab;
+  m.vocab_size = trained;
   return fmt::format(
-      "--model {} with text data: vocabulary {} -> {} (byte-level tokens), so it "
-      "trains {:.2f} M parameters, not the preset's {:.2f} M (a uint16 token file "
-      "*.bin keeps the vocabulary)",
-      opts.model, asked, kByteVocab, static_cast<double>(gpt::num_params(m)) / 1e6,
-      asked_params / 1e6);
+      "--model {} with text data: vocabulary {} -> {} (byte-level tokens), so it trains {:.2f} M "
+      "parameters, not the {}'s {:.2f} M (--vocab-size {} keeps them; a uint16 token file *.bin "
+      "keeps the vocabulary)",
+      opts.model, asked, trained, static_cast<double>(gpt::num_params(m)) / 1e6,
+      opts.model == "custom" ? "model" : "preset", asked_params / 1e6, asked);
 }
 
 int parse_train_options(int argc, char** argv, TrainOptions* out) {
@@ -96,6 +127,15 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
   app.add_flag("--io-only", o.io_only,
                "benchmarks only: run every gather, gradient reduction and optimizer step with "
                "zero gradients and no model compute (the losses are meaningless)");
+  app.add_option("--vocab-size", o.vocab_size,
+                 "vocabulary of the model [default: the preset's with a token file *.bin; 256 "
+                 "(byte-level tokens) with text data, said in one line when that shrinks the "
+                 "model]; with text, at least 256 (larger keeps e.g. gpt2's 124 M parameters)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "keep only each transformer block's input in forward and recompute the block in "
+               "backward: less activation memory for one more forward per step (config: an "
+               "activation_checkpointing section)");
   app.add_option("--data", o.data,
                  "training data: a text file, a directory of text files (recursive), or a "
                  "uint16 token file *.bin (llm.c with header, or nanoGPT headerless) "
@@ -328,6 +368,7 @@ Config effective_config(const TrainOptions& opts, int rank, int world_size) {
     }
   }
   if (!opts.trace_path.empty()) c.tiermem.trace_path = opts.trace_path;
+  if (opts.activation_checkpointing) c.activation_checkpointing.enabled = true;
   if (rank == 0) {
     const std::string line = auto_resolved_line(c, sources);
     if (!line.empty()) TM_LOG_INFO("CONFIG", "{}", line);

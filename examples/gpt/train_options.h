@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "gpt/model.h"
 #include "tiermem/config.h"
 #include "tiermem/error.h"
 
@@ -44,6 +45,8 @@ struct TrainOptions {
   std::string trace_path;
   bool json = false;
   std::uint64_t seed = 1337;
+  int vocab_size = 0;              // --vocab-size; 0 = the preset's (text data: 256, with a note)
+  bool activation_checkpointing = false;  // --activation-checkpointing (config: the section)
 
   // Which values came from the command line (they override the config file).
   bool batch_given = false, grad_accum_given = false, lr_given = false;
@@ -84,11 +87,23 @@ Config effective_config(const TrainOptions& opts, int rank, int world_size);
 // The same, with the world size from the launcher's environment (detect_ranks).
 Config effective_config(const TrainOptions& opts, int rank);
 
-// The vocabulary a run trains: a preset's own, except that text data is byte-level (256). When
-// that makes a preset smaller than asked (the GPT-2 family, vocabulary 50257), the one line
-// saying so with the parameter count it trains ("--model gpt2 with text data: vocabulary 50257
-// -> 256 (byte-level tokens), so it trains 85.xx M parameters, not the preset's 124.44 M ...");
-// empty otherwise (tiny's 64 grows to 256 without a word: it is a test model).
+// The model the options ask for: the preset, or --model custom's dimensions (GPT-2's vocabulary
+// 50257, seq_len --seq-len or 1024), before the data decides the vocabulary.
+gpt::GptConfig asked_model(const TrainOptions& opts);
+
+// True when --data names a uint16 token file (*.bin); text otherwise (byte-level tokens).
+bool data_is_token_file(const TrainOptions& opts);
+
+// The vocabulary a run trains: --vocab-size when given (at least 256 with text data, else a
+// UsageError naming the flag; a token file's ids are checked against it when it loads), else the
+// preset's own, except that text data is byte-level (256).
+int train_vocab_size(const TrainOptions& opts);
+
+// When train_vocab_size() makes the model smaller than asked (text data and a preset with a
+// larger vocabulary: the GPT-2 family and custom, 50257), the one line saying so with the
+// parameter count it trains ("--model gpt2 with text data: vocabulary 50257 -> 256 (byte-level
+// tokens), so it trains 85.xx M parameters, not the preset's 124.44 M ...; --vocab-size 50257
+// keeps it"); empty otherwise (tiny's 64 grows to 256 without a word: it is a test model).
 std::string vocab_change_note(const TrainOptions& opts);
 
 // Checks, before anything is built, that every directory the run will write is usable: each

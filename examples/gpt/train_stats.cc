@@ -164,6 +164,7 @@ void Reporter::summary(const Summary& s) {
     j["final_loss"] = s.final_loss;
     if (s.final_eval_loss) j["final_eval_loss"] = *s.final_eval_loss;
     j["param_count"] = s.param_count;
+    j["vocab_size"] = s.vocab_size;
     j["param_bytes"] = s.param_bytes;
     j["optimizer_bytes"] = s.optimizer_bytes;
     j["device_budget_bytes"] = s.device_budget_bytes;
@@ -175,6 +176,9 @@ void Reporter::summary(const Summary& s) {
     j["host_engine_peak_bytes"] = s.host_engine_peak_bytes;
     j["host_grad_buffer_peak_bytes"] = s.host_grad_buffer_peak_bytes;
     j["activation_bytes"] = s.activation_bytes;
+    j["activation_peak_bytes"] = s.activation_bytes;  // allocated once: the same number
+    j["activation_checkpointing"] = s.activation_checkpointing;
+    j["activation_checkpoint_bytes"] = s.activation_checkpoint_bytes;
     j["host_sim_device_bytes"] = s.host_sim_device_bytes;
     j["max_rss_bytes"] = s.max_rss_bytes;
     j["nvme_peak_bytes"] = s.nvme_peak_bytes;
@@ -208,8 +212,8 @@ void Reporter::summary(const Summary& s) {
   pending_cr_ = false;
   auto pct = [&](double x) { return s.seconds > 0 ? 100.0 * x / s.seconds : 0.0; };
   std::string text;
-  text += fmt::format("\n== summary: {} ({} parameters), {} step{} in {}, {} rank{}\n", s.model,
-                      s.param_count, s.steps, s.steps == 1 ? "" : "s",
+  text += fmt::format("\n== summary: {} ({} parameters, vocabulary {}), {} step{} in {}, {} rank{}\n",
+                      s.model, s.param_count, s.vocab_size, s.steps, s.steps == 1 ? "" : "s",
                       format_duration(s.seconds), s.world_size, s.world_size == 1 ? "" : "s");
   text += fmt::format("loss            {:.4f} -> {:.4f}", s.initial_loss, s.final_loss);
   if (s.final_eval_loss) text += fmt::format(" (held-out {:.4f})", *s.final_eval_loss);
@@ -241,6 +245,12 @@ void Reporter::summary(const Summary& s) {
                       s.host_sim_device_bytes
                           ? fmt::format(", sim device {}", format_bytes(s.host_sim_device_bytes))
                           : std::string());
+  if (s.activation_checkpointing) {
+    text += fmt::format("activations     {} peak, checkpointed: {} of block inputs kept, each "
+                        "block recomputed in backward\n",
+                        format_bytes(s.activation_bytes),
+                        format_bytes(s.activation_checkpoint_bytes));
+  }
   text += fmt::format("max RSS         {} (the OS's count; {} beyond the peak host: code, "
                       "libraries, thread stacks, the data set)\n",
                       format_bytes(s.max_rss_bytes),

@@ -7,7 +7,8 @@
 //    "eta_seconds":..}
 //   {"eval":{"step":N,"loss":..}}
 //   {"summary":{"initial_loss":..,"final_loss":..,"steps":..,"param_bytes":..,
-//    "optimizer_bytes":..,"device_budget_bytes":..,"device_peak_bytes":..,
+//    "optimizer_bytes":..,"param_count":..,"vocab_size":..,"device_budget_bytes":..,
+//    "device_peak_bytes":..,"activation_peak_bytes":..,"activation_checkpointing":..,
 //    "nvme_bytes_read":..,"nvme_bytes_written":..,"stall_seconds":..,"seconds":.., ...,
 //    "step_seconds":..,"compute_share":..,"io_wait_share":..,"communication_share":..,
 //    "optimizer_share":..,"plan_inputs":{"batch","grad_accum","seq_len","n_layer","n_head",
@@ -62,7 +63,8 @@ struct Summary {
   double seconds = 0;
   double initial_loss = 0, final_loss = 0;
   std::optional<double> final_eval_loss;
-  std::uint64_t param_count = 0;
+  std::uint64_t param_count = 0;       // parameters actually trained (with vocab_size's wte)
+  int vocab_size = 0;                  // the vocabulary actually trained
   std::uint64_t param_bytes = 0;       // fp32 (or 16-bit working) parameters, whole model
   std::uint64_t optimizer_bytes = 0;   // fp32 master + Adam m + v, whole model
   std::uint64_t device_budget_bytes = 0, device_peak_bytes = 0;
@@ -70,6 +72,10 @@ struct Summary {
   // host_peak_bytes by part (EngineStats) plus the model's activations, and what the OS says.
   std::uint64_t host_pool_peak_bytes = 0, host_bounce_bytes = 0, host_engine_peak_bytes = 0;
   std::uint64_t host_grad_buffer_peak_bytes = 0, activation_bytes = 0, host_sim_device_bytes = 0;
+  // The model's activation memory: allocated once, so activation_bytes is also its peak. With
+  // activation checkpointing, activation_checkpoint_bytes of it are the kept block inputs.
+  bool activation_checkpointing = false;
+  std::uint64_t activation_checkpoint_bytes = 0;
   std::uint64_t max_rss_bytes = 0;  // getrusage(RUSAGE_SELF).ru_maxrss of this process
   std::uint64_t nvme_peak_bytes = 0;
   std::uint64_t nvme_bytes_read = 0, nvme_bytes_written = 0;

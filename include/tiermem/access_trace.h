@@ -10,7 +10,9 @@
 // the trace (a recording completed, an invalidation) bumps generation(), so anything derived from
 // the trace (reuse distances, next uses, prefetch cursors) is keyed by it and dropped when it moves.
 //
-// Accesses outside begin_step()/end_step() are ignored (not recorded, not checked).
+// Accesses outside begin_step()/end_step() are ignored (not recorded, not checked), and so are
+// accesses of Phase::kOutsideStep (an evaluation pass or a checkpoint between training steps: it
+// falls inside a step's window but is not part of the repeating order).
 //
 // Thread-safety: none; a plain object owned by one Prefetcher (called under TensorStore's policy
 // mutex). Errors: none thrown.
@@ -37,7 +39,7 @@ struct Access {
   bool operator==(const Access&) const = default;
 };
 
-std::string_view phase_name(Phase p);  // "forward", "backward", "optimizer", "other"
+std::string_view phase_name(Phase p);  // "forward", "backward", "optimizer", "other", "eval"
 
 class AccessTrace {
  public:

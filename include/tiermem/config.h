@@ -128,6 +128,18 @@ struct SchedulerConfig {
   double cos_min_ratio = 0.0001;              // WarmupCosineLR: lr / peak at total_num_steps
 };
 
+// DeepSpeed's `activation_checkpointing` section (deepspeed/runtime/activation_checkpointing/
+// config.py). The library only reads it; tiermem-train's GPT checkpoints every transformer block
+// when the section is present (or with --activation-checkpointing): it keeps each block's input
+// and recomputes the block's forward in its backward step (examples/gpt/model.h).
+// partition_activations, contiguous_memory_optimization, number_checkpoints,
+// synchronize_checkpoint_boundary and profile are read and warned (Config::inert_keys).
+struct ActivationCheckpointingConfig {
+  bool enabled = false;            // the section is present (or the trainer's flag)
+  bool cpu_checkpointing = false;  // keep the block inputs in host memory (the CPU model's
+                                   // activations are host memory, so true is what it does)
+};
+
 // A key that was read but has no effect, with the reason (one warning each, at parse time).
 struct InertKey {
   std::string key;  // full key path, e.g. "zero_optimization.contiguous_gradients"
@@ -149,6 +161,7 @@ struct Config {
   ZeroConfig zero;
   TiermemConfig tiermem;
   SchedulerConfig scheduler;
+  ActivationCheckpointingConfig activation_checkpointing;
 
   std::vector<std::string> unknown_keys;  // full key paths, for the one warning
   std::vector<std::string> auto_keys;     // keys given as "auto" and resolved to defaults

@@ -84,8 +84,12 @@ class OutOfMemoryError : public Error {
   Tier tier() const noexcept { return tier_; }
   std::uint64_t requested() const noexcept { return requested_; }
   std::uint64_t available() const noexcept { return available_; }
+  // What the caller added after the "out of <tier> memory: requested .., available .." clause.
+  // Wrap with it, not what(): a rethrow that names its own sizes says the clause once.
+  const std::string& detail() const noexcept { return detail_; }
 
  private:
+  std::string detail_;
   Tier tier_;
   std::uint64_t requested_;
   std::uint64_t available_;

@@ -115,7 +115,6 @@ class PinnedHostPool {
   std::set<std::pair<std::uint64_t, char*>> free_by_size_; // guarded by mu_
   std::map<char*, std::uint64_t> used_;                    // guarded by mu_
   std::uint64_t allocated_ = 0, peak_ = 0, mapped_ = 0;    // guarded by mu_
-  bool warned_unpinned_ = false;                           // guarded by mu_
 };
 
 }  // namespace tiermem

@@ -132,6 +132,7 @@ class MpiCommunicator final : public Communicator {
     TM_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     TM_MPI_CHECK(MPI_Comm_size(comm_, &world_));
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    set_log_rank(rank_);  // messages every rank would say alike: rank 0 only (tiermem/log.h)
   }
   ~MpiCommunicator() override {
     int finalized = 0;

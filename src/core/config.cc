@@ -326,8 +326,21 @@ Config parse_config(std::string_view json_text, std::string_view source) {
   top.get_int("train_micro_batch_size_per_gpu", cfg.train_micro_batch_size_per_gpu, 1, 1 << 24);
   top.get_int("gradient_accumulation_steps", cfg.gradient_accumulation_steps, 1, 1 << 24);
   top.get_double("gradient_clipping", cfg.gradient_clipping, 0, 1e30);
-  top.inert("activation_checkpointing",
-            "activation checkpointing is not implemented yet: every activation of a step is kept");
+  if (auto s = top.sub("activation_checkpointing")) {
+    auto& ac = cfg.activation_checkpointing;
+    ac.enabled = true;  // a section present asks for checkpointing, as a DeepSpeed model would
+    s->get("cpu_checkpointing", ac.cpu_checkpointing);
+    s->inert("partition_activations",
+             "there is no model parallelism to partition over: each rank keeps its own block "
+             "inputs whole");
+    s->inert("contiguous_memory_optimization",
+             "the block inputs are allocated once, at start, one buffer per block");
+    s->inert("number_checkpoints", "every transformer block is checkpointed");
+    s->inert("synchronize_checkpoint_boundary",
+             "the model computes synchronously: there is nothing to synchronize");
+    s->inert("profile", "use tiermem-train --trace for the time of each recompute");
+    s->finish();
+  }
   for (const char* k : {"steps_per_print", "wall_clock_breakdown"}) {
     top.inert(k,
               "tiermem-train prints every step and the time split in its summary; the library "
@@ -556,10 +569,12 @@ Config parse_config(std::string_view json_text, std::string_view source) {
                 " is above 'tiermem.swap_max_bytes' = " + std::to_string(t.swap_max_bytes) +
                 ": the initial swap file size must not exceed the maximum");
       }
-      TM_LOG_INFO("CONFIG",
-                  "tiermem.swap_initial_bytes (default {}) capped to tiermem.swap_max_bytes "
-                  "= {} bytes",
-                  t.swap_initial_bytes, t.swap_max_bytes);
+      if (log_rank() == 0) {
+        TM_LOG_INFO("CONFIG",
+                    "tiermem.swap_initial_bytes (default {}) capped to tiermem.swap_max_bytes "
+                    "= {} bytes",
+                    t.swap_initial_bytes, t.swap_max_bytes);
+      }
       t.swap_initial_bytes = t.swap_max_bytes;
     }
     s->get_size("pipeline_chunk_bytes", t.pipeline_chunk_bytes, 4096, 1ull << 32);
@@ -584,10 +599,13 @@ Config parse_config(std::string_view json_text, std::string_view source) {
   if (!cfg.unknown_keys.empty()) {
     std::string list;
     for (const auto& k : cfg.unknown_keys) list += (list.empty() ? "" : ", ") + k;
-    TM_LOG_WARN("CONFIG", "{}: ignoring unknown keys: {}", source, list);
+    // Every rank reads the same document: rank 0 says it, once per document and key.
+    TM_LOG_WARN_ONCE_RANK0("CONFIG", "config-unknown:" + std::string(source) + ":" + list,
+                           "{}: ignoring unknown keys: {}", source, list);
   }
   for (const InertKey& k : cfg.inert_keys) {
-    TM_LOG_WARN("CONFIG", "{}: '{}' is read but has no effect: {}", source, k.key, k.why);
+    TM_LOG_WARN_ONCE_RANK0("CONFIG", "config-inert:" + std::string(source) + ":" + k.key,
+                           "{}: '{}' is read but has no effect: {}", source, k.key, k.why);
   }
   if (!cfg.auto_keys.empty()) {
     std::string list;
@@ -815,6 +833,10 @@ std::string config_to_json(const Config& c, int indent) {
         {"acquire_timeout_s", t.acquire_timeout_s}}},
   };
   if (!sched.is_null()) j["scheduler"] = sched;
+  if (c.activation_checkpointing.enabled) {
+    j["activation_checkpointing"] = {
+        {"cpu_checkpointing", c.activation_checkpointing.cpu_checkpointing}};
+  }
   return j.dump(indent);
 }
 

@@ -64,6 +64,7 @@ IoError IoError::with_context(const std::string& context) const {
 OutOfMemoryError::OutOfMemoryError(Tier tier, std::uint64_t requested, std::uint64_t available,
                                    const std::string& detail)
     : Error(oom_message(tier, requested, available, detail)),
+      detail_(detail),
       tier_(tier),
       requested_(requested),
       available_(available) {}

@@ -2,6 +2,11 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <string>
+
 #include "tiermem/env.h"
 
 namespace tiermem {
@@ -32,5 +37,25 @@ void set_log_level(std::string_view level) {
   }
   logger().set_level(parsed);
 }
+
+namespace {
+std::atomic<int> g_log_rank{0};
+}  // namespace
+
+// A cause is remembered only while warnings are logged: a silenced process (a fuzzer parsing
+// millions of configs with the level off) keeps no growing set; what it would have said is lost
+// anyway.
+bool first_time(std::string_view cause) {
+  if (!logger().should_log(spdlog::level::warn)) return false;
+  static std::mutex mu;
+  static std::set<std::string, std::less<>> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (seen.find(cause) != seen.end()) return false;
+  seen.emplace(cause);
+  return true;
+}
+
+void set_log_rank(int rank) { g_log_rank.store(rank); }
+int log_rank() { return g_log_rank.load(); }
 
 }  // namespace tiermem

@@ -83,11 +83,12 @@ bool PinnedHostPool::add_mapping_locked(std::uint64_t at_least) {
       throw Error(memlock_advice(mapped_ + bytes) + " (" + errno_message("mlock", err) + ")");
     }
     m.locked = true;
-  } else if (!warned_unpinned_) {
-    warned_unpinned_ = true;
-    TM_LOG_WARN("HOST",
-                "host pool memory is not page-locked (pin_memory: false); NVMe and device copies "
-                "from it may be slower");
+  } else {
+    // Every pool of the process (the store's, the bounce chunks', ...) and every rank would say
+    // the same: once per job.
+    TM_LOG_WARN_ONCE_RANK0("HOST", "host-pool-unpinned",
+                           "host pool memory is not page-locked (pin_memory: false); NVMe and "
+                           "device copies from it may be slower");
   }
 #if TIERMEM_HAVE_CUDA
   if (options_.cuda_register && cuda_visible()) {

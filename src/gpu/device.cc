@@ -99,7 +99,9 @@ std::unique_ptr<Device> make_device(const DeviceOptions& options) {
   switch (options.choice) {
     case DeviceChoice::kSim: {
       auto d = make_sim(options);
-      TM_LOG_INFO("GPU", "device: sim (tiermem.device = sim), budget {}", format_bytes(d->budget_bytes()));
+      // Every rank's simulated device is alike: rank 0 says it (a CUDA line names each GPU).
+      if (log_rank() == 0)
+        TM_LOG_INFO("GPU", "device: sim (tiermem.device = sim), budget {}", format_bytes(d->budget_bytes()));
       return d;
     }
     case DeviceChoice::kCuda: {
@@ -133,7 +135,10 @@ std::unique_ptr<Device> make_device(const DeviceOptions& options) {
   const char* why = "this build has no CUDA";
 #endif
   auto d = make_sim(options);
-  TM_LOG_INFO("GPU", "device: sim (tiermem.device = auto: {}), budget {}", why, format_bytes(d->budget_bytes()));
+  if (log_rank() == 0) {
+    TM_LOG_INFO("GPU", "device: sim (tiermem.device = auto: {}), budget {}", why,
+                format_bytes(d->budget_bytes()));
+  }
   return d;
 }
 

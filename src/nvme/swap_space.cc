@@ -214,7 +214,7 @@ SwapExtent SwapSpace::allocate(std::uint64_t bytes) {
           throw OutOfMemoryError(Tier::kNvme, bytes, available(),
                                  "no space left to grow swap file " + p.file_path + " (" +
                                      format_bytes(p.alloc.capacity_bytes()) + " now) for " +
-                                     format_bytes(padded) + ": " + e.what());
+                                     format_bytes(padded) + ": " + e.detail());
         }
         continue;
       }
@@ -244,7 +244,7 @@ SwapExtent SwapSpace::allocate(std::uint64_t bytes) {
         off = alloc_in(*this, p.alloc, engine_, p.file, p.dir, share[i], max, align_);
         if (!off) why = "reached tiermem.swap_max_bytes (" + format_bytes(max) + ")";
       } catch (const OutOfMemoryError& e) {
-        why = std::string("cannot grow (") + e.what() + ")";
+        why = "cannot grow (" + e.detail() + ")";
       }
       if (!off) {
         for (std::uint32_t j : done) paths_[j]->alloc.free(base[j], share[j]);

@@ -54,6 +54,7 @@ void AccessTrace::end_step() {
 }
 
 bool AccessTrace::on_access(const Access& a) {
+  if (a.phase == Phase::kOutsideStep) return false;  // not part of the step's repeating order
   switch (state_) {
     case State::kIdle:
     case State::kDiverged:

@@ -491,9 +491,11 @@ std::vector<Access> parse_trace(std::string_view text, std::string_view source) 
     else if (phase == "backward" || phase == "bwd") a.phase = Phase::kBackward;
     else if (phase == "optimizer" || phase == "opt") a.phase = Phase::kOptimizer;
     else if (phase == "other") a.phase = Phase::kOther;
+    else if (phase == "outside-step" || phase == "eval") a.phase = Phase::kOutsideStep;
     else {
-      throw ConfigError(where, line,
-                        fmt::format("phase `{}` is not forward|backward|optimizer|other", phase));
+      throw ConfigError(where, line, fmt::format("phase `{}` is not "
+                                                 "forward|backward|optimizer|other|outside-step|eval",
+                                                 phase));
     }
     a.id = ids.emplace(id, static_cast<TensorId>(ids.size())).first->second;
     a.tier = Tier::kDevice;

@@ -222,7 +222,7 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
       for (const SwapExtent& x : e->extents) e->swap->free(x);
       throw OutOfMemoryError(oom.tier(), oom.requested(), oom.available(),
                              "registering tensor '" + spec.name + "' (" + std::to_string(bytes) +
-                                 " bytes, home nvme): " + oom.what());
+                                 " bytes, home nvme): " + oom.detail());
     } catch (...) {
       for (const SwapExtent& x : e->extents) e->swap->free(x);
       throw;

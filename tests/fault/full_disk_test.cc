@@ -176,6 +176,40 @@ TEST_F(InjectedFullDisk, GrowthHittingEnospcIsOutOfMemoryNamingFileAndSizes) {
   EXPECT_EQ(swap_->stats().extents, 1u);
 }
 
+// Occurrences of `needle` in `hay`.
+int count_of(const std::string& hay, const std::string& needle) {
+  int n = 0;
+  for (auto at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The error of a tensor that cannot get its NVMe home says "out of nvme memory" once, whatever
+// layers (fallocate, swap space, store) it came through, and still names each layer's part.
+TEST_F(InjectedFullDisk, NoRoomForATensorsHomeSaysEachClauseOnce) {
+  auto device = std::make_shared<SimDevice>(SimDeviceOptions{.budget_bytes = 4 << 20});
+  TensorStoreOptions o;
+  o.device_budget_bytes = 4 << 20;
+  o.host_budget_bytes = 4 << 20;
+  o.pipeline_chunk_bytes = 64 << 10;
+  TensorStore store(o, device, swap_);
+  faults_->fallocate_ppm = 1000000;
+  faults_->enabled = true;
+  const std::uint64_t kBytes = 2 << 20;  // more than the 1 MiB swap file: it must grow
+  try {
+    (void)store.register_tensor({.name = "zero.optim.block.3.0", .dtype = DType::kU8, .shape = {},
+                                 .bytes = kBytes, .home = Tier::kNvme,
+                                 .initial = fault::make_bytes(5, 0, kBytes)});
+    FAIL() << "no OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(count_of(what, "out of nvme memory"), 1) << what;
+    EXPECT_EQ(count_of(what, "No space left"), 1) << what;
+    EXPECT_EQ(count_of(what, "zero.optim.block.3.0"), 1) << what;
+    EXPECT_NE(what.find(swap_->file_path(0)), std::string::npos) << what;
+    EXPECT_NE(what.find("fallocate"), std::string::npos) << what;
+  }
+}
+
 TEST_F(InjectedFullDisk, EnospcDuringSwapOutIsAnIoErrorAndTheNewestBytesStay) {
   auto device = std::make_shared<SimDevice>(SimDeviceOptions{.budget_bytes = 1 << 20});
   TensorStoreOptions o;

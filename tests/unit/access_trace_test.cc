@@ -129,5 +129,43 @@ TEST(AccessTrace, AccessesOutsideAStepAreIgnored) {
   EXPECT_EQ(t.state(), AccessTrace::State::kRecording);
 }
 
+// An evaluation pass between training steps falls inside a step's window (the window ends at
+// the optimizer step) but is no part of the repeating order: its accesses are neither recorded
+// nor checked, so replay goes on without a divergence, and recording keeps only the step.
+TEST(AccessTrace, EvalAccessesAreLeftOutOfTheTrace) {
+  AccessTrace t;
+  t.begin_step();
+  EXPECT_FALSE(t.on_access(acc(4, 16, Phase::kOutsideStep)));  // while recording: not recorded
+  t.on_access(acc(1));
+  t.on_access(acc(2, 16, Phase::kBackward));
+  t.end_step();
+  ASSERT_EQ(t.accesses().size(), 2u);
+  for (int step = 0; step < 3; ++step) {
+    t.begin_step();
+    for (TensorId id : {1u, 2u}) EXPECT_FALSE(t.on_access(acc(id, 16, Phase::kOutsideStep)));  // eval
+    EXPECT_TRUE(t.on_access(acc(1)));
+    EXPECT_TRUE(t.on_access(acc(2, 16, Phase::kBackward)));
+    t.end_step();
+  }
+  EXPECT_EQ(t.invalidations(), 0u);
+  EXPECT_EQ(t.replayed_steps(), 3u);
+  EXPECT_EQ(phase_name(Phase::kOutsideStep), "outside-step");
+}
+
+// A module used twice in one step — e.g. activation checkpointing that gathers a block again to
+// recompute it before its backward — is just a longer trace: it replays without divergence.
+TEST(AccessTrace, AModuleAccessedTwiceInAStepReplays) {
+  AccessTrace t;
+  const std::vector<Access> step = {acc(0), acc(1), acc(2), acc(2, 16, Phase::kBackward),
+                                    acc(2), acc(2, 16, Phase::kBackward), acc(1, 16, Phase::kBackward)};
+  for (int i = 0; i < 4; ++i) {
+    t.begin_step();
+    for (const Access& a : step) EXPECT_EQ(t.on_access(a), i > 0);
+    t.end_step();
+  }
+  EXPECT_EQ(t.invalidations(), 0u);
+  EXPECT_EQ(t.replayed_steps(), 3u);
+}
+
 }  // namespace
 }  // namespace tiermem

@@ -224,20 +224,44 @@ TEST(Config, KeysReadButNotActedOnAreNamedOnceWithAReason) {
     EXPECT_FALSE(k.why.empty()) << k.key;
   }
   for (const char* k :
-       {"activation_checkpointing", "steps_per_print", "wall_clock_breakdown",
-        "zero_optimization.contiguous_gradients", "zero_optimization.allgather_bucket_size",
-        "zero_optimization.round_robin_gradients", "tiermem.log_level"}) {
+       {"activation_checkpointing.partition_activations", "steps_per_print",
+        "wall_clock_breakdown", "zero_optimization.contiguous_gradients",
+        "zero_optimization.allgather_bucket_size", "zero_optimization.round_robin_gradients",
+        "tiermem.log_level"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), k), 1) << k;
   }
-  EXPECT_EQ(keys.size(), 7u);
-  for (const InertKey& k : c.inert_keys) {
-    if (k.key == "activation_checkpointing") {
-      EXPECT_NE(k.why.find("not implemented yet"), std::string::npos);
-    }
-  }
+  EXPECT_EQ(keys.size(), 7u);  // cpu_checkpointing is honoured: no warning
   // Still typed: a wrong type for a warned key that tiermem range-checks is an error.
   expect_key_error(R"({"zero_optimization": {"allgather_bucket_size": "lots"}})",
                    "zero_optimization.allgather_bucket_size");
+}
+
+// DeepSpeed's activation_checkpointing section turns the trainer's checkpointing on; its
+// cpu_checkpointing is read, the keys without an effect here are warned one by one.
+TEST(Config, ActivationCheckpointingSectionIsRead) {
+  EXPECT_FALSE(parse_config("{}").activation_checkpointing.enabled);
+  Config c = parse_config(R"({"activation_checkpointing": {}})");
+  EXPECT_TRUE(c.activation_checkpointing.enabled);
+  EXPECT_FALSE(c.activation_checkpointing.cpu_checkpointing);
+  EXPECT_TRUE(c.inert_keys.empty());
+  c = parse_config(R"({"activation_checkpointing": {"partition_activations": false,
+      "cpu_checkpointing": true, "contiguous_memory_optimization": false,
+      "number_checkpoints": null, "synchronize_checkpoint_boundary": false, "profile": false}})");
+  EXPECT_TRUE(c.activation_checkpointing.enabled);
+  EXPECT_TRUE(c.activation_checkpointing.cpu_checkpointing);
+  EXPECT_TRUE(c.unknown_keys.empty());
+  EXPECT_EQ(c.inert_keys.size(), 5u);
+  // A section of null is absent, as DeepSpeed reads it; the round trip keeps the section.
+  EXPECT_FALSE(parse_config(R"({"activation_checkpointing": null})").activation_checkpointing.enabled);
+  const Config d = parse_config(config_to_json(c));
+  EXPECT_TRUE(d.activation_checkpointing.enabled);
+  EXPECT_TRUE(d.activation_checkpointing.cpu_checkpointing);
+  expect_key_error(R"({"activation_checkpointing": {"cpu_checkpointing": 1}})",
+                   "activation_checkpointing.cpu_checkpointing");
+  expect_key_error(R"({"activation_checkpointing": true})", "activation_checkpointing");
+  EXPECT_EQ(parse_config(R"({"activation_checkpointing": {"checkpoint_everything": 1}})")
+                .unknown_keys,
+            std::vector<std::string>{"activation_checkpointing.checkpoint_everything"});
 }
 
 TEST(Config, SchedulerSectionIsRead) {

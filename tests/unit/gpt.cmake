@@ -1,3 +1,3 @@
 # GPT model (examples/gpt): layer gradient checks (double, finite differences), whole-model tests.
-tiermem_test(NAME gpt_test SOURCES gpt_layers_test.cc gpt_model_test.cc gpt_row_math_test.cc gpt_backend_test.cc DEPS tiermem::gpt
+tiermem_test(NAME gpt_test SOURCES gpt_layers_test.cc gpt_model_test.cc gpt_row_math_test.cc gpt_backend_test.cc gpt_checkpointing_test.cc DEPS tiermem::gpt
   LABELS gpt TIMEOUT 120)

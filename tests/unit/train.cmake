@@ -8,6 +8,10 @@ if(TARGET tiermem_train)
                DEPS nlohmann_json::nlohmann_json tiermem::core LABELS train TIMEOUT 240)
   target_compile_definitions(train_e2e_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
   add_dependencies(train_e2e_test tiermem-train)
+  tiermem_test(NAME train_model_test SOURCES train_model_test.cc
+               DEPS nlohmann_json::nlohmann_json LABELS train TIMEOUT 240)
+  target_compile_definitions(train_model_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
+  add_dependencies(train_model_test tiermem-train)
 endif()
 if(TARGET tiermem_train AND TARGET tiermem_zero AND MPI_CXX_FOUND)
   tiermem_test(NAME train_mpi_test SOURCES train_mpi_test.cc

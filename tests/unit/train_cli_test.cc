@@ -191,10 +191,10 @@ TEST_F(TrainCli, AutoIsResolvedInOneLineAndInertKeysWarnOnce) {
   EXPECT_EQ(lines_with(r.err, "train_micro_batch_size_per_gpu=2 (--batch)"), 1) << r.err;
   EXPECT_EQ(lines_with(r.err, "gradient_clipping=1.0"), 1) << r.err;
   EXPECT_EQ(lines_with(r.err, "optimizer.params.lr=0.003"), 1) << r.err;  // tiny's demo lr
-  for (const char* k : {"'activation_checkpointing'", "'steps_per_print'",
+  for (const char* k : {"'activation_checkpointing.partition_activations'", "'steps_per_print'",
                         "'zero_optimization.contiguous_gradients'"})
     EXPECT_EQ(lines_with(r.err, k), 1) << k << " in: " << r.err;
-  EXPECT_EQ(lines_with(r.err, "not implemented yet"), 1) << r.err;
+  EXPECT_EQ(lines_with(r.err, "no model parallelism to partition over"), 1) << r.err;
   // train_batch_size 6 with --batch 2 (the harness's) trains 3 micro-batches per step:
   // 6 sequences x 16 tokens = 96 tokens per step, not 32.
   std::ofstream(dir_ / "global.json") << R"({"train_batch_size": 6})";

@@ -169,4 +169,36 @@ TEST(TrainMpi, TwoRankCheckpointResumesBitForBit) {
   }
 }
 
+// Messages said once per job: every rank would warn alike that its host pools are not
+// page-locked and that a config key has no effect; rank 0 says each once (3 ranks, each with
+// several pools, said the pool warning 12 times before).
+TEST(TrainMpi, ThreeRanksSayEachWarningOnce) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = make_dir_with_corpus("tiermem_train_mpi_once");
+  std::ofstream(dir / "inert.json") << R"({"zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "swap", "pin_memory": false},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "swap", "pin_memory": false},
+      "contiguous_gradients": true, "stage3_param_persistence_threshold": 0},
+      "steps_per_print": 5, "gradient_clipping": "auto"})";
+  std::string err;
+  const auto steps = run_step_losses(
+      "mpirun --allow-run-as-root --oversubscribe -np 3 -x OMP_NUM_THREADS=1 " +
+          std::string(TIERMEM_TRAIN_BIN) +
+          " --model tiny --seq-len 16 --batch 1 --steps 1 --eval-every 0 --json --data corpus.txt "
+          "--swap-dir swap --config inert.json",
+      dir, &err);
+  fs::remove_all(dir);
+  ASSERT_EQ(steps.size(), 1u) << err;
+  auto count = [&err](const std::string& needle) {
+    int n = 0;
+    for (auto at = err.find(needle); at != std::string::npos; at = err.find(needle, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("not page-locked"), 1) << err;
+  EXPECT_EQ(count("'zero_optimization.contiguous_gradients'"), 1) << err;
+  EXPECT_EQ(count("'steps_per_print'"), 1) << err;
+  EXPECT_EQ(count("\"auto\" resolved"), 1) << err;
+  EXPECT_EQ(count("device: sim"), 1) << err;  // every rank's simulated device is alike
+}
+
 }  // namespace

@@ -208,6 +208,40 @@ TEST(TrainOptions, TextDataChangesAPresetsVocabularyWithOneNote) {
   EXPECT_EQ(vocab_change_note(o), "");  // mini's vocabulary is 256 already
   ASSERT_EQ(parse({"--model", "gpt2", "--data", "tokens.bin"}, &o), -1);
   EXPECT_EQ(vocab_change_note(o), "");  // token files keep the vocabulary
+  EXPECT_EQ(train_vocab_size(o), 50257);
+  // --model custom has GPT-2's vocabulary too: the same note.
+  ASSERT_EQ(parse({"--model", "custom", "--layers", "2", "--d-model", "64", "--data", "c.txt"}, &o),
+            -1);
+  EXPECT_NE(vocab_change_note(o).find("50257 -> 256"), std::string::npos);
+  EXPECT_EQ(train_vocab_size(o), 256);
+}
+
+TEST(TrainOptions, VocabSizeChoosesTheVocabulary) {
+  TrainOptions o;
+  ASSERT_EQ(parse({"--model", "gpt2", "--data", "corpus.txt", "--vocab-size", "50257"}, &o), -1);
+  EXPECT_EQ(train_vocab_size(o), 50257);
+  EXPECT_EQ(vocab_change_note(o), "");  // what was asked: nothing to say
+  ASSERT_EQ(parse({"--model", "tiny", "--data", "corpus.txt", "--vocab-size", "1000"}, &o), -1);
+  EXPECT_EQ(train_vocab_size(o), 1000);
+  ASSERT_EQ(parse({"--model", "gpt2", "--data", "tokens.bin", "--vocab-size", "100"}, &o), -1);
+  EXPECT_EQ(train_vocab_size(o), 100);  // a token file's ids are checked when it loads
+  ASSERT_EQ(parse({"--model", "tiny", "--data", "corpus.txt", "--vocab-size", "255"}, &o), -1);
+  try {
+    (void)train_vocab_size(o);
+    FAIL() << "no UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.key_path(), "--vocab-size");
+    EXPECT_NE(std::string(e.what()).find("at least 256"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse({"--vocab-size", "0"}, &o), 2);
+}
+
+TEST(TrainOptions, ActivationCheckpointingFlagOrSection) {
+  TrainOptions o;
+  ASSERT_EQ(parse({"--model", "tiny"}, &o), -1);
+  EXPECT_FALSE(effective_config(o, 0, 1).activation_checkpointing.enabled);
+  ASSERT_EQ(parse({"--model", "tiny", "--activation-checkpointing"}, &o), -1);
+  EXPECT_TRUE(effective_config(o, 0, 1).activation_checkpointing.enabled);
 }
 
 }  // namespace
