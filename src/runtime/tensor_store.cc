@@ -792,6 +792,7 @@ TensorStore::TensorStore(TensorStoreOptions options, std::shared_ptr<Device> dev
   PinnedHostPoolOptions bp = hp;
   bp.budget_bytes = options.pipeline_chunk_bytes * static_cast<std::uint64_t>(options.pipeline_chunks);
   bp.mapping_bytes = bp.budget_bytes;
+  bp.populate = true;  // small, and always in use: fault it in so its huge pages are known
   m.bounce_pool_mem = std::make_unique<PinnedHostPool>(bp);
   m.bounce = std::make_unique<BouncePool>(*m.bounce_pool_mem, options.pipeline_chunks,
                                           options.pipeline_chunk_bytes);
@@ -801,7 +802,12 @@ TensorStore::TensorStore(TensorStoreOptions options, std::shared_ptr<Device> dev
       if (m.device && m.device->kind() != DeviceKind::kSim && m.device->register_host(r.base, r.bytes)) {
         m.registered_host.push_back(r.base);
       }
-      if (m.swap && m.swap->engine().register_buffers(r.base, r.bytes)) m.registered_io.push_back(r.base);
+      // Passed with its page layout so the engine sizes pieces to the device; unregistered at the
+      // end whatever the result (the engine remembers the layout either way).
+      if (m.swap) {
+        m.swap->engine().register_buffers(r.base, r.bytes, r.contiguous_bytes);
+        m.registered_io.push_back(r.base);
+      }
     }
   }
 
