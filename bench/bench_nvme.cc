@@ -5,7 +5,8 @@
 //       --runtime 5 --engine uring [--sqpoll] [--fixed-bufs] [--huge-pages on|off]
 //       [--size-to-device on|off] [--json]
 //
-// The I/O buffers (qd * jobs * bs bytes) come from a PinnedHostPool, populated at start: in 2 MiB
+// The I/O buffers (qd * jobs * bs bytes) come from a PinnedHostPool, populated and page-locked
+// at start (unlocked, with the pool's warning, when RLIMIT_MEMLOCK is too low): in 2 MiB
 // pages where the system allows (--huge-pages on, the default; the pool's own rule), so that a
 // request is a few physical segments, as for training's buffers; --huge-pages off gives 4 KiB
 // pages (what a heap buffer has) for comparison. Pieces are sized to the file's device
@@ -245,7 +246,17 @@ int run_nvme(const NvmeOpts& o) {
   po.huge_pages = o.huge_pages == "on";
   po.populate = true;
   po.map_now = true;
-  PinnedHostPool host_pool(po);
+  po.pin_memory = true;  // page-locked as training's pool is, when RLIMIT_MEMLOCK allows
+  std::unique_ptr<PinnedHostPool> pool_holder;
+  try {
+    pool_holder = std::make_unique<PinnedHostPool>(po);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error&) {  // the memlock limit: the same buffers, unlocked (the pool warns)
+    po.pin_memory = false;
+    pool_holder = std::make_unique<PinnedHostPool>(po);
+  }
+  PinnedHostPool& host_pool = *pool_holder;
   char* const buf_base = static_cast<char*>(host_pool.allocate(pool_bytes));
   struct PoolFree {
     PinnedHostPool* p;
