@@ -1,8 +1,8 @@
 // bench/triad.h — the STREAM-triad reference every Google Benchmark micro-bench (bench/*_bench.cc)
 // registers in its own binary, so that its GB/s figures can be read as ratios of the memory
 // bandwidth measured in the same run: a[i] = b[i] + s * c[i] over fp32 arrays, 12 bytes per
-// element counted (STREAM's convention: two reads, one write, no write-allocate), with OpenMP on
-// the given number of threads (the same static split as the kernels it is compared with).
+// element counted (STREAM's convention: two reads, one write, no write-allocate; the loop is
+// bench/triad_kernel.h), with OpenMP on the given number of threads, each a contiguous slice.
 //
 // Registered as Triad/<elements>/threads:<t> for t = 1 and OpenMP's default. Include this header
 // in exactly one source file per binary.
@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <memory>
+
+#include "bench/triad_kernel.h"
 
 namespace tiermem::bench {
 
@@ -31,11 +33,16 @@ inline void BM_Triad(benchmark::State& state) {
   const float* pb = b.get();
   const float* pc = c.get();
   for (auto _ : state) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::size_t i = 0; i < n; ++i) pa[i] = pb[i] + s * pc[i];
+#pragma omp parallel num_threads(threads)
+    {
+      const auto t = static_cast<std::size_t>(omp_get_thread_num());
+      const auto nt = static_cast<std::size_t>(omp_get_num_threads());
+      triad_range(pa, pb, pc, s, n * t / nt, n * (t + 1) / nt);
+    }
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n) * 12);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n) *
+                          static_cast<std::int64_t>(kTriadBytesPerElem));
   state.counters["bytes_per_elem"] = 12;
   state.counters["threads"] = threads;
 }
