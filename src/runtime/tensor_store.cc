@@ -787,6 +787,10 @@ TensorStore::TensorStore(TensorStoreOptions options, std::shared_ptr<Device> dev
   hp.pin_memory = options.pin_memory;
   hp.numa_node = options.numa_node;
   hp.map_now = true;
+  // Registering the pool as io_uring fixed buffers faults all of it in anyway; faulting it in
+  // first lets the pool see which of it the kernel gave 2 MiB pages, so the engine can size its
+  // pieces for them (HostRegion::contiguous_bytes). RSS is the same either way.
+  hp.populate = m.swap != nullptr && m.swap->engine().options().fixed_buffers;
   m.host_pool = std::make_unique<PinnedHostPool>(hp);
 
   PinnedHostPoolOptions bp = hp;
