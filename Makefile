@@ -56,8 +56,11 @@ test-tsan: setup
 test-fuzz: setup
 	tests/fuzz/run.sh
 
+# The Google Benchmark micro-benches (bench/*_bench.cc: AdamW per ISA, casts, checksum, each with
+# a same-run STREAM triad); tiermem-bench's own subcommands are listed by its --help.
 bench: build
 	$(BUILD)/bench/tiermem-bench --help
+	for b in adam cast checksum; do $(BUILD)/bench/tiermem-$$b-bench --benchmark_min_time=0.2 || exit 1; done
 
 clean:
 	rm -rf build tiermem-swap

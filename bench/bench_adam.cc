@@ -5,9 +5,13 @@
 //   build/bench/tiermem-bench adam --params 64M,128M --reps 5 --json
 //
 // Bytes counted per parameter: read master, grad, m, v (16) + write master, m, v (12) + bf16 (2)
-// = 30. Triad a[i] = b[i] + s*c[i] counts 24 bytes per element (STREAM's convention, no
-// write-allocate). roofline_ratio = Adam GB/s / triad GB/s. Each repetition runs triad, the best
-// vector kernel and the scalar kernel back to back (interleaved); figures are medians.
+// = 30 (28 with --half none: no copy-out). Triad a[i] = b[i] + s*c[i] over fp32 counts 12 bytes
+// per element (bench/triad_kernel.h: STREAM's convention, no write-allocate; until issue 12 it
+// counted 24, STREAM's figure for doubles, which doubled the triad and halved the ratio).
+// roofline_ratio = Adam GB/s / triad GB/s (it can exceed 1: the triad's store also costs a
+// read-for-ownership that the count leaves out, Adam's read-modify-writes do not). Each
+// repetition runs triad, the best vector kernel and the scalar kernel back to back
+// (interleaved); figures are medians.
 #include <omp.h>
 
 #include <cstdio>
@@ -19,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "bench/triad_kernel.h"
 #include "tiermem/adam.h"
 #include "tiermem/config.h"
 #include "tiermem/error.h"
@@ -32,6 +37,7 @@ struct AdamOpts {
   int threads = 0;
   bool json = false;
   bool no_scalar = false;
+  std::string half = "bf16";
 };
 
 // Fills [0, n) of each array with `value` from `threads` threads (first touch places pages).
@@ -55,7 +61,7 @@ double triad_once(float* a, const float* b, const float* c, std::size_t n, int t
     for (int t = 0; t < threads; ++t) {
       ts.emplace_back([=] {
         std::size_t lo = n * t / threads, hi = n * (t + 1) / threads;
-        for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
+        triad_range(a, b, c, s, lo, hi);
       });
     }
     for (auto& t : ts) t.join();
@@ -100,17 +106,19 @@ int run_adam(const AdamOpts& o) {
       return 1;
     }
 
+    std::uint16_t* const hp = o.half == "bf16" ? half.get() : nullptr;
+    const double bytes_per_param = hp != nullptr ? 30.0 : 28.0;
     std::vector<double> t_triad, t_vec, t_scalar;
     for (int r = 0; r < o.reps; ++r) {
       t_triad.push_back(triad_once(p.get(), g.get(), m.get(), n, threads));
       ap.step = r + 2;
       t_vec.push_back(0);
       double t0 = now_s();
-      adam_step(ap, p.get(), g.get(), m.get(), v.get(), n, half.get(), DType::kBF16, {isa, threads});
+      adam_step(ap, p.get(), g.get(), m.get(), v.get(), n, hp, DType::kBF16, {isa, threads});
       t_vec.back() = now_s() - t0;
       if (!o.no_scalar) {
         t0 = now_s();
-        adam_step(ap, p.get(), g.get(), m.get(), v.get(), n, half.get(), DType::kBF16,
+        adam_step(ap, p.get(), g.get(), m.get(), v.get(), n, hp, DType::kBF16,
                   {AdamIsa::kScalar, threads});
         t_scalar.push_back(now_s() - t0);
       }
@@ -123,9 +131,11 @@ int run_adam(const AdamOpts& o) {
     j["threads"] = threads;
     j["reps"] = o.reps;
     j["params_per_s"] = dn / tv;
-    j["gbps"] = 30.0 * dn / tv / 1e9;
-    j["triad_gbps"] = 24.0 * dn / tt / 1e9;
-    j["roofline_ratio"] = (30.0 * dn / tv) / (24.0 * dn / tt);
+    j["half"] = o.half;
+    j["bytes_per_param"] = bytes_per_param;
+    j["gbps"] = bytes_per_param * dn / tv / 1e9;
+    j["triad_gbps"] = kTriadBytesPerElem * dn / tt / 1e9;
+    j["roofline_ratio"] = (bytes_per_param * dn / tv) / (kTriadBytesPerElem * dn / tt);
     j["step_ms"] = tv * 1e3;
     if (!t_scalar.empty()) {
       j["scalar_params_per_s"] = dn / median(t_scalar);
@@ -154,6 +164,9 @@ std::function<int()> setup_adam(CLI::App& sub) {
   sub.add_option("--reps", o->reps, "interleaved repetitions per size (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
   sub.add_option("--threads", o->threads, "threads (0 = OpenMP default)")->capture_default_str();
   sub.add_flag("--no-scalar", o->no_scalar, "skip the scalar baseline");
+  sub.add_option("--half", o->half, "the fused copy-out: bf16, or none (28 bytes per param)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "none"}));
   sub.add_flag("--json", o->json, "print one JSON object as the last line");
   return [o] { return run_adam(*o); };
 }

@@ -2,7 +2,16 @@
 //
 //   cmake --build build-nvme --target tiermem-bench
 //   build-nvme/bench/tiermem-bench nvme --path /mnt/nvme --rw read --bs 1M --qd 16 --size 1G
-//       --runtime 5 --engine uring [--sqpoll] [--fixed-bufs] [--json]   (one line)
+//       --runtime 5 --engine uring [--sqpoll] [--fixed-bufs] [--huge-pages on|off]
+//       [--size-to-device on|off] [--json]
+//
+// The I/O buffers (qd * jobs * bs bytes) come from a PinnedHostPool, populated and page-locked
+// at start (unlocked, with the pool's warning, when RLIMIT_MEMLOCK is too low): in 2 MiB
+// pages where the system allows (--huge-pages on, the default; the pool's own rule), so that a
+// request is a few physical segments, as for training's buffers; --huge-pages off gives 4 KiB
+// pages (what a heap buffer has) for comparison. Pieces are sized to the file's device
+// (IoEngine::piece_bytes; printed) unless --size-to-device off. `--huge-pages off
+// --size-to-device off` is what this bench did before both existed.
 //
 // --path is a directory or an existing file, as in fio:
 //   - a directory: the bench's own data file DIR/tiermem-bench-nvme.dat is created there (written
@@ -20,7 +29,7 @@
 // (fixed seed). One engine with one ring per job, block_size = bs (no splitting). Latency is
 // submit -> completion callback, per request. gbps = 1e9 bytes/s; MB/s = 1e6 bytes/s.
 // With --json the last line is {"engine","rw","bs","qd","jobs","bytes","seconds","gbps","iops",
-// "lat_us":{"p50","p99","p999"}}. Bad arguments: one line on stderr, exit status 2.
+// "huge_bytes","buffer_bytes","piece_bytes","lat_us":{"p50","p99","p999"}}. Bad arguments: one line on stderr, exit status 2.
 #include <sys/stat.h>
 
 #include <atomic>
@@ -41,6 +50,7 @@
 #include "tiermem/config.h"
 #include "tiermem/error.h"
 #include "tiermem/io_engine.h"
+#include "tiermem/pinned_host_pool.h"
 
 namespace tiermem::bench {
 namespace {
@@ -59,6 +69,8 @@ struct NvmeOpts {
   bool buffered = false;
   bool keep = false;
   bool json = false;
+  std::string huge_pages = "on";
+  std::string size_to_device = "on";
   bool size_given = false;
 };
 
@@ -205,6 +217,7 @@ int run_nvme(const NvmeOpts& o) {
   eo.sqpoll = o.sqpoll;
   eo.fixed_buffers = o.fixed_bufs;
   eo.o_direct = !o.buffered;
+  eo.size_to_device = o.size_to_device == "on";
   auto engine = make_io_engine(eo);
   std::optional<OwnFileRemover> remover;
   if (own_file && !o.keep) {
@@ -224,12 +237,42 @@ int run_nvme(const NvmeOpts& o) {
     throw;
   }
 
+  // The I/O buffers come from a PinnedHostPool, as training's do: one populated mapping, in
+  // 2 MiB pages unless --huge-pages off (then 4 KiB pages, as a plain heap buffer has).
   const std::uint64_t pool_bytes = bs * static_cast<std::uint64_t>(o.qd) * static_cast<std::uint64_t>(o.jobs);
-  void* mem = nullptr;
-  if (posix_memalign(&mem, kDirectAlignment, pool_bytes) != 0) throw std::bad_alloc();
-  std::unique_ptr<char, decltype(&std::free)> pool(static_cast<char*>(mem), &std::free);
+  PinnedHostPoolOptions po;
+  po.budget_bytes = PinnedHostPool::allocation_size(pool_bytes);
+  po.mapping_bytes = po.budget_bytes;
+  po.huge_pages = o.huge_pages == "on";
+  po.populate = true;
+  po.map_now = true;
+  po.pin_memory = true;  // page-locked as training's pool is, when RLIMIT_MEMLOCK allows
+  std::unique_ptr<PinnedHostPool> pool_holder;
+  try {
+    pool_holder = std::make_unique<PinnedHostPool>(po);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error&) {  // the memlock limit: the same buffers, unlocked (the pool warns)
+    po.pin_memory = false;
+    pool_holder = std::make_unique<PinnedHostPool>(po);
+  }
+  PinnedHostPool& host_pool = *pool_holder;
+  char* const buf_base = static_cast<char*>(host_pool.allocate(pool_bytes));
+  struct PoolFree {
+    PinnedHostPool* p;
+    void operator()(char* b) const { p->free(b); }
+  };
+  std::unique_ptr<char, PoolFree> pool(buf_base, PoolFree{&host_pool});
   for (std::uint64_t i = 0; i < pool_bytes; ++i) pool.get()[i] = static_cast<char>(i * 131 + 7);
-  bool registered = o.fixed_bufs && engine->register_buffers(pool.get(), pool_bytes);
+  const HostRegion region = host_pool.regions().front();
+  // Registered always, for its page layout; as fixed buffers only with --fixed-bufs.
+  const bool registered = engine->register_buffers(region.base, region.bytes, region.contiguous_bytes);
+  struct Unregister {
+    IoEngine* e;
+    void* base;
+    ~Unregister() { e->unregister_buffers(base); }
+  } unregister{engine.get(), region.base};
+  const std::uint64_t piece = engine->piece_bytes(file, pool.get(), bs);
 
   if (own_file && engine->file_size(file) < size) {  // lay our file out: write it once, in order
     std::vector<IoRequest> reqs;
@@ -280,13 +323,20 @@ int run_nvme(const NvmeOpts& o) {
               format_bytes(bs).c_str(), o.qd, o.jobs, engine->name(),
               engine->sqpoll_active() ? " sqpoll" : "", registered ? " fixed-bufs" : "",
               file_path.c_str(), format_bytes(size).c_str());
+  std::printf("  buffers: %s in %s pages (%s of it in 2 MiB pages); pieces of %s\n",
+              format_bytes(pool_bytes).c_str(),
+              host_pool.page_kind() == HostPageKind::kHugetlb       ? "hugetlbfs 2 MiB"
+              : host_pool.page_kind() == HostPageKind::kTransparent ? "transparent huge"
+                                                                    : "4 KiB",
+              format_bytes(host_pool.huge_bytes()).c_str(), format_bytes(piece).c_str());
   std::printf("  %s: IOPS=%.0f, BW=%.1fMB/s (%.3f GB/s), %.1f MB in %.2f s\n", write ? "write" : "read",
               iops, gbps * 1e3, gbps, static_cast<double>(bytes) / 1e6, seconds);
   std::printf("  lat (usec): p50=%.1f, p99=%.1f, p99.9=%.1f\n", p50, p99, p999);
   if (o.json) {
     nlohmann::json j = {{"engine", engine->name()}, {"rw", o.rw}, {"bs", bs}, {"qd", o.qd},
                         {"jobs", o.jobs}, {"bytes", bytes}, {"seconds", seconds}, {"gbps", gbps},
-                        {"iops", iops}, {"lat_us", {{"p50", p50}, {"p99", p99}, {"p999", p999}}}};
+                        {"iops", iops}, {"huge_bytes", host_pool.huge_bytes()},
+                        {"buffer_bytes", pool_bytes}, {"piece_bytes", piece}, {"lat_us", {{"p50", p50}, {"p99", p99}, {"p999", p999}}}};
     std::printf("%s\n", j.dump().c_str());
   }
   return 0;
@@ -315,6 +365,14 @@ std::function<int()> setup_nvme(CLI::App& sub) {
   sub.add_flag("--keep", o->keep,
                "keep the bench's own data file (DIR/tiermem-bench-nvme.dat) at exit");
   sub.add_flag("--json", o->json, "last line: one JSON object");
+  sub.add_option("--huge-pages", o->huge_pages,
+                 "on: the I/O buffers are in 2 MiB pages where the system allows (as the host "
+                 "pool's are); off: 4 KiB pages")
+      ->check(CLI::IsMember({"on", "off"}));
+  sub.add_option("--size-to-device", o->size_to_device,
+                 "on: requests no larger than the device takes unsplit (sysfs limits); off: "
+                 "always --bs")
+      ->check(CLI::IsMember({"on", "off"}));
   CLI::App* app = &sub;
   return [o, app] {
     o->size_given = app->count("--size") > 0;

@@ -106,10 +106,11 @@ int run_pipeline(const PipeOptions& o) {
   po.budget_bytes = PinnedHostPool::allocation_size(tbytes);
   po.mapping_bytes = po.budget_bytes;
   po.map_now = true;
+  po.populate = true;  // the pool's 2 MiB pages are then known to the engine (piece sizing)
   PinnedHostPool pool(po);
   char* host = static_cast<char*>(pool.allocate(tbytes));
   std::memset(host, 7, tbytes);
-  engine->register_buffers(host, po.budget_bytes);
+  engine->register_buffers(host, po.budget_bytes, pool.regions().front().contiguous_bytes);
   if (dev->kind() == DeviceKind::kCuda) dev->register_host(host, po.budget_bytes);
   for (auto& v : ext) {
     for (std::uint64_t off = 0; off < tbytes; off += chunk) {

@@ -128,13 +128,14 @@ int run(const ZoOpts& o) {
   po.mapping_bytes = po.budget_bytes;
   po.pin_memory = o.pin;
   po.map_now = true;
+  po.populate = true;  // the pool's 2 MiB pages are then known to the engine (piece sizing)
   PinnedHostPool pool(po);
   std::vector<void*> bufs;
   for (int b = 0; b < o.buffers; ++b) {
     bufs.push_back(pool.allocate(max_bytes));
     std::memset(bufs.back(), 0, max_bytes);
   }
-  for (const HostRegion& r : pool.regions()) io->register_buffers(r.base, r.bytes);
+  for (const HostRegion& r : pool.regions()) io->register_buffers(r.base, r.bytes, r.contiguous_bytes);
   {
     std::vector<IoRequest> w;
     for (std::size_t k = 0; k < ext.size(); ++k) w.push_back(swap.write(ext[k], bufs[0], bytes[k]));

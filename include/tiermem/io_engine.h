@@ -8,7 +8,8 @@
 //   ... overlap other work ...
 //   r.wait();                                           // throws IoError on failure
 //
-// What a request does: a request of any size is split into `block_size_bytes` pieces, spread
+// What a request does: a request of any size is split into pieces of `block_size_bytes` or
+// less (piece_bytes: no larger than the file's block device takes in one request), spread
 // round-robin over `rings` rings (DeepSpeed's aio.intra_op_parallelism); each ring keeps at most
 // `queue_depth` pieces in flight and has its own completion thread. Every completion is checked:
 // a short transfer is resubmitted for the rest, EINTR/EAGAIN are retried (up to 1000 times per
@@ -103,6 +104,8 @@ struct IoEngineOptions {
   bool fixed_files = true;                      // register files with the rings
   bool o_direct = true;                         // open files with O_DIRECT
   bool single_submit = false;                   // aio.single_submit: one SQE per io_uring_enter
+  // Size pieces to the file's block device (piece_bytes); false: always block_size_bytes.
+  bool size_to_device = true;
   std::shared_ptr<IoInterceptor> interceptor;   // tests only; null in production
 
   // Throws ConfigError for an unknown tiermem.io_engine value.
@@ -209,9 +212,23 @@ class IoEngine {
   // then it logs one line and returns false, and I/O on that memory still works with plain
   // buffers. The region must stay mapped until unregister_buffers(base) or the engine is gone.
   // Up to 64 regions; regions over 1 GiB are registered in 1 GiB slices.
-  virtual bool register_buffers(void* base, std::uint64_t bytes) = 0;
+  // contiguous_bytes: the memory is physically contiguous in naturally aligned units of this
+  // many bytes (HostRegion::contiguous_bytes: 2 MiB for huge pages); the engine then sizes
+  // pieces in it to the device's limits for that layout (see piece_bytes). Remembered whatever
+  // the return value (also with fixed_buffers = false) until unregister_buffers(base): call that
+  // before the memory is unmapped.
+  virtual bool register_buffers(void* base, std::uint64_t bytes,
+                                std::uint64_t contiguous_bytes = kDirectAlignment) = 0;
   // Forgets a region passed to register_buffers; no I/O on it may be in flight.
   virtual void unregister_buffers(void* base) = 0;
+
+  // The piece size (bytes) an op on `file` with buffer [buf, buf + bytes) is split into:
+  // aio.block_size (block_size_bytes), lowered so that the block layer does not split a piece —
+  // at most the device's max_sectors_kb and, for the buffer's known physical contiguity (4 KiB
+  // pages unless registered with contiguous_bytes), what fits in its max_segments — read from
+  // sysfs when the file was opened (block_size_bytes alone when sysfs says nothing: tmpfs,
+  // overlay, containers). A multiple of 4096 and of the logical block size. Thread-safe.
+  virtual std::uint64_t piece_bytes(IoFile file, const void* buf, std::uint64_t bytes) const = 0;
 
   // Starts reading `bytes` at `offset` of `file` into `buf` (see the alignment rules at the top).
   // Returns at once (it may block briefly for backpressure only when more than

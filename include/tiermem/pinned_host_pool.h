@@ -13,6 +13,18 @@
 // with IoEngine::register_buffers; the pool does not know the engine). A mapping is never unmapped
 // before the pool is destroyed, so registered regions stay valid.
 //
+// Huge pages (huge_pages, default on): each mapping gets a 2 MiB-aligned base so its memory can
+// be backed by 2 MiB pages, which an I/O request then sees as few physical segments (a 1 MiB
+// request over 4 KiB pages can need 256 scatter-gather segments, over 2 MiB pages 1 or 2). The
+// pool uses hugetlbfs pages (MAP_HUGETLB) when the system has enough reserved and free
+// (HugePages_Free) for a mapping whose size is a multiple of 2 MiB, else transparent huge pages
+// (madvise(MADV_HUGEPAGE); THP "always" or "madvise" mode). When neither is possible (THP "never",
+// no reserved pages) it uses 4 KiB pages and logs one line (HOST tag, once per process).
+// With populate (or pin_memory, since mlock faults every page in) a mapping is faulted in when
+// it is made, and the pool then checks /proc/self/smaps for how much of it the kernel really gave
+// 2 MiB pages; HostRegion::contiguous_bytes says 2 MiB only when all of its 2 MiB-aligned part is
+// huge, so I/O sizing built on it is never optimistic.
+//
 // Sub-allocation: best-fit over free extents (a size-ordered index of address-ordered free
 // extents, coalesced on free), 4096-byte granularity. The budget counts allocated (rounded) bytes;
 // fragmentation can make allocate() fail below the budget (it then throws like a full pool).
@@ -46,17 +58,33 @@ struct PinnedHostPoolOptions {
   // Map (and lock) the first mapping in the constructor, so regions() is complete from the start
   // when mapping_bytes >= budget_bytes (what TensorStore does before registering with io_uring).
   bool map_now = false;
+  bool huge_pages = true;  // 2 MiB pages when the system allows (see the top of the file)
+  // Fault every page in when a mapping is made (pin_memory does so anyway): RSS grows by the
+  // mapping at once, and huge-page backing is known (HostRegion::contiguous_bytes).
+  bool populate = false;
+};
+
+// How a mapping's pages were obtained.
+enum class HostPageKind : std::uint8_t {
+  kSmall,        // 4 KiB pages (huge pages off or unavailable)
+  kTransparent,  // madvise(MADV_HUGEPAGE): 2 MiB where the kernel could (see huge_bytes)
+  kHugetlb,      // MAP_HUGETLB: reserved 2 MiB pages, all of it
 };
 
 // One mapping of the pool, for io_uring buffer registration.
 struct HostRegion {
   void* base;
   std::uint64_t bytes;
+  // The region is physically contiguous at least in naturally aligned units of this many bytes:
+  // 2 MiB (kHugePageBytes) when all of its 2 MiB-aligned part is backed by huge pages as far as
+  // the kernel reported when it was populated, else 4096 (nothing known beyond the base page).
+  std::uint64_t contiguous_bytes = 4096;
 };
 
 class PinnedHostPool {
  public:
   static constexpr std::uint64_t kAlignment = 4096;
+  static constexpr std::uint64_t kHugePageBytes = 2ull << 20;
 
   // Maps nothing yet except, when pin_memory or map_now, the first mapping (with pin_memory this is
   // the probe of RLIMIT_MEMLOCK: throws Error with the ulimit advice when it is too low).
@@ -93,6 +121,11 @@ class PinnedHostPool {
   std::uint64_t mapped_bytes() const;
   // True when every mapping is page-locked (mlock succeeded).
   bool pinned() const;
+  // Bytes of the mappings backed by 2 MiB pages, as /proc/self/smaps reported when each was
+  // populated (0 for mappings not populated yet or made with 4 KiB pages).
+  std::uint64_t huge_bytes() const;
+  // The kind of the first mapping (kSmall when none is mapped yet).
+  HostPageKind page_kind() const;
   std::vector<HostRegion> regions() const;
   const PinnedHostPoolOptions& options() const noexcept { return options_; }
 
@@ -102,6 +135,9 @@ class PinnedHostPool {
     std::uint64_t bytes;
     bool locked;
     bool cuda_registered;
+    HostPageKind kind = HostPageKind::kSmall;
+    std::uint64_t huge_bytes = 0;        // as smaps reported after population
+    std::uint64_t contiguous_bytes = kAlignment;
   };
   void* try_allocate_locked(std::uint64_t rounded);  // needs mu_
   bool add_mapping_locked(std::uint64_t at_least);   // needs mu_

@@ -78,10 +78,24 @@ IoFile EngineBase::open_file(const std::string& path, bool create) {
                     "(through the page cache)");
     throw IoError(path, 0, 0, err, "open");
   }
+  // The device's request limits, so that pieces are sized to what it takes unsplit.
+  BlockDeviceLimits limits;
+  struct stat st {};
+  if (::fstat(f, &st) == 0) {
+    limits = read_block_device_limits(S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev);
+  }
+  if (limits.known()) {
+    TM_LOG_DEBUG("NVME", "{} is on {}: {} per request, {} segments of <= {}, {}-byte blocks", path,
+                 limits.disk, format_bytes(limits.max_request_bytes), limits.max_segments,
+                 format_bytes(limits.max_segment_bytes), limits.logical_block_bytes);
+  } else {
+    TM_LOG_DEBUG("NVME", "{}: no block-queue limits in sysfs; pieces are aio.block_size", path);
+  }
   std::lock_guard<std::mutex> lock(files_mu_);
   for (std::uint32_t i = 0; i < kMaxFiles; ++i) {
     if (files_[i].fd.load() < 0) {
       files_[i].path = path;
+      files_[i].limits = limits;
       files_[i].fd.store(f, std::memory_order_release);
       try {
         on_file_opened(i, f);
@@ -141,10 +155,20 @@ void EngineBase::allocate_space(IoFile file, std::uint64_t offset, std::uint64_t
   if (err != 0) throw IoError(p, offset, bytes, err, "fallocate");
 }
 
-bool EngineBase::register_buffers(void* base, std::uint64_t bytes) {
-  if (!options_.fixed_buffers || bytes == 0) return false;
+bool EngineBase::register_buffers(void* base, std::uint64_t bytes, std::uint64_t contiguous_bytes) {
+  if (bytes == 0) return false;
   char* b = static_cast<char*>(base);
   std::unique_lock<std::shared_mutex> lock(slots_mu_);
+  if (contiguous_bytes > kDirectAlignment) {
+    // Only whole aligned units count (a mapping's tail may be in small pages).
+    const auto addr = reinterpret_cast<std::uintptr_t>(b);
+    const std::uint64_t head = (contiguous_bytes - addr % contiguous_bytes) % contiguous_bytes;
+    if (bytes > head) {
+      const std::uint64_t whole = (bytes - head) / contiguous_bytes * contiguous_bytes;
+      if (whole > 0) contiguous_.push_back({b, b + head, whole, contiguous_bytes});
+    }
+  }
+  if (!options_.fixed_buffers) return false;
   std::vector<int> taken;
   std::string why;
   for (std::uint64_t off = 0; off < bytes; off += kSliceBytes) {
@@ -183,6 +207,8 @@ bool EngineBase::register_buffers(void* base, std::uint64_t bytes) {
 
 void EngineBase::unregister_buffers(void* base) {
   std::unique_lock<std::shared_mutex> lock(slots_mu_);
+  char* b = static_cast<char*>(base);
+  std::erase_if(contiguous_, [&](const Contiguous& c) { return c.region == b; });
   bool any = false;
   for (int s = 0; s < kMaxBufferSlots; ++s) {
     if (slots_[s].base != nullptr && slots_[s].region == base) {
@@ -204,6 +230,24 @@ int EngineBase::find_slot(const char* buf, std::uint64_t bytes) const {
   return -1;
 }
 
+std::uint64_t EngineBase::contiguity(const char* buf, std::uint64_t bytes) const {
+  std::shared_lock<std::shared_mutex> lock(slots_mu_);
+  for (const Contiguous& c : contiguous_) {
+    if (buf >= c.base && buf + bytes <= c.base + c.bytes) return c.unit;
+  }
+  return kDirectAlignment;
+}
+
+std::uint64_t EngineBase::piece_bytes(IoFile file, const void* buf, std::uint64_t bytes) const {
+  const std::uint64_t bs = options_.block_size_bytes;
+  if (!options_.size_to_device || !file.valid() || file.index >= kMaxFiles || fd(file.index) < 0)
+    return bs;
+  const auto* b = static_cast<const char*>(buf);
+  const bool aligned = reinterpret_cast<std::uintptr_t>(b) % kDirectAlignment == 0;
+  const std::uint64_t unit = aligned ? contiguity(b, bytes) : kDirectAlignment;
+  return unsplit_piece_bytes(files_[file.index].limits, unit, bs);
+}
+
 IoRequest EngineBase::submit(std::span<const IoOp> ops) {
   auto state = std::make_shared<IoRequestState>(1);  // our guard part
   try {
@@ -217,11 +261,12 @@ IoRequest EngineBase::submit(std::span<const IoOp> ops) {
 }
 
 void EngineBase::submit_into(std::span<const IoOp> ops, const std::shared_ptr<IoRequestState>& state) {
-  const std::uint64_t bs = options_.block_size_bytes;
   const bool direct = options_.o_direct;
-  // Validate everything before issuing anything.
+  // Validate everything before issuing anything; size each op's pieces to its file's device.
   std::uint64_t npieces = 0;
-  for (const IoOp& op : ops) {
+  std::vector<std::uint64_t> piece_size(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const IoOp& op = ops[i];
     if (op.kind == IoOpKind::kFallocate)
       throw Error("IoEngine::submit: kFallocate ops are not allowed; use allocate_space");
     if (!op.file.valid() || op.file.index >= kMaxFiles || fd(op.file.index) < 0)
@@ -231,13 +276,16 @@ void EngineBase::submit_into(std::span<const IoOp> ops, const std::shared_ptr<Io
                     "O_DIRECT offsets must be multiples of 4096");
     if (op.bytes > 0 && op.buf == nullptr)
       throw IoError(path(op.file), op.offset, op.bytes, EINVAL, op_name(op.kind), "null buffer");
-    npieces += (op.bytes + bs - 1) / bs;
+    piece_size[i] = piece_bytes(op.file, op.buf, op.bytes);
+    npieces += (op.bytes + piece_size[i] - 1) / piece_size[i];
   }
   if (npieces == 0) return;
   state->add_pending(npieces);
   std::vector<Piece*> pieces;
   pieces.reserve(npieces);
-  for (const IoOp& op : ops) {
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const IoOp& op = ops[i];
+    const std::uint64_t bs = piece_size[i];
     if (op.kind == IoOpKind::kRead) stats_->read_requests.fetch_add(1, std::memory_order_relaxed);
     else stats_->write_requests.fetch_add(1, std::memory_order_relaxed);
     for (std::uint64_t off = 0; off < op.bytes; off += bs) {

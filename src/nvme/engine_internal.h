@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "nvme/device_limits.h"
 #include "tiermem/io_engine.h"
 
 namespace tiermem {
@@ -60,7 +61,9 @@ class EngineBase : public IoEngine {
   const std::string& path(IoFile file) const override;
   std::uint64_t file_size(IoFile file) const override;
   void allocate_space(IoFile file, std::uint64_t offset, std::uint64_t bytes) override;
-  bool register_buffers(void* base, std::uint64_t bytes) override;
+  bool register_buffers(void* base, std::uint64_t bytes,
+                        std::uint64_t contiguous_bytes = kDirectAlignment) override;
+  std::uint64_t piece_bytes(IoFile file, const void* buf, std::uint64_t bytes) const override;
   void unregister_buffers(void* base) override;
   IoRequest submit(std::span<const IoOp> ops) override;
   void submit_into(std::span<const IoOp> ops,
@@ -94,10 +97,21 @@ class EngineBase : public IoEngine {
   void finish(Piece* p, std::exception_ptr err);
   int find_slot(const char* buf, std::uint64_t bytes) const;
 
+  // The contiguity unit of the registered memory that holds [buf, buf + bytes), else 4096.
+  std::uint64_t contiguity(const char* buf, std::uint64_t bytes) const;
+
   struct FileEntry {
     std::atomic<int> fd{-1};
     std::string path;
+    BlockDeviceLimits limits;  // written before fd is published, read after
   };
+  struct Contiguous {
+    char* region;  // base of the register_buffers() call it came from
+    char* base;
+    std::uint64_t bytes;
+    std::uint64_t unit;
+  };
+  std::vector<Contiguous> contiguous_;  // guarded by slots_mu_
   std::array<FileEntry, kMaxFiles> files_;
   std::mutex files_mu_;
   struct Slot {

@@ -87,11 +87,16 @@ TensorStore::TensorStore(TensorStoreOptions options, std::shared_ptr<Device> dev
   hp.pin_memory = options.pin_memory;
   hp.numa_node = options.numa_node;
   hp.map_now = true;
+  // Registering the pool as io_uring fixed buffers faults all of it in anyway; faulting it in
+  // first lets the pool see which of it the kernel gave 2 MiB pages, so the engine can size its
+  // pieces for them (HostRegion::contiguous_bytes). RSS is the same either way.
+  hp.populate = m.swap != nullptr && m.swap->engine().options().fixed_buffers;
   m.host_pool = std::make_unique<PinnedHostPool>(hp);
 
   PinnedHostPoolOptions bp = hp;
   bp.budget_bytes = options.pipeline_chunk_bytes * static_cast<std::uint64_t>(options.pipeline_chunks);
   bp.mapping_bytes = bp.budget_bytes;
+  bp.populate = true;  // small, and always in use: fault it in so its huge pages are known
   m.bounce_pool_mem = std::make_unique<PinnedHostPool>(bp);
   m.bounce = std::make_unique<BouncePool>(*m.bounce_pool_mem, options.pipeline_chunks,
                                           options.pipeline_chunk_bytes);
@@ -101,7 +106,12 @@ TensorStore::TensorStore(TensorStoreOptions options, std::shared_ptr<Device> dev
       if (m.device && m.device->kind() != DeviceKind::kSim && m.device->register_host(r.base, r.bytes)) {
         m.registered_host.push_back(r.base);
       }
-      if (m.swap && m.swap->engine().register_buffers(r.base, r.bytes)) m.registered_io.push_back(r.base);
+      // Passed with its page layout so the engine sizes pieces to the device; unregistered at the
+      // end whatever the result (the engine remembers the layout either way).
+      if (m.swap) {
+        m.swap->engine().register_buffers(r.base, r.bytes, r.contiguous_bytes);
+        m.registered_io.push_back(r.base);
+      }
     }
   }
 

@@ -122,6 +122,45 @@ TEST_P(AdamIsaTest, NoHalfBufferLeavesStateSameAsWithOne) {
   EXPECT_EQ(s1.v, s2.v);
 }
 
+// The vector kernels peel a head so that the copy can be streamed from an aligned address: the
+// state and the copy must not depend on where the copy (or the state) starts.
+TEST_P(AdamIsaTest, CopyAlignmentDoesNotChangeResults) {
+  const std::size_t n = 1000;
+  State ref = make_state(n + 40, 9);
+  std::vector<std::uint16_t> ref_half(n + 40);
+  AdamParams a;
+  a.weight_decay = 0.01f;
+  a.step = 3;
+  {
+    State s = ref;
+    adam_step(a, s.p.data(), s.g.data(), s.m.data(), s.v.data(), n, ref_half.data(), DType::kBF16,
+              {GetParam(), 1});
+    ref = s;
+  }
+  State base = make_state(n + 40, 9);
+  for (std::size_t half_off : {1u, 3u, 8u, 15u, 17u}) {
+    for (std::size_t state_off : {0u, 5u}) {
+      std::vector<std::uint16_t> half(n + 64, 0xdead);
+      // The same n elements, starting state_off elements in, copied to half + half_off.
+      State t = base;
+      std::copy(base.p.begin(), base.p.begin() + n, t.p.begin() + state_off);
+      std::copy(base.g.begin(), base.g.begin() + n, t.g.begin() + state_off);
+      std::copy(base.m.begin(), base.m.begin() + n, t.m.begin() + state_off);
+      std::copy(base.v.begin(), base.v.begin() + n, t.v.begin() + state_off);
+      adam_step(a, t.p.data() + state_off, t.g.data() + state_off, t.m.data() + state_off,
+                t.v.data() + state_off, n, half.data() + half_off, DType::kBF16, {GetParam(), 1});
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(f32_bits(t.p[state_off + i]), f32_bits(ref.p[i])) << "i=" << i << " half_off=" << half_off;
+        ASSERT_EQ(f32_bits(t.m[state_off + i]), f32_bits(ref.m[i])) << "i=" << i;
+        ASSERT_EQ(f32_bits(t.v[state_off + i]), f32_bits(ref.v[i])) << "i=" << i;
+        ASSERT_EQ(half[half_off + i], ref_half[i]) << "i=" << i << " half_off=" << half_off;
+      }
+      ASSERT_EQ(half[half_off + n], 0xdead) << "wrote past the copy, half_off=" << half_off;
+      ASSERT_EQ(half[half_off - 1], 0xdead) << "wrote before the copy, half_off=" << half_off;
+    }
+  }
+}
+
 TEST_P(AdamIsaTest, ThreadCountDoesNotChangeResults) {
   const std::size_t n = (1ul << 16) * 5 + 77;
   State s1 = make_state(n, 5), s2 = s1;

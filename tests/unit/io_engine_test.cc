@@ -103,6 +103,53 @@ TEST_P(IoEngineTest, ConcurrentRandomRequestsReadBackExactly) {
   engine_->close_file(f);
 }
 
+// Pieces are sized by piece_bytes (the device's sysfs limits for the buffer's declared layout),
+// the split follows it, and the data still reads back exactly; size_to_device = false keeps
+// block_size.
+TEST_P(IoEngineTest, PiecesFollowPieceBytesAndReadBackExactly) {
+  constexpr std::uint64_t k2M = 2ull << 20, kBytes = 12ull << 20;
+  IoFile f = engine_->open_file(dir_.path() + "/pieces.bin", true);
+  AlignedBuf w(kBytes + k2M), r(kBytes + k2M);
+  const std::uint64_t bs = engine_->options().block_size_bytes;
+  const std::uint64_t small = engine_->piece_bytes(f, w.data, kBytes);
+  EXPECT_GT(small, 0u);
+  EXPECT_LE(small, bs);
+  EXPECT_EQ(small % 4096, 0u);
+  // Declared 2 MiB-contiguous (as the host pool's huge pages are): never smaller pieces.
+  engine_->register_buffers(w.data, kBytes + k2M, k2M);
+  engine_->register_buffers(r.data, kBytes + k2M, k2M);
+  auto up = [](char* p) {
+    return p + (k2M - reinterpret_cast<std::uintptr_t>(p) % k2M) % k2M;
+  };
+  char* wa = up(w.data);
+  char* ra = up(r.data);
+  const std::uint64_t big = engine_->piece_bytes(f, wa, kBytes);
+  EXPECT_GE(big, small);
+  EXPECT_LE(big, bs);
+  EXPECT_EQ(engine_->piece_bytes(f, wa + 1, kBytes), small) << "unaligned buffers get no layout";
+  test::fill_pattern(wa, kBytes, 77);
+  std::memset(ra, 0, kBytes);
+  const IoStats s0 = engine_->stats();
+  engine_->submit_write(f, 0, kBytes, wa).wait();
+  engine_->submit_read(f, 0, kBytes, ra).wait();
+  const IoStats s1 = engine_->stats();
+  const std::uint64_t issued = s1.pieces - s0.pieces - (s1.short_transfers - s0.short_transfers) -
+                               (s1.retries - s0.retries);
+  EXPECT_EQ(issued, 2 * ((kBytes + big - 1) / big));
+  EXPECT_EQ(std::memcmp(wa, ra, kBytes), 0);
+  engine_->unregister_buffers(w.data);
+  engine_->unregister_buffers(r.data);
+  EXPECT_EQ(engine_->piece_bytes(f, wa, kBytes), small) << "the layout is forgotten with the region";
+  engine_->close_file(f);
+
+  IoEngineOptions o = test::options_for(GetParam());
+  o.size_to_device = false;
+  auto plain = make_io_engine(o);
+  IoFile g = plain->open_file(dir_.path() + "/pieces.bin", false);
+  EXPECT_EQ(plain->piece_bytes(g, w.data, kBytes), bs);
+  plain->close_file(g);
+}
+
 TEST_P(IoEngineTest, UnalignedLengthWritePadsWithZerosWithinItsBlock) {
   IoFile f = engine_->open_file(dir_.path() + "/pad.bin", true);
   AlignedBuf a(3 * 4096), b(3 * 4096);

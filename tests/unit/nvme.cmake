@@ -10,3 +10,5 @@ tiermem_test(NAME nvme_fault_test SOURCES nvme_fault_test.cc
   DEPS tiermem::nvme LABELS nvme TIMEOUT 120)
 tiermem_test(NAME checksum_test SOURCES checksum_test.cc
   DEPS tiermem::nvme LABELS nvme TIMEOUT 60)
+tiermem_test(NAME device_limits_test SOURCES device_limits_test.cc
+  DEPS tiermem::nvme LABELS nvme TIMEOUT 60)

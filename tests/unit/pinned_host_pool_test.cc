@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <random>
 #include <thread>
 #include <vector>
@@ -21,6 +23,71 @@ PinnedHostPoolOptions small(std::uint64_t budget, std::uint64_t mapping = 1 << 2
   o.mapping_bytes = mapping;
   o.pin_memory = false;
   return o;
+}
+
+// The bracketed THP mode, "" without THP.
+std::string thp_mode() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  std::getline(f, line);
+  auto a = line.find('['), b = line.find(']');
+  return a == std::string::npos || b == std::string::npos ? "" : line.substr(a + 1, b - a - 1);
+}
+
+TEST(PinnedHostPool, HugePagesGiveAlignedMappingsAndAnHonestLayout) {
+  constexpr std::uint64_t k2M = PinnedHostPool::kHugePageBytes;
+  PinnedHostPoolOptions o = small(8 * k2M, 8 * k2M);
+  o.populate = true;
+  o.map_now = true;
+  PinnedHostPool pool(o);
+  ASSERT_EQ(pool.regions().size(), 1u);
+  const HostRegion r = pool.regions().front();
+  EXPECT_EQ(r.bytes, 8 * k2M);
+  EXPECT_LE(pool.huge_bytes(), r.bytes);
+  // The layout claimed is never better than what the kernel reported.
+  if (r.contiguous_bytes == k2M) {
+    EXPECT_EQ(pool.huge_bytes(), r.bytes);
+  } else {
+    EXPECT_EQ(r.contiguous_bytes, 4096u);
+    EXPECT_LT(pool.huge_bytes(), r.bytes);
+  }
+  const std::string thp = thp_mode();
+  if (pool.page_kind() == HostPageKind::kSmall) {
+    EXPECT_TRUE(thp != "always" && thp != "madvise") << "THP is '" << thp << "' but 4 KiB pages";
+    EXPECT_EQ(pool.huge_bytes(), 0u);
+    GTEST_SKIP() << "no huge pages here (THP '" << thp << "', no hugetlbfs pages): fallback checked";
+  }
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(r.base) % k2M, 0u);
+  // Blocks are still 4096-aligned pieces of it, writable end to end.
+  char* a = static_cast<char*>(pool.allocate(3 * k2M + 4096));
+  std::memset(a, 0x5a, 3 * k2M + 4096);
+  EXPECT_EQ(a[3 * k2M], 0x5a);
+  pool.free(a);
+}
+
+TEST(PinnedHostPool, HugePagesOffIsSmallPagesAndClaimsNothing) {
+  PinnedHostPoolOptions o = small(4 << 20, 4 << 20);
+  o.huge_pages = false;
+  o.populate = true;
+  o.map_now = true;
+  PinnedHostPool pool(o);
+  EXPECT_EQ(pool.page_kind(), HostPageKind::kSmall);
+  EXPECT_EQ(pool.huge_bytes(), 0u);
+  ASSERT_EQ(pool.regions().size(), 1u);
+  EXPECT_EQ(pool.regions().front().contiguous_bytes, 4096u);
+  void* p = pool.allocate(1 << 20);
+  std::memset(p, 1, 1 << 20);
+  pool.free(p);
+}
+
+TEST(PinnedHostPool, UnpopulatedMappingClaimsNoHugeLayout) {
+  // Not faulted in yet: the kernel has not decided the pages, so nothing is claimed.
+  PinnedHostPoolOptions o = small(4 << 20, 4 << 20);
+  o.map_now = true;
+  PinnedHostPool pool(o);
+  ASSERT_EQ(pool.regions().size(), 1u);
+  EXPECT_EQ(pool.regions().front().contiguous_bytes, 4096u);
+  EXPECT_EQ(pool.huge_bytes(), 0u);
 }
 
 TEST(PinnedHostPool, AlignedAndWritable) {
