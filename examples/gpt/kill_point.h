@@ -13,7 +13,10 @@
 //   ckpt-state    after the state file was fsynced and renamed, before the manifest is written
 //   ckpt-manifest after the manifest's temporary file was fsynced, before its rename
 //   ckpt-gc       after the manifest rename and directory fsync, before old state files go
-// A malformed value is reported once on stderr and ignored.
+//   init          after the SIGINT/SIGTERM handlers are installed, before the engine writes the
+//                 initial state (train_loop.cc)
+// TIERMEM_TEST_TERM_AT=<phase>:<n> sends SIGTERM instead (a user's Ctrl-C or `kill` at that
+// point: the run must stop cleanly). A malformed value is reported once on stderr and ignored.
 //
 // Thread-safety: thread-safe (the counter is atomic).
 #pragma once

@@ -297,6 +297,12 @@ int run_training(const TrainOptions& opts) {
                                     plan.seed ^ 0x5eed0e7a1ull);
 
     // ---- 3. Engine (parameters, gradients, optimizer state) and model (activations).
+    // SIGINT/SIGTERM from here on stop the run cleanly (swap files and locks removed): one that
+    // arrives while the engine writes the initial state (minutes for a model of tens of GB) takes
+    // effect when that is done, before the first step; a second one ends the process at once.
+    g_stop_signal.store(0);
+    install_stop_handlers();
+    kill_point("init");  // TEST-ONLY (kill_point.h)
     // The model's backend first: on CUDA its activations come out of the device budget.
     const std::unique_ptr<gpt::ModelBackend> backend = make_model_backend(
         &plan, opts.device_budget_bytes ? "--device-budget" : "tiermem.device_budget_bytes");
@@ -410,10 +416,22 @@ int run_training(const TrainOptions& opts) {
     int steps_run = 0;
     std::vector<double> step_seconds;  // wall time of each step run (summary: step_seconds)
     const int last_step = opts.stop_at > 0 ? std::min(opts.stop_at, plan.steps) : plan.steps;
-    g_stop_signal.store(0);
-    install_stop_handlers();
     int stopped_by = 0;  // the signal that ended the loop early
-    for (int t = first_step; t <= last_step; ++t) {
+    {  // a signal during initialisation: stop before the first step (ranks agree)
+      int sig = g_stop_signal.load();
+      if (plan.world_size > 1) {
+        const double any = engine->all_reduce_sum(sig != 0 ? 1.0 : 0.0);
+        if (any > 0 && sig == 0) sig = SIGTERM;
+      }
+      if (sig != 0) {
+        if (lead) {
+          TM_LOG_WARN("TRAIN", "{} received during initialisation: stopping before step {}",
+                      sig == SIGINT ? "SIGINT" : "SIGTERM", first_step);
+        }
+        stopped_by = sig;
+      }
+    }
+    for (int t = first_step; t <= last_step && stopped_by == 0; ++t) {
       kill_point("step");  // TEST-ONLY (kill_point.h)
       const auto t0 = Clock::now();
       engine->begin_step();

@@ -286,6 +286,25 @@ TEST_F(TrainCli, ClosedStdoutStopsLikeSigtermAndCleansUp) {
     if (e.is_regular_file()) ADD_FAILURE() << "left behind: " << e.path() << " (" << ++files << ")";
 }
 
+// SIGTERM while the engine writes its initial state (TIERMEM_TEST_TERM_AT=init sends it at the
+// start of initialisation, deterministically): the run stops before step 1 with exit 143, says
+// why once, prints its summary and leaves no swap file or lock behind.
+TEST_F(TrainCli, SigtermDuringInitialisationStopsCleanly) {
+  const std::string cmd = "cd " + dir_.string() + " && OMP_NUM_THREADS=1 TIERMEM_TEST_TERM_AT=init:1 " +
+                          TIERMEM_TRAIN_BIN +
+                          " --model tiny --eval-every 0 --json --data corpus.txt --seq-len 16"
+                          " --batch 2 --steps 5 --offload nvme --swap-dir swap >out.txt 2>err.txt;"
+                          " echo $? >rc.txt";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string err = slurp(dir_ / "err.txt");
+  EXPECT_EQ(slurp(dir_ / "rc.txt"), "143\n") << err;
+  EXPECT_EQ(lines_with(err, "SIGTERM received during initialisation"), 1) << err;
+  EXPECT_EQ(lines_with(slurp(dir_ / "out.txt"), "\"step\""), 0) << "no step may run";
+  EXPECT_EQ(lines_with(slurp(dir_ / "out.txt"), "\"summary\""), 1);
+  for (const auto& e : fs::recursive_directory_iterator(dir_ / "swap"))
+    if (e.is_regular_file()) ADD_FAILURE() << "left behind: " << e.path();
+}
+
 TEST_F(TrainCli, SwapDirWithoutODirect) {
   const fs::path m = dir_ / "ramfs";
   fs::create_directories(m);
