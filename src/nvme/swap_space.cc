@@ -167,7 +167,11 @@ static std::optional<std::uint64_t> alloc_in(SwapSpace& self, detail::ExtentAllo
   if (auto off = a.allocate(len)) return off;
   std::uint64_t cap = a.capacity_bytes();
   std::uint64_t need = len - a.free_tail_bytes();
-  std::uint64_t want = round_up(std::max(cap * 2, cap + need), align);
+  // Doubling while the file is small (few fallocate calls), then 1 GiB at a time: a swap file
+  // never outgrows the state it holds by more than 1 GiB (doubling took a 64 GiB file for 47 GB
+  // of state, space other users of the disk then lacked).
+  constexpr std::uint64_t kMaxGrowStep = 1ull << 30;
+  std::uint64_t want = round_up(cap + std::max(need, std::min(cap, kMaxGrowStep)), align);
   if (max != 0) want = std::min(want, max);
   if (want < cap + need) return std::nullopt;
   try {

@@ -245,6 +245,32 @@ TEST(SwapSpace, MaxSizeGivesOutOfMemoryErrorAndFreeMakesRoom) {
   swap.free(b);
 }
 
+// Growth doubles while the file is small, then goes 1 GiB at a time: 2.25 GiB of extents in a
+// file that started at 1 MiB leave it at most 1 GiB larger than what it holds (doubling alone
+// would have made it 4 GiB). fallocate reserves the blocks without writing them.
+TEST(SwapSpace, GrowthNeverOvershootsByMoreThanOneGiB) {
+  TempDir d;
+  auto engine = make_io_engine(IoEngineOptions{});
+  SwapSpaceOptions o = small_options();
+  o.stripe_bytes = 1ull << 30;
+  SwapSpace swap(o, {d.path()}, *engine);
+  std::vector<SwapExtent> held;
+  std::uint64_t total = 0;
+  try {
+    for (int i = 0; i < 9; ++i) {
+      held.push_back(swap.allocate(256ull << 20));
+      total += 256ull << 20;
+      const std::uint64_t cap = swap.stats().capacity_bytes;
+      EXPECT_GE(cap, total);
+      EXPECT_LE(cap, total + (1ull << 30)) << "after " << total << " bytes";
+    }
+  } catch (const OutOfMemoryError& e) {
+    GTEST_SKIP() << "this filesystem has no 3.25 GiB to spare: " << e.what();
+  }
+  EXPECT_LT(swap.stats().capacity_bytes, 4ull << 30);
+  for (const auto& x : held) swap.free(x);
+}
+
 TEST(SwapSpace, FragmentationStats) {
   TempDir d;
   auto engine = make_io_engine(IoEngineOptions{});
