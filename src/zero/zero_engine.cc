@@ -274,6 +274,15 @@ void ZeroEngine::Impl::accumulate_grad(int mi, std::size_t begin, const float* s
     float* g = pin.as<float>() + (lo - p.begin);
     const float* s = src + (lo - begin);
     for (std::size_t k = 0; k < hi - lo; ++k) g[k] += s[k];
+    // Count the real elements this call gave the piece: when all have arrived (exactly once per
+    // reduce call), its partition holds the gradient as of this call — fold its norm now.
+    const std::size_t t = valid_len(static_cast<std::size_t>(pi));
+    const std::size_t vlo = std::max(lo, p.begin), vhi = std::min(hi, p.begin + t);
+    if (vhi > vlo) p.acc_elems += vhi - vlo;
+    if (t > 0 && p.acc_elems == t) {
+      p.acc_elems = 0;
+      if (fold_norm()) fold_piece_norm(pi, pin.as<float>());
+    }
     pin.mark_dirty();
   }
 }
@@ -348,8 +357,13 @@ void ZeroEngine::Impl::zero_grad() {
     std::fill(m.full_grad.begin(), m.full_grad.end(), 0.0f);
     std::fill(m.shard_grad.begin(), m.shard_grad.end(), 0.0f);
     m.grad_calls = 0;
+    m.norm_next = 0;
+    m.norm_broken = false;
   }
-  for (auto& p : pieces) p.grad_fresh = true;  // the next accumulation overwrites
+  for (auto& p : pieces) {
+    p.grad_fresh = true;  // the next accumulation overwrites
+    p.acc_elems = 0;
+  }
 }
 
 void ZeroEngine::zero_grad() { impl_->zero_grad(); }

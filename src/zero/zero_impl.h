@@ -61,6 +61,7 @@ struct Piece {
   TensorId optim = kInvalidTensor; // fp32 [master | exp_avg | exp_avg_sq], 3 x size()
   TensorId grad = kInvalidTensor;  // stages 2-3: fp32 gradient partition, size()
   bool grad_fresh = true;          // no gradient since the last step: contents undefined
+  std::size_t acc_elems = 0;       // elements accumulated so far in the current reduce call
   std::size_t size() const { return end - begin; }
 };
 
@@ -81,6 +82,11 @@ struct ZeroModule {
   std::vector<float> init_shard;  // deferred registration only (no numels up front)
   std::vector<int> pieces;        // indices into Impl::pieces
   int grad_calls = 0;
+  // The clipping norm folded into accumulation (stages 2-3): the module's running sum of squares
+  // after its first `norm_next` pieces completed, in order, in the latest reduce call.
+  double norm_running = 0;
+  std::size_t norm_next = 0;
+  bool norm_broken = false;  // a piece completed out of order: step() reads the partitions
 };
 
 }  // namespace tiermem::detail
@@ -139,6 +145,14 @@ struct ZeroEngine::Impl {
   // zero_step.cc
   StepResult step();
   ZeroOptimizerState state_header() const;  // partition fields, steps, scaler; no vectors
+  // The module's running sum of squares after piece k (g: its gradient partition), continuing
+  // `running` (reset at the module's first piece) exactly as step() adds them (zero_step.cc).
+  double piece_sumsq(std::size_t k, const float* g, double running) const;
+  bool fold_norm() const;  // step()'s clipping norm is folded into accumulate_grad
+  void fold_piece_norm(int pi, const float* g);
+  std::size_t valid_len(std::size_t k) const;  // piece k's real (not padding) elements, from its begin
+  bool module_has_real(const detail::ZeroModule& m) const;   // this rank holds a real element
+  bool module_norm_ready(const detail::ZeroModule& m) const;  // every piece folded, in order
   void validate_import(const ZeroOptimizerState& state, bool vectors) const;
 
   // Helpers.

@@ -67,34 +67,31 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   StepResult res;
   const bool pre_pass = scaler != nullptr || cfg.gradient_clipping > 0;
   double sumsq = 0;
-  // Adds the squares of piece k's real (not padding) gradient elements to sumsq as tiermem-train's
-  // loop does for its other engines — one reduction per module, in element order, added to the
-  // running sum at the module's end — so that one rank's clipped steps equal theirs bit for bit
-  // (exactly when a module is one sub-group or small enough for one thread).
   double module_sumsq = 0;
   auto add_sumsq = [&](std::size_t k, const float* g) {
-    const detail::Piece& p = pieces[k];
-    const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
-    const ElemRange valid = m.shard.valid(opt_rank);
-    const std::size_t valid_end = valid.end - m.shard.range(opt_rank).begin;  // shard-local
-    const std::int64_t n = static_cast<std::int64_t>(std::min(p.end, std::max(valid_end, p.begin)) - p.begin);
-    const bool first = static_cast<std::size_t>(m.pieces.front()) == k;
-    const bool last = static_cast<std::size_t>(m.pieces.back()) == k;
-    if (first && last) {
-      double part = 0;
-#pragma omp parallel for reduction(+ : part) schedule(static) if (n > (1 << 18))
-      for (std::int64_t i = 0; i < n; ++i) part += static_cast<double>(g[i]) * g[i];
-      module_sumsq = part;
-    } else {
-      if (first) module_sumsq = 0;
-      for (std::int64_t i = 0; i < n; ++i) module_sumsq += static_cast<double>(g[i]) * g[i];
+    module_sumsq = piece_sumsq(k, g, module_sumsq);
+    if (static_cast<std::size_t>(mods[static_cast<std::size_t>(pieces[k].module)].pieces.back()) == k) {
+      sumsq += module_sumsq;
     }
-    if (last) sumsq += module_sumsq;
   };
+  // The norm folded into accumulation (no second read of the gradient partitions) when every
+  // module with a gradient this step had all its pieces complete, in order, in its last reduce.
+  bool folded = fold_norm();
+  auto has_grad = [&](const detail::ZeroModule& m) {
+    return !m.pieces.empty() && !pieces[static_cast<std::size_t>(m.pieces.front())].grad_fresh;
+  };
+  for (const auto& m : mods) {
+    if (folded && has_grad(m) && !module_norm_ready(m)) folded = false;
+  }
+  if (folded) {
+    for (const auto& m : mods) {  // module order, as the pre-pass adds them
+      if (has_grad(m) && module_has_real(m)) sumsq += m.norm_running;
+    }
+  }
 
   if (pre_pass) {  // overflow check (fp16) and the global norm before anything is updated
     float bad = 0;
-    for (std::size_t k = 0; k < pieces.size(); ++k) {
+    for (std::size_t k = 0; k < pieces.size() && !folded; ++k) {
       prefetch_after(k, false);
       TensorStore::Pin pin;
       const float* g = grad_of(pieces[k], pin);
@@ -203,6 +200,81 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   res.step = st.steps;
   if (scaler) res.loss_scale = scaler->scale();
   return res;
+}
+
+// Adds the squares of piece k's real (not padding) gradient elements as tiermem-train's loop does
+// for its other engines — one reduction per module, in element order — so that one rank's clipped
+// steps equal theirs bit for bit (exactly when a module is one sub-group or small enough for one
+// thread). Used by step()'s pre-pass and, folded, by accumulate_grad: the same arithmetic.
+std::size_t ZeroEngine::Impl::valid_len(std::size_t k) const {
+  const detail::Piece& p = pieces[k];
+  const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
+  const ElemRange valid = m.shard.valid(opt_rank);
+  const std::size_t valid_end = valid.end - m.shard.range(opt_rank).begin;  // shard-local
+  return std::min(p.end, std::max(valid_end, p.begin)) - p.begin;
+}
+
+double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double running) const {
+  const detail::Piece& p = pieces[k];
+  const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
+  const std::int64_t n = static_cast<std::int64_t>(valid_len(k));
+  const bool first = static_cast<std::size_t>(m.pieces.front()) == k;
+  const bool last = static_cast<std::size_t>(m.pieces.back()) == k;
+  if (first && last) {
+    double part = 0;
+#pragma omp parallel for reduction(+ : part) schedule(static) if (n > (1 << 18))
+    for (std::int64_t i = 0; i < n; ++i) part += static_cast<double>(g[i]) * g[i];
+    return part;
+  }
+  if (first) running = 0;
+  for (std::int64_t i = 0; i < n; ++i) running += static_cast<double>(g[i]) * g[i];
+  return running;
+}
+
+bool ZeroEngine::Impl::fold_norm() const {
+  return stage >= 2 && scaler == nullptr && cfg.gradient_clipping > 0;
+}
+
+// Piece pi's partition g holds its gradient as of the reduce call that just completed it: the
+// module's running sum of squares moves on by this piece when it is the next in order.
+// Pieces with no real element (all padding: possible on the last ranks) are never completed by
+// an accumulation; they add nothing but their place in the order (the first one resets the sum).
+void ZeroEngine::Impl::fold_piece_norm(int pi, const float* g) {
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[static_cast<std::size_t>(pi)].module)];
+  const std::size_t first = static_cast<std::size_t>(m.pieces.front());  // a module's pieces are consecutive
+  const std::size_t j = static_cast<std::size_t>(pi) - first;
+  auto skip_empty = [&] {
+    while (m.norm_next < m.pieces.size() && valid_len(first + m.norm_next) == 0) {
+      if (m.norm_next == 0) m.norm_running = 0;
+      ++m.norm_next;
+    }
+  };
+  std::size_t first_real = 0;
+  while (first_real < m.pieces.size() && valid_len(first + first_real) == 0) ++first_real;
+  if (j == first_real) {  // the module's first piece of this reduce call
+    m.norm_next = 0;
+    m.norm_broken = false;
+  }
+  skip_empty();
+  if (j != m.norm_next) {
+    m.norm_broken = true;
+    return;
+  }
+  m.norm_running = piece_sumsq(static_cast<std::size_t>(pi), g, m.norm_running);
+  ++m.norm_next;
+  skip_empty();
+}
+
+bool ZeroEngine::Impl::module_has_real(const detail::ZeroModule& m) const {
+  for (int k : m.pieces) {
+    if (valid_len(static_cast<std::size_t>(k)) > 0) return true;
+  }
+  return false;
+}
+
+bool ZeroEngine::Impl::module_norm_ready(const detail::ZeroModule& m) const {
+  if (!module_has_real(m)) return true;  // adds nothing
+  return !m.norm_broken && m.norm_next == m.pieces.size();
 }
 
 // --------------------------------------------------------------------------------- export
