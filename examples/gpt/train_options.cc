@@ -409,44 +409,51 @@ class CreatedDirs {
 void check_dir(const std::string& key, const std::string& dir, bool o_direct,
                const char* what, bool private_dir) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status st = fs::status(dir, ec);
-  if (fs::exists(st) && !fs::is_directory(st))
-    throw UsageError(key, dir, fmt::format("{} '{}' is a file, not a directory", what, dir));
-  const CreatedDirs created(fs::path(dir).lexically_normal());
-  ec.clear();  // status() of a missing path set it
-  if (!fs::exists(st)) {
-    fs::path p = fs::path(dir).lexically_normal();
-    if (!p.has_filename()) p = p.parent_path();  // "a/b/" -> "a/b"
-    if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-    if (!ec && ::mkdir(p.c_str(), private_dir ? 0700 : 0777) != 0 && errno != EEXIST)
-      ec = std::error_code(errno, std::generic_category());
-  }
-  if (ec)
-    throw UsageError(key, dir, fmt::format("cannot create {} '{}': {}", what, dir, ec.message()));
-  if (const std::string why = unsafe_directory_reason(dir); !why.empty())
-    throw UsageError(key, dir, fmt::format("{} '{}' is refused: {}; use a directory only you can "
-                                           "write (e.g. mkdir -m 700)",
-                                           what, dir, why));
-  const std::string probe = (fs::path(dir) / fmt::format(".tiermem-probe-{}", ::getpid())).string();
-  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (o_direct ? O_DIRECT : 0),
-                  0600);
-  if (fd < 0 && o_direct && errno == EINVAL) {
-    // EINVAL on create with O_DIRECT: the filesystem cannot do direct I/O (the file may exist).
+  for (int attempt = 0;; ++attempt) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(dir, ec);
+    if (fs::exists(st) && !fs::is_directory(st))
+      throw UsageError(key, dir, fmt::format("{} '{}' is a file, not a directory", what, dir));
+    const CreatedDirs created(fs::path(dir).lexically_normal());
+    ec.clear();  // status() of a missing path set it
+    if (!fs::exists(st)) {
+      fs::path p = fs::path(dir).lexically_normal();
+      if (!p.has_filename()) p = p.parent_path();  // "a/b/" -> "a/b"
+      if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+      if (!ec && ::mkdir(p.c_str(), private_dir ? 0700 : 0777) != 0 && errno != EEXIST)
+        ec = std::error_code(errno, std::generic_category());
+    }
+    // ENOENT here or at the probe below: another rank checking the same path removed what it had
+    // created (each rank's check removes the directories it made) between our look and our use.
+    if (ec == std::errc::no_such_file_or_directory && attempt < 20) continue;
+    if (ec)
+      throw UsageError(key, dir, fmt::format("cannot create {} '{}': {}", what, dir, ec.message()));
+    if (const std::string why = unsafe_directory_reason(dir); !why.empty())
+      throw UsageError(key, dir, fmt::format("{} '{}' is refused: {}; use a directory only you can "
+                                             "write (e.g. mkdir -m 700)",
+                                             what, dir, why));
+    const std::string probe = (fs::path(dir) / fmt::format(".tiermem-probe-{}", ::getpid())).string();
+    int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (o_direct ? O_DIRECT : 0),
+                    0600);
+    if (fd < 0 && o_direct && errno == EINVAL) {
+      // EINVAL on create with O_DIRECT: the filesystem cannot do direct I/O (the file may exist).
+      ::unlink(probe.c_str());
+      throw UsageError(key, dir,
+                       fmt::format("{} '{}' is on a filesystem without O_DIRECT (e.g. tmpfs, ramfs); "
+                                   "put it on a local disk, or set tiermem.o_direct false in "
+                                   "--config",
+                                   what, dir));
+    }
+    if (fd < 0 && errno == ENOENT && attempt < 20) continue;  // as above: look again
+    if (fd < 0) {
+      const int e = errno;
+      throw UsageError(key, dir, fmt::format("{} '{}' is not writable: {}", what, dir,
+                                             std::strerror(e)));
+    }
+    ::close(fd);
     ::unlink(probe.c_str());
-    throw UsageError(key, dir,
-                     fmt::format("{} '{}' is on a filesystem without O_DIRECT (e.g. tmpfs, ramfs); "
-                                 "put it on a local disk, or set tiermem.o_direct false in "
-                                 "--config",
-                                 what, dir));
+    return;
   }
-  if (fd < 0) {
-    const int e = errno;
-    throw UsageError(key, dir, fmt::format("{} '{}' is not writable: {}", what, dir,
-                                           std::strerror(e)));
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
 }
 
 }  // namespace

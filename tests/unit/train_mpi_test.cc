@@ -85,7 +85,7 @@ TEST_P(TrainMpiWorld, RanksMatchOneRankWithTheSameGlobalBatch) {
       dir, &err1);
   const auto many = run_losses("mpirun --allow-run-as-root --oversubscribe -np " +
                                    std::to_string(world) + " -x OMP_NUM_THREADS=1 " + common +
-                                   "--batch 2 --swap-dir swap2",
+                                   "--batch 2 --swap-dir fresh/swap2",  // created by racing ranks
                                dir, &err2);
   fs::remove_all(dir);
   ASSERT_EQ(one.size(), 8u) << err1;
