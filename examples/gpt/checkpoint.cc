@@ -108,19 +108,7 @@ CheckpointWriter::~CheckpointWriter() {
 void CheckpointWriter::add_tensor(const std::string& name, Tier tier, const void* data,
                                   std::uint64_t bytes, const std::string& dtype,
                                   std::vector<std::int64_t> shape) {
-  CheckpointTensor t;
-  t.name = name;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.bytes = bytes;
-  t.tier = tier;
-  t.file = state_name_;
-  t.offset = offset_;
-  t.xxh64 = checksum64(data, bytes);
-  write_all(fd_, tmp_path_, data, bytes, offset_);
-  offset_ = (offset_ + bytes + kAlign - 1) / kAlign * kAlign;
-  tensors_.push_back(std::move(t));
-  kill_point("ckpt-tensor");  // TEST-ONLY (kill_point.h)
+  write_part(begin_tensor(name, tier, bytes, dtype, std::move(shape)), data, bytes);  // one part
 }
 
 int CheckpointWriter::begin_tensor(const std::string& name, Tier tier, std::uint64_t bytes,
@@ -312,24 +300,15 @@ void CheckpointReader::read_tensor(const std::string& name, void* dst, std::uint
   if (t.bytes != bytes)
     bad(manifest_path_, fmt::format("tensor '{}': expected {} bytes, the checkpoint has {}", name,
                                     bytes, t.bytes));
-  char* p = static_cast<char*>(dst);
-  std::uint64_t done = 0;
-  while (done < bytes) {
-    ssize_t n = ::pread(fd_, p + done, bytes - done, static_cast<off_t>(t.offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw IoError(state_path_, t.offset + done, bytes - done, errno, "pread", "checkpoint");
-    }
-    if (n == 0)
-      bad(state_path_, fmt::format("tensor '{}': unexpected end of file at offset {}", name,
-                                   t.offset + done));
-    done += static_cast<std::uint64_t>(n);
-  }
-  const std::uint64_t found = checksum64(dst, bytes);
+  read_part(name, 0, dst, bytes);
+  check_checksum(t, checksum64(dst, bytes));
+}
+
+void CheckpointReader::check_checksum(const CheckpointTensor& t, std::uint64_t found) const {
   if (found != t.xxh64)
     bad(state_path_, fmt::format("tensor '{}' (offset {}, {} bytes): checksum mismatch: "
                                  "manifest xxh64 {}, data has {}",
-                                 name, t.offset, bytes, hex64(t.xxh64), hex64(found)));
+                                 t.name, t.offset, t.bytes, hex64(t.xxh64), hex64(found)));
 }
 
 void CheckpointReader::read_part(const std::string& name, std::uint64_t offset, void* dst,
@@ -369,11 +348,7 @@ void CheckpointReader::verify_tensor(const std::string& name, std::uint64_t byte
     read_part(name, off, buf.data(), n);
     XXH64_update(h.get(), buf.data(), static_cast<std::size_t>(n));
   }
-  const std::uint64_t found = XXH64_digest(h.get());
-  if (found != t.xxh64)
-    bad(state_path_, fmt::format("tensor '{}' (offset {}, {} bytes): checksum mismatch: "
-                                 "manifest xxh64 {}, data has {}",
-                                 name, t.offset, bytes, hex64(t.xxh64), hex64(found)));
+  check_checksum(t, XXH64_digest(h.get()));
 }
 
 }  // namespace tiermem::train

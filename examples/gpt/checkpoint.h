@@ -155,6 +155,8 @@ class CheckpointReader {
 
  private:
   const CheckpointTensor& find(const std::string& name) const;
+  // Throws CheckpointError naming the tensor when `found` is not its manifest checksum.
+  void check_checksum(const CheckpointTensor& t, std::uint64_t found) const;
   std::string rank_dir_, manifest_path_, state_path_;
   int fd_ = -1;
   int step_ = 0, world_size_ = 1;

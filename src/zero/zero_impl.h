@@ -145,6 +145,24 @@ struct ZeroEngine::Impl {
   // zero_step.cc
   StepResult step();
   ZeroOptimizerState state_header() const;  // partition fields, steps, scaler; no vectors
+
+  // Where each sub-group's new working parameters go, sub-groups taken in order (a module's are
+  // consecutive), as step() and import publish them: a stored module's shard is acquired for
+  // overwrite at its first sub-group (every element gets written; at the device tier when that
+  // is home and host-addressable, else at the host tier, written back by the store) and released
+  // dirty after its last; other modules write into their engine buffer. Destroyed without
+  // finish() (an error), the pin is released clean.
+  class WorkingShardOut {
+   public:
+    explicit WorkingShardOut(Impl& impl) : I_(impl) {}
+    std::byte* dest(const detail::Piece& p);
+    void finish();  // the last module's shard released dirty
+
+   private:
+    Impl& I_;
+    TensorStore::Pin pin_;
+    int module_ = -1;
+  };
   // The module's running sum of squares after piece k (g: its gradient partition), continuing
   // `running` (reset at the module's first piece) exactly as step() adds them (zero_step.cc).
   double piece_sumsq(std::size_t k, const float* g, double running) const;

@@ -140,33 +140,16 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   ap.grad_scale = static_cast<float>(grad_scale);
   const bool half = wsize == 2;
 
-  // Sub-groups in order; a module's pieces are consecutive. The stored working shard is pinned
-  // for overwrite at its module's first piece (AdamW writes every element of it) and released,
-  // dirty, after its last.
-  TensorStore::Pin param_pin;
-  int param_module = -1;
+  // Sub-groups in order; AdamW writes every element of each module's working shard.
+  WorkingShardOut working(*this);
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     detail::Piece& p = pieces[k];
-    detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
     prefetch_after(k, true);
     TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, Phase::kOptimizer);
     TensorStore::Pin gpin;
     const float* g = grad_of(p, gpin);
     if (!pre_pass) add_sumsq(k, g);
-    std::byte* out;
-    if (m.stored) {
-      if (param_module != p.module) {
-        if (param_pin.valid()) param_pin.mark_dirty();
-        param_pin.release();
-        // AdamW writes where the shard lives when that is the (host-addressable) device, else
-        // into a host copy that the store writes back to the shard's home.
-        param_pin = store->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : Tier::kHost);
-        param_module = p.module;
-      }
-      out = param_pin.as<std::byte>() + p.begin * wsize;
-    } else {
-      out = m.mem_shard.b() + p.begin * wsize;
-    }
+    std::byte* out = working.dest(p);
     float* s = state.as<float>();
     const std::size_t n = p.size();
     adam_step(ap, s, g, s + n, s + 2 * n, n, half ? out : nullptr, wdtype);
@@ -175,8 +158,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
     gpin.release();
     if (stage >= 2) p.grad_fresh = true;  // consumed: the next accumulation overwrites it
   }
-  if (param_pin.valid()) param_pin.mark_dirty();
-  param_pin.release();
+  working.finish();
   if (!pre_pass) {
     if (stage > 0 && world > 1) {
       float f = static_cast<float>(sumsq);
@@ -200,6 +182,22 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   res.step = st.steps;
   if (scaler) res.loss_scale = scaler->scale();
   return res;
+}
+
+std::byte* ZeroEngine::Impl::WorkingShardOut::dest(const detail::Piece& p) {
+  detail::ZeroModule& m = I_.mods[static_cast<std::size_t>(p.module)];
+  if (!m.stored) return m.mem_shard.b() + p.begin * I_.wsize;
+  if (module_ != p.module) {
+    finish();
+    pin_ = I_.store->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : Tier::kHost);
+    module_ = p.module;
+  }
+  return pin_.as<std::byte>() + p.begin * I_.wsize;
+}
+
+void ZeroEngine::Impl::WorkingShardOut::finish() {
+  if (pin_.valid()) pin_.mark_dirty();
+  pin_.release();
 }
 
 // Adds the squares of piece k's real (not padding) gradient elements as tiermem-train's loop does
@@ -406,32 +404,17 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   // Each sub-group in order: filled in place at the host tier by `source` (acquired for
   // overwrite: the old state is never read) and written back to its home by the store; the
   // working shard of its module is rewritten from the new master in the same pass, as step()
-  // publishes it (the stored shard acquired for overwrite at the module's first sub-group).
-  TensorStore::Pin param_pin;
-  int param_module = -1;
+  // publishes it.
+  Impl::WorkingShardOut working(I);
   for (detail::Piece& p : I.pieces) {
-    detail::ZeroModule& m = I.mods[static_cast<std::size_t>(p.module)];
     TensorStore::Pin state = I.store->acquire_for_overwrite(p.optim, Tier::kHost);
     float* s = state.as<float>();
     const std::size_t n = p.size();
     source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
     state.mark_dirty();
-    std::byte* out;
-    if (m.stored) {
-      if (param_module != p.module) {
-        if (param_pin.valid()) param_pin.mark_dirty();
-        param_pin.release();
-        param_pin = I.store->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : Tier::kHost);
-        param_module = p.module;
-      }
-      out = param_pin.as<std::byte>() + p.begin * I.wsize;
-    } else {
-      out = m.mem_shard.b() + p.begin * I.wsize;
-    }
-    I.to_working(s, out, n);
+    I.to_working(s, working.dest(p), n);
   }
-  if (param_pin.valid()) param_pin.mark_dirty();
-  param_pin.release();
+  working.finish();
   I.st.steps = header.steps;
   I.st.skipped_steps = header.skipped_steps;
   if (I.scaler) I.scaler->restore(*header.loss_scaler);
