@@ -22,24 +22,6 @@
 
 namespace tiermem::gpt {
 
-// Pointers to one transformer block's tensors inside its module buffer (parameters or their
-// gradients), in module_layout()'s order (model.h); tests check them against module_layout().
-template <class P>
-struct BlockTensors {
-  P *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w,
-      *fc_proj_b;
-  BlockTensors(P* p, std::int64_t C) {
-    auto take = [&p](std::int64_t n) {
-      P* r = p;
-      p += n;
-      return r;
-    };
-    ln1_w = take(C), ln1_b = take(C), qkv_w = take(3 * C * C), qkv_b = take(3 * C);
-    proj_w = take(C * C), proj_b = take(C), ln2_w = take(C), ln2_b = take(C);
-    fc_w = take(4 * C * C), fc_b = take(4 * C), fc_proj_w = take(4 * C * C), fc_proj_b = take(C);
-  }
-};
-
 struct CudaBackendLayout {
   struct Layer {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *resid_mid, *ln2, *ln2_mean, *ln2_rstd,

@@ -365,32 +365,12 @@ std::span<const float> Model::as_f32(const Step& s, ParamView params, bool allow
   return {scratch_params_.data(), need};
 }
 
-namespace {
-// Pointers to one block's parameter (or gradient) tensors inside a module buffer.
-template <class P>
-struct BlockPtrs {
-  P *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w,
-      *fc_proj_b;
-  BlockPtrs(P* base, std::int64_t C) {
-    P* p = base;
-    auto take = [&p](std::int64_t n) {
-      P* r = p;
-      p += n;
-      return r;
-    };
-    ln1_w = take(C), ln1_b = take(C), qkv_w = take(3 * C * C), qkv_b = take(3 * C);
-    proj_w = take(C * C), proj_b = take(C), ln2_w = take(C), ln2_b = take(C);
-    fc_w = take(4 * C * C), fc_b = take(4 * C), fc_proj_w = take(4 * C * C), fc_proj_b = take(C);
-  }
-};
-}  // namespace
-
 void Model::block_forward(int layer, std::span<const float> p, Layer& a,
                           bool intermediates_only) {
   const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_head;
   const int N = B * T;
   const std::int64_t NC = static_cast<std::int64_t>(N) * C;
-  BlockPtrs<const float> w(p.data(), C);
+  BlockTensors<const float> w(p.data(), C);
   const float* x = resid_[layer].data();
   cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1_w, w.ln1_b,
                          N, C);
@@ -466,8 +446,8 @@ void Model::backward(const Step& s, ParamView params, std::span<float> grads) {
                               p.data(), lnf_mean_.data(), lnf_rstd_.data(), N, C);
       break;
     case StepKind::kBlock: {
-      BlockPtrs<const float> w(p.data(), C);
-      BlockPtrs<float> dw(g, C);
+      BlockTensors<const float> w(p.data(), C);
+      BlockTensors<float> dw(g, C);
       Layer& a = layer_activations(s.layer);
       // Checkpointing: the shared buffers hold another block's intermediates (or a later step's
       // recompute); rebuild this block's from its kept input, with the parameters given here.

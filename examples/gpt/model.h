@@ -127,6 +127,24 @@ ModuleLayout module_layout(const GptConfig& cfg, int module);     // throws Erro
 std::vector<ModuleLayout> module_layouts(const GptConfig& cfg);   // all modules, by index
 std::int64_t num_params(const GptConfig& cfg);                    // all modules (wte counted once)
 
+// Pointers to one transformer block's tensors inside its module buffer (parameters or their
+// gradients), in module_layout()'s order; tests check them against module_layout().
+template <class P>
+struct BlockTensors {
+  P *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w,
+      *fc_proj_b;
+  BlockTensors(P* p, std::int64_t C) {
+    auto take = [&p](std::int64_t n) {
+      P* r = p;
+      p += n;
+      return r;
+    };
+    ln1_w = take(C), ln1_b = take(C), qkv_w = take(3 * C * C), qkv_b = take(3 * C);
+    proj_w = take(C * C), proj_b = take(C), ln2_w = take(C), ln2_b = take(C);
+    fc_w = take(4 * C * C), fc_b = take(4 * C), fc_proj_w = take(4 * C * C), fc_proj_b = take(C);
+  }
+};
+
 // Model FLOPs per token of a training step (forward + backward = 3 × forward), the convention of
 // Kaplan et al. 2020 / PaLM (Chowdhery et al. 2022, App. B): 2 FLOPs per multiply-add of every
 // matmul (the four linears of each block and the tied head), attention counted as full T×T
