@@ -155,12 +155,12 @@ class ZeroTrainEngine final : public TrainEngine {
   void grads_done(int module) override {
     auto& g = grads_.at(static_cast<std::size_t>(module));
     const auto t0 = Clock::now();
+    grad_buffer_bytes_ -= g.size() * 4;  // from here the engine holds (and counts) the buffer
     {
       TraceSpan span(fmt::format("reduce-scatter module {}", module), "reduce-scatter");
-      zero_->reduce_gradients(module, g);
+      zero_->reduce_gradients(module, std::move(g));  // one rank: accumulated while backward goes on
     }
     comm_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
-    grad_buffer_bytes_ -= g.size() * 4;
     std::vector<float>().swap(g);
   }
   void zero_grad() override {}  // ZeroEngine::step() zeroes its accumulation

@@ -254,6 +254,15 @@ class ZeroEngine {
   // buffer may be reused when the call returns). Stage 2/3: reduce-scatters it now in buckets
   // (async with overlap_comm; completed by the next step()/synchronize()).
   void reduce_gradients(int module, std::span<const float> grad);
+  // As above, taking the buffer (grad.size() == numel): with one rank and stage 2/3 the call
+  // returns once the gradient partitions it adds into are pinned (in call order, so the access
+  // trace stays deterministic), and the additions run on the engine's gradient thread while the
+  // caller goes on with its backward pass; one call is in flight at a time (the next call, step(),
+  // synchronize(), zero_grad() and the state export wait for it), so at most one buffer and one
+  // module's partitions are held beyond the caller's. Otherwise the same as the span form. The
+  // buffer is freed by the engine. Errors as the span form; one raised on the gradient thread is
+  // rethrown by the next of those calls.
+  void reduce_gradients(int module, std::vector<float>&& grad);
 
   // Waits for every in-flight reduce-scatter.
   void synchronize();

@@ -437,6 +437,33 @@ void TensorStore::release_pin(TensorId id, Tier tier) noexcept {
   m.cv_.notify_all();
 }
 
+void TensorStore::discard(TensorId id) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu_);
+  Entry& e = m.entry(id);
+  for (int t = 0; t < kNumTiers; ++t) {
+    if (e.copy[t].pins > 0) {
+      throw Error(fmt::format("TensorStore::discard: tensor '{}' is pinned on {}; release that pin first",
+                              e.info.name, tier_name(tier_at(t))));
+    }
+  }
+  const Tier home = e.info.home;
+  for (int t = 0; t < idx(home); ++t) {  // cached copies above home
+    Copy& c = e.copy[t];
+    if (c.state != State::kResident || c.readers > 0 || c.writing) continue;  // in transfer: goes stale
+    if (m.needs_writeback(e, tier_at(t))) m.stats_.discarded_dirty_bytes += e.info.bytes;
+    m.tier_free(tier_at(t), c.ptr);
+    m.account(tier_at(t), -static_cast<std::int64_t>(c.alloc_bytes));
+    c = Copy{};
+    m.policy_->on_evicted(id, tier_at(t));
+  }
+  ++e.latest;  // the home copy is the newest; whatever it holds is what the caller said it may be
+  e.copy[idx(home)].version = e.latest;
+  e.undefined = true;  // prefetches skip it until it is written again
+  ++m.stats_.discards;
+  m.cv_.notify_all();
+}
+
 bool TensorStore::evict(TensorId id, Tier tier) {
   Impl& m = *impl_;
   std::unique_lock lock(m.mu_);

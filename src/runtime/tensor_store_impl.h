@@ -68,6 +68,7 @@ struct Entry {
   std::vector<SwapExtent> extents;  // home kNvme: one extent per pipeline chunk
   SwapSpace* swap = nullptr;        // home kNvme: the swap space holding `extents`
   std::uint64_t latest = 1;
+  bool undefined = false;  // discard(): the newest contents are undefined (nothing worth loading)
 };
 
 constexpr int idx(Tier t) { return static_cast<int>(t); }
@@ -166,6 +167,7 @@ struct TensorStore::Impl {
     v.in_memory = [this](TensorId id) {  // mu_ is held by whoever passes the view to the policy
       if (id >= entries_.size()) return false;
       const Entry& e = *entries_[id];
+      if (e.undefined) return true;  // nothing to move: its next access overwrites it
       for (int t = 0; t < idx(Tier::kNvme); ++t) {
         const Copy& c = e.copy[t];
         if ((c.state == State::kResident || c.state == State::kLoading) && c.version == e.latest) return true;
@@ -254,6 +256,9 @@ struct TensorStore::Impl {
 
   // Device -> NVMe: the D2H copy of chunk k+1 overlaps the NVMe write of chunk k.
   void device_to_nvme(const Entry& e, const void* src);
+
+  // Writes e's newest copy to home keeping it resident (see tensor_store_data.cc). mu_ held.
+  void write_home(std::unique_lock<std::mutex>& lock, Entry& e, bool wait);
 
   // ---------------------------------------------------------------- eviction (mu_ held)
 

@@ -32,6 +32,7 @@ bool TensorStore::Impl::needs_writeback(const Entry& e, Tier t) const {
 
 void TensorStore::Impl::make_newest(Entry& e, TensorId id, Tier tier) {
   ++e.latest;
+  e.undefined = false;
   e.copy[idx(tier)].version = e.latest;
   for (int t = 0; t < 2; ++t) {
     Copy& o = e.copy[t];

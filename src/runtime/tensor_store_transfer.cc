@@ -182,6 +182,7 @@ void TensorStore::Impl::issue_hints(const std::vector<PrefetchHint>& hints) {
   for (const PrefetchHint& h : hints) {
     if (h.id >= entries_.size()) continue;
     if (idx(h.tier) > idx(entries_[h.id]->info.home)) continue;
+    if (entries_[h.id]->undefined) continue;  // discarded: loading it would move garbage
     ++stats_.prefetches_issued;
     submit([this, h] { prefetch_one(h.id, h.tier); });
   }

@@ -256,24 +256,45 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
 
 // --------------------------------------------------------------------------------- gradients
 
-void ZeroEngine::Impl::accumulate_grad(int mi, std::size_t begin, const float* src, std::size_t n) {
+std::vector<ZeroEngine::Impl::GradPiece> ZeroEngine::Impl::pin_grad(int mi, std::size_t begin, std::size_t n) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
   const std::size_t end = begin + n;
+  std::vector<GradPiece> work;
   for (int pi : m.pieces) {
     detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
     const std::size_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
     if (lo >= hi) continue;
-    TensorStore::Pin pin;
+    GradPiece w;
+    w.piece = pi;
+    w.lo = lo;
+    w.hi = hi;
+    w.fresh = p.grad_fresh;
     if (p.grad_fresh) {  // first gradient since the step: no need to read the old partition
-      pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
-      std::memset(pin.data(), 0, pin.bytes());
+      w.pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
       p.grad_fresh = false;
     } else {
-      pin = store->acquire(p.grad, Tier::kHost, Phase::kBackward);
+      w.pin = store->acquire(p.grad, Tier::kHost, Phase::kBackward);
     }
-    float* g = pin.as<float>() + (lo - p.begin);
+    work.push_back(std::move(w));
+  }
+  return work;
+}
+
+void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin, const float* src) {
+  for (GradPiece& w : work) {
+    const int pi = w.piece;
+    detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
+    float* g = w.pin.as<float>();
+    const std::size_t lo = w.lo, hi = w.hi;
     const float* s = src + (lo - begin);
-    for (std::size_t k = 0; k < hi - lo; ++k) g[k] += s[k];
+    if (w.fresh) {  // the covered range is copied, the rest zeroed: one pass, no read of g
+      std::memset(g, 0, (lo - p.begin) * sizeof(float));
+      std::memcpy(g + (lo - p.begin), s, (hi - lo) * sizeof(float));
+      std::memset(g + (hi - p.begin), 0, (p.end - hi) * sizeof(float));
+    } else {
+      float* d = g + (lo - p.begin);
+      for (std::size_t k = 0; k < hi - lo; ++k) d[k] += s[k];
+    }
     // Count the real elements this call gave the piece: when all have arrived (exactly once per
     // reduce call), its partition holds the gradient as of this call — fold its norm now.
     const std::size_t t = valid_len(static_cast<std::size_t>(pi));
@@ -281,10 +302,23 @@ void ZeroEngine::Impl::accumulate_grad(int mi, std::size_t begin, const float* s
     if (vhi > vlo) p.acc_elems += vhi - vlo;
     if (t > 0 && p.acc_elems == t) {
       p.acc_elems = 0;
-      if (fold_norm()) fold_piece_norm(pi, pin.as<float>());
+      if (fold_norm()) fold_piece_norm(pi, g);
     }
-    pin.mark_dirty();
+    w.pin.mark_dirty();
+    w.pin.release();
   }
+}
+
+void ZeroEngine::Impl::accumulate_grad(int mi, std::size_t begin, const float* src, std::size_t n) {
+  std::vector<GradPiece> work = pin_grad(mi, begin, n);
+  add_grad(work, begin, src);
+}
+
+void ZeroEngine::Impl::wait_grad_task() {
+  if (!grad_task.valid()) return;
+  std::future<void> f = std::move(grad_task);
+  grad_task_bytes = 0;
+  f.get();  // rethrows
 }
 
 void ZeroEngine::Impl::complete_front() {
@@ -306,6 +340,7 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
     throw Error("ZeroEngine::reduce_gradients: module " + std::to_string(module) + " (" + m.name + ") gradient has " +
                 std::to_string(grad.size()) + " elements, expected " + std::to_string(m.numel));
   }
+  I.wait_grad_task();  // a hand-off in flight may add into the same partitions
   ++m.grad_calls;
   if (I.stage <= 1) {
     float* dst = m.full_grad.data();
@@ -349,6 +384,33 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
   }
 }
 
+void ZeroEngine::reduce_gradients(int module, std::vector<float>&& grad) {
+  Impl& I = *impl_;
+  I.finalize();
+  I.wait_grad_task();  // one hand-off in flight; its error surfaces here
+  if (I.world != 1 || I.stage < 2 || module < 0 || module >= num_modules() ||
+      grad.size() != I.mods[static_cast<std::size_t>(module)].numel) {
+    reduce_gradients(module, std::span<const float>(grad));  // synchronous (or bucketed), or its error
+    return;
+  }
+  ++I.mods[static_cast<std::size_t>(module)].grad_calls;
+  auto work = std::make_shared<std::vector<Impl::GradPiece>>(I.pin_grad(module, 0, grad.size()));
+  auto buf = std::make_shared<std::vector<float>>(std::move(grad));
+  if (!I.grad_pool) I.grad_pool = std::make_unique<boost::asio::thread_pool>(1);
+  auto task = std::make_shared<std::packaged_task<void()>>([&I, work, buf] {
+    try {
+      I.add_grad(*work, 0, buf->data());
+    } catch (...) {
+      work->clear();  // the pins go before the error is reported
+      throw;
+    }
+  });
+  I.grad_task = task->get_future();
+  I.grad_task_bytes = buf->size() * sizeof(float);
+  I.st.host_engine_peak_bytes = std::max(I.st.host_engine_peak_bytes, I.engine_host_bytes());
+  boost::asio::post(*I.grad_pool, [task] { (*task)(); });
+}
+
 void ZeroEngine::synchronize() { impl_->sync(); }
 
 void ZeroEngine::Impl::zero_grad() {
@@ -361,6 +423,7 @@ void ZeroEngine::Impl::zero_grad() {
     m.norm_broken = false;
   }
   for (auto& p : pieces) {
+    if (!p.grad_fresh && p.grad != kInvalidTensor) store->discard(p.grad);  // never written down
     p.grad_fresh = true;  // the next accumulation overwrites
     p.acc_elems = 0;
   }

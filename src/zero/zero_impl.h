@@ -10,9 +10,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include "tiermem/communicator.h"
 #include "tiermem/device.h"
@@ -128,6 +132,18 @@ struct ZeroEngine::Impl {
   std::deque<Inflight> inflight;
   std::uint64_t bucket_bytes_live = 0;
 
+  // The one-rank gradient hand-off (reduce_gradients taking the buffer, stages 2-3): the caller
+  // pins the partitions (GradPiece), a one-thread pool adds into them. At most one call in flight.
+  struct GradPiece {
+    int piece = 0;
+    TensorStore::Pin pin;
+    std::size_t lo = 0, hi = 0;  // shard-local range the call covers within the piece
+    bool fresh = false;          // acquired for overwrite: elements outside [lo, hi) are zeroed
+  };
+  std::unique_ptr<boost::asio::thread_pool> grad_pool;
+  std::future<void> grad_task;
+  std::uint64_t grad_task_bytes = 0;
+
   std::uint64_t gathered_live = 0;
   std::unique_ptr<DynamicLossScaler> scaler;
   ZeroStats st;
@@ -183,10 +199,16 @@ struct ZeroEngine::Impl {
     const bool bf16 = wdtype == DType::kBF16;
     for (std::size_t i = 0; i < n; ++i) d[i] = bf16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
   }
-  // Adds `n` fp32 values at shard-local offset `begin` of module `m` into its gradient pieces.
+  // Adds `n` fp32 values at shard-local offset `begin` of module `m` into its gradient pieces:
+  // pin_grad (the store accesses, on the driving thread) then add_grad (the arithmetic and the
+  // folded norm; any one thread at a time, in call order).
   void accumulate_grad(int m, std::size_t begin, const float* src, std::size_t n);
+  std::vector<GradPiece> pin_grad(int m, std::size_t begin, std::size_t n);
+  void add_grad(std::vector<GradPiece>& work, std::size_t begin, const float* src);
+  void wait_grad_task();  // rethrows the in-flight hand-off's error
   void complete_front();
   void sync() {
+    wait_grad_task();
     while (!inflight.empty()) complete_front();
   }
   void zero_grad();

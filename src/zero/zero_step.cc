@@ -141,6 +141,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   const bool half = wsize == 2;
 
   // Sub-groups in order; AdamW writes every element of each module's working shard.
+  const bool state_write_behind = plan.optimizer_home == Tier::kNvme;
   WorkingShardOut working(*this);
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     detail::Piece& p = pieces[k];
@@ -155,8 +156,15 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
     adam_step(ap, s, g, s + n, s + 2 * n, n, half ? out : nullptr, wdtype);
     if (!half) std::memcpy(out, s, n * sizeof(float));
     state.mark_dirty();
+    state.release();
+    // Write-behind: the updated sub-group starts for its home now, so that when the pool needs
+    // its room (for the next sub-groups' prefetches) it is clean and goes without a write.
+    if (state_write_behind) store->write_back(std::span<const TensorId>(&p.optim, 1));
     gpin.release();
-    if (stage >= 2) p.grad_fresh = true;  // consumed: the next accumulation overwrites it
+    if (stage >= 2) {  // consumed: the next accumulation overwrites it, so it is never written down
+      store->discard(p.grad);
+      p.grad_fresh = true;
+    }
   }
   working.finish();
   if (!pre_pass) {

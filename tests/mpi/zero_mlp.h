@@ -146,7 +146,9 @@ inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, i
         for (auto& x : g0) x *= scale;
         for (auto& x : g1) x *= scale;
       }
-      engine.reduce_gradients(1, g1);  // backward order: last module first
+      // Backward order: last module first. The first is handed over (one rank, stages 2-3:
+      // accumulated on the engine's thread), the second copied: both forms, and their mix.
+      engine.reduce_gradients(1, std::vector<float>(g1));
       engine.reduce_gradients(0, g0);
     }
     engine.step();

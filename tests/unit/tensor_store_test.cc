@@ -1,6 +1,7 @@
 // TensorStore on SimDevice + a SwapSpace in a temp directory: residency, write-back, budgets,
 // the pipeline, pins and timeouts, a concurrent property test against a reference model.
 #include "tiermem/tensor_store.h"
+#include "tiermem/pinned_host_pool.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -144,6 +145,51 @@ TEST_F(StoreTest, NvmeHomeThroughPipelineBothWays) {
   EXPECT_EQ(st.writebacks[0], 1u);
   TensorStore::Pin h = s.acquire(t, Tier::kHost);
   EXPECT_TRUE(matches(h.data(), 2, 1, n));
+}
+
+// A consumed tensor (a gradient partition after AdamW): discard drops its dirty host copy with no
+// write to NVMe, prefetches skip it while its contents are undefined, and an overwrite makes it
+// an ordinary tensor again (written down when evicted, loadable).
+TEST_F(StoreTest, DiscardDropsDirtyCopiesWithoutWriteBackAndPrefetchSkipsIt) {
+  TensorStore& s = make(1 << 20, 1 << 20);
+  const std::uint64_t n = 200'000;
+  TensorId t = s.register_tensor({.name = "grad", .bytes = n, .home = Tier::kNvme, .initial = make_bytes(3, 0, n)});
+  auto fill = [&](std::uint32_t gen) {
+    TensorStore::Pin p = s.acquire_for_overwrite(t, Tier::kHost);
+    auto b = make_bytes(3, gen, n);
+    std::memcpy(p.data(), b.data(), n);
+    p.mark_dirty();
+  };
+  fill(1);
+  const TensorStoreStats before = s.stats();
+  {
+    TensorStore::Pin p = s.acquire(t, Tier::kHost);
+    EXPECT_THROW(s.discard(t), Error);  // pinned: nothing happens
+  }
+  s.discard(t);
+  TensorStoreStats st = s.stats();
+  EXPECT_EQ(st.discards, 1u);
+  EXPECT_EQ(st.discarded_dirty_bytes, n);
+  EXPECT_EQ(st.resident_bytes[1], before.resident_bytes[1] - PinnedHostPool::allocation_size(n));
+  EXPECT_EQ(st.bytes_moved[1][2], before.bytes_moved[1][2]);  // no write-back
+  const TensorId ids[] = {t};
+  s.prefetch(ids, Tier::kHost);
+  s.drain();
+  st = s.stats();
+  EXPECT_EQ(st.prefetches_issued, before.prefetches_issued);  // undefined bytes are never loaded
+  EXPECT_EQ(st.bytes_moved[2][1], before.bytes_moved[2][1]);
+  s.flush();
+  EXPECT_EQ(s.stats().bytes_moved[1][2], before.bytes_moved[1][2]);  // nothing dirty to flush
+  // Written again: an ordinary tensor (evicted with a write-back, read back intact).
+  fill(2);
+  EXPECT_TRUE(s.evict(t, Tier::kHost));
+  EXPECT_EQ(s.stats().bytes_moved[1][2], before.bytes_moved[1][2] + n);
+  std::vector<std::byte> out(n);
+  s.read(t, out);
+  EXPECT_EQ(out, make_bytes(3, 2, n));
+  s.prefetch(ids, Tier::kHost);
+  s.drain();
+  EXPECT_EQ(s.stats().prefetches_issued, before.prefetches_issued + 1);
 }
 
 TEST_F(StoreTest, BudgetEvictsLruAndPeakStaysUnderBudget) {

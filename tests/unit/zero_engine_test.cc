@@ -143,7 +143,7 @@ TEST(ZeroEngine, Stage3ParamsOnNvmeStayUnderHostBudgetAndMatchInMemory) {
         auto b = eng.gather(static_cast<int>(m));
         for (std::size_t i = 0; i < kNumel; ++i) grad[i] = synthetic_grad(m, step, i) + 0.01f * b.f32()[i];
         ref.reduce_gradients(static_cast<int>(m), grad);
-        eng.reduce_gradients(static_cast<int>(m), grad);
+        eng.reduce_gradients(static_cast<int>(m), std::vector<float>(grad));  // handed over: async
       }
       ref.step();
       eng.step();
