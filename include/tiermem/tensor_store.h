@@ -133,7 +133,6 @@ struct TensorStoreStats {
   std::uint64_t stall_ns = 0;        // total time acquire() calls that missed spent (waits + loads)
   std::uint64_t oom_errors = 0;      // OutOfMemoryError thrown by acquire/fetch
   std::uint64_t discards = 0;        // discard() calls
-  std::uint64_t write_backs_issued = 0;  // write_back() tasks started (tensor with a dirty copy)
   std::uint64_t discarded_dirty_bytes = 0;  // newest bytes discard() dropped: write-backs saved
   // Leak checks (tests/fault/soak_test.cc). Both are gauges read now, not counters.
   // Bytes the store's PinnedHostPool has handed out (host homes + cached host copies, rounded);
@@ -250,14 +249,6 @@ class TensorStore {
   // (acquire_for_overwrite); one that reads gets undefined bytes. Does not call the policy. Never
   // does I/O. Throws Error for an unknown id or when a pin of `id` exists at any tier.
   void discard(TensorId id);
-
-  // Starts writing each tensor's newest copy (when above home) to its home on the store's workers
-  // and returns: the copy stays resident and is clean afterwards, so evicting it later costs no
-  // I/O (write-behind: e.g. an optimizer sub-group right after its update, while the next one
-  // computes). Best-effort: a copy that is pinned or in transfer when the worker gets to it is
-  // left dirty, and a failed write leaves it dirty (written, or its error thrown, at eviction or
-  // flush). Does not call the policy. Throws Error for an unknown id.
-  void write_back(std::span<const TensorId> ids);
 
   // Writes every dirty copy to its tensor's home and waits. Cached copies stay resident (clean).
   // Pinned dirty copies are flushed too (the caller must not be writing them concurrently).

@@ -82,6 +82,18 @@ struct ZeroPlan {
 // machine, never a function of the model.
 std::uint64_t default_host_budget_bytes();
 
+// Where ZeroEngine::step() writes the new working shards of stage-3 modules homed below the device
+// (offload_param cpu/nvme): at the device tier — no host copy; nothing written down while the
+// device keeps them, so a model whose parameters fit the device pages only its optimizer state —
+// when the device is host-addressable (SimDevice: the CPU AdamW writes there) and all stored
+// shards take at most half of `store_device_budget` (the store's device budget: the device budget
+// less the gather reserve); else at the host tier, written down when evicted.
+inline bool publishes_working_on_device(const ZeroPlan& p, bool device_host_addressable,
+                                        std::uint64_t store_device_budget) {
+  return p.uses_device && device_host_addressable && p.param_home != Tier::kDevice &&
+         p.param_store_bytes <= store_device_budget / 2;
+}
+
 // Plans `module_numels` (every module's element count, in registration order) under `config`.
 ZeroPlan plan_zero(const Config& config, std::span<const std::size_t> module_numels,
                    const ZeroPlanOptions& options = {});

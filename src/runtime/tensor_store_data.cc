@@ -5,70 +5,44 @@
 
 namespace tiermem {
 
-// Writes e's newest copy above home to home, keeping it resident (clean afterwards). `wait`:
-// when that copy or the home copy is in transfer, wait for it and look again (flush); otherwise
-// give up (write_back: best-effort). Skips a copy that a user pins (it may be being written).
-// Returns when home is current or it gave up. mu_ held, released during the transfer; throws the
-// transfer's error (the copy stays dirty).
-void TensorStore::Impl::write_home(std::unique_lock<std::mutex>& lock, Entry& e, bool wait) {
-  const Tier home = e.info.home;
-  while (e.copy[idx(home)].version != e.latest) {
-    int src = -1;
-    for (int t = 0; t < idx(home); ++t) {
-      const Copy& c = e.copy[t];
-      if (c.state == State::kResident && c.version == e.latest && !c.writing && (wait || c.pins == 0)) src = t;
-    }
-    Copy& h = e.copy[idx(home)];
-    if (src < 0 || h.writing || h.readers > 0) {
-      if (!wait) return;
-      cv_.wait(lock);  // the newest copy is in transfer; it lands somewhere shortly
-      continue;
-    }
-    Copy& s = e.copy[src];
-    ++s.readers;
-    h.writing = true;
-    const std::uint64_t version = s.version;
-    lock.unlock();
-    std::exception_ptr err;
-    try {
-      transfer(e, tier_at(src), s.ptr, home, h.ptr);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    lock.lock();
-    --s.readers;
-    h.writing = false;
-    cv_.notify_all();
-    if (err) std::rethrow_exception(err);
-    h.version = std::max(h.version, version);
-    stats_.bytes_moved[src][idx(home)] += e.info.bytes;
-    ++stats_.moves[src][idx(home)];
-    ++stats_.writebacks[src];
-    if (!wait) return;
-  }
-}
-
 void TensorStore::flush() {
   Impl& m = *impl_;
   std::unique_lock lock(m.mu_);
-  for (TensorId id = 0; id < m.entries_.size(); ++id) m.write_home(lock, *m.entries_[id], true);
-}
-
-void TensorStore::write_back(std::span<const TensorId> ids) {
-  Impl& m = *impl_;
-  std::lock_guard lock(m.mu_);
-  for (TensorId id : ids) {
-    Entry& e = m.entry(id);
-    if (e.copy[idx(e.info.home)].version == e.latest) continue;  // nothing newer above home
-    ++m.stats_.write_backs_issued;
-    m.submit([&m, id] {
-      try {
-        std::unique_lock l(m.mu_);
-        m.write_home(l, *m.entries_[id], false);
-      } catch (const std::exception& ex) {  // the copy stays dirty: written (or failing) at eviction
-        TM_LOG_DEBUG("RUNTIME", "write-back of tensor {} failed, kept dirty: {}", id, ex.what());
+  for (TensorId id = 0; id < m.entries_.size(); ++id) {
+    Entry& e = *m.entries_[id];
+    const Tier home = e.info.home;
+    while (e.copy[idx(home)].version != e.latest) {
+      int src = -1;
+      for (int t = 0; t < idx(home); ++t) {
+        const Copy& c = e.copy[t];
+        if (c.state == State::kResident && c.version == e.latest && !c.writing) src = t;
       }
-    });
+      Copy& h = e.copy[idx(home)];
+      if (src < 0 || h.writing || h.readers > 0) {
+        m.cv_.wait(lock);  // the newest copy is in transfer; it lands somewhere shortly
+        continue;
+      }
+      Copy& s = e.copy[src];
+      ++s.readers;
+      h.writing = true;
+      const std::uint64_t version = s.version;
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        m.transfer(e, tier_at(src), s.ptr, home, h.ptr);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lock.lock();
+      --s.readers;
+      h.writing = false;
+      m.cv_.notify_all();
+      if (err) std::rethrow_exception(err);
+      h.version = std::max(h.version, version);
+      m.stats_.bytes_moved[src][idx(home)] += e.info.bytes;
+      ++m.stats_.moves[src][idx(home)];
+      ++m.stats_.writebacks[src];
+    }
   }
 }
 

@@ -257,9 +257,6 @@ struct TensorStore::Impl {
   // Device -> NVMe: the D2H copy of chunk k+1 overlaps the NVMe write of chunk k.
   void device_to_nvme(const Entry& e, const void* src);
 
-  // Writes e's newest copy to home keeping it resident (see tensor_store_data.cc). mu_ held.
-  void write_home(std::unique_lock<std::mutex>& lock, Entry& e, bool wait);
-
   // ---------------------------------------------------------------- eviction (mu_ held)
 
   // Evicts the resident, unpinned copy of `id` at `t` (writing it down first when needed).

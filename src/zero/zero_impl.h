@@ -121,6 +121,7 @@ struct ZeroEngine::Impl {
   std::shared_ptr<SwapSpace> param_swap, optim_swap;  // may be the same object
   std::unique_ptr<TensorStore> store;
   Tier compute_tier = Tier::kHost;     // where gathers pin working shards
+  Tier publish_tier = Tier::kHost;     // where step() writes stored shards homed below the device
 
   // Reduce-scatter buckets in flight (stages 2-3, several ranks).
   struct Inflight {
@@ -165,9 +166,10 @@ struct ZeroEngine::Impl {
   // Where each sub-group's new working parameters go, sub-groups taken in order (a module's are
   // consecutive), as step() and import publish them: a stored module's shard is acquired for
   // overwrite at its first sub-group (every element gets written; at the device tier when that
-  // is home and host-addressable, else at the host tier, written back by the store) and released
-  // dirty after its last; other modules write into their engine buffer. Destroyed without
-  // finish() (an error), the pin is released clean.
+  // is home, else at publish_tier — the device when publishes_working_on_device, else the host —
+  // written down by the store when evicted) and released dirty after its last; other modules
+  // write into their engine buffer. Destroyed without finish() (an error), the pin is released
+  // clean.
   class WorkingShardOut {
    public:
     explicit WorkingShardOut(Impl& impl) : I_(impl) {}

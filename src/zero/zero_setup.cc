@@ -130,6 +130,9 @@ void ZeroEngine::Impl::make_tiers() {
                                     device->name(), format_bytes(plan.device_min_bytes), plan.device_min_why));
     }
     so.device_budget_bytes = dev - plan.gather_reserve_bytes;
+    if (publishes_working_on_device(plan, device->host_addressable(), so.device_budget_bytes)) {
+      publish_tier = Tier::kDevice;
+    }
   }
   so.pin_memory = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
   std::unique_ptr<ResidencyPolicy> policy =

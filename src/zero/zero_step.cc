@@ -141,7 +141,6 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   const bool half = wsize == 2;
 
   // Sub-groups in order; AdamW writes every element of each module's working shard.
-  const bool state_write_behind = plan.optimizer_home == Tier::kNvme;
   WorkingShardOut working(*this);
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     detail::Piece& p = pieces[k];
@@ -157,9 +156,6 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
     if (!half) std::memcpy(out, s, n * sizeof(float));
     state.mark_dirty();
     state.release();
-    // Write-behind: the updated sub-group starts for its home now, so that when the pool needs
-    // its room (for the next sub-groups' prefetches) it is clean and goes without a write.
-    if (state_write_behind) store->write_back(std::span<const TensorId>(&p.optim, 1));
     gpin.release();
     if (stage >= 2) {  // consumed: the next accumulation overwrites it, so it is never written down
       store->discard(p.grad);
@@ -197,7 +193,7 @@ std::byte* ZeroEngine::Impl::WorkingShardOut::dest(const detail::Piece& p) {
   if (!m.stored) return m.mem_shard.b() + p.begin * I_.wsize;
   if (module_ != p.module) {
     finish();
-    pin_ = I_.store->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : Tier::kHost);
+    pin_ = I_.store->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : I_.publish_tier);
     module_ = p.module;
   }
   return pin_.as<std::byte>() + p.begin * I_.wsize;

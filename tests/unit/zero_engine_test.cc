@@ -525,6 +525,57 @@ TEST(ZeroEngine, StreamedExportAndImportGoOneSubGroupAtATime) {
 // partitions before AdamW); the result is bit for bit the norm stage 1 computes from its host
 // buffers in step()'s pre-pass, over several micro-batches and sub-groups. Clipping is active
 // (the unclipped run ends elsewhere).
+// Offloaded working params that fit half the device budget are published by step() straight to
+// the device: the next forward's gathers move nothing (no host copy, no NVMe read, no write-back),
+// and the run equals one whose device is too small for that (published to the host tier), bit
+// for bit.
+TEST(ZeroEngine, WorkingShardsThatFitTheDeviceArePublishedThere) {
+  auto comm = make_single_communicator();
+  const std::string dir = nvme_dir() + "/publish";
+  constexpr std::size_t kModules = 4, kNumel = 16384;  // 256 KiB of fp32 params in all
+  std::vector<std::vector<float>> masters[2];
+  std::uint64_t forward_moved[2] = {0, 0};
+  for (int small = 0; small < 2; ++small) {
+    SCOPED_TRACE(small ? "device budget below twice the params" : "params fit the device");
+    Config cfg = testing::with_param_offload(mlp_config(3, "nvme", dir + std::to_string(small), 1), "nvme",
+                                             dir + std::to_string(small));
+    cfg.zero.stage3_param_persistence_threshold_elems = 0;
+    cfg.tiermem.device_budget_bytes = small ? 3 * kNumel * 4 : 64 << 20;
+    ZeroEngine eng(cfg, *comm);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> d(0.0f, 0.2f);
+    for (std::size_t m = 0; m < kModules; ++m) {
+      std::vector<float> init(kNumel);
+      for (float& x : init) x = d(rng);
+      eng.register_module("m" + std::to_string(m), init);
+    }
+    std::vector<float> grad(kNumel);
+    for (int step = 0; step < 3; ++step) {
+      const ZeroStats before = eng.stats();
+      for (std::size_t m = 0; m < kModules; ++m) eng.gather(static_cast<int>(m));  // forward
+      const ZeroStats after = eng.stats();
+      if (step == 2) {
+        forward_moved[small] = (after.host_to_device_bytes - before.host_to_device_bytes) +
+                               (after.nvme_read_bytes - before.nvme_read_bytes);
+      }
+      for (std::size_t m = kModules; m-- > 0;) {
+        auto b = eng.gather(static_cast<int>(m));
+        for (std::size_t i = 0; i < kNumel; ++i) grad[i] = synthetic_grad(m, step, i) + 0.01f * b.f32()[i];
+        b.release();
+        eng.reduce_gradients(static_cast<int>(m), std::vector<float>(grad));
+      }
+      eng.step();
+    }
+    for (std::size_t m = 0; m < kModules; ++m) masters[small].push_back(eng.export_master(static_cast<int>(m)));
+    EXPECT_LE(eng.stats().device_peak_bytes, eng.stats().device_budget_bytes);
+  }
+  EXPECT_EQ(forward_moved[0], 0u) << "published on the device: the forward gathers hit";
+  EXPECT_GT(forward_moved[1], 0u) << "published on the host: the forward gathers load";
+  for (std::size_t m = 0; m < kModules; ++m) EXPECT_TRUE(same_bits(masters[0][m], masters[1][m])) << "module " << m;
+  std::filesystem::remove_all(dir + "0");
+  std::filesystem::remove_all(dir + "1");
+}
+
 TEST(ZeroEngine, FoldedClippingNormEqualsThePrePass) {
   auto comm = make_single_communicator();
   const std::string dir = nvme_dir() + "/fold";
