@@ -227,6 +227,12 @@ class TensorStore {
   // thrown. Calls policy.on_access like acquire().
   std::future<void> fetch(TensorId id, Tier tier, Phase phase = Phase::kOther);
 
+  // An access that is part of the step's pattern but whose work was already done outside the step
+  // (e.g. an optimizer sub-group a checkpoint export updated early): the policy sees it exactly as
+  // acquire() would show it — keeping a recorded access trace in step — and its prefetch hints are
+  // issued; nothing is loaded or pinned. Throws Error for an unknown id.
+  void touch(TensorId id, Tier tier, Phase phase);
+
   // Best-effort, asynchronous fetch of each id to `tier`: skipped when already there, dropped
   // (stats().prefetches_dropped) when it would have to wait for room. Never throws for I/O or
   // space. Does not call the policy.

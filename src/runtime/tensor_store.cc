@@ -386,6 +386,13 @@ std::future<void> TensorStore::fetch(TensorId id, Tier tier, Phase phase) {
   return fut;
 }
 
+void TensorStore::touch(TensorId id, Tier tier, Phase phase) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu_);
+  Entry& e = m.entry(id);
+  m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, m.view()));
+}
+
 void TensorStore::prefetch(std::span<const TensorId> ids, Tier tier) {
   Impl& m = *impl_;
   std::vector<PrefetchHint> hints;

@@ -204,6 +204,11 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::gather: unknown module " + std::to_string(module));
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
+  if (m.pending) {  // the overlapped optimizer step: this module's update, now that it is needed
+    I.apply_pending(module, phase == Phase::kOutsideStep ? Phase::kOutsideStep : Phase::kOptimizer);
+  } else if (!m.replay.empty() && phase != Phase::kOutsideStep) {
+    I.replay_outside_accesses(module);
+  }
   Gathered g;
   g.module_ = module;
   g.numel_ = m.numel;
@@ -341,6 +346,7 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
                 std::to_string(grad.size()) + " elements, expected " + std::to_string(m.numel));
   }
   I.wait_grad_task();  // a hand-off in flight may add into the same partitions
+  I.apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
   ++m.grad_calls;
   if (I.stage <= 1) {
     float* dst = m.full_grad.data();
@@ -393,6 +399,7 @@ void ZeroEngine::reduce_gradients(int module, std::vector<float>&& grad) {
     reduce_gradients(module, std::span<const float>(grad));  // synchronous (or bucketed), or its error
     return;
   }
+  I.apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
   ++I.mods[static_cast<std::size_t>(module)].grad_calls;
   auto work = std::make_shared<std::vector<Impl::GradPiece>>(I.pin_grad(module, 0, grad.size()));
   auto buf = std::make_shared<std::vector<float>>(std::move(grad));
@@ -423,13 +430,18 @@ void ZeroEngine::Impl::zero_grad() {
     m.norm_broken = false;
   }
   for (auto& p : pieces) {
+    if (mods[static_cast<std::size_t>(p.module)].pending) continue;  // its update still reads it
     if (!p.grad_fresh && p.grad != kInvalidTensor) store->discard(p.grad);  // never written down
     p.grad_fresh = true;  // the next accumulation overwrites
     p.acc_elems = 0;
   }
 }
 
-void ZeroEngine::zero_grad() { impl_->zero_grad(); }
+void ZeroEngine::zero_grad() {
+  impl_->sync();
+  impl_->apply_all_pending(Phase::kOutsideStep);  // the last step's updates still read theirs
+  impl_->zero_grad();
+}
 
 void ZeroEngine::set_learning_rate(double lr) {
   if (!std::isfinite(lr) || lr < 0) {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -18,6 +19,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "tiermem/adam.h"
 #include "tiermem/communicator.h"
 #include "tiermem/device.h"
 #include "tiermem/dtype.h"
@@ -86,6 +88,11 @@ struct ZeroModule {
   std::vector<float> init_shard;  // deferred registration only (no numels up front)
   std::vector<int> pieces;        // indices into Impl::pieces
   int grad_calls = 0;
+  bool pending = false;           // its AdamW update waits for its next gather (apply_pending)
+  // Optimizer-phase accesses its update made outside a step (a checkpoint export, an eval
+  // gather): shown to the store's policy at the next in-step gather (touch) so the recorded
+  // access trace still matches.
+  std::vector<TensorId> replay;
   // The clipping norm folded into accumulation (stages 2-3): the module's running sum of squares
   // after its first `norm_next` pieces completed, in order, in the latest reduce call.
   double norm_running = 0;
@@ -161,6 +168,18 @@ struct ZeroEngine::Impl {
 
   // zero_step.cc
   StepResult step();
+  // The overlapped optimizer step (tiermem.overlap_optimizer_step): step() leaves the stored
+  // modules' updates pending with these scalars; apply_pending(m) runs module m's (at its next
+  // gather, or when anything reads the state); replay_outside_accesses(m) (see ZeroModule::replay).
+  AdamParams pending_ap;
+  int pending_modules = 0;
+  bool deferred_before = false;  // a step has deferred updates (the Prefetcher re-records after it)
+  void apply_pending(int module, Phase phase);
+  void apply_all_pending(Phase phase);
+  void replay_outside_accesses(int module);
+  // Piece p's gradient for the update (stages 0-1: engine buffers; 2-3: its partition, pinned
+  // into `pin`; zero when none arrived since the last step).
+  const float* piece_grad(detail::Piece& p, TensorStore::Pin& pin, Phase phase);
   ZeroOptimizerState state_header() const;  // partition fields, steps, scaler; no vectors
 
   // Where each sub-group's new working parameters go, sub-groups taken in order (a module's are
@@ -184,6 +203,10 @@ struct ZeroEngine::Impl {
   // The module's running sum of squares after piece k (g: its gradient partition), continuing
   // `running` (reset at the module's first piece) exactly as step() adds them (zero_step.cc).
   double piece_sumsq(std::size_t k, const float* g, double running) const;
+  // AdamW on piece k with `ap`, its new working params into `working`; its gradient partition is
+  // discarded after (stages 2-3). `on_grad(k, g)` sees the gradient first when given.
+  void update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+                    const std::function<void(std::size_t, const float*)>& on_grad);
   bool fold_norm() const;  // step()'s clipping norm is folded into accumulate_grad
   void fold_piece_norm(int pi, const float* g);
   std::size_t valid_len(std::size_t k) const;  // piece k's real (not padding) elements, from its begin

@@ -7,6 +7,7 @@
 
 #include "tiermem/adam.h"
 #include "tiermem/log.h"
+#include "tiermem/prefetcher.h"
 #include "zero_impl.h"
 
 namespace tiermem {
@@ -26,6 +27,7 @@ void all_reduce_sum(Communicator& comm, float* buf, std::size_t n) {
 ZeroEngine::StepResult ZeroEngine::Impl::step() {
   finalize();
   sync();
+  apply_all_pending(Phase::kOptimizer);  // a module not gathered since the last step
   int micro = 1;
   for (const auto& m : mods) micro = std::max(micro, m.grad_calls);
 
@@ -41,19 +43,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
 
   // The gradient of piece p: host buffers (stages 0-1) or its partition in the store (2-3). A
   // partition no module wrote since the last step is zero.
-  auto grad_of = [&](detail::Piece& p, TensorStore::Pin& pin) -> const float* {
-    detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
-    if (stage == 0) return m.full_grad.data() + p.begin;
-    if (stage == 1) return m.shard_grad.data() + p.begin;
-    if (p.grad_fresh) {
-      pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
-      std::memset(pin.data(), 0, pin.bytes());
-      p.grad_fresh = false;
-    } else {
-      pin = store->acquire(p.grad, Tier::kHost, Phase::kOptimizer);
-    }
-    return pin.as<const float>();
-  };
+  auto grad_of = [&](detail::Piece& p, TensorStore::Pin& pin) { return piece_grad(p, pin, Phase::kOptimizer); };
   const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
   auto prefetch_after = [&](std::size_t k, bool with_state) {
     std::vector<TensorId> ids;
@@ -138,29 +128,28 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   ap.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
   ap.step = st.steps + 1;
   ap.grad_scale = static_cast<float>(grad_scale);
-  const bool half = wsize == 2;
+
+  // Overlapped with the next forward (tiermem.overlap_optimizer_step): with the norm known
+  // without reading a gradient (folded into accumulation; no fp16 overflow check), each stored
+  // stage-3 module's update waits for its next gather (apply_pending), so its sub-groups' NVMe
+  // reads and write-backs run beside the forward pass instead of before it. Bit for bit the same
+  // update, with this step's scalars.
+  const bool defer = cfg.tiermem.overlap_optimizer_step && stage == 3 && folded && !scaler;
+  pending_ap = ap;
 
   // Sub-groups in order; AdamW writes every element of each module's working shard.
   WorkingShardOut working(*this);
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     detail::Piece& p = pieces[k];
-    prefetch_after(k, true);
-    TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, Phase::kOptimizer);
-    TensorStore::Pin gpin;
-    const float* g = grad_of(p, gpin);
-    if (!pre_pass) add_sumsq(k, g);
-    std::byte* out = working.dest(p);
-    float* s = state.as<float>();
-    const std::size_t n = p.size();
-    adam_step(ap, s, g, s + n, s + 2 * n, n, half ? out : nullptr, wdtype);
-    if (!half) std::memcpy(out, s, n * sizeof(float));
-    state.mark_dirty();
-    state.release();
-    gpin.release();
-    if (stage >= 2) {  // consumed: the next accumulation overwrites it, so it is never written down
-      store->discard(p.grad);
-      p.grad_fresh = true;
+    detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
+    if (defer && m.stored) {
+      if (!m.pending) ++pending_modules;
+      m.pending = true;
+      continue;
     }
+    prefetch_after(k, true);
+    update_piece(k, ap, working, Phase::kOptimizer,
+                 !pre_pass && !folded ? std::function<void(std::size_t, const float*)>(add_sumsq) : nullptr);
   }
   working.finish();
   if (!pre_pass) {
@@ -180,12 +169,88 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
     }
   }
   store->end_step();  // the step's trace ends here (the Prefetcher records the first, replays later)
+  if (defer && !deferred_before) {
+    // The trace recorded so far has no updates inside the forward pass; from now on every step
+    // has them: record the next step afresh (a new Prefetcher), instead of diverging on it.
+    store->set_policy(std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, wdtype)));
+    deferred_before = true;
+  }
   store->begin_step();
   ++st.steps;
   zero_grad();
   res.step = st.steps;
   if (scaler) res.loss_scale = scaler->scale();
   return res;
+}
+
+const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pin, Phase phase) {
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
+  if (stage == 0) return m.full_grad.data() + p.begin;
+  if (stage == 1) return m.shard_grad.data() + p.begin;
+  if (p.grad_fresh) {  // no gradient since the last step: zero
+    pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
+    std::memset(pin.data(), 0, pin.bytes());
+    p.grad_fresh = false;
+  } else {
+    pin = store->acquire(p.grad, Tier::kHost, phase);
+    if (phase == Phase::kOutsideStep) m.replay.push_back(p.grad);
+  }
+  return pin.as<const float>();
+}
+
+void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+                                    const std::function<void(std::size_t, const float*)>& on_grad) {
+  detail::Piece& p = pieces[k];
+  TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, phase);
+  if (phase == Phase::kOutsideStep) mods[static_cast<std::size_t>(p.module)].replay.push_back(p.optim);
+  TensorStore::Pin gpin;
+  const float* g = piece_grad(p, gpin, phase);
+  if (on_grad) on_grad(k, g);
+  std::byte* out = working.dest(p);
+  float* s = state.as<float>();
+  const std::size_t n = p.size();
+  const bool half = wsize == 2;
+  adam_step(ap, s, g, s + n, s + 2 * n, n, half ? out : nullptr, wdtype);
+  if (!half) std::memcpy(out, s, n * sizeof(float));
+  state.mark_dirty();
+  state.release();
+  gpin.release();
+  if (stage >= 2) {  // consumed: the next accumulation overwrites it, so it is never written down
+    store->discard(p.grad);
+    p.grad_fresh = true;
+  }
+}
+
+void ZeroEngine::Impl::apply_pending(int mi, Phase phase) {
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
+  if (!m.pending) return;
+  m.pending = false;
+  --pending_modules;
+  const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
+  WorkingShardOut working(*this);
+  for (std::size_t j = 0; j < m.pieces.size(); ++j) {
+    // The module's next sub-groups on their way while this one steps (across modules the
+    // Prefetcher's look-ahead runs ahead of the gathers).
+    std::vector<TensorId> ids;
+    for (std::size_t q = j + 1; q < m.pieces.size() && q < j + static_cast<std::size_t>(B); ++q) {
+      const detail::Piece& nxt = pieces[static_cast<std::size_t>(m.pieces[q])];
+      ids.push_back(nxt.optim);
+      if (!nxt.grad_fresh) ids.push_back(nxt.grad);
+    }
+    if (!ids.empty()) store->prefetch(ids, Tier::kHost);
+    update_piece(static_cast<std::size_t>(m.pieces[j]), pending_ap, working, phase, nullptr);
+  }
+  working.finish();
+}
+
+void ZeroEngine::Impl::apply_all_pending(Phase phase) {
+  for (int i = 0; i < static_cast<int>(mods.size()) && pending_modules > 0; ++i) apply_pending(i, phase);
+}
+
+void ZeroEngine::Impl::replay_outside_accesses(int mi) {
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
+  for (TensorId id : m.replay) store->touch(id, Tier::kHost, Phase::kOptimizer);
+  m.replay.clear();
 }
 
 std::byte* ZeroEngine::Impl::WorkingShardOut::dest(const detail::Piece& p) {
@@ -233,9 +298,7 @@ double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double runni
   return running;
 }
 
-bool ZeroEngine::Impl::fold_norm() const {
-  return stage >= 2 && scaler == nullptr && cfg.gradient_clipping > 0;
-}
+bool ZeroEngine::Impl::fold_norm() const { return stage >= 2 && scaler == nullptr; }
 
 // Piece pi's partition g holds its gradient as of the reduce call that just completed it: the
 // module's running sum of squares moves on by this piece when it is the next in order.
@@ -285,6 +348,8 @@ std::vector<float> ZeroEngine::export_master(int module) {
   Impl& I = *impl_;
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::export_master: unknown module " + std::to_string(module));
+  I.sync();
+  I.apply_pending(module, Phase::kOutsideStep);
   const detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   std::vector<float> full(m.shard.padded);
   float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
@@ -370,6 +435,7 @@ ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(c
   Impl& I = *impl_;
   I.finalize();
   I.sync();
+  I.apply_all_pending(Phase::kOutsideStep);
   const std::size_t B = static_cast<std::size_t>(std::max(1, I.cfg.zero.offload_optimizer.buffer_count));
   for (std::size_t k = 0; k < I.pieces.size(); ++k) {
     std::vector<TensorId> ahead;
@@ -403,7 +469,13 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   Impl& I = *impl_;
   I.finalize();
   I.validate_import(header, /*vectors=*/false);
-  I.zero_grad();  // also waits for in-flight reduce-scatters
+  I.sync();
+  for (auto& m : I.mods) {  // a pending update is overwritten by the imported state: dropped
+    m.pending = false;
+    m.replay.clear();
+  }
+  I.pending_modules = 0;
+  I.zero_grad();
 
   // Each sub-group in order: filled in place at the host tier by `source` (acquired for
   // overwrite: the old state is never read) and written back to its home by the store; the

@@ -576,6 +576,58 @@ TEST(ZeroEngine, WorkingShardsThatFitTheDeviceArePublishedThere) {
   std::filesystem::remove_all(dir + "1");
 }
 
+// tiermem.overlap_optimizer_step: step() leaves each stored module's AdamW update to its next
+// gather (no optimizer-state I/O inside step()), and every result equals the eager step's bit for
+// bit — with a streamed export, an outside-the-step gather (an evaluation) and export_master
+// landing between a step and the next forward, where they apply the pending updates first.
+TEST(ZeroEngine, OverlappedOptimizerStepEqualsTheEagerStep) {
+  auto comm = make_single_communicator();
+  const std::string dir = nvme_dir() + "/overlap";
+  std::vector<std::vector<float>> masters[2];
+  std::vector<float> exported[2];
+  std::uint64_t io_in_step[2] = {0, 0};
+  for (int eager = 0; eager < 2; ++eager) {
+    SCOPED_TRACE(eager ? "eager" : "overlapped");
+    const std::string d = dir + std::to_string(eager);
+    Config cfg = testing::with_param_offload(mlp_config(3, "nvme", d, 2, R"(, "gradient_clipping": 0.5)"), "nvme", d);
+    cfg.zero.stage3_param_persistence_threshold_elems = 0;
+    cfg.tiermem.host_budget_bytes = 4 << 20;
+    cfg.tiermem.overlap_optimizer_step = eager == 0;
+    ZeroEngine e(cfg, *comm);
+    auto init = testing::mlp_init();
+    e.register_module("fc1", init[0]);
+    e.register_module("fc2", init[1]);
+    testing::mlp_train_steps(e, *comm, 2, 2);
+    // A step alone: its NVMe traffic.
+    {
+      for (int m = 0; m < 2; ++m) e.gather(m);
+      std::vector<float> g0(e.module_numel(0), 0.01f), g1(e.module_numel(1), -0.02f);
+      e.reduce_gradients(1, std::vector<float>(g1));
+      e.reduce_gradients(0, g0);
+      const ZeroStats before = e.stats();
+      e.step();
+      const ZeroStats after = e.stats();
+      io_in_step[eager] = (after.nvme_read_bytes - before.nvme_read_bytes) +
+                          (after.nvme_written_bytes - before.nvme_written_bytes) +
+                          (after.store_hits + after.store_misses - before.store_hits - before.store_misses);
+    }
+    {  // an evaluation's gather, then a checkpoint, between the step and the next forward
+      auto a = e.gather(1, Phase::kOutsideStep);
+    }
+    e.export_optimizer_state([&](const ZeroStateChunk& c) {
+      exported[eager].insert(exported[eager].end(), c.master, c.master + c.n);
+    });
+    testing::mlp_train_steps(e, *comm, 2, 2);
+    masters[eager] = {e.export_master(0), e.export_master(1)};
+  }
+  EXPECT_EQ(io_in_step[0], 0u) << "overlapped: step() touches no optimizer state";
+  EXPECT_GT(io_in_step[1], 0u) << "eager: step() reads and writes the sub-groups";
+  EXPECT_TRUE(same_bits(exported[0], exported[1]));
+  for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(masters[0][m], masters[1][m])) << "module " << m;
+  std::filesystem::remove_all(dir + "0");
+  std::filesystem::remove_all(dir + "1");
+}
+
 TEST(ZeroEngine, FoldedClippingNormEqualsThePrePass) {
   auto comm = make_single_communicator();
   const std::string dir = nvme_dir() + "/fold";
