@@ -34,6 +34,7 @@ DeviceOptions DeviceOptions::from_config(const Config& config) {
   o.budget_bytes = config.tiermem.device_budget_bytes;
   o.sim_h2d_gbps = config.tiermem.sim_h2d_gbps;
   o.sim_d2h_gbps = config.tiermem.sim_d2h_gbps;
+  o.sim_host_addressable = config.tiermem.sim_host_addressable;
   return o;
 }
 
@@ -91,6 +92,7 @@ std::unique_ptr<Device> make_sim(const DeviceOptions& o) {
   if (o.budget_bytes != 0) so.budget_bytes = o.budget_bytes;
   so.h2d_gbps = o.sim_h2d_gbps;
   so.d2h_gbps = o.sim_d2h_gbps;
+  so.host_addressable = o.sim_host_addressable;
   return std::make_unique<SimDevice>(so);
 }
 }  // namespace
