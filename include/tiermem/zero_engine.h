@@ -147,8 +147,8 @@ struct ZeroStats {
   // Traffic (TensorStore transfers, every kind of state together).
   std::uint64_t nvme_read_bytes = 0;        // NVMe -> host and NVMe -> device
   std::uint64_t nvme_written_bytes = 0;     // host -> NVMe and device -> NVMe
-  std::uint64_t host_to_device_bytes = 0;
-  std::uint64_t device_to_host_bytes = 0;
+  std::uint64_t host_to_device_bytes = 0;  // and the engine's own staging copies (a device
+  std::uint64_t device_to_host_bytes = 0;  // the CPU cannot address: zero_device.cc)
   std::uint64_t store_hits = 0, store_misses = 0;  // acquires that found / had to load a copy
   std::uint64_t stall_ns = 0;               // time acquires waited for loads (compute + step)
   std::uint64_t prefetches_issued = 0;

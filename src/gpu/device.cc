@@ -103,7 +103,7 @@ std::unique_ptr<Device> make_device(const DeviceOptions& options) {
       auto d = make_sim(options);
       // Every rank's simulated device is alike: rank 0 says it (a CUDA line names each GPU).
       if (log_rank() == 0)
-        TM_LOG_INFO("GPU", "device: sim (tiermem.device = sim), budget {}", format_bytes(d->budget_bytes()));
+        TM_LOG_INFO("GPU", "device: {} (tiermem.device = sim), budget {}", d->name(), format_bytes(d->budget_bytes()));
       return d;
     }
     case DeviceChoice::kCuda: {

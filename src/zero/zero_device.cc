@@ -58,6 +58,7 @@ void ZeroEngine::Impl::WorkingShardOut::upload_staged() {
   if (staged_bytes_ == 0) return;
   upload_[stage_] = I_.device->copy_h2d_async(pin_.as<std::byte>() + staged_offset_,
                                               I_.publish_stage[stage_].b(), staged_bytes_);
+  I_.engine_h2d_bytes += staged_bytes_;
   staged_bytes_ = 0;
 }
 
@@ -85,6 +86,7 @@ void ZeroEngine::Impl::upload(const TensorStore::Pin& pin, std::size_t offset, c
     return;
   }
   device->copy_h2d(pin.as<std::byte>() + offset, src, bytes);
+  engine_h2d_bytes += bytes;
 }
 
 void* ZeroEngine::Impl::all_gather_to_device(const detail::ZeroModule& m, TensorStore::Pin& pin) {
@@ -99,6 +101,7 @@ void* ZeroEngine::Impl::all_gather_to_device(const detail::ZeroModule& m, Tensor
         device->copy_d2d_async(mine, pin.data(), shard_bytes).wait();
       } else {
         device->copy_h2d(mine, pin.data(), shard_bytes);
+        engine_h2d_bytes += shard_bytes;
       }
       pin.release();
       comm.all_gather(static_cast<std::byte*>(buf) + mine_at, buf, m.shard.shard, comm_dtype);
@@ -109,12 +112,14 @@ void* ZeroEngine::Impl::all_gather_to_device(const detail::ZeroModule& m, Tensor
     st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
     if (pin.tier() == Tier::kDevice) {
       device->copy_d2h(host.b() + mine_at, pin.data(), shard_bytes);
+      engine_d2h_bytes += shard_bytes;
     } else {
       std::memcpy(host.b() + mine_at, pin.data(), shard_bytes);
     }
     pin.release();
     comm.all_gather(host.b() + mine_at, host.p, m.shard.shard, comm_dtype);  // in place
     device->copy_h2d(buf, host.p, bytes);
+    engine_h2d_bytes += bytes;
     gather_stage_live = 0;
     return buf;
   } catch (...) {
@@ -163,6 +168,7 @@ void ZeroEngine::reduce_gradients_from_device(int module, const float* grad_devi
     I.st.host_engine_peak_bytes = std::max(I.st.host_engine_peak_bytes, I.engine_host_bytes());
   }
   I.device->copy_d2h(I.grad_stage.p, grad_device, 4 * numel);
+  I.engine_d2h_bytes += 4 * numel;
   reduce_gradients(module, std::span<const float>(I.grad_stage.f(), numel));
 }
 

@@ -443,8 +443,8 @@ ZeroStats ZeroEngine::stats() const {
     }
     s.nvme_read_bytes = t.bytes_moved[n][h] + t.bytes_moved[n][d];
     s.nvme_written_bytes = t.bytes_moved[h][n] + t.bytes_moved[d][n];
-    s.host_to_device_bytes = t.bytes_moved[h][d];
-    s.device_to_host_bytes = t.bytes_moved[d][h];
+    s.host_to_device_bytes = t.bytes_moved[h][d] + I.engine_h2d_bytes;
+    s.device_to_host_bytes = t.bytes_moved[d][h] + I.engine_d2h_bytes;
     s.store_hits = t.hits;
     s.store_misses = t.misses;
     s.stall_ns = t.stall_ns;

@@ -126,6 +126,8 @@ struct ZeroEngine::Impl {
   detail::AlignedBuf publish_stage[2];  // new working params of one sub-group, on their way up
   detail::AlignedBuf grad_stage;        // reduce_gradients_from_device: the module's gradient
   std::uint64_t gather_stage_live = 0;  // host bytes of an all-gather being staged now
+  // Bytes the engine itself copied host <-> device (staging above; the store counts its own).
+  std::uint64_t engine_h2d_bytes = 0, engine_d2h_bytes = 0;
 
   // Reduce-scatter buckets in flight (stages 2-3, several ranks).
   struct Inflight {

@@ -89,8 +89,10 @@ TEST_P(ZeroOpaqueDevice, TrainsBitForBitAsOnTheAddressableDevice) {
       EXPECT_TRUE(g.on_device());
       // New working params went up through the copy engines (publication or the store's loads).
       EXPECT_GT(eng.device()->stats().h2d_bytes, 0u);
+      EXPECT_GT(s.host_to_device_bytes, 0u);  // the engine's own copies are counted
       if (device_grads) {
         EXPECT_GT(eng.device()->stats().d2h_bytes, 0u);
+        EXPECT_GE(s.device_to_host_bytes, 10u * 2 * 4 * (144 + 68));  // every gradient came down
       }
     } else {
       EXPECT_EQ(eng.device(), nullptr);
