@@ -144,6 +144,7 @@ class ZeroTrainEngine final : public TrainEngine {
       // the CPU twin of a GPU): copy the module down, as the CUDA backend copies host params up.
       auto& s = staged_.at(static_cast<std::size_t>(module));
       const std::size_t bytes = g.numel() * dtype_size(g.dtype());
+      staged_bytes_ -= s.size() * 4;  // acquired again before its release: replaced
       s.resize((bytes + 3) / 4);
       zero_->device()->copy_d2h(s.data(), g.data(), bytes);
       staged_bytes_ += s.size() * 4;
