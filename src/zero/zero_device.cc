@@ -10,8 +10,9 @@
 //   gradients     reduce_gradients_from_device copies the module's gradient down to a host buffer
 //                 and reduces it from there.
 // On a host-addressable device (SimDevice's default) the same calls work on the memory in place.
-#include <algorithm>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "tiermem/log.h"
 #include "zero_impl.h"
@@ -34,7 +35,8 @@ std::byte* ZeroEngine::Impl::WorkingShardOut::dest(const detail::Piece& p) {
   if (!m.stored) return m.mem_shard.b() + p.begin * I_.wsize;
   if (module_ != p.module) {
     finish();
-    pin_ = I_.store->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : Tier::kHost);
+    pin_ = I_.store->acquire_for_overwrite(m.param,
+                                           m.home == Tier::kDevice ? Tier::kDevice : Tier::kHost);
     module_ = p.module;
   }
   if (!I_.opaque || pin_.tier() != Tier::kDevice) return pin_.as<std::byte>() + p.begin * I_.wsize;
@@ -135,22 +137,26 @@ void* ZeroEngine::Impl::all_gather_to_device(const detail::ZeroModule& m, Tensor
 
 // --------------------------------------------------------------------------------- gradients
 
-void ZeroEngine::reduce_gradients_from_device(int module, const float* grad_device, std::size_t numel) {
+void ZeroEngine::reduce_gradients_from_device(int module, const float* grad_device,
+                                              std::size_t numel) {
   Impl& I = *impl_;
   I.finalize();
   if (module < 0 || module >= num_modules()) {
-    throw Error("ZeroEngine::reduce_gradients_from_device: unknown module " + std::to_string(module));
+    throw Error("ZeroEngine::reduce_gradients_from_device: unknown module " +
+                std::to_string(module));
   }
   const detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   if (!I.device) {
-    throw Error(fmt::format("ZeroEngine::reduce_gradients_from_device: module {} ({}): this engine has no device "
-                            "tier (stage {}{}); hand the gradient over from host memory (reduce_gradients)",
-                            module, m.name, I.stage, I.stage == 3 ? ", every module persistent" : ""));
+    throw Error(fmt::format(
+        "ZeroEngine::reduce_gradients_from_device: module {} ({}): this engine has no device "
+        "tier (stage {}{}); hand the gradient over from host memory (reduce_gradients)",
+        module, m.name, I.stage, I.stage == 3 ? ", every module persistent" : ""));
   }
   if (numel != m.numel) {
-    throw Error(fmt::format("ZeroEngine::reduce_gradients_from_device: module {} ({}) gradient has {} elements, "
-                            "expected {}",
-                            module, m.name, numel, m.numel));
+    throw Error(fmt::format(
+        "ZeroEngine::reduce_gradients_from_device: module {} ({}) gradient has {} elements, "
+        "expected {}",
+        module, m.name, numel, m.numel));
   }
   if (grad_device == nullptr && numel > 0) {
     throw Error("ZeroEngine::reduce_gradients_from_device: null gradient pointer");

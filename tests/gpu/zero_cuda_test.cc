@@ -20,7 +20,8 @@ namespace {
 TEST(ZeroCuda, Stage3OnTheGpuEqualsSimDeviceBitForBit) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   auto comm = make_single_communicator();
-  const auto dir = std::filesystem::temp_directory_path() / ("tiermem-zero-cuda-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tiermem-zero-cuda-" + std::to_string(getpid()));
   for (const char* param : {"none", "nvme"}) {
     for (bool bf16 : {false, true}) {
       SCOPED_TRACE(std::string(param) + (bf16 ? " bf16" : " fp32"));
@@ -40,11 +41,13 @@ TEST(ZeroCuda, Stage3OnTheGpuEqualsSimDeviceBitForBit) {
       EXPECT_EQ(gpu.device()->kind(), DeviceKind::kCuda);
       for (int m = 0; m < 2; ++m) {
         ASSERT_EQ(got[m].size(), want[m].size());
-        EXPECT_EQ(std::memcmp(got[m].data(), want[m].data(), want[m].size() * 4), 0) << "master " << m;
+        EXPECT_EQ(std::memcmp(got[m].data(), want[m].data(), want[m].size() * 4), 0)
+            << "master " << m;
         auto a = sim.gather(m);
         auto b = gpu.gather(m);
         EXPECT_TRUE(b.on_device());
-        EXPECT_EQ(testing::to_f32_host(sim, a), testing::to_f32_host(gpu, b)) << "working params " << m;
+        EXPECT_EQ(testing::to_f32_host(sim, a), testing::to_f32_host(gpu, b))
+            << "working params " << m;
       }
       const ZeroStats s = gpu.stats();
       EXPECT_LE(s.device_peak_bytes, s.device_budget_bytes);

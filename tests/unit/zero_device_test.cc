@@ -26,7 +26,8 @@ using testing::mlp_config;
 using testing::on_opaque_device;
 
 std::string nvme_dir() {
-  auto d = std::filesystem::temp_directory_path() / ("tiermem-zero-device-" + std::to_string(getpid()));
+  auto d =
+      std::filesystem::temp_directory_path() / ("tiermem-zero-device-" + std::to_string(getpid()));
   std::filesystem::create_directories(d);
   return d.string();
 }
@@ -69,18 +70,20 @@ TEST_P(ZeroOpaqueDevice, TrainsBitForBitAsOnTheAddressableDevice) {
     ZeroEngine eng(on_opaque_device(in_subdir(cfg, "opaque")), *comm);
     const auto got = testing::mlp_train_engine(eng, *comm, 10, 2, device_grads);
     ASSERT_EQ(got.size(), want.size());
-    for (std::size_t m = 0; m < want.size(); ++m) EXPECT_TRUE(same_bits(got[m], want[m])) << "master of module " << m;
+    for (std::size_t m = 0; m < want.size(); ++m)
+      EXPECT_TRUE(same_bits(got[m], want[m])) << "master of module " << m;
     EXPECT_EQ(eng.stats().steps, 10);
     for (int m = 0; m < 2; ++m) {  // the working params as a model would read them
       auto a = ref.gather(m);
       auto b = eng.gather(m);
-      EXPECT_TRUE(same_bits(testing::to_f32_host(ref, a), testing::to_f32_host(eng, b))) << "working params " << m;
+      EXPECT_TRUE(same_bits(testing::to_f32_host(ref, a), testing::to_f32_host(eng, b)))
+          << "working params " << m;
     }
     const ZeroStats s = eng.stats();
     if (c.stage == 3) {
       ASSERT_NE(eng.device(), nullptr);
       EXPECT_FALSE(eng.device()->host_addressable());
-      EXPECT_EQ(s.param_home, std::string(c.param) == "none" ? Tier::kDevice
+      EXPECT_EQ(s.param_home, std::string(c.param) == "none"  ? Tier::kDevice
                               : std::string(c.param) == "cpu" ? Tier::kHost
                                                               : Tier::kNvme);
       EXPECT_LE(s.device_peak_bytes, s.device_budget_bytes);
@@ -102,10 +105,11 @@ TEST_P(ZeroOpaqueDevice, TrainsBitForBitAsOnTheAddressableDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StageOffload, ZeroOpaqueDevice,
-                         ::testing::Values(Case{0, "none"}, Case{1, "cpu"}, Case{2, "none"}, Case{2, "nvme"},
-                                           Case{3, "none"}, Case{3, "cpu"}, Case{3, "nvme"},
-                                           Case{3, "none", "cpu"}, Case{3, "none", "nvme"},
-                                           Case{3, "nvme", "nvme"}, Case{3, "none", "none", true},
+                         ::testing::Values(Case{0, "none"}, Case{1, "cpu"}, Case{2, "none"},
+                                           Case{2, "nvme"}, Case{3, "none"}, Case{3, "cpu"},
+                                           Case{3, "nvme"}, Case{3, "none", "cpu"},
+                                           Case{3, "none", "nvme"}, Case{3, "nvme", "nvme"},
+                                           Case{3, "none", "none", true},
                                            Case{3, "nvme", "nvme", true}),
                          [](const auto& info) {
                            const Case& c = info.param;
@@ -116,7 +120,8 @@ INSTANTIATE_TEST_SUITE_P(StageOffload, ZeroOpaqueDevice,
 
 // Deterministic per-(module, step, element) gradient in [-0.5, 0.5).
 float synthetic_grad(std::size_t m, int step, std::size_t i) {
-  std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ (m << 40) ^ (static_cast<std::uint64_t>(step) << 52);
+  std::uint64_t x =
+      (i + 1) * 0x9E3779B97F4A7C15ull ^ (m << 40) ^ (static_cast<std::uint64_t>(step) << 52);
   x ^= x >> 29;
   x *= 0xBF58476D1CE4E5B9ull;
   x ^= x >> 32;
@@ -142,7 +147,8 @@ TEST(ZeroOpaqueDevice, SubGroupPublicationMatchesAcrossHomesAndDtypes) {
       cfg.tiermem.device = "sim";
       cfg.tiermem.device_budget_bytes = 1 << 20;
       cfg.bf16 = bf16;
-      ZeroEngine ref(in_subdir(cfg, "ref"), *comm), eng(on_opaque_device(in_subdir(cfg, "opaque")), *comm);
+      ZeroEngine ref(in_subdir(cfg, "ref"), *comm),
+          eng(on_opaque_device(in_subdir(cfg, "opaque")), *comm);
       std::mt19937 rng(5);
       std::normal_distribution<float> d(0.0f, 0.2f);
       for (std::size_t m = 0; m < kModules; ++m) {
@@ -172,7 +178,8 @@ TEST(ZeroOpaqueDevice, SubGroupPublicationMatchesAcrossHomesAndDtypes) {
         ASSERT_TRUE(same_bits(ref.export_master(m), eng.export_master(m))) << "master " << m;
         auto a = ref.gather(m);
         auto b = eng.gather(m);
-        ASSERT_TRUE(same_bits(testing::to_f32_host(ref, a), testing::to_f32_host(eng, b))) << "final params " << m;
+        ASSERT_TRUE(same_bits(testing::to_f32_host(ref, a), testing::to_f32_host(eng, b)))
+            << "final params " << m;
       }
       const ZeroStats s = eng.stats();
       EXPECT_EQ(s.sub_groups, kModules * 3);
@@ -193,7 +200,8 @@ TEST(ZeroOpaqueDevice, SubGroupPublicationMatchesAcrossHomesAndDtypes) {
 TEST(ZeroOpaqueDevice, ImportRepublishesIntoDeviceMemory) {
   auto comm = make_single_communicator();
   const std::string dir = nvme_dir();
-  Config cfg = on_opaque_device(testing::with_param_offload(mlp_config(3, "nvme", dir, 1), "none", dir));
+  Config cfg =
+      on_opaque_device(testing::with_param_offload(mlp_config(3, "nvme", dir, 1), "none", dir));
   ZeroEngine straight(in_subdir(cfg, "straight"), *comm);
   const auto want = testing::mlp_train_engine(straight, *comm, 8, 1);
 
@@ -211,10 +219,12 @@ TEST(ZeroOpaqueDevice, ImportRepublishesIntoDeviceMemory) {
   resumed.import_optimizer_state(saved);
   testing::mlp_train_steps(resumed, *comm, 4, 1, /*device_grads=*/true);
   for (int m = 0; m < 2; ++m) {
-    EXPECT_TRUE(same_bits(resumed.export_master(m), want[static_cast<std::size_t>(m)])) << "module " << m;
+    EXPECT_TRUE(same_bits(resumed.export_master(m), want[static_cast<std::size_t>(m)]))
+        << "module " << m;
     auto a = straight.gather(m);
     auto b = resumed.gather(m);
-    EXPECT_TRUE(same_bits(testing::to_f32_host(straight, a), testing::to_f32_host(resumed, b))) << "params " << m;
+    EXPECT_TRUE(same_bits(testing::to_f32_host(straight, a), testing::to_f32_host(resumed, b)))
+        << "params " << m;
   }
   std::filesystem::remove_all(dir);
 }
@@ -241,9 +251,9 @@ TEST(ZeroOpaqueDevice, DeviceGradientErrors) {
   ASSERT_NE(dev, nullptr);
   void* d = dev->allocate(init[0].size() * 4);
   const float* p = static_cast<const float*>(d);
-  EXPECT_THROW(eng.reduce_gradients_from_device(5, p, init[0].size()), Error);       // unknown module
-  EXPECT_THROW(eng.reduce_gradients_from_device(0, p, init[0].size() - 1), Error);   // wrong numel
-  EXPECT_THROW(eng.reduce_gradients_from_device(0, nullptr, init[0].size()), Error); // null
+  EXPECT_THROW(eng.reduce_gradients_from_device(5, p, init[0].size()), Error);  // unknown module
+  EXPECT_THROW(eng.reduce_gradients_from_device(0, p, init[0].size() - 1), Error);    // wrong numel
+  EXPECT_THROW(eng.reduce_gradients_from_device(0, nullptr, init[0].size()), Error);  // null
   // A host pointer is not device memory: the copy refuses it (as cudaMemcpy would fail).
   std::vector<float> host(init[0].size());
   EXPECT_THROW(eng.reduce_gradients_from_device(0, host.data(), host.size()), Error);
