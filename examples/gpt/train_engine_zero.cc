@@ -27,6 +27,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <new>
 #include <fmt/format.h>
 #include <thread>
 
@@ -46,6 +48,24 @@ namespace tiermem::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Page-aligned storage, as device allocations are: the CPU kernels' results may depend on the
+// alignment of their operands (vector heads peeled), so a module copied down from device memory
+// is computed on exactly as it would be in place.
+template <typename T>
+struct PageAligned {
+  using value_type = T;
+  PageAligned() = default;
+  template <typename U>
+  PageAligned(const PageAligned<U>&) {}  // NOLINT: rebinding
+  T* allocate(std::size_t n) {
+    void* p = std::aligned_alloc(4096, (n * sizeof(T) + 4095) / 4096 * 4096);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  bool operator==(const PageAligned&) const { return true; }
+};
 
 class ZeroTrainEngine final : public TrainEngine {
  public:
@@ -161,7 +181,7 @@ class ZeroTrainEngine final : public TrainEngine {
     gathered_.at(static_cast<std::size_t>(module)).release();
     auto& s = staged_.at(static_cast<std::size_t>(module));
     staged_bytes_ -= s.size() * 4;
-    std::vector<float>().swap(s);
+    std::vector<float, PageAligned<float>>().swap(s);
   }
 
   // A module's full fp32 gradient buffer lives only from its first backward step to
@@ -339,7 +359,7 @@ class ZeroTrainEngine final : public TrainEngine {
   std::uint64_t grad_buffer_bytes_ = 0, grad_buffer_peak_ = 0;
   // Modules copied down from device memory the CPU model cannot read (opaque SimDevice), from
   // acquire_params to release_params; counted with the engine's host bytes.
-  std::vector<std::vector<float>> staged_;
+  std::vector<std::vector<float, PageAligned<float>>> staged_;
   std::uint64_t staged_bytes_ = 0, staged_peak_ = 0;
   std::uint64_t base_stall_ns_ = 0;
   std::uint64_t total_params_ = 0;
