@@ -2,7 +2,8 @@
 # gpu-check.sh — the GPU machine's one-call check: build with CUDA (preset cuda), then
 #   1. GPU unit tests (ctest -L gpu): every CUDA kernel against its CPU twin within the tolerances
 #      its test states, the CUDA model backend against the CPU backend, CudaDevice budget/event
-#      tests, GPU AdamW against CPU AdamW. A test that skips with "no CUDA device" is a failure.
+#      tests, GPU AdamW against CPU AdamW, ZeroEngine's stage 3 on CudaDevice against SimDevice
+#      (bit for bit). A test that skips with "no CUDA device" is a failure.
 #   2. tiermem-bench h2d / d2h: the pinned path's GB/s against plain cudaMemcpy from
 #      cudaMallocHost memory (ok when the ratio is >= 0.9); tiermem-bench gemm: the bf16 cuBLAS
 #      GEMM TFLOP/s of the model's call (the ceiling the trainer's TFLOP/s are compared with).
@@ -136,7 +137,7 @@ check_build() {
   local log=$LOG_DIR/build.log
   # Release (no debug info: the build is most of the time budget); only the targets the checks run.
   run "$log" "$(limit 330)" bash -c "cmake --preset cuda -B '$BUILD_DIR' -DCMAKE_BUILD_TYPE=Release && cmake --build '$BUILD_DIR' \
-    -j $JOBS --target tiermem-train tiermem-bench cuda_device_test gpt_cuda_test gpu_adam_test"
+    -j $JOBS --target tiermem-train tiermem-bench cuda_device_test gpt_cuda_test gpu_adam_test zero_cuda_test"
   local st; st=$(status_of)
   record build "$st" "$SECS" "$([[ $st == ok ]] && echo "$BUILD_DIR (preset cuda)" || tail1 "$log")"
   [[ $st == ok ]]

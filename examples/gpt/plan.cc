@@ -72,7 +72,7 @@ ZeroPlanOptions plan_options(const Config& cfg, const MachineProfile& m, int wor
   po.world_size = world;
   po.alignment_elems = kAlignment;
   po.max_inflight_buckets = kMaxInflightBuckets;
-  po.device_host_addressable = device_is_sim(cfg, m);
+  po.device_host_addressable = device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable;
   return po;
 }
 

@@ -27,6 +27,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <new>
 #include <fmt/format.h>
 #include <thread>
 
@@ -39,12 +41,31 @@
 
 #if defined(TIERMEM_TRAIN_HAVE_ZERO) && defined(TIERMEM_TRAIN_HAVE_COMM)
 #include "tiermem/communicator.h"
+#include "tiermem/device.h"
 #include "tiermem/zero_engine.h"
 
 namespace tiermem::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Page-aligned storage, as device allocations are: the CPU kernels' results may depend on the
+// alignment of their operands (vector heads peeled), so a module copied down from device memory
+// is computed on exactly as it would be in place.
+template <typename T>
+struct PageAligned {
+  using value_type = T;
+  PageAligned() = default;
+  template <typename U>
+  PageAligned(const PageAligned<U>&) {}  // NOLINT: rebinding
+  T* allocate(std::size_t n) {
+    void* p = std::aligned_alloc(4096, (n * sizeof(T) + 4095) / 4096 * 4096);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  bool operator==(const PageAligned&) const { return true; }
+};
 
 class ZeroTrainEngine final : public TrainEngine {
  public:
@@ -74,6 +95,7 @@ class ZeroTrainEngine final : public TrainEngine {
     }
     grads_.resize(layouts.size());
     gathered_.resize(layouts.size());
+    staged_.resize(layouts.size());
     total_params_ = static_cast<std::uint64_t>(gpt::num_params(cfg_));
     // TEST-ONLY (kill_point.h): kill points inside the optimizer step and during swap-out, from a
     // watcher thread (the step itself is library code).
@@ -134,11 +156,33 @@ class ZeroTrainEngine final : public TrainEngine {
       g = zero_->gather(module, phase);
     }
     comm_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (g.dtype() != DType::kF32 && g.dtype() != DType::kBF16) {
+      throw NotSupportedError("tiermem-train's CPU model takes fp32 or bf16 parameters, not fp16");
+    }
+    if (g.on_device() && !zero_->device()->host_addressable() && plan_config_.tiermem.device != "cuda") {
+      // The CPU model cannot read this device memory (SimDevice with sim_host_addressable false,
+      // the CPU twin of a GPU): copy the module down, as the CUDA backend copies host params up.
+      auto& s = staged_.at(static_cast<std::size_t>(module));
+      const std::size_t bytes = g.numel() * dtype_size(g.dtype());
+      staged_bytes_ -= s.size() * 4;  // acquired again before its release: replaced
+      s.resize((bytes + 3) / 4);
+      zero_->device()->copy_d2h(s.data(), g.data(), bytes);
+      staged_bytes_ += s.size() * 4;
+      staged_peak_ = std::max(staged_peak_, staged_bytes_);
+      if (g.dtype() == DType::kF32) return gpt::ParamView(std::span<const float>(s.data(), g.numel()));
+      return gpt::ParamView::bf16(
+          std::span<const std::uint16_t>(reinterpret_cast<const std::uint16_t*>(s.data()), g.numel()));
+    }
     if (g.dtype() == DType::kF32) return gpt::ParamView(g.f32());
     if (g.dtype() == DType::kBF16) return gpt::ParamView::bf16(g.half());
     throw NotSupportedError("tiermem-train's CPU model takes fp32 or bf16 parameters, not fp16");
   }
-  void release_params(int module) override { gathered_.at(static_cast<std::size_t>(module)).release(); }
+  void release_params(int module) override {
+    gathered_.at(static_cast<std::size_t>(module)).release();
+    auto& s = staged_.at(static_cast<std::size_t>(module));
+    staged_bytes_ -= s.size() * 4;
+    std::vector<float, PageAligned<float>>().swap(s);
+  }
 
   // A module's full fp32 gradient buffer lives only from its first backward step to
   // grads_done() (the tied embedding: from the head's backward to the embedding's), so the
@@ -285,11 +329,11 @@ class ZeroTrainEngine final : public TrainEngine {
     e.budget_bytes[host] = z.host_budget_bytes;
     e.host_pool_peak_bytes = z.host_pool_peak_bytes;
     e.host_bounce_bytes = z.host_bounce_bytes;
-    e.host_engine_peak_bytes = z.host_engine_peak_bytes;
+    e.host_engine_peak_bytes = z.host_engine_peak_bytes + staged_peak_;
     e.host_grad_buffer_peak_bytes = grad_buffer_peak_;
     // SimDevice memory is host memory too: counted here as well as on the device line.
     e.host_sim_device_bytes = zero_->device_name() == "sim" ? z.device_peak_bytes : 0;
-    e.peak_bytes[host] = z.host_pool_peak_bytes + z.host_bounce_bytes + z.host_engine_peak_bytes +
+    e.peak_bytes[host] = z.host_pool_peak_bytes + z.host_bounce_bytes + e.host_engine_peak_bytes +
                          grad_buffer_peak_ + e.host_sim_device_bytes;
     const ZeroPlan& p = zero_->plan();
     e.peak_bytes[nv] = p.nvme_bytes;
@@ -313,6 +357,10 @@ class ZeroTrainEngine final : public TrainEngine {
   std::vector<ZeroEngine::Gathered> gathered_;
   std::vector<std::vector<float>> grads_;  // allocated per module between backward and grads_done
   std::uint64_t grad_buffer_bytes_ = 0, grad_buffer_peak_ = 0;
+  // Modules copied down from device memory the CPU model cannot read (opaque SimDevice), from
+  // acquire_params to release_params; counted with the engine's host bytes.
+  std::vector<std::vector<float, PageAligned<float>>> staged_;
+  std::uint64_t staged_bytes_ = 0, staged_peak_ = 0;
   std::uint64_t base_stall_ns_ = 0;
   std::uint64_t total_params_ = 0;
   std::atomic<bool> stop_watch_{false}, in_step_{false};

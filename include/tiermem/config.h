@@ -96,6 +96,7 @@ struct TiermemConfig {
   int numa_node = -1;                       // -1 = nearest the GPU (or the calling thread)
   double sim_h2d_gbps = 0;                  // SimDevice copy throttle; 0 = unthrottled
   double sim_d2h_gbps = 0;
+  bool sim_host_addressable = true;         // false: SimDevice as CudaDevice (copies only)
   std::string io_engine = "auto";           // auto | uring | posix
   bool o_direct = true;                     // open swap files with O_DIRECT
   bool sqpoll = false;                      // IORING_SETUP_SQPOLL

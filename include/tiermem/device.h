@@ -164,13 +164,16 @@ class Device {
 enum class DeviceChoice : std::uint8_t { kAuto, kCuda, kSim };
 
 // Settings of make_device. from_config reads tiermem.device, device_budget_bytes, sim_h2d_gbps,
-// sim_d2h_gbps.
+// sim_d2h_gbps, sim_host_addressable.
 struct DeviceOptions {
   DeviceChoice choice = DeviceChoice::kAuto;
   int cuda_device = 0;              // CUDA ordinal (CudaDevice)
   std::uint64_t budget_bytes = 0;   // 0: Sim 1 GiB; CUDA all free memory minus 5% headroom
   double sim_h2d_gbps = 0;          // SimDevice throttle in GB/s (1e9 B/s); 0 = unthrottled
   double sim_d2h_gbps = 0;
+  // SimDevice: false makes its memory not host-addressable (the CPU twin of CudaDevice; see
+  // sim_device.h). CudaDevice memory never is.
+  bool sim_host_addressable = true;
 
   // Throws ConfigError (key "tiermem.device") for a value other than auto|cuda|sim.
   static DeviceOptions from_config(const Config& config);

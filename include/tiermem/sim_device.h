@@ -8,6 +8,14 @@
 // them in place. Copies check that the device side lies inside a live allocation (Error at once
 // otherwise), which catches use-after-free and overruns in tests.
 //
+// With SimDeviceOptions::host_addressable = false (config tiermem.sim_host_addressable: false) it
+// is the CPU twin of CudaDevice instead: host_addressable() is false and a device pointer is an
+// address the CPU may NOT touch. Each backend allocation is a memfd mapped twice: the device
+// pointer lies in a PROT_NONE view (any load or store through it by host code is a SIGSEGV at
+// once, so a test of code that dereferences device memory fails at the offending access), and
+// only the copy engines reach the bytes, through a second, private read-write view. Budgets,
+// events and ordering are as in the default mode; only the copy API moves bytes.
+//
 // Thread-safety: as Device (every method thread-safe). Destruction waits for queued copies.
 #pragma once
 
@@ -31,6 +39,8 @@ struct SimDeviceOptions {
   std::uint64_t budget_bytes = 1ull << 30;  // hard cap (allocated + cached), bytes
   double h2d_gbps = 0;  // copy throttle, GB/s (1e9 bytes/s); 0 = as fast as memcpy
   double d2h_gbps = 0;
+  // false: device memory is not host-addressable (see the top of this file).
+  bool host_addressable = true;
 };
 
 class SimDevice final : public Device {
@@ -39,8 +49,10 @@ class SimDevice final : public Device {
   ~SimDevice() override;
 
   DeviceKind kind() const noexcept override { return DeviceKind::kSim; }
-  std::string name() const override { return "sim"; }
-  bool host_addressable() const noexcept override { return true; }
+  std::string name() const override {
+    return options_.host_addressable ? "sim" : "sim (not host-addressable)";
+  }
+  bool host_addressable() const noexcept override { return options_.host_addressable; }
   std::uint64_t budget_bytes() const noexcept override { return options_.budget_bytes; }
   std::uint64_t allocation_size(std::uint64_t bytes) const noexcept override;
 
@@ -64,10 +76,16 @@ class SimDevice final : public Device {
  private:
   // One copy engine: a FIFO of copies run by its own thread (guards its queue with its own mutex).
   class Engine;
+  // Non-addressable mode: the memfd-backed blocks and the read-write view of each (own mutex).
+  class OpaqueMemory;
+
+  // The address the copy engines use for device pointer p (p itself when host-addressable).
+  void* engine_ptr(const void* p) const;
 
   void check_device_range(const void* p, std::uint64_t bytes, const char* what) const;
 
   SimDeviceOptions options_;
+  std::unique_ptr<OpaqueMemory> opaque_;  // before alloc_: outlives the blocks it backs
   std::unique_ptr<detail::CachingAllocator> alloc_;
   std::unique_ptr<Engine> h2d_, d2h_;
   mutable std::mutex stats_mu_;

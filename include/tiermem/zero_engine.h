@@ -62,6 +62,13 @@
 //                    SimDevice without a GPU) — with one rank the Gathered view IS the pinned
 //                    shard, with several the all-gather lands in a device buffer. Stages 0-2 and
 //                    persistent modules: engine host buffers (shard + all-gathered copy).
+//                    On a device the CPU cannot address (CudaDevice; SimDevice with
+//                    tiermem.sim_host_addressable false, its CPU twin) the same tiers are used and
+//                    the engine touches device memory only through the Device's copy API: an
+//                    all-gather is staged through a host buffer (in device memory with NCCL), the
+//                    new working params of a device-homed shard are written by AdamW into host
+//                    staging sub-groups and copied up, and gradients may be handed over from
+//                    device memory (reduce_gradients_from_device).
 // step() streams sub-groups: it acquires sub-group i's state and gradient at the host tier while
 // the next buffer_count - 1 are prefetched, runs AdamW writing the new working shard in the same
 // pass (into the module's shard acquired for overwrite: no read of the old one), and releases
@@ -102,6 +109,7 @@
 namespace tiermem {
 
 class Communicator;
+class Device;
 
 // Engine settings that are not in Config.
 struct ZeroEngineOptions {
@@ -139,8 +147,8 @@ struct ZeroStats {
   // Traffic (TensorStore transfers, every kind of state together).
   std::uint64_t nvme_read_bytes = 0;        // NVMe -> host and NVMe -> device
   std::uint64_t nvme_written_bytes = 0;     // host -> NVMe and device -> NVMe
-  std::uint64_t host_to_device_bytes = 0;
-  std::uint64_t device_to_host_bytes = 0;
+  std::uint64_t host_to_device_bytes = 0;  // and the engine's own staging copies (a device
+  std::uint64_t device_to_host_bytes = 0;  // the CPU cannot address: zero_device.cc)
   std::uint64_t store_hits = 0, store_misses = 0;  // acquires that found / had to load a copy
   std::uint64_t stall_ns = 0;               // time acquires waited for loads (compute + step)
   std::uint64_t prefetches_issued = 0;
@@ -184,6 +192,13 @@ class ZeroEngine {
   // A module's full working parameters for as long as the scope lives (stage 3: gathered into a
   // buffer freed on destruction; other stages: a view of the persistent full copy).
   // Move-only. data() has numel() elements of dtype() (padding excluded).
+  // Where: on_device() says whether data() is device memory (stored stage-3 modules: the pinned
+  // shard with one rank, the all-gathered device buffer with several) or host memory (stages
+  // 0-2, persistent modules with several ranks). Device memory of a device that is not
+  // host-addressable (engine.device()->host_addressable() false: CudaDevice, or SimDevice with
+  // tiermem.sim_host_addressable false) must never be read by the CPU: pass data() to device
+  // kernels or copy it with the Device's copy API; f32()/half() are then views to hand on, not
+  // to dereference.
   class Gathered {
    public:
     Gathered() = default;
@@ -195,6 +210,7 @@ class ZeroEngine {
 
     const void* data() const { return data_; }
     std::size_t numel() const { return numel_; }
+    bool on_device() const { return owned_ ? owned_on_device_ : pin_.valid() && pin_.tier() == Tier::kDevice; }
     DType dtype() const { return dtype_; }
     // Typed views; throw Error when dtype() differs (f32(): kF32; half(): kBF16 or kF16).
     std::span<const float> f32() const;
@@ -263,6 +279,27 @@ class ZeroEngine {
   // buffer is freed by the engine. Errors as the span form; one raised on the gradient thread is
   // rethrown by the next of those calls.
   void reduce_gradients(int module, std::vector<float>&& grad);
+
+  // As reduce_gradients, with the gradient in device memory of the engine's device (device()):
+  // `grad_device` points at `numel` fp32 elements (numel == module_numel(module)), allocated from
+  // that Device (or, on CUDA, any device memory of its GPU), written by kernels that have
+  // completed before the call (on CUDA: synchronise the stream that wrote it first; the engine's
+  // copy runs on the device's D2H stream). The caller keeps ownership; the buffer may be reused
+  // or freed when the call returns. On a host-addressable device (SimDevice) the gradient is
+  // reduced in place, exactly as reduce_gradients would; otherwise it is copied to a host buffer
+  // of the largest module's gradient (4 x numel bytes, made at the first call and kept; counted
+  // in ZeroStats::host_engine_bytes) and reduced from there: the same arithmetic, so the result
+  // is bit for bit that of reduce_gradients on the same values. Not thread-safe (as every call).
+  // Errors: Error for an unknown module, a wrong numel, a null pointer, or an engine without a
+  // device tier (stages 0-2, or every stage-3 module persistent: device() is null); the copy's
+  // error (CudaError, or Error from SimDevice for a pointer outside its allocations); then as
+  // reduce_gradients.
+  void reduce_gradients_from_device(int module, const float* grad_device, std::size_t numel);
+
+  // The device stage-3 gathers land on (the Device tiermem.device names), or null when the
+  // engine has no device tier (stages 0-2, every stage-3 module persistent) or has not made it
+  // yet: it is made with the plan (see plan()). Owned by the engine.
+  Device* device() const noexcept;
 
   // Waits for every in-flight reduce-scatter.
   void synchronize();

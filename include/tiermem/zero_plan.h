@@ -38,7 +38,10 @@ namespace tiermem {
 struct ZeroPlanOptions {
   int world_size = 1;
   std::size_t alignment_elems = 1024;     // ZeroEngineOptions::alignment_elems
-  bool device_host_addressable = true;    // SimDevice: compute reads device memory in place
+  // SimDevice: the CPU reads device memory in place. false (CudaDevice, or SimDevice with
+  // tiermem.sim_host_addressable false): the engine's host staging for device memory (publication
+  // sub-groups, gradient hand-over, all-gather staging) is added to host_engine_bytes.
+  bool device_host_addressable = true;
   std::uint64_t device_page_bytes = 4096; // device allocator granularity
   int max_inflight_buckets = 4;           // ZeroEngineOptions::max_inflight_buckets
 };

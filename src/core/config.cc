@@ -548,6 +548,7 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_int("numa_node", t.numa_node, -1, 1023);
     s->get_double("sim_h2d_gbps", t.sim_h2d_gbps, 0, 1e4);
     s->get_double("sim_d2h_gbps", t.sim_d2h_gbps, 0, 1e4);
+    s->get("sim_host_addressable", t.sim_host_addressable);
     s->get_choice("io_engine", t.io_engine, {"auto", "uring", "posix"});
     s->get("o_direct", t.o_direct);
     s->get("sqpoll", t.sqpoll);
@@ -820,6 +821,7 @@ std::string config_to_json(const Config& c, int indent) {
         {"numa_node", t.numa_node},
         {"sim_h2d_gbps", t.sim_h2d_gbps},
         {"sim_d2h_gbps", t.sim_d2h_gbps},
+        {"sim_host_addressable", t.sim_host_addressable},
         {"io_engine", t.io_engine},
         {"o_direct", t.o_direct},
         {"sqpoll", t.sqpoll},

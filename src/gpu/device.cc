@@ -34,6 +34,7 @@ DeviceOptions DeviceOptions::from_config(const Config& config) {
   o.budget_bytes = config.tiermem.device_budget_bytes;
   o.sim_h2d_gbps = config.tiermem.sim_h2d_gbps;
   o.sim_d2h_gbps = config.tiermem.sim_d2h_gbps;
+  o.sim_host_addressable = config.tiermem.sim_host_addressable;
   return o;
 }
 
@@ -91,6 +92,7 @@ std::unique_ptr<Device> make_sim(const DeviceOptions& o) {
   if (o.budget_bytes != 0) so.budget_bytes = o.budget_bytes;
   so.h2d_gbps = o.sim_h2d_gbps;
   so.d2h_gbps = o.sim_d2h_gbps;
+  so.host_addressable = o.sim_host_addressable;
   return std::make_unique<SimDevice>(so);
 }
 }  // namespace
@@ -101,7 +103,7 @@ std::unique_ptr<Device> make_device(const DeviceOptions& options) {
       auto d = make_sim(options);
       // Every rank's simulated device is alike: rank 0 says it (a CUDA line names each GPU).
       if (log_rank() == 0)
-        TM_LOG_INFO("GPU", "device: sim (tiermem.device = sim), budget {}", format_bytes(d->budget_bytes()));
+        TM_LOG_INFO("GPU", "device: {} (tiermem.device = sim), budget {}", d->name(), format_bytes(d->budget_bytes()));
       return d;
     }
     case DeviceChoice::kCuda: {

@@ -1,9 +1,15 @@
 // sim_device.cc — SimDevice: budgeted host memory and one copy-engine thread per direction.
 #include "tiermem/sim_device.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "gpu/caching_allocator.h"
 #include "tiermem/error.h"
@@ -110,15 +116,93 @@ class SimDevice::Engine {
   std::thread thread_;      // last: starts after the members above exist
 };
 
+// Device memory the CPU may not address: each block is a memfd mapped twice, a PROT_NONE view
+// (the device pointer) and a read-write view only the copy engines use.
+class SimDevice::OpaqueMemory {
+ public:
+  // A block of at least `bytes` (page-rounded), or nullptr (logged) when the kernel refuses.
+  void* allocate(std::uint64_t bytes) noexcept {
+    const std::uint64_t page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+    const std::uint64_t len = (std::max<std::uint64_t>(bytes, 1) + page - 1) / page * page;
+    const int fd = memfd_create("tiermem-sim-device", MFD_CLOEXEC);
+    if (fd < 0) {
+      TM_LOG_ERROR("GPU", "SimDevice (not host-addressable): memfd_create failed: {}", std::strerror(errno));
+      return nullptr;
+    }
+    void* view = MAP_FAILED;
+    void* rw = MAP_FAILED;
+    if (ftruncate(fd, static_cast<off_t>(len)) == 0) {
+      view = mmap(nullptr, len, PROT_NONE, MAP_SHARED, fd, 0);
+      rw = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    const int err = errno;
+    close(fd);
+    if (view == MAP_FAILED || rw == MAP_FAILED) {
+      if (view != MAP_FAILED) munmap(view, len);
+      if (rw != MAP_FAILED) munmap(rw, len);
+      TM_LOG_ERROR("GPU", "SimDevice (not host-addressable): mapping {} bytes failed: {}", len, std::strerror(err));
+      return nullptr;
+    }
+    try {
+      std::lock_guard lock(mu_);
+      blocks_.emplace(static_cast<const char*>(view), Block{static_cast<char*>(rw), len});
+    } catch (...) {
+      munmap(view, len);
+      munmap(rw, len);
+      return nullptr;
+    }
+    return view;
+  }
+
+  void free(void* view) noexcept {
+    Block b;
+    {
+      std::lock_guard lock(mu_);
+      auto it = blocks_.find(static_cast<const char*>(view));
+      if (it == blocks_.end()) return;
+      b = it->second;
+      blocks_.erase(it);
+    }
+    munmap(view, b.len);
+    munmap(b.rw, b.len);
+  }
+
+  // The read-write address of device address p (inside a block: the caller checked the range).
+  void* translate(const void* p) const {
+    const char* c = static_cast<const char*>(p);
+    std::lock_guard lock(mu_);
+    auto it = blocks_.upper_bound(c);
+    if (it == blocks_.begin()) throw Error("SimDevice: device pointer outside every block");
+    --it;
+    if (c >= it->first + it->second.len) throw Error("SimDevice: device pointer outside every block");
+    return it->second.rw + (c - it->first);
+  }
+
+ private:
+  struct Block {
+    char* rw = nullptr;
+    std::uint64_t len = 0;
+  };
+  mutable std::mutex mu_;
+  std::map<const char*, Block> blocks_;  // guarded by mu_: view -> read-write view
+};
+
 SimDevice::SimDevice(SimDeviceOptions options) : options_(options) {
-  alloc_ = std::make_unique<detail::CachingAllocator>(
-      options_.budget_bytes,
-      [](std::uint64_t bytes) -> void* {
-        void* p = nullptr;
-        std::size_t align = bytes >= 4096 ? 4096 : 256;
-        return posix_memalign(&p, align, bytes) == 0 ? p : nullptr;
-      },
-      [](void* p, std::uint64_t) { std::free(p); });
+  if (options_.host_addressable) {
+    alloc_ = std::make_unique<detail::CachingAllocator>(
+        options_.budget_bytes,
+        [](std::uint64_t bytes) -> void* {
+          void* p = nullptr;
+          std::size_t align = bytes >= 4096 ? 4096 : 256;
+          return posix_memalign(&p, align, bytes) == 0 ? p : nullptr;
+        },
+        [](void* p, std::uint64_t) { std::free(p); });
+  } else {
+    opaque_ = std::make_unique<OpaqueMemory>();
+    alloc_ = std::make_unique<detail::CachingAllocator>(
+        options_.budget_bytes, [this](std::uint64_t bytes) { return opaque_->allocate(bytes); },
+        [this](void* p, std::uint64_t) { opaque_->free(p); });
+  }
   h2d_ = std::make_unique<Engine>("h2d", options_.h2d_gbps);
   d2h_ = std::make_unique<Engine>("d2h", options_.d2h_gbps);
 }
@@ -126,6 +210,11 @@ SimDevice::SimDevice(SimDeviceOptions options) : options_(options) {
 SimDevice::~SimDevice() {
   h2d_.reset();  // drains and joins
   d2h_.reset();
+  alloc_.reset();  // returns every block to opaque_ (declared before it, destroyed after)
+}
+
+void* SimDevice::engine_ptr(const void* p) const {
+  return opaque_ ? opaque_->translate(p) : const_cast<void*>(p);
 }
 
 std::uint64_t SimDevice::allocation_size(std::uint64_t bytes) const noexcept {
@@ -167,7 +256,8 @@ DeviceEvent SimDevice::copy_h2d_async(void* dst, const void* src, std::uint64_t 
     copy_stats_.h2d_bytes += bytes;
     ++copy_stats_.h2d_copies;
   }
-  return h2d_->enqueue([=] { std::memcpy(dst, src, bytes); }, bytes);
+  void* d = engine_ptr(dst);
+  return h2d_->enqueue([=] { std::memcpy(d, src, bytes); }, bytes);
 }
 
 DeviceEvent SimDevice::copy_d2h_async(void* dst, const void* src, std::uint64_t bytes) {
@@ -178,7 +268,8 @@ DeviceEvent SimDevice::copy_d2h_async(void* dst, const void* src, std::uint64_t 
     copy_stats_.d2h_bytes += bytes;
     ++copy_stats_.d2h_copies;
   }
-  return d2h_->enqueue([=] { std::memcpy(dst, src, bytes); }, bytes);
+  const void* s = engine_ptr(src);
+  return d2h_->enqueue([=] { std::memcpy(dst, s, bytes); }, bytes);
 }
 
 DeviceEvent SimDevice::copy_d2d_async(void* dst, const void* src, std::uint64_t bytes) {
@@ -190,13 +281,16 @@ DeviceEvent SimDevice::copy_d2d_async(void* dst, const void* src, std::uint64_t 
     copy_stats_.d2d_bytes += bytes;
     ++copy_stats_.d2d_copies;
   }
-  return h2d_->enqueue([=] { std::memmove(dst, src, bytes); }, 0);
+  void* d = engine_ptr(dst);
+  const void* s = engine_ptr(src);
+  return h2d_->enqueue([=] { std::memmove(d, s, bytes); }, 0);
 }
 
 DeviceEvent SimDevice::memset_async(void* dst, int value, std::uint64_t bytes) {
   if (bytes == 0) return {};
   check_device_range(dst, bytes, "memset_async destination");
-  return h2d_->enqueue([=] { std::memset(dst, value, bytes); }, 0);
+  void* d = engine_ptr(dst);
+  return h2d_->enqueue([=] { std::memset(d, value, bytes); }, 0);
 }
 
 void SimDevice::synchronize() {

@@ -220,7 +220,7 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   // The working shard, resident at the compute tier (loaded from its home unless the Prefetcher
   // brought it already); acquiring it feeds the Prefetcher, whose hints start loading the next
   // modules while this one computes.
-  TensorStore::Pin pin = I.store->acquire(m.param, I.compute_tier, phase);
+  TensorStore::Pin pin = I.store->acquire(m.param, I.gather_tier(m), phase);
   if (I.world == 1) {  // one rank: the shard is the whole module
     g.data_ = pin.data();
     g.pin_ = std::move(pin);
@@ -230,6 +230,17 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   const std::size_t bytes = m.shard.padded * I.wsize;
   void* buf = nullptr;
   const bool on_device = I.compute_tier == Tier::kDevice;
+  if (I.opaque) {  // device memory the CPU cannot address: zero_device.cc
+    buf = I.all_gather_to_device(m, pin);
+    ++I.st.all_gather_calls;
+    I.gathered_live += bytes;
+    I.st.gathered_bytes_peak = std::max(I.st.gathered_bytes_peak, I.gathered_live);
+    g.data_ = buf;
+    g.owned_ = true;
+    g.owned_on_device_ = true;
+    g.engine_ = this;
+    return g;
+  }
   if (on_device) {
     buf = I.device->allocate(bytes);  // OutOfMemoryError(kDevice) beyond the gather reserve
   } else {
@@ -507,8 +518,8 @@ ZeroStats ZeroEngine::stats() const {
     }
     s.nvme_read_bytes = t.bytes_moved[n][h] + t.bytes_moved[n][d];
     s.nvme_written_bytes = t.bytes_moved[h][n] + t.bytes_moved[d][n];
-    s.host_to_device_bytes = t.bytes_moved[h][d];
-    s.device_to_host_bytes = t.bytes_moved[d][h];
+    s.host_to_device_bytes = t.bytes_moved[h][d] + I.engine_h2d_bytes;
+    s.device_to_host_bytes = t.bytes_moved[d][h] + I.engine_d2h_bytes;
     s.store_hits = t.hits;
     s.store_misses = t.misses;
     s.stall_ns = t.stall_ns;

@@ -121,6 +121,8 @@ struct ZeroEngine::Impl {
   bool planned = false;    // plan + store exist
   bool finalized = false;  // every module registered; training calls allowed
   ZeroPlan plan;
+  ZeroPlanOptions plan_opts;             // what `plan` was made with
+  std::vector<std::size_t> plan_numels;  // ... and for which modules
 
   // Tiers. Destruction order (reverse of declaration): store first, then swap spaces, io, device.
   std::shared_ptr<Device> device;
@@ -129,6 +131,15 @@ struct ZeroEngine::Impl {
   std::unique_ptr<TensorStore> store;
   Tier compute_tier = Tier::kHost;     // where gathers pin working shards
   Tier publish_tier = Tier::kHost;     // where step() writes stored shards homed below the device
+  // The device's memory is not host-addressable (CudaDevice; SimDevice with
+  // tiermem.sim_host_addressable false): the engine touches it only through the Device's copy
+  // API, staging through the host buffers below (zero_device.cc; counted in engine_host_bytes).
+  bool opaque = false;
+  detail::AlignedBuf publish_stage[2];  // new working params of one sub-group, on their way up
+  detail::AlignedBuf grad_stage;        // reduce_gradients_from_device: the module's gradient
+  std::uint64_t gather_stage_live = 0;  // host bytes of an all-gather being staged now
+  // Bytes the engine itself copied host <-> device (staging above; the store counts its own).
+  std::uint64_t engine_h2d_bytes = 0, engine_d2h_bytes = 0;
 
   // Reduce-scatter buckets in flight (stages 2-3, several ranks).
   struct Inflight {
@@ -166,6 +177,24 @@ struct ZeroEngine::Impl {
   void finalize();
   std::uint64_t engine_host_bytes() const;
 
+  // zero_device.cc: the engine's side of a device it cannot address.
+  std::uint64_t staging_host_bytes() const {
+    return publish_stage[0].bytes + publish_stage[1].bytes + grad_stage.bytes + gather_stage_live;
+  }
+  // Several ranks: module m's working shard (pinned at the device tier) all-gathered into a new
+  // device buffer of m.shard.padded elements (the caller frees it with device->free): through a
+  // host staging buffer unless the communicator takes device buffers (NCCL). Releases `pin`.
+  void* all_gather_to_device(const detail::ZeroModule& m, TensorStore::Pin& pin);
+  // The tier gather() pins module m's working shard at: the compute tier, except when an opaque
+  // device's all-gather is staged through host memory anyway (several ranks, a host
+  // communicator) and the shard is not homed on the device: then the host tier (no copy down).
+  Tier gather_tier(const detail::ZeroModule& m) const {
+    if (opaque && world > 1 && !comm.device_buffers() && m.home != Tier::kDevice) return Tier::kHost;
+    return compute_tier;
+  }
+  // Copies `bytes` host bytes to offset `offset` of a device-tier pin (synchronously).
+  void upload(const TensorStore::Pin& pin, std::size_t offset, const void* src, std::size_t bytes);
+
   // zero_step.cc
   StepResult step();
   // The overlapped optimizer step (tiermem.overlap_optimizer_step): step() leaves the stored
@@ -189,16 +218,33 @@ struct ZeroEngine::Impl {
   // written down by the store when evicted) and released dirty after its last; other modules
   // write into their engine buffer. Destroyed without finish() (an error), the pin is released
   // clean.
+  // is home and host-addressable, else at the host tier, written back by the store) and released
+  // dirty after its last; other modules write into their engine buffer. Destroyed without
+  // finish() (an error), the pin is released clean.
+  // A device the CPU cannot address (opaque): dest() of a device-homed shard is a host staging
+  // buffer of one sub-group, copied up to the pinned shard when the next dest() or finish() is
+  // called — so the caller must have written every byte of dest(p) by then (sub-groups written
+  // one after the other, as step() and import do). Two staging buffers alternate, so the copy of
+  // sub-group k overlaps the AdamW of k + 1. (zero_device.cc)
   class WorkingShardOut {
    public:
     explicit WorkingShardOut(Impl& impl) : I_(impl) {}
+    ~WorkingShardOut();  // waits for staged copies still in flight (never throws)
+    WorkingShardOut(const WorkingShardOut&) = delete;
+    WorkingShardOut& operator=(const WorkingShardOut&) = delete;
     std::byte* dest(const detail::Piece& p);
     void finish();  // the last module's shard released dirty
 
    private:
+    void upload_staged();  // the staged sub-group, if any, on its way to the device
+    void wait_uploads();
     Impl& I_;
     TensorStore::Pin pin_;
     int module_ = -1;
+    int stage_ = 0;                  // publish_stage buffer dest() handed out last
+    std::size_t staged_offset_ = 0;  // bytes into the shard of the staged sub-group
+    std::size_t staged_bytes_ = 0;   // 0: nothing staged
+    DeviceEvent upload_[2];          // copy of publish_stage[b] in flight
   };
   // The module's running sum of squares after piece k (g: its gradient partition), continuing
   // `running` (reset at the module's first piece) exactly as step() adds them (zero_step.cc).

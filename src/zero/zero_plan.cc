@@ -55,11 +55,9 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
   switch (z.offload_param.device) {
     case OffloadDevice::kNvme: p.param_home = Tier::kNvme; break;
     case OffloadDevice::kCpu: p.param_home = Tier::kHost; break;
-    case OffloadDevice::kNone:
-      p.param_home = o.device_host_addressable ? Tier::kDevice : Tier::kHost;
-      break;
+    case OffloadDevice::kNone: p.param_home = Tier::kDevice; break;
   }
-  const Tier persistent_home = o.device_host_addressable ? Tier::kDevice : Tier::kHost;
+  const Tier persistent_home = Tier::kDevice;
   std::uint64_t largest_stored = 0, largest_padded = 0, dev_homes = 0, host_homes = 0, nvme_homes = 0;
   std::uint64_t largest_offloaded = 0;
   for (std::size_t i = 0; i < numels.size(); ++i) {
@@ -130,6 +128,17 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
     p.piece_elems = static_cast<std::size_t>(std::clamp<std::uint64_t>(fit, A, sub));
   }
   p.piece_elems = std::min(p.piece_elems, std::max<std::size_t>(A, (largest_shard + A - 1) / A * A));
+
+  // A device the CPU cannot address (CUDA): new working params of device-homed shards are
+  // published through two host staging sub-groups, device gradients handed over through a host
+  // buffer of the largest module, and (several ranks) each all-gather staged through host memory.
+  if (p.uses_device && !o.device_host_addressable) {
+    if (dev_homes > 0) p.host_engine_bytes += 2 * host_round(p.piece_elems * wsize);
+    std::size_t largest_numel = 0;
+    for (std::size_t n : numels) largest_numel = std::max(largest_numel, n);
+    p.host_engine_bytes += host_round(4ull * largest_numel);
+    if (o.world_size > 1) p.host_engine_bytes += host_round(largest_padded);
+  }
 
   // Device: stored shards (home device) or the largest one at a time; gathered modules.
   if (p.uses_device) {

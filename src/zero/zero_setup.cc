@@ -68,9 +68,11 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   po.world_size = world;
   po.alignment_elems = opts.alignment_elems;
   po.max_inflight_buckets = opts.max_inflight_buckets;
-  // The device is made (and its addressability known) only when the plan needs one; SimDevice,
-  // the only device a CPU model can compute on in place, is host-addressable.
-  po.device_host_addressable = cfg.tiermem.device != "cuda";
+  // The device is made (and its addressability known) only when the plan needs one: assume it
+  // from the config here; make_tiers plans again if the device made says otherwise (auto: CUDA).
+  po.device_host_addressable = cfg.tiermem.device != "cuda" && cfg.tiermem.sim_host_addressable;
+  plan_opts = po;
+  plan_numels.assign(numels.begin(), numels.end());
   plan = plan_zero(cfg, numels, po);
   if (!plan.fits) {
     const bool host = plan.host_budget_bytes < plan.host_min_bytes;
@@ -110,13 +112,14 @@ void ZeroEngine::Impl::make_tiers() {
   if (plan.uses_device) {
     DeviceOptions dopt = DeviceOptions::from_config(cfg);
     device = make_device(dopt);
-    if (!device->host_addressable()) {
-      // tiermem's CPU kernels (AdamW, and a CPU model) cannot touch device memory: working
-      // shards are computed on from the host tier (the CUDA model backend is future work).
-      compute_tier = Tier::kHost;
-      if (plan.param_home == Tier::kDevice) plan.param_home = Tier::kHost;
-    } else {
-      compute_tier = Tier::kDevice;
+    // Gathers land in device memory on every device. One the CPU cannot address (CudaDevice,
+    // SimDevice with sim_host_addressable false) is only ever reached through its copy API
+    // (zero_device.cc): staged all-gathers, publication of new params, gradient hand-over.
+    compute_tier = Tier::kDevice;
+    opaque = !device->host_addressable();
+    if (opaque == plan_opts.device_host_addressable) {  // only the staging bytes differ
+      plan_opts.device_host_addressable = !opaque;
+      plan = plan_zero(cfg, plan_numels, plan_opts);
     }
   }
   TensorStoreOptions so = TensorStoreOptions::from_config(cfg);
@@ -210,15 +213,25 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     m.pieces.push_back(static_cast<int>(pieces.size()));
     pieces.push_back(p);
   }
-  // Working params, converted piecewise (bounded temporary).
-  auto to_work = [&](std::byte* dst) {
+  // Working params, converted piecewise (bounded temporaries) into the pinned shard (copied up
+  // when it is device memory the CPU cannot address).
+  // pin: the destination when it is a store tensor (null: `dst` is an engine host buffer).
+  auto to_work = [&](std::byte* dst, const TensorStore::Pin* pin) {
     std::vector<float> tmp;
+    std::vector<std::byte> out;
+    const bool staged = pin != nullptr && opaque && pin->tier() == Tier::kDevice;
     constexpr std::size_t kStep = 1 << 20;
     for (std::size_t a = 0; a < n; a += kStep) {
       const std::size_t b = std::min(n, a + kStep);
       tmp.resize(b - a);
       copy_init(a, b, tmp.data());
-      to_working(tmp.data(), dst + a * wsize, b - a);
+      if (!staged) {
+        to_working(tmp.data(), dst + a * wsize, b - a);
+        continue;
+      }
+      out.resize((b - a) * wsize);
+      to_working(tmp.data(), out.data(), b - a);
+      upload(*pin, a * wsize, out.data(), out.size());
     }
   };
   if (m.stored) {
@@ -232,11 +245,11 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     ps.zero_fill = false;
     m.param = store->register_tensor(ps);
     TensorStore::Pin pin = store->acquire_for_overwrite(m.param, fill_tier(m.home));
-    to_work(pin.as<std::byte>());
+    to_work(pin.as<std::byte>(), &pin);
     pin.mark_dirty();
   } else {
     m.mem_shard = detail::AlignedBuf(n * wsize);
-    to_work(m.mem_shard.b());
+    to_work(m.mem_shard.b(), nullptr);
     if (stage == 1 || stage == 2 || m.persistent) {
       m.full = detail::AlignedBuf(m.shard.padded * wsize);
       comm.all_gather(m.mem_shard.p, m.full.p, n, comm_dtype);
@@ -275,7 +288,7 @@ std::uint64_t ZeroEngine::Impl::engine_host_bytes() const {
   for (const auto& m : mods) {
     b += m.mem_shard.bytes + m.full.bytes + 4 * (m.full_grad.size() + m.shard_grad.size() + m.init_shard.size());
   }
-  return b + bucket_bytes_live + grad_task_bytes;
+  return b + bucket_bytes_live + grad_task_bytes + staging_host_bytes();
 }
 
 }  // namespace tiermem

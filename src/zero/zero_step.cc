@@ -253,21 +253,7 @@ void ZeroEngine::Impl::replay_outside_accesses(int mi) {
   m.replay.clear();
 }
 
-std::byte* ZeroEngine::Impl::WorkingShardOut::dest(const detail::Piece& p) {
-  detail::ZeroModule& m = I_.mods[static_cast<std::size_t>(p.module)];
-  if (!m.stored) return m.mem_shard.b() + p.begin * I_.wsize;
-  if (module_ != p.module) {
-    finish();
-    pin_ = I_.store->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : I_.publish_tier);
-    module_ = p.module;
-  }
-  return pin_.as<std::byte>() + p.begin * I_.wsize;
-}
-
-void ZeroEngine::Impl::WorkingShardOut::finish() {
-  if (pin_.valid()) pin_.mark_dirty();
-  pin_.release();
-}
+// WorkingShardOut (where each sub-group's new working params go): zero_device.cc.
 
 // Adds the squares of piece k's real (not padding) gradient elements as tiermem-train's loop does
 // for its other engines — one reduction per module, in element order — so that one rank's clipped

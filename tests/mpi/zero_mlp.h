@@ -16,6 +16,7 @@
 #include "tiermem/adam.h"
 #include "tiermem/communicator.h"
 #include "tiermem/config.h"
+#include "tiermem/device.h"
 #include "tiermem/zero_engine.h"
 
 namespace tiermem::testing {
@@ -122,10 +123,38 @@ inline std::vector<float> to_f32(const ZeroEngine::Gathered& g) {
   return out;
 }
 
+// The gathered params as fp32 host values wherever they are: device memory the CPU may not
+// address (engine.device()->host_addressable() false) is copied down with the device's copy API,
+// as a GPU model backend would read it (a CPU read of it would fault).
+inline std::vector<float> to_f32_host(const ZeroEngine& engine, const ZeroEngine::Gathered& g) {
+  Device* dev = engine.device();
+  if (!g.on_device() || dev == nullptr || dev->host_addressable()) return to_f32(g);
+  std::vector<std::uint16_t> half(g.dtype() == DType::kF32 ? 0 : g.numel());
+  std::vector<float> out(g.numel());
+  void* dst = g.dtype() == DType::kF32 ? static_cast<void*>(out.data()) : static_cast<void*>(half.data());
+  dev->copy_d2h(dst, g.data(), g.numel() * dtype_size(g.dtype()));
+  for (std::size_t i = 0; i < half.size(); ++i) {
+    out[i] = g.dtype() == DType::kBF16 ? bf16_to_f32(half[i]) : f16_to_f32(half[i]);
+  }
+  return out;
+}
+
+// Hands a host gradient to the engine from device memory, as a GPU model backend would: copied
+// up into a buffer of the engine's device, then reduce_gradients_from_device.
+inline void reduce_from_device(ZeroEngine& engine, int module, const std::vector<float>& grad) {
+  Device* dev = engine.device();
+  void* d = dev->allocate(grad.size() * sizeof(float));
+  dev->copy_h2d(d, grad.data(), grad.size() * sizeof(float));
+  engine.reduce_gradients_from_device(module, static_cast<const float*>(d), grad.size());
+  dev->free(d);
+}
+
 // Runs `steps` more training steps of the MLP through an engine whose two modules are
 // registered (the same data every step). `micro` micro-batches per step (kSamples must divide by
-// world × micro).
-inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, int micro) {
+// world × micro). Gathered params are read through to_f32_host; with `device_grads` (and an
+// engine with a device tier) gradients are handed over from device memory.
+inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, int micro,
+                            bool device_grads = false) {
   MlpData D = mlp_data();
   const int per_rank = kSamples / comm.world_size();
   const int per_micro = per_rank / micro;
@@ -137,8 +166,8 @@ inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, i
       {  // forward + backward of both modules inside their gather scopes
         auto a = engine.gather(0);
         auto b = engine.gather(1);
-        p0 = to_f32(a);
-        p1 = to_f32(b);
+        p0 = to_f32_host(engine, a);
+        p1 = to_f32_host(engine, b);
       }
       mlp_forward_backward(D, p0.data(), p1.data(), s0, s0 + per_micro, g0, g1);
       const float scale = static_cast<float>(engine.loss_scale());
@@ -146,10 +175,15 @@ inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, i
         for (auto& x : g0) x *= scale;
         for (auto& x : g1) x *= scale;
       }
-      // Backward order: last module first. The first is handed over (one rank, stages 2-3:
-      // accumulated on the engine's thread), the second copied: both forms, and their mix.
-      engine.reduce_gradients(1, std::vector<float>(g1));
-      engine.reduce_gradients(0, g0);
+      if (device_grads && engine.device() != nullptr) {
+        reduce_from_device(engine, 1, g1);
+        reduce_from_device(engine, 0, g0);
+      } else {
+        // Backward order: last module first. The first is handed over (one rank, stages 2-3:
+        // accumulated on the engine's thread), the second copied: both forms, and their mix.
+        engine.reduce_gradients(1, std::vector<float>(g1));
+        engine.reduce_gradients(0, g0);
+      }
     }
     engine.step();
   }
@@ -157,11 +191,12 @@ inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, i
 
 // Registers the MLP's modules, trains it for `steps` steps through the engine (see
 // mlp_train_steps); returns the exported fp32 masters.
-inline std::vector<std::vector<float>> mlp_train_engine(ZeroEngine& engine, Communicator& comm, int steps, int micro) {
+inline std::vector<std::vector<float>> mlp_train_engine(ZeroEngine& engine, Communicator& comm, int steps, int micro,
+                                                       bool device_grads = false) {
   auto init = mlp_init();
   engine.register_module("fc1", init[0]);
   engine.register_module("fc2", init[1]);
-  mlp_train_steps(engine, comm, steps, micro);
+  mlp_train_steps(engine, comm, steps, micro, device_grads);
   return {engine.export_master(0), engine.export_master(1)};
 }
 
@@ -182,6 +217,14 @@ inline Config mlp_config(int stage, const std::string& offload, const std::strin
   }
   j += "}" + extra + "}";
   return parse_config(j);
+}
+
+// The same config on a SimDevice whose memory is not host-addressable (tiermem.device sim,
+// sim_host_addressable false): the CPU twin of a CudaDevice.
+inline Config on_opaque_device(Config cfg) {
+  cfg.tiermem.device = "sim";
+  cfg.tiermem.sim_host_addressable = false;
+  return cfg;
 }
 
 // The same config with stage-3 parameter offload: offload_param.device = `param` ("none", "cpu"

@@ -137,5 +137,66 @@ TEST(MakeDevice, SimAndAutoWithoutGpuAndBadValue) {
   }
 }
 
+// The CPU twin of CudaDevice: memory the CPU may not address. Copies, memset, budgets and
+// events work as in the default mode; the bytes are only reachable through copies.
+TEST(SimDeviceOpaque, CopiesWorkAndTheDeviceIsNotHostAddressable) {
+  SimDevice dev({.budget_bytes = 8 << 20, .host_addressable = false});
+  EXPECT_FALSE(dev.host_addressable());
+  EXPECT_EQ(dev.kind(), DeviceKind::kSim);
+  std::vector<std::uint8_t> src(3 << 20), dst(3 << 20, 1);
+  std::iota(src.begin(), src.end(), 0);
+  void* d = dev.allocate(src.size());
+  void* d2 = dev.allocate(src.size());
+  dev.copy_h2d(d, src.data(), src.size());
+  dev.copy_d2d_async(d2, d, src.size()).wait();
+  dev.memset_async(d, 7, 1000).wait();
+  dev.copy_d2h(dst.data(), d2, dst.size());
+  EXPECT_EQ(src, dst);
+  dev.copy_d2h(dst.data(), d, 2000);
+  EXPECT_EQ(dst[999], 7);
+  EXPECT_EQ(dst[1000], src[1000]);
+  // Offsets inside a block, and copies at the ends of it.
+  dev.copy_h2d(static_cast<char*>(d) + 12345, src.data(), 100);
+  dev.copy_d2h(dst.data(), static_cast<char*>(d) + 12345, 100);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 100), 0);
+  EXPECT_THROW(dev.copy_h2d(static_cast<char*>(d) + src.size() - 10, src.data(), 100), Error);
+  // Freed blocks are cached and reused, and their contents survive only through copies.
+  dev.free(d);
+  void* d3 = dev.allocate(src.size());
+  EXPECT_EQ(d3, d);
+  dev.free(d2);
+  dev.free(d3);
+  dev.empty_cache();
+  const DeviceStats s = dev.stats();
+  EXPECT_EQ(s.allocated_bytes, 0u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_LE(s.peak_reserved_bytes, 8u << 20);
+  EXPECT_THROW(dev.allocate(9 << 20), OutOfMemoryError);
+}
+
+// A host read of device memory — the mistake this mode exists to catch — faults at once.
+TEST(SimDeviceOpaqueDeathTest, HostDereferenceOfDeviceMemoryFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  SimDevice dev({.budget_bytes = 1 << 20, .host_addressable = false});
+  void* d = dev.allocate(4096);
+  dev.memset_async(d, 1, 4096).wait();
+  volatile const std::uint8_t* p = static_cast<const std::uint8_t*>(d);
+  EXPECT_DEATH({ [[maybe_unused]] std::uint8_t x = p[100]; }, "");
+  dev.free(d);
+}
+
+TEST(MakeDevice, SimHostAddressableFromConfig) {
+  Config c;
+  c.tiermem.device = "sim";
+  EXPECT_TRUE(make_device(c)->host_addressable());
+  c.tiermem.sim_host_addressable = false;
+  auto d = make_device(c);
+  EXPECT_FALSE(d->host_addressable());
+  EXPECT_EQ(d->name(), "sim (not host-addressable)");
+  const Config parsed = parse_config(R"({"tiermem": {"device": "sim", "sim_host_addressable": false}})");
+  EXPECT_FALSE(parsed.tiermem.sim_host_addressable);
+  EXPECT_FALSE(make_device(parsed)->host_addressable());
+}
+
 }  // namespace
 }  // namespace tiermem

@@ -116,6 +116,30 @@ TEST_F(TrainE2E, Stage3WithoutOffloadEqualsResident) {
   EXPECT_EQ(s3.summary["param_offload"], "device") << s3.summary.dump();
 }
 
+// The GPU data path on the CPU twin of a GPU: a SimDevice whose memory the CPU cannot address
+// (tiermem.sim_host_addressable false; any host access of it faults). ZeroEngine gathers stage-3
+// modules into device memory, publishes AdamW's new params through host staging, and the CPU
+// model reads each module through a copy down — the same losses, bit for bit, as the default
+// SimDevice, with params homed on the device (offload none) and paged from NVMe (offload nvme).
+TEST_F(TrainE2E, NonAddressableDeviceEqualsAddressableBitwise) {
+  const std::string data = " --data " + corpus() + " --steps 5 ";
+  std::ofstream(dir_ / "s3.json") << R"({"zero_optimization": {"stage": 3}})";
+  std::ofstream(dir_ / "opaque.json")
+      << R"({"zero_optimization": {"stage": 3}, "tiermem": {"sim_host_addressable": false}})";
+  for (const char* offload : {"none", "nvme"}) {
+    SCOPED_TRACE(offload);
+    const std::string args = std::string(kTiny) + data + "--device sim --offload " + offload + " --swap-dir swap ";
+    const RunResult plain = run(args + "--config s3.json");
+    const RunResult opaque = run(args + "--config opaque.json");
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    ASSERT_EQ(opaque.exit_code, 0) << opaque.err;
+    ASSERT_EQ(losses(opaque).size(), 5u);
+    EXPECT_EQ(losses(opaque), losses(plain));
+    EXPECT_LE(opaque.summary["device_peak_bytes"].get<double>(),
+              opaque.summary["device_budget_bytes"].get<double>());
+  }
+}
+
 // Two runs saving into one --save directory would delete each other's files: the second is
 // refused, naming the directory and the first one's pid, and the first one's checkpoint is
 // untouched. A lock left by a dead run is taken over (crash_loop_test kills runs mid-save).
