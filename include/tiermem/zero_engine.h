@@ -71,8 +71,17 @@
 //                    device memory (reduce_gradients_from_device).
 // step() streams sub-groups: it acquires sub-group i's state and gradient at the host tier while
 // the next buffer_count - 1 are prefetched, runs AdamW writing the new working shard in the same
-// pass (into the module's shard acquired for overwrite: no read of the old one), and releases
-// them; dirty state goes back to NVMe on the store's workers (write-behind).
+// pass (into the module's shard acquired for overwrite: no read of the old one; at the device
+// tier when every stored shard fits half the device budget and the device is host-addressable —
+// zero_plan.h publishes_working_on_device — else the host tier), releases them, and discards the
+// consumed gradient partition (TensorStore::discard: it is never written to NVMe). Dirty state
+// goes back to NVMe when the pool needs its room.
+// Overlapped step (tiermem.overlap_optimizer_step, default true; stage 3, no fp16, the global
+// norm folded into gradient accumulation): step() computes the norm and the step's scalars and
+// leaves each stored module's sub-groups pending; the update runs at the module's next gather
+// (or reduce_gradients, step, zero_grad, export_*, when those come first), so the optimizer
+// state's NVMe reads and write-backs overlap the next forward pass while the Prefetcher reads
+// ahead. Results are bit for bit those of the eager step (false).
 //
 // Checkpoints (as DeepSpeed's per-rank ZeRO checkpoints: each rank saves and loads only its own
 // optimizer partition): export_optimizer_state() copies this rank's shard of fp32 master weights
@@ -308,8 +317,9 @@ class ZeroEngine {
   void zero_grad();
 
   // Reduces what is left, checks for overflow (fp16), clips, steps AdamW over every sub-group,
-  // refreshes the working params. Counts micro-batches itself (no gradient_accumulation_steps
-  // bookkeeping needed by the caller).
+  // refreshes the working params (with the overlapped step: those of stored stage-3 modules at
+  // their next gather, see above; grad_norm is returned now either way). Counts micro-batches
+  // itself (no gradient_accumulation_steps bookkeeping needed by the caller).
   StepResult step();
 
   // Sets the AdamW learning rate used by the next step() calls (a schedule's value for the
