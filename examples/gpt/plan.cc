@@ -264,8 +264,13 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   // several ranks reduce-scatter them (stages 2-3) or all-reduce them (0-1), and stage 3
   // all-gathers each module forward and backward.
   const double grad_bytes = 4.0 * P * run.grad_accum;
+  std::size_t largest_module = 0;
+  for (std::size_t n : module_numels(run.model)) largest_module = std::max(largest_module, n);
   if (W == 1) {
-    t.d2h_s = grad_bytes / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
+    // The measured hand-off (the trainer's fresh buffer, the partition's memset, the accumulation
+    // and the folded norm, on the compute thread), else one copy at the device->host rate.
+    const double handoff = grad_handoff_gbps(m, largest_module);
+    t.d2h_s = grad_bytes / (handoff > 0 ? handoff : m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
     // tiermem-train times a gather (waiting for its fetch included) and a gradient hand-off as
     // communication, and the same waits also as I/O wait: predicted the same way.
     t.comm_s = t.d2h_s + t.stall_s;
@@ -277,7 +282,12 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     t.comm_s = m.comm_gbps > 0 ? bytes / (m.comm_gbps * 1e9) : 0;
   }
   // Optimizer: sub-groups pipelined (read i+1, step i, write i-1), then the new working params.
-  t.adam_s = R / m.cpu_adam_params_per_s;
+  // The measured step (ZeroEngine::step() with host state: AdamW, the norm and the new working
+  // parameters written into the Device's memory) includes that copy where the home is host
+  // memory or SimDevice memory; else Adam alone, and the copy priced below.
+  const double step_rate = optimizer_params_per_s(m, largest_module) / per_node;
+  const bool step_measured = step_rate > 0 && device_is_sim(cfg, m);
+  t.adam_s = R / (step_measured ? step_rate : m.cpu_adam_params_per_s);
   // Optimizer state that does not stay cached is read and written back once per step.
   const double opt_read = opt_miss, opt_write = opt_miss;
   const double opt_io_s = opt_read / (m.nvme_read_gbps * 1e9) + opt_write / (m.nvme_write_gbps * 1e9);
@@ -287,10 +297,11 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     if (z.param_home == Tier::kNvme) {
       const double evicted = std::max(0.0, param_nvme - param_room);  // written back, dirty
       nvme_write += evicted;
-      publish_s = evicted / (m.nvme_write_gbps * 1e9) + (b - std::min(b, evicted)) / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
+      publish_s = evicted / (m.nvme_write_gbps * 1e9) +
+                  (step_measured ? 0.0 : (b - std::min(b, evicted)) / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9);
     } else {
       h2d += z.param_home == Tier::kDevice ? b : 0;
-      publish_s = b / (m.h2d_gbps * 1e9);
+      publish_s = step_measured ? 0.0 : b / (m.h2d_gbps * 1e9);
     }
   }
   nvme_read += opt_read;
@@ -329,10 +340,10 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
   m.gpus = static_cast<int>(number(j, "gpus", source, false));
   if (m.gpus == 0) m.gpus = 1;
   m.compute_gflops = number(j, "compute_gflops", source, true);
-  for (const char* key : {"compute_gflops_by_width", "compute_gflops_by_width_128"}) {
-    if (!j.contains(key)) continue;
+  // Figures keyed by a size: {"<size>": rate, ...}, sizes > 0 (widths, module elements).
+  auto keyed = [&](const char* key, const char* what, std::vector<std::pair<int, double>>& out) {
+    if (!j.contains(key)) return;
     const auto& w = j[key];
-    auto& out = std::string(key).ends_with("_128") ? m.compute_gflops_by_width_128 : m.compute_gflops_by_width;
     if (!w.is_object()) throw ConfigError(source + ": " + key, w.dump(), "must be an object");
     for (const auto& [k, v] : w.items()) {
       int d = 0;
@@ -341,11 +352,18 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
       } catch (const std::exception&) {
         d = 0;
       }
-      if (d <= 0) throw ConfigError(source + ": " + key + "." + k, k, "keys are widths (d_model > 0)");
+      if (d <= 0) throw ConfigError(source + ": " + key + "." + k, k, std::string("keys are ") + what);
       out.emplace_back(d, number(w, k, source + ": " + key, true));
     }
     std::sort(out.begin(), out.end());
-  }
+  };
+  keyed("compute_gflops_by_width", "widths (d_model > 0)", m.compute_gflops_by_width);
+  keyed("compute_gflops_by_width_128", "widths (d_model > 0)", m.compute_gflops_by_width_128);
+  keyed("grad_handoff_gbps_by_module_elems", "module sizes (elements > 0)", m.grad_handoff_gbps_by_module_elems);
+  keyed("optimizer_params_per_s_by_module_elems", "module sizes (elements > 0)",
+        m.optimizer_params_per_s_by_module_elems);
+  m.grad_handoff_gbps = number(j, "grad_handoff_gbps", source, false);
+  m.optimizer_params_per_s = number(j, "optimizer_params_per_s", source, false);
   m.cpu_adam_params_per_s = number(j, "cpu_adam_params_per_s", source, true);
   m.h2d_gbps = number(j, "h2d_gbps", source, true);
   m.d2h_gbps = number(j, "d2h_gbps", source, false);
@@ -363,13 +381,14 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
 }
 
 namespace {
-double by_width(const std::vector<std::pair<int, double>>& w, int d_model, double fallback) {
+// A figure keyed by size, interpolated linearly in log(size), clamped at the ends.
+double by_size(const std::vector<std::pair<int, double>>& w, double size, double fallback) {
   if (w.empty()) return fallback;
-  if (d_model <= w.front().first) return w.front().second;
-  if (d_model >= w.back().first) return w.back().second;
+  if (size <= w.front().first) return w.front().second;
+  if (size >= w.back().first) return w.back().second;
   for (std::size_t i = 1; i < w.size(); ++i) {
-    if (d_model <= w[i].first) {
-      const double f = std::log(static_cast<double>(d_model) / w[i - 1].first) /
+    if (size <= w[i].first) {
+      const double f = std::log(size / w[i - 1].first) /
                        std::log(static_cast<double>(w[i].first) / w[i - 1].first);
       return w[i - 1].second + f * (w[i].second - w[i - 1].second);
     }
@@ -379,11 +398,20 @@ double by_width(const std::vector<std::pair<int, double>>& w, int d_model, doubl
 }  // namespace
 
 double compute_gflops(const MachineProfile& m, int d_model, double tokens) {
-  const double at512 = by_width(m.compute_gflops_by_width, d_model, m.compute_gflops);
+  const double at512 = by_size(m.compute_gflops_by_width, d_model, m.compute_gflops);
   if (m.compute_gflops_by_width_128.empty()) return at512;
-  const double at128 = by_width(m.compute_gflops_by_width_128, d_model, at512);
+  const double at128 = by_size(m.compute_gflops_by_width_128, d_model, at512);
   const double f = std::clamp(std::log(std::max(tokens, 1.0) / 128.0) / std::log(4.0), 0.0, 1.0);
   return at128 + f * (at512 - at128);
+}
+
+double grad_handoff_gbps(const MachineProfile& m, std::size_t module_elems) {
+  return by_size(m.grad_handoff_gbps_by_module_elems, static_cast<double>(module_elems), m.grad_handoff_gbps);
+}
+
+double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems) {
+  return by_size(m.optimizer_params_per_s_by_module_elems, static_cast<double>(module_elems),
+                  m.optimizer_params_per_s);
 }
 
 MachineProfile load_profile(const std::string& path) {

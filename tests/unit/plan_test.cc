@@ -7,6 +7,9 @@
 //   - bad input: exit 2 and one line naming the key, value or path.
 #include "train_run.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "gpt/model.h"
 #include "plan.h"
 #include "tiermem/error.h"
@@ -190,6 +193,57 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
   ASSERT_EQ(m.exit_code, 0) << m.err;
   EXPECT_EQ(m.summary["nvme_peak_bytes"], j["nvme_peak_bytes"]);
   EXPECT_FALSE(m.summary.contains("step_seconds"));
+}
+
+// The engine's measured rates (tiermem-bench profile): the world-1 gradient hand-off is priced at
+// grad_handoff_gbps and the optimizer step at optimizer_params_per_s, each interpolated in
+// log(elements) by the run's largest module; without them, a copy at d2h_gbps and Adam at
+// cpu_adam_params_per_s.
+TEST_F(PlanTest, MeasuredEngineRatesPriceTheHandOffAndTheStep) {
+  tiermem::gpt::GptConfig gpt2 = tiermem::gpt::GptConfig::named("gpt2");
+  gpt2.vocab_size = 256;
+  const double params = static_cast<double>(tiermem::gpt::num_params(gpt2));
+  std::size_t largest = 0;
+  double shard = 0;  // the rank's optimizer shard: every module padded to the 1024-element alignment
+  for (const auto& l : tiermem::gpt::module_layouts(gpt2)) {
+    largest = std::max<std::size_t>(largest, l.numel);
+    shard += static_cast<double>((l.numel + 1023) / 1024 * 1024);
+  }
+  // Keyed figures around the block's size, so that the interpolation is exercised.
+  const double lo = 1 << 20, hi = 1 << 24;
+  const double f = std::log(static_cast<double>(largest) / lo) / std::log(hi / lo);
+  ASSERT_GT(f, 0);
+  ASSERT_LT(f, 1);
+  json measured = json::parse(kProfile);
+  measured["grad_handoff_gbps"] = 2.0;
+  measured["grad_handoff_gbps_by_module_elems"] = {{std::to_string(1 << 20), 3.0}, {std::to_string(1 << 24), 1.0}};
+  measured["optimizer_params_per_s"] = 5e7;
+  measured["optimizer_params_per_s_by_module_elems"] = {{std::to_string(1 << 20), 4e7}, {std::to_string(1 << 24), 8e7}};
+  std::ofstream(dir_ / "measured.json") << measured.dump();
+  const std::string args = "--model gpt2 --offload cpu --host-budget 4GiB --device-budget 2GiB --json --profile ";
+  const RunResult r = plan(args + "measured.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json& t = r.summary["time_seconds"];
+  const double handoff = 3.0 + f * (1.0 - 3.0), step = 4e7 + f * (8e7 - 4e7);
+  EXPECT_NEAR(t["gradient_handoff"].get<double>(), 4.0 * params / (handoff * 1e9), 1e-9);
+  EXPECT_NEAR(t["adam"].get<double>(), shard / step, 1e-9);
+  // The measured step includes writing the new working parameters: nothing added for them.
+  EXPECT_NEAR(t["optimizer"].get<double>(), shard / step, 1e-9);
+
+  // Without the engine's figures: one copy at d2h_gbps, Adam at cpu_adam_params_per_s.
+  const RunResult b = plan(args + "profile.json");
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const json& u = b.summary["time_seconds"];
+  EXPECT_NEAR(u["gradient_handoff"].get<double>(), 4.0 * params / 10e9, 1e-9);
+  EXPECT_NEAR(u["adam"].get<double>(), shard / 1e8, 1e-9);
+  EXPECT_GT(u["optimizer"].get<double>(), u["adam"].get<double>());  // plus the parameters' copy
+
+  // A keyed figure with a key that is not a size is bad input, named.
+  measured["grad_handoff_gbps_by_module_elems"] = {{"big", 1.0}};
+  std::ofstream(dir_ / "badkey.json") << measured.dump();
+  const RunResult e = plan("--model gpt2 --profile badkey.json");
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_NE(e.err.find("grad_handoff_gbps_by_module_elems.big"), std::string::npos) << e.err;
 }
 
 }  // namespace
