@@ -101,7 +101,16 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
   if (z.uses_device) {
     const std::uint64_t store_budget =
         z.device_budget_bytes > z.gather_reserve_bytes ? z.device_budget_bytes - z.gather_reserve_bytes : 0;
-    p.device_peak_bytes = std::min(dev_all, store_budget) + z.gather_reserve_bytes;
+    // Several ranks: the engine reserves room for two all-gathered modules (the minimum budget),
+    // but tiermem-train holds one at a time (acquire, compute, release): the largest one counts.
+    std::uint64_t gathered = 0;
+    if (run.world_size > 1) {
+      for (std::size_t i = 0; i < numels.size(); ++i) {
+        const bool persistent = numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
+        if (layout.modules[i].shard > 0 && !persistent) gathered = std::max<std::uint64_t>(gathered, layout.modules[i].padded * wsize);
+      }
+    }
+    p.device_peak_bytes = std::min(dev_all, store_budget) + gathered;
   }
   p.sim_device_bytes = device_is_sim(cfg, m) ? p.device_peak_bytes : 0;
 
@@ -116,6 +125,20 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
   p.host_pool_peak_bytes = std::min(pool, z.host_budget_bytes);
   p.host_bounce_bytes = cfg.tiermem.pipeline_chunk_bytes * static_cast<std::uint64_t>(cfg.tiermem.pipeline_chunks);
   p.host_engine_bytes = z.host_engine_bytes;
+  // Reduce-scatter buckets (several ranks, stages 2-3): plan_zero counts the most that can be in
+  // flight, max_inflight_buckets + 1 of the largest, for the minimum budget. Without overlap_comm
+  // (the default) each completes before the next is made: one at a time.
+  if (stage >= 2 && run.world_size > 1 && !cfg.zero.overlap_comm) {
+    std::uint64_t chunk = 0;
+    for (const ModuleShard& s : layout.modules) {
+      for (const ElemRange& c : make_reduce_chunks(s.shard, run.world_size, cfg.zero.reduce_bucket_size_elems, kAlignment)) {
+        chunk = std::max<std::uint64_t>(chunk, c.size());
+      }
+    }
+    const std::uint64_t bucket = 4ull * chunk * static_cast<std::uint64_t>(run.world_size + 1);
+    p.host_engine_bytes -= std::min(p.host_engine_bytes, bucket * static_cast<std::uint64_t>(kMaxInflightBuckets + 1));
+    p.host_engine_bytes += bucket;
+  }
   std::size_t largest_other = 0;
   for (std::size_t i = 1; i < numels.size(); ++i) largest_other = std::max(largest_other, numels[i]);
   p.grad_buffer_peak_bytes = 4ull * (numels.empty() ? 0 : numels[0] + largest_other);
@@ -288,6 +311,7 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   const double step_rate = optimizer_params_per_s(m, largest_module) / per_node;
   const bool step_measured = step_rate > 0 && device_is_sim(cfg, m);
   t.adam_s = R / (step_measured ? step_rate : m.cpu_adam_params_per_s);
+  t.adam_measured_step = step_measured;
   // Optimizer state that does not stay cached is read and written back once per step.
   const double opt_read = opt_miss, opt_write = opt_miss;
   const double opt_io_s = opt_read / (m.nvme_read_gbps * 1e9) + opt_write / (m.nvme_write_gbps * 1e9);

@@ -97,7 +97,8 @@ struct TimePrediction {
   double h2d_s = 0;            // host->device busy time
   double d2h_s = 0;            // device->host / gradient hand-off busy time
   double comm_s = 0;           // collectives (and, world 1, the gradient hand-off)
-  double adam_s = 0;           // CPU Adam over the rank's shard
+  double adam_s = 0;           // CPU Adam over the rank's shard (or the engine's measured step)
+  bool adam_measured_step = false;  // adam_s is the profile's optimizer_params_per_s (whole step)
   double optimizer_s = 0;      // the optimizer phase: max(Adam, its NVMe traffic) + publish
   double step_s = 0;
   std::string bottleneck;      // compute | nvme | host->device | communication | optimizer

@@ -177,8 +177,8 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
     t += fmt::format("  communication {:>10} ({:.0f} %)  {}\n", seconds_text(x.comm_s), pct(x.comm_s),
                      run.world_size == 1 ? "world 1: gradient hand-off + the gathers' waits"
                                          : fmt::format("{} of collectives", format_bytes(p.comm_bytes)));
-    t += fmt::format("  optimizer     {:>10} ({:.0f} %)  Adam {} at {:.3g} params/s\n", seconds_text(x.optimizer_s),
-                     pct(x.optimizer_s), seconds_text(x.adam_s), m.cpu_adam_params_per_s);
+    t += fmt::format("  optimizer     {:>10} ({:.0f} %)  {} {}\n", seconds_text(x.optimizer_s), pct(x.optimizer_s),
+                     x.adam_measured_step ? "the engine's step" : "Adam", seconds_text(x.adam_s));
     t += fmt::format("throughput      {:.0f} tokens/s, {:.3f} TFLOP/s\n", p.tokens_per_s, p.tflops);
   } else {
     t += "step time       - (give --profile, e.g. from tiermem-bench profile --json)\n";

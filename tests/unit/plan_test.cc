@@ -104,6 +104,46 @@ TEST_F(PlanTest, BytesPerTierMatchTheEnginesPeaks) {
   }
 }
 
+// Several ranks under mpirun (ZeroEngine stage 3 over MPI, each rank its own shard): rank 0's
+// peaks, as the summary reports them, against the plan at that world size — the state exactly
+// (NVMe; the device: the store's shards plus the one all-gathered module tiermem-train holds at a
+// time), the host within kHostBound (the engine buffers: one reduce-scatter bucket at a time
+// without overlap_comm). World 3 pads every shard.
+TEST_F(PlanTest, RanksPeaksMatchThePlanAtTheirWorldSize) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  struct Case {
+    int world;
+    std::string offload;
+  } cases[] = {{2, "none"}, {2, "cpu"}, {2, "nvme"}, {3, "nvme"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("-np " + std::to_string(c.world) + " --offload " + c.offload);
+    const RunResult t = run("--model tiny --seq-len 16 --batch 2 --steps 2 --eval-every 0 --offload " + c.offload +
+                                " --swap-dir swap --json --data " + corpus(),
+                            "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(c.world) + " env");
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+    ASSERT_TRUE(t.summary.is_object()) << t.out;
+    ASSERT_EQ(t.summary["world_size"].get<int>(), c.world);
+    std::ofstream(dir_ / "run.jsonl") << t.out;
+    const RunResult k = plan("--check run.jsonl --profile profile.json --json");
+    ASSERT_EQ(k.exit_code, 0) << k.err;
+    const json& j = k.summary;
+    EXPECT_EQ(j["nvme_peak_bytes_predicted"].get<double>(), j["nvme_peak_bytes_measured"].get<double>());
+    EXPECT_EQ(j["device_peak_bytes_predicted"].get<double>(), j["device_peak_bytes_measured"].get<double>());
+    EXPECT_GT(j["device_peak_bytes_measured"].get<double>(), 0);
+    if (c.offload == "nvme") {
+      EXPECT_GT(j["nvme_peak_bytes_measured"].get<double>(), 0);
+    }
+    EXPECT_LE(j["host_peak_bytes_rel_error"].get<double>(), kHostBound)
+        << "predicted " << j["host_peak_bytes_predicted"] << " measured " << j["host_peak_bytes_measured"];
+    // The plan of one rank of this world is not the plan of one rank alone.
+    const RunResult one = plan("--model tiny --seq-len 16 --batch 2 --offload " + c.offload + " --json");
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    if (c.offload == "nvme") {
+      EXPECT_LT(j["nvme_peak_bytes_predicted"].get<double>(), one.summary["nvme_peak_bytes"].get<double>());
+    }
+  }
+}
+
 TEST_F(PlanTest, WhatThePlannerRefusesTheEngineRefusesWithTheSameMinimum) {
   struct Case {
     std::string base, too_small, tier;  // tier: which minimum ("host" or "device")
