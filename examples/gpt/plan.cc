@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "gpt/backend.h"
 #include "gpt/model.h"
 #include "tiermem/error.h"
 #include "tiermem/shard.h"
@@ -74,6 +75,24 @@ ZeroPlanOptions plan_options(const Config& cfg, const MachineProfile& m, int wor
   po.max_inflight_buckets = kMaxInflightBuckets;
   po.device_host_addressable = device_is_sim(cfg, m);
   return po;
+}
+
+// The configuration the engine gets on `m`: budgets the config leaves 0 resolved for the machine
+// and, with the CUDA backend, the device budget less the model's activations and workspace (as
+// tiermem-train's make_model_backend does). *backend_bytes: those bytes (0 on a SimDevice);
+// *too_small: they fill the device budget (tiermem-train refuses that run).
+Config engine_config(const train::TrainPlan& run, const MachineProfile& m, std::uint64_t* backend_bytes,
+                     bool* too_small) {
+  Config cfg = with_machine_budgets(run.config, m);
+  *backend_bytes = 0;
+  *too_small = false;
+  if (!device_is_sim(cfg, m)) {
+    *backend_bytes = gpt::cuda_backend_bytes(run.model, run.batch, run.seq_len);
+    std::uint64_t& budget = cfg.tiermem.device_budget_bytes;
+    *too_small = *backend_bytes >= budget;
+    budget = *too_small ? 4096 : budget - *backend_bytes;
+  }
+  return cfg;
 }
 
 // Memory of a run (no time): fills the plan and the peaks of `p`.
@@ -142,7 +161,14 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
   std::size_t largest_other = 0;
   for (std::size_t i = 1; i < numels.size(); ++i) largest_other = std::max(largest_other, numels[i]);
   p.grad_buffer_peak_bytes = 4ull * (numels.empty() ? 0 : numels[0] + largest_other);
-  p.activation_bytes = activation_bytes(run.model, run.batch, run.seq_len);
+  // The model's activations: host memory (the CPU backend, SimDevice), or device memory (the CUDA
+  // backend: activations and workspace, taken out of the device budget before the engine's share).
+  if (device_is_sim(cfg, m)) {
+    p.activation_bytes = activation_bytes(run.model, run.batch, run.seq_len);
+  } else {
+    p.device_activation_bytes = gpt::cuda_backend_bytes(run.model, run.batch, run.seq_len);
+    p.device_peak_bytes += p.device_activation_bytes;
+  }
   p.host_peak_bytes = p.host_pool_peak_bytes + p.host_bounce_bytes + p.host_engine_bytes +
                       p.grad_buffer_peak_bytes + p.activation_bytes + p.sim_device_bytes;
   p.nvme_peak_bytes = z.nvme_bytes;
@@ -479,9 +505,22 @@ std::uint64_t activation_bytes(const gpt::GptConfig& g, int batch, int seq_len) 
 
 Prediction predict(const train::TrainPlan& run, const MachineProfile& m) {
   Prediction p;
-  const Config cfg = with_machine_budgets(run.config, m);
+  std::uint64_t backend = 0;
+  bool too_small = false;
+  const Config cfg = engine_config(run, m, &backend, &too_small);
   predict_memory(run, cfg, m, p);
   check_fit(run, cfg, m, p);
+  if (too_small) {
+    const std::uint64_t budget = with_machine_budgets(run.config, m).tiermem.device_budget_bytes;
+    p.fits = false;
+    p.why = fmt::format("the device budget {} does not hold the CUDA model's activations and workspace ({}) and "
+                        "leave room for parameters",
+                        format_bytes(budget), format_bytes(backend));
+    p.fix = run.batch > 1 ? fmt::format("a smaller micro-batch (--batch {}) with more accumulation (--grad-accum {})",
+                                        run.batch / 2, run.grad_accum * 2)
+                          : fmt::format("shorter sequences (--seq-len {})", std::max(1, run.seq_len / 2));
+    return p;
+  }
   // Time needs rates (a memory-only profile has none).
   if (p.zero.fits && compute_gflops(m, run.model.d_model) > 0 && m.cpu_adam_params_per_s > 0) {
     predict_time(run, cfg, m, p);
@@ -495,7 +534,14 @@ LargestModel largest_model(const train::TrainPlan& run, const MachineProfile& m)
     train::TrainPlan r = run;
     r.model.n_layer = L;
     Prediction p;
-    Config cfg = with_machine_budgets(r.config, m);
+    std::uint64_t backend = 0;
+    bool too_small = false;
+    Config cfg = engine_config(r, m, &backend, &too_small);
+    if (too_small) {
+      if (why) *why = fmt::format("the CUDA model's activations and workspace ({}) fill the device budget",
+                                  format_bytes(backend));
+      return std::uint64_t{0};
+    }
     predict_memory(r, cfg, m, p);
     // Budgets at their minimum (a user would raise them): what the machine itself can hold.
     if (!p.zero.fits) {
@@ -582,6 +628,7 @@ nlohmann::json prediction_json(const Prediction& p) {
   j["host_peak_parts"] = {{"pool", p.host_pool_peak_bytes}, {"bounce", p.host_bounce_bytes},
                           {"engine", p.host_engine_bytes}, {"gradient_buffers", p.grad_buffer_peak_bytes},
                           {"activations", p.activation_bytes}, {"sim_device", p.sim_device_bytes}};
+  j["device_activation_bytes"] = p.device_activation_bytes;
   j["nvme_peak_bytes"] = p.nvme_peak_bytes;
   if (!p.fits || p.time.step_s <= 0) return j;  // no time without a profile's rates
   const TimePrediction& t = p.time;

@@ -115,6 +115,7 @@ struct Prediction {
   std::uint64_t host_pool_peak_bytes = 0, host_bounce_bytes = 0, host_engine_bytes = 0;
   std::uint64_t grad_buffer_peak_bytes = 0, activation_bytes = 0, sim_device_bytes = 0;
   std::uint64_t nvme_peak_bytes = 0;
+  std::uint64_t device_activation_bytes = 0;  // CUDA backend: activations + workspace (in the device peak)
   // Traffic of one steady-state step, bytes.
   std::uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0, h2d_bytes = 0, comm_bytes = 0;
   TimePrediction time;

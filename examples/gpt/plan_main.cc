@@ -150,6 +150,10 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
   t += fmt::format("  device        peak {:>10}   budget {}, minimum {}{}\n", format_bytes(p.device_peak_bytes),
                    format_bytes(z.device_budget_bytes), format_bytes(z.device_min_bytes),
                    z.device_min_why.empty() ? "" : " (" + z.device_min_why + ")");
+  if (p.device_activation_bytes) {
+    t += fmt::format("                = the engine's {} + the CUDA model's activations and workspace {}\n",
+                     format_bytes(p.device_peak_bytes - p.device_activation_bytes), format_bytes(p.device_activation_bytes));
+  }
   t += fmt::format("  host          peak {:>10}   budget {}, minimum {} ({})\n", format_bytes(p.host_peak_bytes),
                    format_bytes(z.host_budget_bytes), format_bytes(z.host_min_bytes), z.host_min_why);
   t += fmt::format("                = pool {} + bounce {} + engine {} + gradient buffers {} + activations {}{}\n",
