@@ -516,6 +516,14 @@ Prediction predict(const train::TrainPlan& run, const MachineProfile& m) {
     p.why = fmt::format("the device budget {} does not hold the CUDA model's activations and workspace ({}) and "
                         "leave room for parameters",
                         format_bytes(budget), format_bytes(backend));
+    const std::uint64_t least = gpt::cuda_backend_bytes(run.model, 1, 1);  // one token: the fixed part
+    if (least >= budget) {
+      p.fix = fmt::format("none at this width and depth: the CUDA model's fixed part (a module's parameters and "
+                          "gradient staged in fp32, and the rest that does not shrink with the batch) is {} alone; a "
+                          "device with more memory, or a smaller model",
+                          format_bytes(least));
+      return p;
+    }
     p.fix = run.batch > 1 ? fmt::format("a smaller micro-batch (--batch {}) with more accumulation (--grad-accum {})",
                                         run.batch / 2, run.grad_accum * 2)
                           : fmt::format("shorter sequences (--seq-len {})", std::max(1, run.seq_len / 2));
