@@ -3,7 +3,7 @@
 //   cmake --build build/default --target tiermem-bench
 //   build/default/bench/tiermem-bench profile --path ./tiermem-swap --json > profiles/this-machine.json
 //
-// Measures, in about half a minute (each figure the median of --reps repetitions):
+// Measures, in about half a minute (each figure the median of --reps repetitions, or more):
 //   nvme_read_gbps / nvme_write_gbps  the IoEngine at the engine's settings (the default config's
 //                                     aio block size, queue depth and rings; O_DIRECT unless the
 //                                     filesystem refuses it), --size bytes in pipeline_chunk_bytes
@@ -24,7 +24,7 @@
 //   compute_gflops, compute_gflops_by_width(_128)   the GPT model's own forward+backward (2 layers,
 //                                     seq 128, vocab 256, batch 4 = 512 tokens; _128: batch 1) at
 //                                     d_model 256 / 768 / 1024, model FLOPs (gpt::flops_per_token)
-//                                     per second (repeated for at least a quarter second, median);
+//                                     per second (repeated for at least a second, median);
 //                                     compute_gflops is d 768's at 512 tokens
 //   host_memory_bytes, host_available_bytes   /proc/meminfo MemTotal, MemAvailable
 //   nvme_free_bytes                   statvfs(--path) f_bavail
@@ -187,11 +187,11 @@ double measure_model(const ProfileOpts& o, int d_model, int batch) {
   }
   gpt::Model model(cfg, B, T);
   model.forward_backward(params, grads, tok, tgt);  // warm-up
-  // At least two repetitions (the widest take a second each), and at least a quarter second in
-  // all: a narrow model's step takes milliseconds, and one of them says little on a shared CPU.
+  // At least two repetitions, and at least a second in all: a narrow model's step takes
+  // milliseconds, and a few of them say little on a shared CPU (the median of more does).
   std::vector<double> rates;
   double spent = 0;
-  for (int i = 0; i < std::min(o.reps, 2) || (spent < 0.25 && i < 200); ++i) {
+  for (int i = 0; i < std::min(o.reps, 2) || (spent < 1.0 && i < 400); ++i) {
     const double t0 = now_s();
     model.forward_backward(params, grads, tok, tgt);
     const double dt = now_s() - t0;
