@@ -147,8 +147,12 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
                    run.config.zero.stage, tier_name(z.param_home), tier_name(z.optimizer_home),
                    tier_name(z.gradient_home), z.piece_elems);
   t += "memory (one rank)\n";
-  t += fmt::format("  device        peak {:>10}   budget {}, minimum {}{}\n", format_bytes(p.device_peak_bytes),
-                   format_bytes(z.device_budget_bytes), format_bytes(z.device_min_bytes),
+  t += fmt::format("  device        peak {:>10}   {}budget {}, minimum {}{}\n", format_bytes(p.device_peak_bytes),
+                   p.device_activation_bytes ? "the engine's " : "",
+                   p.device_activation_bytes && !p.fits && z.device_budget_bytes <= 4096
+                       ? std::string("none left")
+                       : format_bytes(z.device_budget_bytes),
+                   format_bytes(z.device_min_bytes),
                    z.device_min_why.empty() ? "" : " (" + z.device_min_why + ")");
   if (p.device_activation_bytes) {
     t += fmt::format("                = the engine's {} + the CUDA model's activations and workspace {}\n",
