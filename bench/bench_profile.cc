@@ -3,7 +3,7 @@
 //   cmake --build build/default --target tiermem-bench
 //   build/default/bench/tiermem-bench profile --path ./tiermem-swap --json > profiles/this-machine.json
 //
-// Measures, in about half a minute (each figure the median of --reps repetitions):
+// Measures, in about half a minute (each figure the median of --reps repetitions, or more):
 //   nvme_read_gbps / nvme_write_gbps  the IoEngine at the engine's settings (the default config's
 //                                     aio block size, queue depth and rings; O_DIRECT unless the
 //                                     filesystem refuses it), --size bytes in pipeline_chunk_bytes
@@ -12,10 +12,20 @@
 //                                     (tiermem.device auto: CUDA when visible, else SimDevice)
 //   cpu_adam_params_per_s             tiermem::adam_step (best ISA, all OpenMP threads), 16 M params
 //   gemm_gflops                       OpenBLAS sgemm [512 x 768] x [768 x 3072] (the model's MLP)
+//   grad_handoff_gbps(_by_module_elems)   one rank's gradient hand-off as tiermem-train makes it:
+//                                     a fresh zeroed fp32 buffer per module, then
+//                                     ZeroEngine::reduce_gradients (world 1: memset of the fresh
+//                                     partition, accumulate, the folded clipping norm); fp32
+//                                     gradient bytes per second, with modules of 4 M and 16 M
+//                                     elements (32 M parameters, stage 3, state in host memory)
+//   optimizer_params_per_s(_by_module_elems)   ZeroEngine::step() on the same engines: AdamW over
+//                                     the sub-groups, the norm, the new working parameters
+//                                     written to their home (the Device's memory); parameters/s
 //   compute_gflops, compute_gflops_by_width(_128)   the GPT model's own forward+backward (2 layers,
 //                                     seq 128, vocab 256, batch 4 = 512 tokens; _128: batch 1) at
 //                                     d_model 256 / 768 / 1024, model FLOPs (gpt::flops_per_token)
-//                                     per second; compute_gflops is d 768's at 512 tokens
+//                                     per second (repeated for at least a second, median);
+//                                     compute_gflops is d 768's at 512 tokens
 //   host_memory_bytes, host_available_bytes   /proc/meminfo MemTotal, MemAvailable
 //   nvme_free_bytes                   statvfs(--path) f_bavail
 // With --json the last line is {"profile": {...}}; tiermem-plan --profile reads it.
@@ -37,10 +47,12 @@
 #include "gpt/kernels_cpu.h"
 #include "gpt/model.h"
 #include "tiermem/adam.h"
+#include "tiermem/communicator.h"
 #include "tiermem/config.h"
 #include "tiermem/device.h"
 #include "tiermem/error.h"
 #include "tiermem/io_engine.h"
+#include "tiermem/zero_engine.h"
 
 namespace tiermem::bench {
 namespace {
@@ -175,13 +187,62 @@ double measure_model(const ProfileOpts& o, int d_model, int batch) {
   }
   gpt::Model model(cfg, B, T);
   model.forward_backward(params, grads, tok, tgt);  // warm-up
+  // At least two repetitions, and at least a second in all: a narrow model's step takes
+  // milliseconds, and a few of them say little on a shared CPU (the median of more does).
   std::vector<double> rates;
-  for (int i = 0; i < std::min(o.reps, 2); ++i) {  // the slowest part: two are enough
+  double spent = 0;
+  for (int i = 0; i < std::min(o.reps, 2) || (spent < 1.0 && i < 400); ++i) {
     const double t0 = now_s();
     model.forward_backward(params, grads, tok, tgt);
-    rates.push_back(gpt::flops_per_token(cfg, T) * B * T / (now_s() - t0) / 1e9);
+    const double dt = now_s() - t0;
+    spent += dt;
+    rates.push_back(gpt::flops_per_token(cfg, T) * B * T / dt / 1e9);
   }
   return median(rates);
+}
+
+// The engine's own work around the model at world 1, as tiermem-train drives it: per module a
+// fresh zeroed fp32 gradient buffer (the trainer's grads()) handed to reduce_gradients (memset of
+// the fresh partition, accumulate, the folded norm), then step(). `modules` modules of
+// `module_elems` elements, stage 3, gradient clipping on (tiermem-train's default), the state in
+// host memory, the working parameters on the Device the engine makes. The first repetition (the
+// prefetcher's recorded step, first touch) is not counted.
+struct EngineRates {
+  double handoff_gbps = 0;        // fp32 gradient bytes handed off per second
+  double step_params_per_s = 0;   // parameters stepped per second by ZeroEngine::step()
+};
+EngineRates measure_engine(const ProfileOpts& o, std::size_t module_elems, int modules) {
+  const std::uint64_t state = 16ull * module_elems * static_cast<std::uint64_t>(modules);
+  Config cfg = parse_config(fmt::format(R"({{"zero_optimization": {{"stage": 3}}, "gradient_clipping": 1.0,
+      "tiermem": {{"host_budget_bytes": {}}}}})", 2 * state));
+  auto comm = make_single_communicator();
+  const std::vector<std::size_t> numels(static_cast<std::size_t>(modules), module_elems);
+  ZeroEngine e(cfg, *comm, numels);
+  {
+    std::vector<float> init(module_elems, 0.01f);
+    for (int m = 0; m < modules; ++m) e.register_module(fmt::format("m{}", m), init);
+  }
+  std::vector<double> handoff, step;
+  for (int r = 0; r < o.reps + 1; ++r) {
+    double t_handoff = 0;
+    for (int m = modules; m-- > 0;) {  // backward order
+      const double t0 = now_s();
+      std::vector<float> g;
+      g.assign(module_elems, 0.0f);
+      g[static_cast<std::size_t>(m)] = 1e-3f;  // the model's gradient would land here
+      e.reduce_gradients(m, g);
+      std::vector<float>().swap(g);
+      t_handoff += now_s() - t0;
+    }
+    const double t1 = now_s();
+    e.step();
+    const double t_step = now_s() - t1;
+    if (r == 0) continue;
+    const double elems = static_cast<double>(module_elems) * modules;
+    handoff.push_back(4.0 * elems / t_handoff / 1e9);
+    step.push_back(elems / t_step);
+  }
+  return {median(handoff), median(step)};
 }
 
 std::uint64_t meminfo(const char* key) {
@@ -214,6 +275,17 @@ int run_profile(const ProfileOpts& o) {
   const auto [h2d, d2h] = measure_copies(o, copy_bytes, &device);
   const double adam = measure_adam(o);
   const double gemm = measure_gemm(o);
+  // 32 M parameters either way: modules the size of a small model's blocks (4 M elements, 16 MiB
+  // of fp32 gradient: malloc reuses its heap) and of a large one's (16 M, 64 MiB: mmap'd afresh).
+  nlohmann::json handoff_by, optimizer_by;
+  double handoff = 0, optimizer = 0;
+  for (const std::size_t me : {std::size_t{4} << 20, std::size_t{16} << 20}) {
+    const EngineRates er = measure_engine(o, me, static_cast<int>((std::size_t{32} << 20) / me));
+    handoff_by[std::to_string(me)] = er.handoff_gbps;
+    optimizer_by[std::to_string(me)] = er.step_params_per_s;
+    handoff = er.handoff_gbps;
+    optimizer = er.step_params_per_s;
+  }
   nlohmann::json by_width, by_width_128;
   for (int d : {256, 768, 1024}) {
     by_width[std::to_string(d)] = measure_model(o, d, 4);
@@ -234,6 +306,10 @@ int run_profile(const ProfileOpts& o) {
   p["compute_gflops_by_width_128"] = by_width_128;  // micro-batches of 128 tokens
   p["gemm_gflops"] = gemm;
   p["cpu_adam_params_per_s"] = adam;
+  p["grad_handoff_gbps"] = handoff;  // at 16 M-element modules
+  p["grad_handoff_gbps_by_module_elems"] = handoff_by;
+  p["optimizer_params_per_s"] = optimizer;
+  p["optimizer_params_per_s_by_module_elems"] = optimizer_by;
   p["h2d_gbps"] = h2d;
   p["d2h_gbps"] = d2h;
   p["nvme_read_gbps"] = nvme_r;
@@ -252,6 +328,9 @@ int run_profile(const ProfileOpts& o) {
               note.empty() ? "" : (", " + note).c_str());
   std::printf("  copies     h2d %.2f GB/s, d2h %.2f GB/s\n", h2d, d2h);
   std::printf("  cpu adam   %.3g params/s\n", adam);
+  std::printf("  engine     gradient hand-off %.2f / %.2f GB/s, optimizer step %.3g / %.3g params/s "
+              "(modules of 4 M / 16 M elements)\n",
+              handoff_by["4194304"].get<double>(), handoff, optimizer_by["4194304"].get<double>(), optimizer);
   std::printf("  compute    sgemm %.1f GFLOP/s; model fwd+bwd d256 %.1f, d768 %.1f, d1024 %.1f GFLOP/s "
               "(512 tokens), %.1f, %.1f, %.1f (128 tokens)\n",
               gemm, by_width["256"].get<double>(), by_width["768"].get<double>(), by_width["1024"].get<double>(),

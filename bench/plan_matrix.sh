@@ -1,36 +1,58 @@
 #!/bin/sh
 # bench/plan_matrix.sh — the docs/benchmarks.md "tiermem-plan: predicted vs measured" runs:
-# tiermem-train on mini, gpt2 and gpt2-medium with offload nvme / cpu / none (a few steps, short
-# sequences), each held against tiermem-plan --check with a profile of this machine.
+# tiermem-train on mini, gpt2 and gpt2-medium with offload nvme / cpu / none (short sequences;
+# enough steps that the timed ones — every step after the first — add up to seconds: mini 30,
+# gpt2 6, gpt2-medium 5), each held against tiermem-plan --check with a profile of this machine.
+# Each line ends with the load average when the run ended (a shared machine's load moves the
+# step time more than the model's error does).
 #
 #   bench/plan_matrix.sh [BUILD_DIR] [OUT_DIR]        (BUILD_DIR default build/default)
-# Writes OUT_DIR/profile.json, OUT_DIR/<model>-<offload>.jsonl and prints one --check line per run.
+# Writes OUT_DIR/profile-<model>.json, OUT_DIR/<model>-<offload>.jsonl and prints one --check line
+# per run.
+#
+# OMP_WAIT_POLICY=PASSIVE unless set: with libgomp's default (spin after each parallel region),
+# its idle threads and OpenBLAS's own pthreads spin against each other on a small shared machine,
+# and a step's compute then depends on the load and on how many kernels it runs, not on its FLOPs
+# (docs/benchmarks.md: gpt2 4.7-4.9 s per step against 1.6-1.8 s passive, at the same load).
+# A fresh profile is measured before each model's runs (mini, gpt2, gpt2-medium), so that each
+# prediction uses the machine as it was minutes before, not a quarter of an hour before.
 set -eu
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 B=${1:-build/default}
 O=${2:-/tmp/tiermem-plan-matrix}
 T=$B/examples/gpt/tiermem-train
 P=$B/examples/gpt/tiermem-plan
 mkdir -p "$O"
 for i in $(seq 1 400); do echo "the quick brown fox jumps over the lazy dog."; done > "$O/corpus.txt"
-"$B/bench/tiermem-bench" profile --path "$O/swap" --json > "$O/profile.json"
+profile() {  # name: measures OUT_DIR/profile-<name>.json, the profile the next runs are held to
+  echo "profile $1 (OMP_WAIT_POLICY=$OMP_WAIT_POLICY): load $(cut -d' ' -f1-3 /proc/loadavg)"
+  rm -rf "$O/swap"
+  nice -n 10 "$B/bench/tiermem-bench" profile --path "$O/swap" --json > "$O/profile-$1.json"
+  grep -v '^{' "$O/profile-$1.json"
+  PROFILE=$O/profile-$1.json
+}
 run() {  # name, then tiermem-train flags
   name=$1; shift
   rm -rf "$O/swap"
   nice -n 10 "$T" "$@" --eval-every 0 --swap-dir "$O/swap" --data "$O/corpus.txt" --json > "$O/$name.jsonl"
-  "$P" --check "$O/$name.jsonl" --profile "$O/profile.json" --json | tail -1 | python3 -c "
+  "$P" --check "$O/$name.jsonl" --profile "$PROFILE" --json | tail -1 | python3 -c "
 import json, sys
 j = json.loads(sys.stdin.read())
-print('%-22s step %7.2f s predicted, %7.2f s measured (%5.1f %%); peaks device %.1f %%, host %.1f %%, nvme %.1f %%' % (
+print('%-22s step %7.3f s predicted, %7.3f s measured (%5.1f %%); peaks device %.1f %%, host %.1f %%, nvme %.1f %%; load %s' % (
     '$name', j['step_seconds_predicted'], j['step_seconds_measured'], 100 * j['step_seconds_rel_error'],
-    100 * j['device_peak_bytes_rel_error'], 100 * j['host_peak_bytes_rel_error'], 100 * j['nvme_peak_bytes_rel_error']))"
+    100 * j['device_peak_bytes_rel_error'], 100 * j['host_peak_bytes_rel_error'], 100 * j['nvme_peak_bytes_rel_error'],
+    '$(cut -d' ' -f1-3 /proc/loadavg)'))"
 }
+profile mini
 for off in nvme cpu none; do
-  run "mini-$off" --model mini --steps 4 --seq-len 64 --batch 4 --offload $off --host-budget 256MiB --device-budget 64MiB
+  run "mini-$off" --model mini --steps 30 --seq-len 64 --batch 4 --offload $off --host-budget 256MiB --device-budget 64MiB
 done
+profile gpt2
 for off in nvme cpu none; do
-  run "gpt2-$off" --model gpt2 --steps 3 --seq-len 64 --batch 2 --offload $off --host-budget 4GiB --device-budget 2GiB
+  run "gpt2-$off" --model gpt2 --steps 6 --seq-len 64 --batch 2 --offload $off --host-budget 4GiB --device-budget 2GiB
 done
-run "gpt2-nvme-default" --model gpt2 --steps 3 --seq-len 64 --batch 2 --offload nvme
+run "gpt2-nvme-default" --model gpt2 --steps 6 --seq-len 64 --batch 2 --offload nvme
+profile gpt2-medium
 for off in nvme cpu none; do
-  run "gpt2-medium-$off" --model gpt2-medium --steps 3 --seq-len 64 --batch 2 --offload $off --host-budget 8GiB --device-budget 3GiB
+  run "gpt2-medium-$off" --model gpt2-medium --steps 5 --seq-len 64 --batch 2 --offload $off --host-budget 8GiB --device-budget 3GiB
 done

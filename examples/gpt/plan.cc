@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "gpt/backend.h"
 #include "gpt/model.h"
 #include "tiermem/error.h"
 #include "tiermem/shard.h"
@@ -76,6 +77,24 @@ ZeroPlanOptions plan_options(const Config& cfg, const MachineProfile& m, int wor
   return po;
 }
 
+// The configuration the engine gets on `m`: budgets the config leaves 0 resolved for the machine
+// and, with the CUDA backend, the device budget less the model's activations and workspace (as
+// tiermem-train's make_model_backend does). *backend_bytes: those bytes (0 on a SimDevice);
+// *too_small: they fill the device budget (tiermem-train refuses that run).
+Config engine_config(const train::TrainPlan& run, const MachineProfile& m, std::uint64_t* backend_bytes,
+                     bool* too_small) {
+  Config cfg = with_machine_budgets(run.config, m);
+  *backend_bytes = 0;
+  *too_small = false;
+  if (!device_is_sim(cfg, m)) {
+    *backend_bytes = gpt::cuda_backend_bytes(run.model, run.batch, run.seq_len);
+    std::uint64_t& budget = cfg.tiermem.device_budget_bytes;
+    *too_small = *backend_bytes >= budget;
+    budget = *too_small ? 4096 : budget - *backend_bytes;
+  }
+  return cfg;
+}
+
 // Memory of a run (no time): fills the plan and the peaks of `p`.
 void predict_memory(const train::TrainPlan& run, const Config& cfg, const MachineProfile& m,
                     Prediction& p) {
@@ -101,7 +120,16 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
   if (z.uses_device) {
     const std::uint64_t store_budget =
         z.device_budget_bytes > z.gather_reserve_bytes ? z.device_budget_bytes - z.gather_reserve_bytes : 0;
-    p.device_peak_bytes = std::min(dev_all, store_budget) + z.gather_reserve_bytes;
+    // Several ranks: the engine reserves room for two all-gathered modules (the minimum budget),
+    // but tiermem-train holds one at a time (acquire, compute, release): the largest one counts.
+    std::uint64_t gathered = 0;
+    if (run.world_size > 1) {
+      for (std::size_t i = 0; i < numels.size(); ++i) {
+        const bool persistent = numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
+        if (layout.modules[i].shard > 0 && !persistent) gathered = std::max<std::uint64_t>(gathered, layout.modules[i].padded * wsize);
+      }
+    }
+    p.device_peak_bytes = std::min(dev_all, store_budget) + gathered;
   }
   p.sim_device_bytes = device_is_sim(cfg, m) ? p.device_peak_bytes : 0;
 
@@ -116,10 +144,31 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
   p.host_pool_peak_bytes = std::min(pool, z.host_budget_bytes);
   p.host_bounce_bytes = cfg.tiermem.pipeline_chunk_bytes * static_cast<std::uint64_t>(cfg.tiermem.pipeline_chunks);
   p.host_engine_bytes = z.host_engine_bytes;
+  // Reduce-scatter buckets (several ranks, stages 2-3): plan_zero counts the most that can be in
+  // flight, max_inflight_buckets + 1 of the largest, for the minimum budget. Without overlap_comm
+  // (the default) each completes before the next is made: one at a time.
+  if (stage >= 2 && run.world_size > 1 && !cfg.zero.overlap_comm) {
+    std::uint64_t chunk = 0;
+    for (const ModuleShard& s : layout.modules) {
+      for (const ElemRange& c : make_reduce_chunks(s.shard, run.world_size, cfg.zero.reduce_bucket_size_elems, kAlignment)) {
+        chunk = std::max<std::uint64_t>(chunk, c.size());
+      }
+    }
+    const std::uint64_t bucket = 4ull * chunk * static_cast<std::uint64_t>(run.world_size + 1);
+    p.host_engine_bytes -= std::min(p.host_engine_bytes, bucket * static_cast<std::uint64_t>(kMaxInflightBuckets + 1));
+    p.host_engine_bytes += bucket;
+  }
   std::size_t largest_other = 0;
   for (std::size_t i = 1; i < numels.size(); ++i) largest_other = std::max(largest_other, numels[i]);
   p.grad_buffer_peak_bytes = 4ull * (numels.empty() ? 0 : numels[0] + largest_other);
-  p.activation_bytes = activation_bytes(run.model, run.batch, run.seq_len);
+  // The model's activations: host memory (the CPU backend, SimDevice), or device memory (the CUDA
+  // backend: activations and workspace, taken out of the device budget before the engine's share).
+  if (device_is_sim(cfg, m)) {
+    p.activation_bytes = activation_bytes(run.model, run.batch, run.seq_len);
+  } else {
+    p.device_activation_bytes = gpt::cuda_backend_bytes(run.model, run.batch, run.seq_len);
+    p.device_peak_bytes += p.device_activation_bytes;
+  }
   p.host_peak_bytes = p.host_pool_peak_bytes + p.host_bounce_bytes + p.host_engine_bytes +
                       p.grad_buffer_peak_bytes + p.activation_bytes + p.sim_device_bytes;
   p.nvme_peak_bytes = z.nvme_bytes;
@@ -264,8 +313,13 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   // several ranks reduce-scatter them (stages 2-3) or all-reduce them (0-1), and stage 3
   // all-gathers each module forward and backward.
   const double grad_bytes = 4.0 * P * run.grad_accum;
+  std::size_t largest_module = 0;
+  for (std::size_t n : module_numels(run.model)) largest_module = std::max(largest_module, n);
   if (W == 1) {
-    t.d2h_s = grad_bytes / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
+    // The measured hand-off (the trainer's fresh buffer, the partition's memset, the accumulation
+    // and the folded norm, on the compute thread), else one copy at the device->host rate.
+    const double handoff = grad_handoff_gbps(m, largest_module);
+    t.d2h_s = grad_bytes / (handoff > 0 ? handoff : m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
     // tiermem-train times a gather (waiting for its fetch included) and a gradient hand-off as
     // communication, and the same waits also as I/O wait: predicted the same way.
     t.comm_s = t.d2h_s + t.stall_s;
@@ -277,7 +331,13 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     t.comm_s = m.comm_gbps > 0 ? bytes / (m.comm_gbps * 1e9) : 0;
   }
   // Optimizer: sub-groups pipelined (read i+1, step i, write i-1), then the new working params.
-  t.adam_s = R / m.cpu_adam_params_per_s;
+  // The measured step (ZeroEngine::step() with host state: AdamW, the norm and the new working
+  // parameters written into the Device's memory) includes that copy where the home is host
+  // memory or SimDevice memory; else Adam alone, and the copy priced below.
+  const double step_rate = optimizer_params_per_s(m, largest_module) / per_node;
+  const bool step_measured = step_rate > 0 && device_is_sim(cfg, m);
+  t.adam_s = R / (step_measured ? step_rate : m.cpu_adam_params_per_s);
+  t.adam_measured_step = step_measured;
   // Optimizer state that does not stay cached is read and written back once per step.
   const double opt_read = opt_miss, opt_write = opt_miss;
   const double opt_io_s = opt_read / (m.nvme_read_gbps * 1e9) + opt_write / (m.nvme_write_gbps * 1e9);
@@ -287,10 +347,11 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     if (z.param_home == Tier::kNvme) {
       const double evicted = std::max(0.0, param_nvme - param_room);  // written back, dirty
       nvme_write += evicted;
-      publish_s = evicted / (m.nvme_write_gbps * 1e9) + (b - std::min(b, evicted)) / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
+      publish_s = evicted / (m.nvme_write_gbps * 1e9) +
+                  (step_measured ? 0.0 : (b - std::min(b, evicted)) / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9);
     } else {
       h2d += z.param_home == Tier::kDevice ? b : 0;
-      publish_s = b / (m.h2d_gbps * 1e9);
+      publish_s = step_measured ? 0.0 : b / (m.h2d_gbps * 1e9);
     }
   }
   nvme_read += opt_read;
@@ -329,10 +390,10 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
   m.gpus = static_cast<int>(number(j, "gpus", source, false));
   if (m.gpus == 0) m.gpus = 1;
   m.compute_gflops = number(j, "compute_gflops", source, true);
-  for (const char* key : {"compute_gflops_by_width", "compute_gflops_by_width_128"}) {
-    if (!j.contains(key)) continue;
+  // Figures keyed by a size: {"<size>": rate, ...}, sizes > 0 (widths, module elements).
+  auto keyed = [&](const char* key, const char* what, std::vector<std::pair<int, double>>& out) {
+    if (!j.contains(key)) return;
     const auto& w = j[key];
-    auto& out = std::string(key).ends_with("_128") ? m.compute_gflops_by_width_128 : m.compute_gflops_by_width;
     if (!w.is_object()) throw ConfigError(source + ": " + key, w.dump(), "must be an object");
     for (const auto& [k, v] : w.items()) {
       int d = 0;
@@ -341,11 +402,18 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
       } catch (const std::exception&) {
         d = 0;
       }
-      if (d <= 0) throw ConfigError(source + ": " + key + "." + k, k, "keys are widths (d_model > 0)");
+      if (d <= 0) throw ConfigError(source + ": " + key + "." + k, k, std::string("keys are ") + what);
       out.emplace_back(d, number(w, k, source + ": " + key, true));
     }
     std::sort(out.begin(), out.end());
-  }
+  };
+  keyed("compute_gflops_by_width", "widths (d_model > 0)", m.compute_gflops_by_width);
+  keyed("compute_gflops_by_width_128", "widths (d_model > 0)", m.compute_gflops_by_width_128);
+  keyed("grad_handoff_gbps_by_module_elems", "module sizes (elements > 0)", m.grad_handoff_gbps_by_module_elems);
+  keyed("optimizer_params_per_s_by_module_elems", "module sizes (elements > 0)",
+        m.optimizer_params_per_s_by_module_elems);
+  m.grad_handoff_gbps = number(j, "grad_handoff_gbps", source, false);
+  m.optimizer_params_per_s = number(j, "optimizer_params_per_s", source, false);
   m.cpu_adam_params_per_s = number(j, "cpu_adam_params_per_s", source, true);
   m.h2d_gbps = number(j, "h2d_gbps", source, true);
   m.d2h_gbps = number(j, "d2h_gbps", source, false);
@@ -363,13 +431,14 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
 }
 
 namespace {
-double by_width(const std::vector<std::pair<int, double>>& w, int d_model, double fallback) {
+// A figure keyed by size, interpolated linearly in log(size), clamped at the ends.
+double by_size(const std::vector<std::pair<int, double>>& w, double size, double fallback) {
   if (w.empty()) return fallback;
-  if (d_model <= w.front().first) return w.front().second;
-  if (d_model >= w.back().first) return w.back().second;
+  if (size <= w.front().first) return w.front().second;
+  if (size >= w.back().first) return w.back().second;
   for (std::size_t i = 1; i < w.size(); ++i) {
-    if (d_model <= w[i].first) {
-      const double f = std::log(static_cast<double>(d_model) / w[i - 1].first) /
+    if (size <= w[i].first) {
+      const double f = std::log(size / w[i - 1].first) /
                        std::log(static_cast<double>(w[i].first) / w[i - 1].first);
       return w[i - 1].second + f * (w[i].second - w[i - 1].second);
     }
@@ -379,11 +448,20 @@ double by_width(const std::vector<std::pair<int, double>>& w, int d_model, doubl
 }  // namespace
 
 double compute_gflops(const MachineProfile& m, int d_model, double tokens) {
-  const double at512 = by_width(m.compute_gflops_by_width, d_model, m.compute_gflops);
+  const double at512 = by_size(m.compute_gflops_by_width, d_model, m.compute_gflops);
   if (m.compute_gflops_by_width_128.empty()) return at512;
-  const double at128 = by_width(m.compute_gflops_by_width_128, d_model, at512);
+  const double at128 = by_size(m.compute_gflops_by_width_128, d_model, at512);
   const double f = std::clamp(std::log(std::max(tokens, 1.0) / 128.0) / std::log(4.0), 0.0, 1.0);
   return at128 + f * (at512 - at128);
+}
+
+double grad_handoff_gbps(const MachineProfile& m, std::size_t module_elems) {
+  return by_size(m.grad_handoff_gbps_by_module_elems, static_cast<double>(module_elems), m.grad_handoff_gbps);
+}
+
+double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems) {
+  return by_size(m.optimizer_params_per_s_by_module_elems, static_cast<double>(module_elems),
+                  m.optimizer_params_per_s);
 }
 
 MachineProfile load_profile(const std::string& path) {
@@ -427,9 +505,30 @@ std::uint64_t activation_bytes(const gpt::GptConfig& g, int batch, int seq_len) 
 
 Prediction predict(const train::TrainPlan& run, const MachineProfile& m) {
   Prediction p;
-  const Config cfg = with_machine_budgets(run.config, m);
+  std::uint64_t backend = 0;
+  bool too_small = false;
+  const Config cfg = engine_config(run, m, &backend, &too_small);
   predict_memory(run, cfg, m, p);
   check_fit(run, cfg, m, p);
+  if (too_small) {
+    const std::uint64_t budget = with_machine_budgets(run.config, m).tiermem.device_budget_bytes;
+    p.fits = false;
+    p.why = fmt::format("the device budget {} does not hold the CUDA model's activations and workspace ({}) and "
+                        "leave room for parameters",
+                        format_bytes(budget), format_bytes(backend));
+    const std::uint64_t least = gpt::cuda_backend_bytes(run.model, 1, 1);  // one token: the fixed part
+    if (least >= budget) {
+      p.fix = fmt::format("none at this width and depth: the CUDA model's fixed part (a module's parameters and "
+                          "gradient staged in fp32, and the rest that does not shrink with the batch) is {} alone; a "
+                          "device with more memory, or a smaller model",
+                          format_bytes(least));
+      return p;
+    }
+    p.fix = run.batch > 1 ? fmt::format("a smaller micro-batch (--batch {}) with more accumulation (--grad-accum {})",
+                                        run.batch / 2, run.grad_accum * 2)
+                          : fmt::format("shorter sequences (--seq-len {})", std::max(1, run.seq_len / 2));
+    return p;
+  }
   // Time needs rates (a memory-only profile has none).
   if (p.zero.fits && compute_gflops(m, run.model.d_model) > 0 && m.cpu_adam_params_per_s > 0) {
     predict_time(run, cfg, m, p);
@@ -443,7 +542,14 @@ LargestModel largest_model(const train::TrainPlan& run, const MachineProfile& m)
     train::TrainPlan r = run;
     r.model.n_layer = L;
     Prediction p;
-    Config cfg = with_machine_budgets(r.config, m);
+    std::uint64_t backend = 0;
+    bool too_small = false;
+    Config cfg = engine_config(r, m, &backend, &too_small);
+    if (too_small) {
+      if (why) *why = fmt::format("the CUDA model's activations and workspace ({}) fill the device budget",
+                                  format_bytes(backend));
+      return std::uint64_t{0};
+    }
     predict_memory(r, cfg, m, p);
     // Budgets at their minimum (a user would raise them): what the machine itself can hold.
     if (!p.zero.fits) {
@@ -530,6 +636,7 @@ nlohmann::json prediction_json(const Prediction& p) {
   j["host_peak_parts"] = {{"pool", p.host_pool_peak_bytes}, {"bounce", p.host_bounce_bytes},
                           {"engine", p.host_engine_bytes}, {"gradient_buffers", p.grad_buffer_peak_bytes},
                           {"activations", p.activation_bytes}, {"sim_device", p.sim_device_bytes}};
+  j["device_activation_bytes"] = p.device_activation_bytes;
   j["nvme_peak_bytes"] = p.nvme_peak_bytes;
   if (!p.fits || p.time.step_s <= 0) return j;  // no time without a profile's rates
   const TimePrediction& t = p.time;

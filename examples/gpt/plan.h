@@ -12,11 +12,13 @@
 //   params     stage 3 with offloaded parameters: the step's module accesses replayed by the tier
 //              simulator (tiermem/tier_simulator.h, Belady policy, the engine's budgets) give the
 //              NVMe->host and host->device bytes and the stall not hidden behind compute
-//   gradients  each micro-batch's fp32 gradients handed to the engine (world 1: a host copy at
-//              d2h_gbps; several ranks: a reduce-scatter at comm_gbps)
+//   gradients  each micro-batch's fp32 gradients handed to the engine (world 1: at the profile's
+//              measured grad_handoff_gbps, else a host copy at d2h_gbps; several ranks: a
+//              reduce-scatter at comm_gbps)
 //   gather     stage 3, several ranks: all-gather of each module, forward and backward
-//   optimizer  sub-groups pipelined: max(Adam at cpu_adam_params_per_s, the optimizer state's
-//              NVMe read + write) + the new working parameters written to their home
+//   optimizer  sub-groups pipelined: max(the step at optimizer_params_per_s — else Adam at
+//              cpu_adam_params_per_s plus the new working parameters' copy —, the optimizer
+//              state's NVMe read + write) + what the working parameters' home adds (NVMe writes)
 // step = forward/backward (compute + stall) + gradients + gather + optimizer. The bottleneck is
 // the largest of compute, the NVMe link, the host->device link, communication and Adam.
 //
@@ -50,6 +52,17 @@ struct MachineProfile {
   // log(d_model), then in log(tokens per micro-batch) between the two, clamped at the ends.
   std::vector<std::pair<int, double>> compute_gflops_by_width, compute_gflops_by_width_128;
   double cpu_adam_params_per_s = 0;     // CPU AdamW, all the machine's cores (ranks share it)
+  // Optional (tiermem-bench profile): the engine's own work at world 1, measured through
+  // ZeroEngine as tiermem-train drives it. grad_handoff_gbps: fp32 gradient bytes per second from
+  // the model's fresh per-module buffer into the gradient partitions (reduce_gradients: memset,
+  // accumulate, folded norm). optimizer_params_per_s: ZeroEngine::step() with the state in host
+  // memory (AdamW, the norm, the new working parameters written to their home). Each also by
+  // module size (elements), interpolated in log(elements) by the run's largest module, clamped.
+  // Absent (written profiles): the hand-off is priced as a copy at d2h_gbps and the step as Adam
+  // at cpu_adam_params_per_s plus the working parameters' copy.
+  double grad_handoff_gbps = 0, optimizer_params_per_s = 0;
+  std::vector<std::pair<int, double>> grad_handoff_gbps_by_module_elems,
+      optimizer_params_per_s_by_module_elems;
   double h2d_gbps = 0, d2h_gbps = 0;    // host <-> device, one rank
   double nvme_read_gbps = 0, nvme_write_gbps = 0;  // all drives together (ranks share them)
   double comm_gbps = 0;                 // per-rank collective bus bandwidth (0: unknown)
@@ -68,6 +81,10 @@ MachineProfile load_profile(const std::string& path);
 // The compute rate (GFLOP/s) for a model of width `d_model` in micro-batches of `tokens` on `m`.
 double compute_gflops(const MachineProfile& m, int d_model, double tokens = 512);
 
+// The engine's rates for modules of `module_elems` elements on `m` (0: not in the profile).
+double grad_handoff_gbps(const MachineProfile& m, std::size_t module_elems);
+double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems);
+
 // The host and device budgets a run gets when the config leaves them 0, on `m` (as the engine
 // resolves them on that machine: host 1/16 of memory in [256 MiB, 1 GiB]; device sim 1 GiB,
 // cuda 95 % of device memory). Returns `cfg` with both filled.
@@ -80,7 +97,8 @@ struct TimePrediction {
   double h2d_s = 0;            // host->device busy time
   double d2h_s = 0;            // device->host / gradient hand-off busy time
   double comm_s = 0;           // collectives (and, world 1, the gradient hand-off)
-  double adam_s = 0;           // CPU Adam over the rank's shard
+  double adam_s = 0;           // CPU Adam over the rank's shard (or the engine's measured step)
+  bool adam_measured_step = false;  // adam_s is the profile's optimizer_params_per_s (whole step)
   double optimizer_s = 0;      // the optimizer phase: max(Adam, its NVMe traffic) + publish
   double step_s = 0;
   std::string bottleneck;      // compute | nvme | host->device | communication | optimizer
@@ -97,6 +115,7 @@ struct Prediction {
   std::uint64_t host_pool_peak_bytes = 0, host_bounce_bytes = 0, host_engine_bytes = 0;
   std::uint64_t grad_buffer_peak_bytes = 0, activation_bytes = 0, sim_device_bytes = 0;
   std::uint64_t nvme_peak_bytes = 0;
+  std::uint64_t device_activation_bytes = 0;  // CUDA backend: activations + workspace (in the device peak)
   // Traffic of one steady-state step, bytes.
   std::uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0, h2d_bytes = 0, comm_bytes = 0;
   TimePrediction time;

@@ -147,9 +147,17 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
                    run.config.zero.stage, tier_name(z.param_home), tier_name(z.optimizer_home),
                    tier_name(z.gradient_home), z.piece_elems);
   t += "memory (one rank)\n";
-  t += fmt::format("  device        peak {:>10}   budget {}, minimum {}{}\n", format_bytes(p.device_peak_bytes),
-                   format_bytes(z.device_budget_bytes), format_bytes(z.device_min_bytes),
+  t += fmt::format("  device        peak {:>10}   {}budget {}, minimum {}{}\n", format_bytes(p.device_peak_bytes),
+                   p.device_activation_bytes ? "the engine's " : "",
+                   p.device_activation_bytes && !p.fits && z.device_budget_bytes <= 4096
+                       ? std::string("none left")
+                       : format_bytes(z.device_budget_bytes),
+                   format_bytes(z.device_min_bytes),
                    z.device_min_why.empty() ? "" : " (" + z.device_min_why + ")");
+  if (p.device_activation_bytes) {
+    t += fmt::format("                = the engine's {} + the CUDA model's activations and workspace {}\n",
+                     format_bytes(p.device_peak_bytes - p.device_activation_bytes), format_bytes(p.device_activation_bytes));
+  }
   t += fmt::format("  host          peak {:>10}   budget {}, minimum {} ({})\n", format_bytes(p.host_peak_bytes),
                    format_bytes(z.host_budget_bytes), format_bytes(z.host_min_bytes), z.host_min_why);
   t += fmt::format("                = pool {} + bounce {} + engine {} + gradient buffers {} + activations {}{}\n",
@@ -177,8 +185,8 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
     t += fmt::format("  communication {:>10} ({:.0f} %)  {}\n", seconds_text(x.comm_s), pct(x.comm_s),
                      run.world_size == 1 ? "world 1: gradient hand-off + the gathers' waits"
                                          : fmt::format("{} of collectives", format_bytes(p.comm_bytes)));
-    t += fmt::format("  optimizer     {:>10} ({:.0f} %)  Adam {} at {:.3g} params/s\n", seconds_text(x.optimizer_s),
-                     pct(x.optimizer_s), seconds_text(x.adam_s), m.cpu_adam_params_per_s);
+    t += fmt::format("  optimizer     {:>10} ({:.0f} %)  {} {}\n", seconds_text(x.optimizer_s), pct(x.optimizer_s),
+                     x.adam_measured_step ? "the engine's step" : "Adam", seconds_text(x.adam_s));
     t += fmt::format("throughput      {:.0f} tokens/s, {:.3f} TFLOP/s\n", p.tokens_per_s, p.tflops);
   } else {
     t += "step time       - (give --profile, e.g. from tiermem-bench profile --json)\n";

@@ -7,6 +7,9 @@
 //   - bad input: exit 2 and one line naming the key, value or path.
 #include "train_run.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "gpt/model.h"
 #include "plan.h"
 #include "tiermem/error.h"
@@ -101,6 +104,46 @@ TEST_F(PlanTest, BytesPerTierMatchTheEnginesPeaks) {
   }
 }
 
+// Several ranks under mpirun (ZeroEngine stage 3 over MPI, each rank its own shard): rank 0's
+// peaks, as the summary reports them, against the plan at that world size — the state exactly
+// (NVMe; the device: the store's shards plus the one all-gathered module tiermem-train holds at a
+// time), the host within kHostBound (the engine buffers: one reduce-scatter bucket at a time
+// without overlap_comm). World 3 pads every shard.
+TEST_F(PlanTest, RanksPeaksMatchThePlanAtTheirWorldSize) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  struct Case {
+    int world;
+    std::string offload;
+  } cases[] = {{2, "none"}, {2, "cpu"}, {2, "nvme"}, {3, "nvme"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("-np " + std::to_string(c.world) + " --offload " + c.offload);
+    const RunResult t = run("--model tiny --seq-len 16 --batch 2 --steps 2 --eval-every 0 --offload " + c.offload +
+                                " --swap-dir swap --json --data " + corpus(),
+                            "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(c.world) + " env");
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+    ASSERT_TRUE(t.summary.is_object()) << t.out;
+    ASSERT_EQ(t.summary["world_size"].get<int>(), c.world);
+    std::ofstream(dir_ / "run.jsonl") << t.out;
+    const RunResult k = plan("--check run.jsonl --profile profile.json --json");
+    ASSERT_EQ(k.exit_code, 0) << k.err;
+    const json& j = k.summary;
+    EXPECT_EQ(j["nvme_peak_bytes_predicted"].get<double>(), j["nvme_peak_bytes_measured"].get<double>());
+    EXPECT_EQ(j["device_peak_bytes_predicted"].get<double>(), j["device_peak_bytes_measured"].get<double>());
+    EXPECT_GT(j["device_peak_bytes_measured"].get<double>(), 0);
+    if (c.offload == "nvme") {
+      EXPECT_GT(j["nvme_peak_bytes_measured"].get<double>(), 0);
+    }
+    EXPECT_LE(j["host_peak_bytes_rel_error"].get<double>(), kHostBound)
+        << "predicted " << j["host_peak_bytes_predicted"] << " measured " << j["host_peak_bytes_measured"];
+    // The plan of one rank of this world is not the plan of one rank alone.
+    const RunResult one = plan("--model tiny --seq-len 16 --batch 2 --offload " + c.offload + " --json");
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    if (c.offload == "nvme") {
+      EXPECT_LT(j["nvme_peak_bytes_predicted"].get<double>(), one.summary["nvme_peak_bytes"].get<double>());
+    }
+  }
+}
+
 TEST_F(PlanTest, WhatThePlannerRefusesTheEngineRefusesWithTheSameMinimum) {
   struct Case {
     std::string base, too_small, tier;  // tier: which minimum ("host" or "device")
@@ -190,6 +233,57 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
   ASSERT_EQ(m.exit_code, 0) << m.err;
   EXPECT_EQ(m.summary["nvme_peak_bytes"], j["nvme_peak_bytes"]);
   EXPECT_FALSE(m.summary.contains("step_seconds"));
+}
+
+// The engine's measured rates (tiermem-bench profile): the world-1 gradient hand-off is priced at
+// grad_handoff_gbps and the optimizer step at optimizer_params_per_s, each interpolated in
+// log(elements) by the run's largest module; without them, a copy at d2h_gbps and Adam at
+// cpu_adam_params_per_s.
+TEST_F(PlanTest, MeasuredEngineRatesPriceTheHandOffAndTheStep) {
+  tiermem::gpt::GptConfig gpt2 = tiermem::gpt::GptConfig::named("gpt2");
+  gpt2.vocab_size = 256;
+  const double params = static_cast<double>(tiermem::gpt::num_params(gpt2));
+  std::size_t largest = 0;
+  double shard = 0;  // the rank's optimizer shard: every module padded to the 1024-element alignment
+  for (const auto& l : tiermem::gpt::module_layouts(gpt2)) {
+    largest = std::max<std::size_t>(largest, l.numel);
+    shard += static_cast<double>((l.numel + 1023) / 1024 * 1024);
+  }
+  // Keyed figures around the block's size, so that the interpolation is exercised.
+  const double lo = 1 << 20, hi = 1 << 24;
+  const double f = std::log(static_cast<double>(largest) / lo) / std::log(hi / lo);
+  ASSERT_GT(f, 0);
+  ASSERT_LT(f, 1);
+  json measured = json::parse(kProfile);
+  measured["grad_handoff_gbps"] = 2.0;
+  measured["grad_handoff_gbps_by_module_elems"] = {{std::to_string(1 << 20), 3.0}, {std::to_string(1 << 24), 1.0}};
+  measured["optimizer_params_per_s"] = 5e7;
+  measured["optimizer_params_per_s_by_module_elems"] = {{std::to_string(1 << 20), 4e7}, {std::to_string(1 << 24), 8e7}};
+  std::ofstream(dir_ / "measured.json") << measured.dump();
+  const std::string args = "--model gpt2 --offload cpu --host-budget 4GiB --device-budget 2GiB --json --profile ";
+  const RunResult r = plan(args + "measured.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json& t = r.summary["time_seconds"];
+  const double handoff = 3.0 + f * (1.0 - 3.0), step = 4e7 + f * (8e7 - 4e7);
+  EXPECT_NEAR(t["gradient_handoff"].get<double>(), 4.0 * params / (handoff * 1e9), 1e-9);
+  EXPECT_NEAR(t["adam"].get<double>(), shard / step, 1e-9);
+  // The measured step includes writing the new working parameters: nothing added for them.
+  EXPECT_NEAR(t["optimizer"].get<double>(), shard / step, 1e-9);
+
+  // Without the engine's figures: one copy at d2h_gbps, Adam at cpu_adam_params_per_s.
+  const RunResult b = plan(args + "profile.json");
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const json& u = b.summary["time_seconds"];
+  EXPECT_NEAR(u["gradient_handoff"].get<double>(), 4.0 * params / 10e9, 1e-9);
+  EXPECT_NEAR(u["adam"].get<double>(), shard / 1e8, 1e-9);
+  EXPECT_GT(u["optimizer"].get<double>(), u["adam"].get<double>());  // plus the parameters' copy
+
+  // A keyed figure with a key that is not a size is bad input, named.
+  measured["grad_handoff_gbps_by_module_elems"] = {{"big", 1.0}};
+  std::ofstream(dir_ / "badkey.json") << measured.dump();
+  const RunResult e = plan("--model gpt2 --profile badkey.json");
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_NE(e.err.find("grad_handoff_gbps_by_module_elems.big"), std::string::npos) << e.err;
 }
 
 }  // namespace
