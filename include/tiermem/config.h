@@ -108,7 +108,7 @@ struct TiermemConfig {
   std::uint64_t pipeline_chunk_bytes = 8ull << 20;  // NVMe->host->device pipeline chunk
   int pipeline_chunks = 4;                  // pinned bounce chunks in flight
   std::uint64_t nvme_prefetch_bytes = 256ull << 20;  // NVMe->host prefetch look-ahead
-  bool overlap_optimizer_step = true;       // ZeRO-3: each module's AdamW update at its next gather
+  bool overlap_optimizer_step = false;      // ZeRO-3: each module's AdamW update at its next gather
   double acquire_timeout_s = 30;            // wait for a release before OutOfMemoryError
   std::string trace_path;                   // Chrome trace output ("" = off; env TIERMEM_TRACE)
   std::string log_level = "info";           // trace|debug|info|warn|error|off

@@ -76,7 +76,7 @@
 // zero_plan.h publishes_working_on_device — else the host tier), releases them, and discards the
 // consumed gradient partition (TensorStore::discard: it is never written to NVMe). Dirty state
 // goes back to NVMe when the pool needs its room.
-// Overlapped step (tiermem.overlap_optimizer_step, default true; stage 3, no fp16, the global
+// Overlapped step (tiermem.overlap_optimizer_step, default false; stage 3, no fp16, the global
 // norm folded into gradient accumulation): step() computes the norm and the step's scalars and
 // leaves each stored module's sub-groups pending; the update runs at the module's next gather
 // (or reduce_gradients, step, zero_grad, export_*, when those come first), so the optimizer
@@ -280,9 +280,10 @@ class ZeroEngine {
   // (async with overlap_comm; completed by the next step()/synchronize()).
   void reduce_gradients(int module, std::span<const float> grad);
   // As above, taking the buffer (grad.size() == numel): with one rank and stage 2/3 the call
-  // returns once the gradient partitions it adds into are pinned (in call order, so the access
-  // trace stays deterministic), and the additions run on the engine's gradient thread while the
-  // caller goes on with its backward pass; one call is in flight at a time (the next call, step(),
+  // returns once the gradient partitions it adds into that already hold a gradient are pinned
+  // (in call order, so the access trace stays deterministic), and the rest — fresh partitions
+  // acquired for overwrite (with any write-back that makes room for them), the additions, the
+  // folded norm — runs on the engine's gradient thread while the caller goes on with backward; one call is in flight at a time (the next call, step(),
   // synchronize(), zero_grad() and the state export wait for it), so at most one buffer and one
   // module's partitions are held beyond the caller's. Otherwise the same as the span form. The
   // buffer is freed by the engine. Errors as the span form; one raised on the gradient thread is

@@ -285,8 +285,10 @@ std::vector<ZeroEngine::Impl::GradPiece> ZeroEngine::Impl::pin_grad(int mi, std:
     w.lo = lo;
     w.hi = hi;
     w.fresh = p.grad_fresh;
-    if (p.grad_fresh) {  // first gradient since the step: no need to read the old partition
-      w.pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
+    if (p.grad_fresh) {
+      // First gradient since the step: no need to read the old partition. Pinned by add_grad
+      // (acquire_for_overwrite is no access the Prefetcher records, so it may run on the gradient
+      // thread, and so may the write-back of whatever it evicts for room).
       p.grad_fresh = false;
     } else {
       w.pin = store->acquire(p.grad, Tier::kHost, Phase::kBackward);
@@ -300,6 +302,7 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
   for (GradPiece& w : work) {
     const int pi = w.piece;
     detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
+    if (!w.pin.valid()) w.pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
     float* g = w.pin.as<float>();
     const std::size_t lo = w.lo, hi = w.hi;
     const float* s = src + (lo - begin);

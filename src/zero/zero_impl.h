@@ -152,7 +152,9 @@ struct ZeroEngine::Impl {
   std::uint64_t bucket_bytes_live = 0;
 
   // The one-rank gradient hand-off (reduce_gradients taking the buffer, stages 2-3): the caller
-  // pins the partitions (GradPiece), a one-thread pool adds into them. At most one call in flight.
+  // pins the partitions that already hold a gradient (an access the Prefetcher records, so in
+  // call order), a one-thread pool acquires the fresh ones for overwrite and adds into them all.
+  // At most one call in flight.
   struct GradPiece {
     int piece = 0;
     TensorStore::Pin pin;
