@@ -9,6 +9,7 @@
 #include <string>
 
 #include "bench/bench.h"
+#include "tiermem/env.h"
 #include "tiermem/error.h"
 
 namespace tiermem::bench {
@@ -19,6 +20,7 @@ std::vector<CommandInfo>& commands() {
 }  // namespace tiermem::bench
 
 int main(int argc, char** argv) {
+  tiermem::prefer_passive_omp_wait(argv);  // measure as tiermem-train runs (env.h)
   CLI::App app{"tiermem-bench: benchmarks of tiermem's tiers (nvme, host, device) and kernels"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, std::function<int()>>> runs;

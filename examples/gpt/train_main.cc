@@ -24,8 +24,8 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdlib>
 
+#include "tiermem/env.h"
 #include "train_loop.h"
 #include "train_options.h"
 
@@ -52,21 +52,10 @@ void stop_on_closed_stdout() {
   ::sigaction(SIGPIPE, &sa, nullptr);
 }
 
-// libgomp reads OMP_WAIT_POLICY once, when it is loaded (before main): by default its threads
-// spin after every parallel region and take the two cores of a small machine from OpenBLAS's
-// threads and the engine's, which made a gpt2 step 2-3x slower here (docs/benchmarks.md,
-// "Traced"). Unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set), the program starts
-// itself again, once, with OMP_WAIT_POLICY=PASSIVE. If that fails it carries on as it is.
-void prefer_passive_omp_wait(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
-  if (::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
-  ::execv("/proc/self/exe", argv);  // returns only on failure
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  prefer_passive_omp_wait(argv);
+  tiermem::prefer_passive_omp_wait(argv);  // libgomp's spinning threads cost 2-3x here (env.h)
   stop_on_closed_stdout();
   tiermem::train::TrainOptions opts;
   const int rc = tiermem::train::parse_train_options(argc, argv, &opts);

@@ -12,4 +12,14 @@ namespace tiermem {
 // The value of environment variable `name`, or nullopt when unset or empty.
 std::optional<std::string> env_param(std::string_view name);
 
+// For a program's main(), first thing (argv as main got it): libgomp reads OMP_WAIT_POLICY once,
+// when it is loaded, before main. Its default spins the team's threads after every parallel
+// region, and on a small machine they take the cores from OpenBLAS's threads and tiermem's own
+// (a gpt2 step of tiermem-train 2-3x slower on 2 cores; docs/benchmarks.md "Traced"). Unless the
+// user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set), this sets OMP_WAIT_POLICY=PASSIVE and
+// starts the program again, once, from /proc/self/exe with the same arguments; it returns only
+// when nothing was to be done or the exec failed (the program then carries on as it is).
+// Call it before any thread, MPI_Init or file is opened.
+void prefer_passive_omp_wait(char** argv);
+
 }  // namespace tiermem

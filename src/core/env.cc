@@ -1,5 +1,7 @@
 #include "tiermem/env.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -18,6 +20,12 @@ std::optional<std::string> env_param(std::string_view name) {
   if (v != nullptr && *v != '\0') value = v;
   cache.emplace(key, value);
   return value;
+}
+
+void prefer_passive_omp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
+  if (::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);  // returns only on failure
 }
 
 }  // namespace tiermem
