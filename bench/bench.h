@@ -7,12 +7,44 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "tiermem/error.h"
+#include "tiermem/pinned_host_pool.h"
+
 namespace tiermem::bench {
+
+// A PinnedHostPool of one populated mapping with room for `bytes`, for I/O buffers laid out as
+// training's are: 2 MiB pages where the system allows (4 KiB with huge_pages false), page-locked
+// when RLIMIT_MEMLOCK allows, else the same pages unlocked (the pool warns). Throws as the pool.
+inline std::unique_ptr<PinnedHostPool> make_io_buffer_pool(std::uint64_t bytes, bool huge_pages = true) {
+  PinnedHostPoolOptions po;
+  po.budget_bytes = PinnedHostPool::allocation_size(bytes);
+  po.mapping_bytes = po.budget_bytes;
+  po.huge_pages = huge_pages;
+  po.populate = true;
+  po.map_now = true;
+  po.pin_memory = true;
+  try {
+    return std::make_unique<PinnedHostPool>(po);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error&) {  // the memlock limit
+    po.pin_memory = false;
+    return std::make_unique<PinnedHostPool>(po);
+  }
+}
+
+// Frees a block of a PinnedHostPool (for std::unique_ptr).
+template <class T>
+struct PoolFree {
+  PinnedHostPool* pool;
+  void operator()(T* p) const { pool->free(p); }
+};
 
 // A subcommand: `setup` adds its options to `sub` and returns the function to run (exit code).
 using CommandSetup = std::function<std::function<int()>(CLI::App& sub)>;

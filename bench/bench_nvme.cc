@@ -240,29 +240,10 @@ int run_nvme(const NvmeOpts& o) {
   // The I/O buffers come from a PinnedHostPool, as training's do: one populated mapping, in
   // 2 MiB pages unless --huge-pages off (then 4 KiB pages, as a plain heap buffer has).
   const std::uint64_t pool_bytes = bs * static_cast<std::uint64_t>(o.qd) * static_cast<std::uint64_t>(o.jobs);
-  PinnedHostPoolOptions po;
-  po.budget_bytes = PinnedHostPool::allocation_size(pool_bytes);
-  po.mapping_bytes = po.budget_bytes;
-  po.huge_pages = o.huge_pages == "on";
-  po.populate = true;
-  po.map_now = true;
-  po.pin_memory = true;  // page-locked as training's pool is, when RLIMIT_MEMLOCK allows
-  std::unique_ptr<PinnedHostPool> pool_holder;
-  try {
-    pool_holder = std::make_unique<PinnedHostPool>(po);
-  } catch (const OutOfMemoryError&) {
-    throw;
-  } catch (const Error&) {  // the memlock limit: the same buffers, unlocked (the pool warns)
-    po.pin_memory = false;
-    pool_holder = std::make_unique<PinnedHostPool>(po);
-  }
+  std::unique_ptr<PinnedHostPool> pool_holder = make_io_buffer_pool(pool_bytes, o.huge_pages == "on");
   PinnedHostPool& host_pool = *pool_holder;
   char* const buf_base = static_cast<char*>(host_pool.allocate(pool_bytes));
-  struct PoolFree {
-    PinnedHostPool* p;
-    void operator()(char* b) const { p->free(b); }
-  };
-  std::unique_ptr<char, PoolFree> pool(buf_base, PoolFree{&host_pool});
+  std::unique_ptr<char, PoolFree<char>> pool(buf_base, PoolFree<char>{&host_pool});
   for (std::uint64_t i = 0; i < pool_bytes; ++i) pool.get()[i] = static_cast<char>(i * 131 + 7);
   const HostRegion region = host_pool.regions().front();
   // Registered always, for its page layout; as fixed buffers only with --fixed-bufs.

@@ -97,27 +97,9 @@ std::pair<double, double> measure_nvme(const ProfileOpts& o, std::uint64_t bytes
   // The buffer comes from a PinnedHostPool in 2 MiB pages, as the engine's are: a request into a
   // heap buffer of 4 KiB pages is split into far more physical segments and read here at about
   // 40 % of the rate the engine gets (1.19 against 2.8-3.0 GB/s at stop 20).
-  PinnedHostPoolOptions po;
-  po.budget_bytes = PinnedHostPool::allocation_size(bytes);
-  po.mapping_bytes = po.budget_bytes;
-  po.populate = true;
-  po.map_now = true;
-  po.pin_memory = true;
-  std::unique_ptr<PinnedHostPool> pool;
-  try {
-    pool = std::make_unique<PinnedHostPool>(po);
-  } catch (const OutOfMemoryError&) {
-    throw;
-  } catch (const Error&) {  // the memlock limit: the same pages, unlocked (the pool warns)
-    po.pin_memory = false;
-    pool = std::make_unique<PinnedHostPool>(po);
-  }
-  std::byte* const base = static_cast<std::byte*>(pool->allocate(bytes));
-  struct PoolFree {
-    PinnedHostPool* p;
-    void operator()(std::byte* b) const { p->free(b); }
-  };
-  std::unique_ptr<std::byte, PoolFree> buf(base, PoolFree{pool.get()});
+  std::unique_ptr<PinnedHostPool> pool = make_io_buffer_pool(bytes);
+  std::unique_ptr<std::byte, PoolFree<std::byte>> buf(static_cast<std::byte*>(pool->allocate(bytes)),
+                                                       PoolFree<std::byte>{pool.get()});
   io->allocate_space(f, 0, bytes);
   auto pass = [&](bool write) {
     std::vector<IoRequest> reqs;

@@ -232,33 +232,26 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   const bool on_device = I.compute_tier == Tier::kDevice;
   if (I.opaque) {  // device memory the CPU cannot address: zero_device.cc
     buf = I.all_gather_to_device(m, pin);
-    ++I.st.all_gather_calls;
-    I.gathered_live += bytes;
-    I.st.gathered_bytes_peak = std::max(I.st.gathered_bytes_peak, I.gathered_live);
-    g.data_ = buf;
-    g.owned_ = true;
-    g.owned_on_device_ = true;
-    g.engine_ = this;
-    return g;
-  }
-  if (on_device) {
-    buf = I.device->allocate(bytes);  // OutOfMemoryError(kDevice) beyond the gather reserve
   } else {
-    buf = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-    if (!buf) throw OutOfMemoryError(Tier::kHost, bytes, 0, "ZeroEngine all-gather buffer");
-  }
-  std::byte* mine = static_cast<std::byte*>(buf) + static_cast<std::size_t>(I.rank) * m.shard.shard * I.wsize;
-  std::memcpy(mine, pin.data(), m.shard.shard * I.wsize);
-  pin.release();
-  try {
-    I.comm.all_gather(mine, buf, m.shard.shard, I.comm_dtype);  // in place
-  } catch (...) {
     if (on_device) {
-      I.device->free(buf);
+      buf = I.device->allocate(bytes);  // OutOfMemoryError(kDevice) beyond the gather reserve
     } else {
-      std::free(buf);
+      buf = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+      if (!buf) throw OutOfMemoryError(Tier::kHost, bytes, 0, "ZeroEngine all-gather buffer");
     }
-    throw;
+    std::byte* mine = static_cast<std::byte*>(buf) + static_cast<std::size_t>(I.rank) * m.shard.shard * I.wsize;
+    std::memcpy(mine, pin.data(), m.shard.shard * I.wsize);
+    pin.release();
+    try {
+      I.comm.all_gather(mine, buf, m.shard.shard, I.comm_dtype);  // in place
+    } catch (...) {
+      if (on_device) {
+        I.device->free(buf);
+      } else {
+        std::free(buf);
+      }
+      throw;
+    }
   }
   ++I.st.all_gather_calls;
   I.gathered_live += bytes;

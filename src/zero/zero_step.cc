@@ -139,6 +139,8 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
 
   // Sub-groups in order; AdamW writes every element of each module's working shard.
   WorkingShardOut working(*this);
+  const std::function<void(std::size_t, const float*)> norm_hook =
+      !pre_pass && !folded ? std::function<void(std::size_t, const float*)>(add_sumsq) : nullptr;
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     detail::Piece& p = pieces[k];
     detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
@@ -148,8 +150,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
       continue;
     }
     prefetch_after(k, true);
-    update_piece(k, ap, working, Phase::kOptimizer,
-                 !pre_pass && !folded ? std::function<void(std::size_t, const float*)>(add_sumsq) : nullptr);
+    update_piece(k, ap, working, Phase::kOptimizer, norm_hook);
   }
   working.finish();
   if (!pre_pass) {

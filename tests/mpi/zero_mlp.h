@@ -21,6 +21,16 @@
 
 namespace tiermem::testing {
 
+// Deterministic per-(module, step, element) gradient in [-0.5, 0.5).
+inline float synthetic_grad(std::size_t m, int step, std::size_t i) {
+  std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ (m << 40) ^ (static_cast<std::uint64_t>(step) << 52);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return static_cast<float>(x & 0xFFFF) / 65536.0f - 0.5f;
+}
+
+
 constexpr int kIn = 8, kHidden = 16, kOut = 4, kSamples = 24;
 
 struct MlpData {

@@ -24,6 +24,7 @@ namespace {
 
 using testing::mlp_config;
 using testing::on_opaque_device;
+using testing::synthetic_grad;
 
 std::string nvme_dir() {
   auto d =
@@ -117,16 +118,6 @@ INSTANTIATE_TEST_SUITE_P(StageOffload, ZeroOpaqueDevice,
                            return "stage" + std::to_string(c.stage) + "_" + c.offload +
                                   (p == "none" ? "" : "_param_" + p) + (c.bf16 ? "_bf16" : "");
                          });
-
-// Deterministic per-(module, step, element) gradient in [-0.5, 0.5).
-float synthetic_grad(std::size_t m, int step, std::size_t i) {
-  std::uint64_t x =
-      (i + 1) * 0x9E3779B97F4A7C15ull ^ (m << 40) ^ (static_cast<std::uint64_t>(step) << 52);
-  x ^= x >> 29;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 32;
-  return static_cast<float>(x & 0xFFFF) / 65536.0f - 0.5f;
-}
 
 // Stage 3, six modules of 10000 elements in sub-groups of 4096 (three per module, the last one
 // padded, some straddling nothing but their module): each sub-group's new working params are

@@ -24,6 +24,7 @@ namespace {
 using testing::mlp_config;
 using testing::mlp_reference;
 using testing::mlp_train_engine;
+using testing::synthetic_grad;
 
 // Stated tolerance: fp32 engine vs fp32 reference after 10 steps (summation order and the
 // FMA kernels differ): 1e-4 absolute on parameters of magnitude ~0.3-1.
@@ -85,15 +86,6 @@ INSTANTIATE_TEST_SUITE_P(StageOffload, ZeroMatrix,
                            return "stage" + std::to_string(info.param.stage) + "_" + info.param.offload +
                                   (p == "none" ? "" : "_param_" + p);
                          });
-
-// Deterministic per-(module, step, element) gradient in [-0.5, 0.5).
-float synthetic_grad(std::size_t m, int step, std::size_t i) {
-  std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ (m << 40) ^ (static_cast<std::uint64_t>(step) << 52);
-  x ^= x >> 29;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 32;
-  return static_cast<float>(x & 0xFFFF) / 65536.0f - 0.5f;
-}
 
 // Stage 3 with eight 64 KiB fp32 module shards on NVMe and a host budget of three: the working
 // params seen by every gather and the masters after four steps equal, bit for bit, an engine that
