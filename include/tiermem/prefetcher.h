@@ -59,6 +59,10 @@ struct PrefetcherOptions {
   // when room is needed — it is then the first victim, its next use being far — or release it at
   // once like DeepSpeed (false; frees memory for whatever else shares the device).
   bool cache_beyond_reuse_distance = true;
+  // Plan the host tier (tiermem.host_eviction_plan): replay Belady's MIN over the trace's
+  // host-tier accesses with the pool's room, write behind at release what the plan evicts before
+  // its next use, and read ahead from NVMe only into room the plan has free until the use.
+  bool host_eviction_plan = true;
 
   // From zero_optimization.stage3_* (elements × dtype size) and tiermem.nvme_prefetch_bytes.
   static PrefetcherOptions from_config(const Config& config, DType param_dtype);
@@ -78,6 +82,7 @@ class Prefetcher final : public ResidencyPolicy {
   bool keep_on_release(TensorId id, Tier tier, const ResidencyView& view) override;
   TensorId choose_victim(Tier tier, std::span<const TensorId> candidates) override;
   void on_evicted(TensorId id, Tier tier) override;
+  void on_discard(TensorId id) override;
   bool evict_for_prefetch(Tier tier, TensorId incoming, TensorId victim) override;
 
   // True when decisions come from a valid trace right now (replaying, no divergence this step).
@@ -95,6 +100,8 @@ class Prefetcher final : public ResidencyPolicy {
     std::uint64_t belady_victims = 0, lru_victims = 0;
     std::uint64_t evictions = 0;                      // on_evicted calls
     std::uint64_t prefetches_refused = 0;             // evict_for_prefetch said no
+    std::uint64_t write_behinds = 0;                  // keep_on_release said no: the host plan evicts it
+    std::uint64_t host_hints_deferred = 0;            // a host read-ahead waiting for planned room
   };
   const Stats& stats() const { return stats_; }
 
@@ -102,6 +109,11 @@ class Prefetcher final : public ResidencyPolicy {
   void reset_derived();
   void ensure_derived();
   std::uint64_t next_use_abs(TensorId id) const;  // absolute index of the next use after cur_
+  void ensure_host_plan(const ResidencyView& view);
+  // Host read-ahead of the access at absolute index `q` (not in memory): true when the plan's room
+  // holds it from now until its use (reserving that room), or it was granted before.
+  bool grant_host_room(std::int64_t q, std::uint64_t bytes);
+  void sweep_reservations();
 
   PrefetcherOptions options_;
   AccessTrace trace_;
@@ -120,6 +132,26 @@ class Prefetcher final : public ResidencyPolicy {
   std::int64_t host_cursor_ = -1; // last absolute index hinted to the host
   std::vector<std::uint8_t> host_moves_;  // per trace position: counted in the NVMe look-ahead
   bool continuing_ = false;       // the previous step replayed fully (cursors carry over)
+
+  // Per trace position, learnt while recording: the access fills the tensor without reading it
+  // (TensorStore::touch with overwrite), and the tensor was discarded after it (before its next
+  // access). rec_* grow with the recording and become the valid trace's at end_step().
+  std::vector<std::uint8_t> overwrite_, discard_after_, rec_overwrite_, rec_discard_;
+  std::unordered_map<TensorId, std::uint32_t> rec_last_;  // latest recorded position per tensor
+
+  // The host plan: Belady's MIN replayed over the trace's host-tier accesses (three cycles, the
+  // last kept as the steady state) with the host pool's room for caches. Per trace position:
+  // plan_wb_ — the tensor accessed there is evicted before its next access, so it may leave at
+  // release (written behind on a worker, not on the path of the access that needs the room);
+  // plan_room_ — bytes free after the access when every planned eviction happens at release.
+  // Host read-ahead is granted only within that room (reserved_ per position, granted_ per target).
+  std::uint64_t plan_gen_ = ~0ull, plan_capacity_ = 0;
+  bool plan_valid_ = false;
+  std::vector<std::uint8_t> plan_wb_;
+  std::vector<std::int64_t> plan_room_;
+  std::vector<std::uint64_t> reserved_;
+  std::vector<std::uint8_t> granted_;
+  std::int64_t swept_ = -1;  // absolute index up to which reservations were cleared
 
   // LRU fallback: access tick per tensor (0 = never accessed).
   std::uint64_t tick_ = 0;

@@ -46,6 +46,13 @@ struct ResidencyView {
   // assume every tensor may need one). TensorStore's view answers from its own state and may
   // only be called during the policy call it was passed to.
   std::function<bool(TensorId)> in_memory;
+  // The access being reported replaces the tensor's contents (TensorStore::touch with overwrite,
+  // for a later acquire_for_overwrite): it needs room at its tier but no read.
+  bool overwrite = false;
+  // The tier holding `id`'s home copy (never evicted from it), and the bytes of home copies
+  // resident at a tier (room no cache can use). Empty when the caller cannot tell.
+  std::function<Tier(TensorId)> home;
+  std::function<std::uint64_t(Tier)> home_bytes;
 };
 
 class ResidencyPolicy {
@@ -73,6 +80,10 @@ class ResidencyPolicy {
 
   // `id` left `tier` (evicted or dropped). Default: nothing.
   virtual void on_evicted(TensorId /*id*/, Tier /*tier*/) {}
+
+  // `id`'s contents were declared dead (TensorStore::discard): its cached copies are gone without
+  // a write-back and its next access overwrites it. Default: nothing.
+  virtual void on_discard(TensorId /*id*/) {}
 
   // A PREFETCH of `incoming` to `tier` needs room and choose_victim picked `victim`. Return false
   // to drop the prefetch rather than evict `victim` ("do no harm", Cao, Felten, Karlin and Li,

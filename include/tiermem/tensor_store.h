@@ -230,8 +230,11 @@ class TensorStore {
   // An access that is part of the step's pattern but whose work was already done outside the step
   // (e.g. an optimizer sub-group a checkpoint export updated early): the policy sees it exactly as
   // acquire() would show it — keeping a recorded access trace in step — and its prefetch hints are
-  // issued; nothing is loaded or pinned. Throws Error for an unknown id.
-  void touch(TensorId id, Tier tier, Phase phase);
+  // issued; nothing is loaded or pinned. With `overwrite`, the access is one that will fill the
+  // tensor without reading it (an acquire_for_overwrite made elsewhere, e.g. on another thread
+  // whose timing must not reorder the trace): the policy learns it needs room then, not a read.
+  // Throws Error for an unknown id.
+  void touch(TensorId id, Tier tier, Phase phase, bool overwrite = false);
 
   // Best-effort, asynchronous fetch of each id to `tier`: skipped when already there, dropped
   // (stats().prefetches_dropped) when it would have to wait for room. Never throws for I/O or

@@ -586,6 +586,7 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_int("pipeline_chunks", t.pipeline_chunks, 1, 1024);
     s->get_size("nvme_prefetch_bytes", t.nvme_prefetch_bytes);
     s->get("overlap_optimizer_step", t.overlap_optimizer_step);
+    s->get("host_eviction_plan", t.host_eviction_plan);
     s->get_double("acquire_timeout_s", t.acquire_timeout_s, 0, 1e6);
     s->get("trace_path", t.trace_path);
     s->inert("trace_path",
@@ -834,6 +835,7 @@ std::string config_to_json(const Config& c, int indent) {
         {"pipeline_chunks", t.pipeline_chunks},
         {"nvme_prefetch_bytes", t.nvme_prefetch_bytes},
         {"overlap_optimizer_step", t.overlap_optimizer_step},
+        {"host_eviction_plan", t.host_eviction_plan},
         {"acquire_timeout_s", t.acquire_timeout_s}}},
   };
   if (!sched.is_null()) j["scheduler"] = sched;

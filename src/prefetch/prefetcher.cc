@@ -28,6 +28,7 @@ PrefetcherOptions PrefetcherOptions::from_config(const Config& config, DType par
   o.max_live_bytes = saturating_mul(config.zero.stage3_max_live_parameters_elems, size);
   o.max_reuse_distance_bytes = saturating_mul(config.zero.stage3_max_reuse_distance_elems, size);
   o.nvme_prefetch_bytes = config.tiermem.nvme_prefetch_bytes;
+  o.host_eviction_plan = config.tiermem.host_eviction_plan;
   return o;
 }
 
@@ -61,6 +62,11 @@ void Prefetcher::begin_step() {
   const bool continuing = continuing_;
   continuing_ = false;
   trace_.begin_step();
+  if (trace_.state() == AccessTrace::State::kRecording) {
+    rec_overwrite_.clear();
+    rec_discard_.clear();
+    rec_last_.clear();
+  }
   if (!trace_.replaying()) return;
   const std::uint64_t gen_before = derived_gen_;
   ensure_derived();
@@ -71,12 +77,25 @@ void Prefetcher::begin_step() {
     cur_ = -1;
     dev_cursor_ = -1;
     host_cursor_ = -1;
+    reserved_.clear();
+    granted_.clear();
+    swept_ = -1;
   }
 }
 
 void Prefetcher::end_step() {
   const bool was_replaying = trace_.replaying();
+  const bool was_recording = trace_.state() == AccessTrace::State::kRecording;
   trace_.end_step();
+  if (was_recording && trace_.has_trace()) {  // the recording is the trace now
+    overwrite_ = std::move(rec_overwrite_);
+    discard_after_ = std::move(rec_discard_);
+    overwrite_.resize(trace_.accesses().size(), 0);
+    discard_after_.resize(trace_.accesses().size(), 0);
+    rec_overwrite_.clear();
+    rec_discard_.clear();
+    rec_last_.clear();
+  }
   if (derived_gen_ != ~0ull && derived_gen_ != trace_.generation()) reset_derived();
   continuing_ = was_replaying && trace_.has_trace();
 }
@@ -86,6 +105,11 @@ std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes
   last_tick_[id] = ++tick_;
   if (phase == Phase::kOutsideStep) return {};  // not part of the step: the trace never sees it
   const bool matched = trace_.on_access(Access{id, bytes, phase, tier});
+  if (trace_.state() == AccessTrace::State::kRecording) {
+    rec_last_[id] = static_cast<std::uint32_t>(rec_overwrite_.size());
+    rec_overwrite_.push_back(view.overwrite ? 1 : 0);
+    rec_discard_.push_back(0);
+  }
   if (!matched) {
     // Recording, or the trace just diverged: drop everything derived from a stale trace.
     if (derived_gen_ != ~0ull && derived_gen_ != trace_.generation()) reset_derived();
@@ -125,20 +149,47 @@ std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes
   // hinted nor counted, so the look-ahead reaches past them to what does need reading (e.g. the
   // optimizer state of the coming step, read during backward).
   if (options_.nvme_prefetch_bytes > 0) {
+    ensure_host_plan(view);
+    sweep_reservations();
+    // A host read-ahead goes out when the plan has room for it until its use (else it waits for a
+    // later access: room frees as the step goes on); other tiers' and unplanned ones always do.
+    // In order of use: once one waits for room, later ones wait too (none may take the room the
+    // nearer one is waiting for).
+    bool waiting = false;
+    auto host_hint = [&](std::int64_t abs) {
+      const Access& x = at(abs);
+      if (x.tier == Tier::kHost && plan_valid_ && (waiting || !grant_host_room(abs, x.bytes))) {
+        waiting = true;
+        ++stats_.host_hints_deferred;
+        return;
+      }
+      hints.push_back({x.id, Tier::kHost});
+    };
     if (host_moves_.size() != t.size()) host_moves_.assign(t.size(), 1);
     auto slot = [&](std::int64_t abs) -> std::uint8_t& { return host_moves_[static_cast<std::size_t>(abs % n)]; };
     std::int64_t c = std::max(host_cursor_, cur_);
     std::uint64_t window = 0;
+    auto overwrites = [&](std::int64_t abs) {
+      return overwrite_.size() == t.size() && overwrite_[static_cast<std::size_t>(abs % n)] != 0;
+    };
     for (std::int64_t a = cur_ + 1; a <= c; ++a) {
-      if (slot(a)) window += at(a).bytes;
+      // Passed before. Still (or again) not in memory: the store dropped that prefetch (no room,
+      // or the room's tenants were needed sooner), or the tensor left after the cursor passed it
+      // (a write-behind). Room frees as the step goes on — a consumed gradient partition is
+      // discarded, a pin ends — so ask again rather than leave it to a demand miss.
+      const bool missing = view.in_memory && !overwrites(a) && !view.in_memory(at(a).id);
+      if (missing) slot(a) = 1;
+      if (!slot(a)) continue;
+      window += at(a).bytes;
+      if (missing && at(a).id != id) host_hint(a);
     }
     for (; c + 1 <= end; ++c) {
       const Access& x = at(c + 1);
-      const bool moves = !view.in_memory || !view.in_memory(x.id);
+      const bool moves = !overwrites(c + 1) && (!view.in_memory || !view.in_memory(x.id));
       slot(c + 1) = moves ? 1 : 0;
       if (!moves) continue;
       if (window > 0 && window + x.bytes > options_.nvme_prefetch_bytes) break;
-      if (x.id != id) hints.push_back({x.id, Tier::kHost});
+      if (x.id != id) host_hint(c + 1);
       window += x.bytes;
     }
     host_cursor_ = c;
@@ -147,10 +198,11 @@ std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes
   return hints;
 }
 
-bool Prefetcher::keep_on_release(TensorId id, Tier /*tier*/, const ResidencyView& /*view*/) {
+bool Prefetcher::keep_on_release(TensorId id, Tier tier, const ResidencyView& view) {
   bool keep = true;
   if (trace_.replaying()) {
     ensure_derived();
+    if (tier == Tier::kHost) ensure_host_plan(view);
     auto it = positions_.find(id);
     if (it == positions_.end()) {
       keep = options_.cache_beyond_reuse_distance;  // not in the trace: never used again
@@ -164,6 +216,10 @@ bool Prefetcher::keep_on_release(TensorId id, Tier /*tier*/, const ResidencyView
       if (up != pos.begin()) {
         keep = reuse_[*(up - 1)].bytes <= options_.max_reuse_distance_bytes ||
                options_.cache_beyond_reuse_distance;
+        if (keep && tier == Tier::kHost && plan_valid_ && plan_wb_[*(up - 1)]) {
+          keep = false;  // the plan evicts it before its next use anyway: now, off the demand path
+          ++stats_.write_behinds;
+        }
       }
     }
   }
@@ -224,6 +280,146 @@ TensorId Prefetcher::choose_victim(Tier tier, std::span<const TensorId> candidat
 }
 
 void Prefetcher::on_evicted(TensorId /*id*/, Tier /*tier*/) { ++stats_.evictions; }
+
+void Prefetcher::on_discard(TensorId id) {
+  if (trace_.state() != AccessTrace::State::kRecording) return;
+  auto it = rec_last_.find(id);
+  if (it != rec_last_.end() && it->second < rec_discard_.size()) rec_discard_[it->second] = 1;
+}
+
+void Prefetcher::ensure_host_plan(const ResidencyView& view) {
+  const auto t = trace_.accesses();
+  const std::uint64_t budget = view.budget_bytes[static_cast<int>(Tier::kHost)];
+  const std::uint64_t homes = view.home_bytes ? view.home_bytes(Tier::kHost) : 0;
+  // Room for caches: the budget less home copies, less 1/8 for rounding and the pool's
+  // fragmentation (the plan must not promise room the pool cannot give: with 1/32, gpt2's
+  // 85 MB sub-groups in a 1 GiB pool cycled one sub-group more than planned, evicted on demand).
+  const std::uint64_t room = budget > homes ? budget - homes : 0;
+  const std::uint64_t capacity = room - room / 8;
+  if (plan_gen_ == derived_gen_ && plan_capacity_ == capacity) return;
+  plan_gen_ = derived_gen_;
+  plan_capacity_ = capacity;
+  plan_valid_ = false;
+  const std::size_t n = t.size();
+  plan_wb_.assign(n, 0);
+  plan_room_.assign(n, 0);
+  reserved_.assign(n, 0);
+  granted_.assign(n, 0);
+  swept_ = cur_ - 1;
+  if (!options_.host_eviction_plan || n == 0 || capacity == 0 || overwrite_.size() != n || discard_after_.size() != n) return;
+
+  // The host-tier accesses of tensors that are cached there (not homed there).
+  std::vector<std::uint32_t> hp;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (t[i].tier != Tier::kHost) continue;
+    if (view.home && view.home(t[i].id) == Tier::kHost) continue;
+    hp.push_back(static_cast<std::uint32_t>(i));
+  }
+  const std::size_t m = hp.size();
+  if (m == 0) return;
+  // gap[k]: host accesses from hp[k] to the next access of the same tensor (cyclic, 1..m).
+  std::vector<std::uint32_t> gap(m, static_cast<std::uint32_t>(m));
+  {
+    std::unordered_map<TensorId, std::size_t> seen;
+    for (std::size_t r = 2 * m; r-- > 0;) {
+      const std::size_t k = r % m;
+      const TensorId id = t[hp[k]].id;
+      auto it = seen.find(id);
+      if (it != seen.end() && r < m) gap[k] = static_cast<std::uint32_t>(it->second - r);
+      seen[id] = r;
+    }
+  }
+  struct Res {
+    std::uint64_t bytes;
+    std::int64_t last;  // absolute host-access index of its latest access
+  };
+  std::unordered_map<TensorId, Res> res;
+  std::uint64_t used = 0;
+  struct Ev {
+    std::int64_t last, at;
+    std::uint64_t bytes;
+  };
+  std::vector<Ev> evictions;                 // in the last cycle
+  std::vector<std::uint64_t> occupied(m, 0);  // after each host access of the last cycle
+  constexpr int kCycles = 3;
+  for (std::int64_t a = 0; a < static_cast<std::int64_t>(kCycles * m); ++a) {
+    const std::size_t k = static_cast<std::size_t>(a % static_cast<std::int64_t>(m));
+    const bool last_cycle = a >= static_cast<std::int64_t>((kCycles - 1) * m);
+    const Access& x = t[hp[k]];
+    auto it = res.find(x.id);
+    if (it == res.end()) {
+      // Room by Belady's MIN; the previous host access's tensor is taken to be still pinned.
+      const TensorId prev = t[hp[(k + m - 1) % m]].id;
+      while (used + x.bytes > capacity) {
+        TensorId victim = kInvalidTensor;
+        std::int64_t far = -1;
+        for (const auto& [rid, r] : res) {
+          if (rid == prev) continue;
+          const std::int64_t next = r.last + gap[static_cast<std::size_t>(r.last % static_cast<std::int64_t>(m))];
+          if (next > far) {
+            far = next;
+            victim = rid;
+          }
+        }
+        if (victim == kInvalidTensor) break;  // over the room even so: the plan cannot help
+        const Res v = res[victim];
+        if (last_cycle) evictions.push_back({v.last, a, v.bytes});
+        used -= v.bytes;
+        res.erase(victim);
+      }
+      res[x.id] = {x.bytes, a};
+      used += x.bytes;
+    } else {
+      it->second.last = a;
+    }
+    if (discard_after_[hp[k]]) {
+      used -= x.bytes;
+      res.erase(x.id);
+    }
+    if (last_cycle) occupied[k] = used;
+  }
+  // Steady state: each last-cycle eviction marks its victim's latest access for write-behind and
+  // frees its bytes from that access on, instead of at the access that needed them.
+  std::vector<std::int64_t> free_after(m);
+  for (std::size_t k = 0; k < m; ++k) free_after[k] = static_cast<std::int64_t>(capacity - std::min(capacity, occupied[k]));
+  for (const Ev& e : evictions) {
+    plan_wb_[hp[static_cast<std::size_t>(e.last % static_cast<std::int64_t>(m))]] = 1;
+    for (std::int64_t r = e.last; r < e.at; ++r) {
+      free_after[static_cast<std::size_t>(r % static_cast<std::int64_t>(m))] += static_cast<std::int64_t>(e.bytes);
+    }
+  }
+  // Per trace position: the room after the latest host access at or before it.
+  for (std::size_t i = 0, k = m - 1; i < n; ++i) {
+    if (k + 1 < m && hp[k + 1] == i) ++k;
+    else if (i == hp[0]) k = 0;
+    plan_room_[i] = free_after[k];
+  }
+  plan_valid_ = true;
+}
+
+void Prefetcher::sweep_reservations() {
+  if (reserved_.empty()) return;
+  const auto n = static_cast<std::int64_t>(reserved_.size());
+  for (std::int64_t r = std::max(swept_ + 1, cur_ - n + 1); r < cur_; ++r) {
+    if (r < 0) continue;
+    reserved_[static_cast<std::size_t>(r % n)] = 0;
+    granted_[static_cast<std::size_t>(r % n)] = 0;
+  }
+  swept_ = std::max(swept_, cur_ - 1);
+}
+
+bool Prefetcher::grant_host_room(std::int64_t q, std::uint64_t bytes) {
+  const auto n = static_cast<std::int64_t>(plan_room_.size());
+  if (granted_[static_cast<std::size_t>(q % n)]) return true;
+  const auto b = static_cast<std::int64_t>(bytes);
+  for (std::int64_t r = std::max<std::int64_t>(cur_, 0); r < q; ++r) {
+    const auto i = static_cast<std::size_t>(r % n);
+    if (plan_room_[i] - static_cast<std::int64_t>(reserved_[i]) < b) return false;
+  }
+  for (std::int64_t r = std::max<std::int64_t>(cur_, 0); r < q; ++r) reserved_[static_cast<std::size_t>(r % n)] += bytes;
+  granted_[static_cast<std::size_t>(q % n)] = 1;
+  return true;
+}
 
 bool Prefetcher::evict_for_prefetch(Tier /*tier*/, TensorId incoming, TensorId victim) {
   if (!trace_.replaying()) return true;

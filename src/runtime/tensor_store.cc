@@ -292,6 +292,7 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
       start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(m.opts.acquire_timeout);
   std::unique_lock lock(m.mu_);
   Entry& e = m.entry(id);
+  ++e.uses;
   m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, m.view()));
   bool hit = false;
   void* p = m.ensure(lock, id, tier, Mode::kAcquire, deadline, &hit);
@@ -324,6 +325,7 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
     throw NotSupportedError("TensorStore: no device was given, tensor '" + e.info.name +
                             "' cannot go to the device tier");
   }
+  ++e.uses;
   for (int t = 0; t < 2; ++t) {
     if (e.copy[t].pins > 0) {
       throw Error(fmt::format("TensorStore::acquire_for_overwrite: tensor '{}' is pinned on {}; release that "
@@ -367,6 +369,7 @@ std::future<void> TensorStore::fetch(TensorId id, Tier tier, Phase phase) {
   {
     std::lock_guard lock(m.mu_);
     Entry& e = m.entry(id);
+    ++e.uses;
     m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, m.view()));
   }
   m.submit([&m, id, tier, promise] {
@@ -386,11 +389,14 @@ std::future<void> TensorStore::fetch(TensorId id, Tier tier, Phase phase) {
   return fut;
 }
 
-void TensorStore::touch(TensorId id, Tier tier, Phase phase) {
+void TensorStore::touch(TensorId id, Tier tier, Phase phase, bool overwrite) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu_);
   Entry& e = m.entry(id);
-  m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, m.view()));
+  ++e.uses;
+  ResidencyView v = m.view();
+  v.overwrite = overwrite;
+  m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, v));
 }
 
 void TensorStore::prefetch(std::span<const TensorId> ids, Tier tier) {
@@ -468,6 +474,7 @@ void TensorStore::discard(TensorId id) {
   e.copy[idx(home)].version = e.latest;
   e.undefined = true;  // prefetches skip it until it is written again
   ++m.stats_.discards;
+  m.policy_->on_discard(id);
   m.cv_.notify_all();
 }
 

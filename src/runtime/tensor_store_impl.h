@@ -69,6 +69,10 @@ struct Entry {
   SwapSpace* swap = nullptr;        // home kNvme: the swap space holding `extents`
   std::uint64_t latest = 1;
   bool undefined = false;  // discard(): the newest contents are undefined (nothing worth loading)
+  // Accesses so far (acquire, acquire_for_overwrite, fetch, touch): a queued prefetch is for the
+  // next one, and is stale once another access happened.
+  std::uint64_t uses = 0;
+  bool prefetch_queued[kNumTiers] = {};  // a prefetch to that tier waits on a worker
 };
 
 constexpr int idx(Tier t) { return static_cast<int>(t); }
@@ -173,6 +177,15 @@ struct TensorStore::Impl {
         if ((c.state == State::kResident || c.state == State::kLoading) && c.version == e.latest) return true;
       }
       return false;
+    };
+    v.home = [this](TensorId id) { return id < entries_.size() ? entries_[id]->info.home : Tier::kNvme; };
+    v.home_bytes = [this](Tier t) {
+      std::uint64_t b = 0;
+      for (const auto& e : entries_) {
+        const Copy& c = e->copy[idx(t)];
+        if (e->info.home == t && c.state != State::kAbsent) b += c.alloc_bytes;
+      }
+      return b;
     };
     return v;
   }
@@ -292,7 +305,7 @@ struct TensorStore::Impl {
   // Runs `fn` on a pool thread. `fn` must not throw (tasks catch and record their own errors).
   void submit(std::function<void()> fn);
 
-  void prefetch_one(TensorId id, Tier t);
+  void prefetch_one(TensorId id, Tier t, std::uint64_t uses);
 
   // Issues the policy's hints (mu_ held; the work runs on workers).
   void issue_hints(const std::vector<PrefetchHint>& hints);

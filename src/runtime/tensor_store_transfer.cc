@@ -165,9 +165,18 @@ void TensorStore::Impl::submit(std::function<void()> fn) {
   });
 }
 
-void TensorStore::Impl::prefetch_one(TensorId id, Tier t) {
+void TensorStore::Impl::prefetch_one(TensorId id, Tier t, std::uint64_t uses) {
   try {
     std::unique_lock lock(mu_);
+    Entry& e = *entries_[id];
+    e.prefetch_queued[idx(t)] = false;
+    // Stale: discarded since the hint (its next access overwrites it: a read would move garbage),
+    // or accessed since (the prefetch was for that access; loading it now, perhaps right after a
+    // write-behind, would take room for a use the policy did not ask for).
+    if (e.undefined || e.uses != uses) {
+      ++stats_.prefetches_dropped;
+      return;
+    }
     bool hit = false;
     void* p = ensure(lock, id, t, Mode::kPrefetch, std::chrono::steady_clock::now(), &hit);
     if (p == nullptr) ++stats_.prefetches_dropped;
@@ -182,9 +191,12 @@ void TensorStore::Impl::issue_hints(const std::vector<PrefetchHint>& hints) {
   for (const PrefetchHint& h : hints) {
     if (h.id >= entries_.size()) continue;
     if (idx(h.tier) > idx(entries_[h.id]->info.home)) continue;
-    if (entries_[h.id]->undefined) continue;  // discarded: loading it would move garbage
+    Entry& e = *entries_[h.id];
+    if (e.undefined) continue;  // discarded: loading it would move garbage
+    if (e.prefetch_queued[idx(h.tier)]) continue;  // one is on its way already
+    e.prefetch_queued[idx(h.tier)] = true;
     ++stats_.prefetches_issued;
-    submit([this, h] { prefetch_one(h.id, h.tier); });
+    submit([this, h, uses = e.uses] { prefetch_one(h.id, h.tier, uses); });
   }
 }
 

@@ -161,6 +161,90 @@ TEST(Prefetcher, NvmeLookAheadSkipsTensorsAlreadyInMemory) {
   q.end_step();
 }
 
+// Four optimizer sub-groups of 100 bytes stepped in a cycle through a host pool with room for
+// three: Belady's MIN misses once per sub-group it evicted, and in steady state it evicts, at the
+// misses of 1 and 3, the sub-groups 3 and 1 (the resident one used furthest ahead, the one just
+// stepped being pinned). The plan writes those two behind at release, and reads ahead only into
+// room it has free until the use: 121 bytes at every point of the cycle (the pool's 321 less
+// three resident, plus the one written behind), so one read-ahead at a time.
+TEST(Prefetcher, HostPlanWritesBehindBeladysVictimsAndReadsAheadOnlyIntoPlannedRoom) {
+  auto run = [](bool plan) {
+    PrefetcherOptions o;
+    o.prefetch_bucket_bytes = 0;
+    o.max_live_bytes = 0;
+    o.nvme_prefetch_bytes = 1000;
+    o.host_eviction_plan = plan;
+    Prefetcher p(o);
+    std::set<TensorId> memory = {0, 2};  // 1 and 3 are on NVMe
+    ResidencyView v;
+    v.budget_bytes[static_cast<int>(Tier::kHost)] = 366;  // less 1/8 for rounding: room 321
+    v.in_memory = [&](TensorId id) { return memory.count(id) > 0; };
+    v.home = [](TensorId) { return Tier::kNvme; };
+    v.home_bytes = [](Tier) { return std::uint64_t{0}; };
+    for (int s = 0; s < 2; ++s) {  // record, then replay once
+      p.begin_step();
+      for (TensorId id : {0u, 1u, 2u, 3u}) p.on_access(id, 100, Tier::kHost, Phase::kOptimizer, v);
+      p.end_step();
+    }
+    p.begin_step();
+    std::vector<std::vector<TensorId>> hints;
+    std::vector<bool> keep;
+    for (TensorId id : {0u, 1u, 2u, 3u}) {
+      hints.push_back(ids_of(p.on_access(id, 100, Tier::kHost, Phase::kOptimizer, v), Tier::kHost));
+      memory.insert(id);
+      keep.push_back(p.keep_on_release(id, Tier::kHost, v));
+    }
+    p.end_step();
+    return std::make_tuple(hints, keep, p.stats());
+  };
+  auto [hints, keep, stats] = run(true);
+  EXPECT_EQ(keep, (std::vector<bool>{true, false, true, false})) << "1 and 3 leave at release";
+  EXPECT_EQ(stats.write_behinds, 2u);
+  EXPECT_EQ(hints[0], (Ids{1})) << "room for one read-ahead: the nearer use first";
+  EXPECT_EQ(hints[1], (Ids{3})) << "1's read-ahead room is free again once 1 is in use";
+  EXPECT_GE(stats.host_hints_deferred, 1u);
+  auto [free_hints, free_keep, free_stats] = run(false);
+  EXPECT_EQ(free_keep, (std::vector<bool>{true, true, true, true})) << "no plan: evict on demand";
+  EXPECT_EQ(free_hints[0], (Ids{1, 3})) << "no plan: every read-ahead at once";
+  EXPECT_EQ(free_stats.write_behinds, 0u);
+}
+
+// A gradient partition's first write of a step (TensorStore::touch with overwrite) needs room,
+// not a read: it is recorded as such and never read ahead, even while it is not in memory.
+TEST(Prefetcher, OverwriteAccessesAreNeverReadAhead) {
+  PrefetcherOptions o;
+  o.prefetch_bucket_bytes = 0;
+  o.max_live_bytes = 0;
+  o.nvme_prefetch_bytes = 1000;
+  Prefetcher p(o);
+  ResidencyView v;
+  v.budget_bytes[static_cast<int>(Tier::kHost)] = 1 << 20;
+  v.in_memory = [](TensorId) { return false; };
+  auto access = [&](TensorId id, bool overwrite) {
+    ResidencyView w = v;
+    w.overwrite = overwrite;
+    return ids_of(p.on_access(id, 10, Tier::kHost, overwrite ? Phase::kBackward : Phase::kOptimizer, w),
+                  Tier::kHost);
+  };
+  for (int s = 0; s < 2; ++s) {
+    p.begin_step();
+    access(0, false);
+    access(5, true);  // the gradient is written here...
+    access(5, false);  // ...and read here
+    access(1, false);
+    p.end_step();
+  }
+  p.begin_step();
+  auto h = access(0, false);
+  EXPECT_EQ(h, (Ids{5, 1})) << "the read of 5 is read ahead, its overwrite is not";
+  access(5, true);
+  access(5, false);
+  access(1, false);
+  p.end_step();
+  EXPECT_TRUE(p.using_trace() || p.trace().has_trace());
+  EXPECT_EQ(p.trace().invalidations(), 0u);
+}
+
 TEST(Prefetcher, LookAheadWrapsIntoTheNextStep) {
   PrefetcherOptions o;
   o.prefetch_bucket_bytes = 20;
