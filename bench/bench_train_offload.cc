@@ -33,7 +33,7 @@ struct Options {
   std::string model = "gpt2";
   int steps = 3, rounds = 3, seq_len = 64, batch = 1;
   std::string swap_dir = "/var/tmp/tiermem-train-offload";
-  std::string host_budget, device_budget, data, train;
+  std::string host_budget, device_budget, config, data, train;
   bool json = false;
 };
 
@@ -53,6 +53,7 @@ std::vector<double> run_once(const Options& o, const Mode& mode) {
   if (!o.data.empty()) cmd += " --data '" + o.data + "'";
   if (!o.host_budget.empty() && std::string(mode.name) != "resident") cmd += " --host-budget " + o.host_budget;
   if (!o.device_budget.empty() && std::string(mode.name) != "resident") cmd += " --device-budget " + o.device_budget;
+  if (!o.config.empty() && std::string(mode.name) != "resident") cmd += " --config '" + o.config + "'";
   const fs::path out = fs::temp_directory_path() / fmt::format("tiermem-train-offload-{}.out", ::getpid());
   cmd += " >'" + out.string() + "' 2>&1";
   const int status = std::system(cmd.c_str());
@@ -88,6 +89,8 @@ std::function<int()> setup(CLI::App& sub) {
   sub.add_option("--swap-dir", o->swap_dir, "NVMe swap directory")->default_val(o->swap_dir);
   sub.add_option("--host-budget", o->host_budget, "tiermem-train --host-budget for the NVMe runs");
   sub.add_option("--device-budget", o->device_budget, "tiermem-train --device-budget for the NVMe runs");
+  sub.add_option("--config", o->config, "tiermem-train --config (a ds_config.json) for the NVMe runs")
+      ->check(CLI::ExistingFile);
   sub.add_option("--data", o->data, "tiermem-train --data (default: its own corpus)");
   sub.add_option("--train", o->train, "the tiermem-train binary [default: next to this one]");
   sub.add_flag("--json", o->json, "one JSON object as the last line");

@@ -20,6 +20,17 @@
 //   * refuses to evict, for a prefetch, a tensor that a demand load at the prefetched tensor's use
 //     might not evict: its next use must come after that use and after the next uses of every
 //     access in between (evict_for_prefetch; Cao et al.'s "do no harm" rule, adapted to pinning).
+//   * plans the host tier (host_eviction_plan): once per trace it replays Belady's MIN over the
+//     step's host-tier accesses, three times round the cycle, with the host pool's room for caches
+//     (budget less home copies, less 1/8 for rounding and fragmentation). A gradient partition's
+//     first write of the step (recorded from TensorStore::touch with overwrite) needs room, not a
+//     read; a discarded tensor frees its room after its access. From the last, steady cycle:
+//     keep_on_release answers false for a tensor the plan evicts before its next use, so it is
+//     written behind on a worker as soon as its last pin goes, not by the access that needs the
+//     room; and an NVMe->host read-ahead goes out only when the plan's room, less the read-aheads
+//     already granted, holds it from now until its use, nearest use first (a later one never takes
+//     room a nearer one waits for). A read-ahead the store dropped, or one whose tensor left after
+//     the look-ahead passed it, is asked again at the next access;
 // The trace is treated as cyclic: the look-ahead at the end of a step runs into the next step's
 // first accesses (set `prefetch_across_steps` false to stop at the step's end), and next uses wrap.
 // Without a valid trace (the first step, a step that diverged, the step after it, which
