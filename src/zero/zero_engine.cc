@@ -286,7 +286,7 @@ std::vector<ZeroEngine::Impl::GradPiece> ZeroEngine::Impl::pin_grad(int mi, std:
       store->touch(p.grad, Tier::kHost, Phase::kBackward, /*overwrite=*/true);
       p.grad_fresh = false;
     } else {
-      w.pin = store->acquire(p.grad, Tier::kHost, Phase::kBackward);
+      w.pin = store->acquire(p.grad, grad_tier, Phase::kBackward);
     }
     work.push_back(std::move(w));
   }
@@ -297,7 +297,7 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
   for (GradPiece& w : work) {
     const int pi = w.piece;
     detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
-    if (!w.pin.valid()) w.pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
+    if (!w.pin.valid()) w.pin = store->acquire_for_overwrite(p.grad, grad_tier);
     float* g = w.pin.as<float>();
     const std::size_t lo = w.lo, hi = w.hi;
     const float* s = src + (lo - begin);
