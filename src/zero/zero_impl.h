@@ -2,6 +2,8 @@
 //   zero_engine.cc      the public calls: construction, gather, reduce_gradients, stats
 //   zero_setup.cc       layout, plan, the TensorStore and every module's tensors (registration)
 //   zero_step.cc        the optimizer step over sub-groups ("pieces"), checkpoints, export
+//   zero_device.cc      working-param destinations; a device the CPU cannot address
+//   zero_device_step.cc the device-resident optimizer (plan.optimizer_on_device)
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
 #pragma once
 
