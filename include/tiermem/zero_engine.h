@@ -167,7 +167,8 @@ struct ZeroStats {
   std::uint64_t host_engine_bytes = 0;      // now
   std::uint64_t host_engine_peak_bytes = 0;
   std::uint64_t device_budget_bytes = 0;    // 0: no device tier (stages 0-2, all persistent)
-  std::uint64_t device_peak_bytes = 0;      // store device peak + gathered peak <= budget
+  std::uint64_t device_peak_bytes = 0;      // store device peak + gathered peak (+ the device
+                                            // optimizer's scratch sub-groups) <= budget
   std::uint64_t gathered_bytes_peak = 0;    // largest total of live stage-3 gathered buffers
   bool host_pinned = false;                 // pin_memory asked for (the pool may fall back)
   // Traffic (TensorStore transfers, every kind of state together).

@@ -512,7 +512,7 @@ ZeroStats ZeroEngine::stats() const {
                           static_cast<std::uint64_t>(I.store->options().pipeline_chunks);
     if (I.device) {
       s.device_budget_bytes = I.device->budget_bytes();
-      s.device_peak_bytes = t.peak_resident_bytes[d] + s.gathered_bytes_peak;
+      s.device_peak_bytes = t.peak_resident_bytes[d] + s.gathered_bytes_peak + I.device_scratch_bytes();
     }
     s.nvme_read_bytes = t.bytes_moved[n][h] + t.bytes_moved[n][d];
     s.nvme_written_bytes = t.bytes_moved[h][n] + t.bytes_moved[d][n];

@@ -165,6 +165,10 @@ struct ZeroEngine::Impl {
   // and for new working params bound for host memory. Declared after `device`: freed before it.
   detail::DeviceBuf grad_scratch, out_scratch;
   std::uint64_t state_stage_live = 0;  // host bytes staging a checkpoint of device-homed state
+  std::uint64_t device_scratch_bytes() const {  // as the device's allocator counts them
+    return (grad_scratch.p ? device->allocation_size(grad_scratch.bytes) : 0) +
+           (out_scratch.p ? device->allocation_size(out_scratch.bytes) : 0);
+  }
   Tier compute_tier = Tier::kHost;     // where gathers pin working shards
   Tier grad_tier = Tier::kHost;        // where gradient partitions are accumulated and read (home
                                        // device: the device-resident optimizer, addressable device)
@@ -212,6 +216,7 @@ struct ZeroEngine::Impl {
   // zero_setup.cc
   void make_plan(std::span<const std::size_t> numels);
   void make_tiers();
+  void fall_back_to_host_optimizer();  // re-plans with the optimizer state in the host pool (logged)
   void add_module(const std::string& name, std::size_t numel);
   void write_module(int i, std::span<const float> init_shard);
   void finalize();

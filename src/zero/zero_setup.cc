@@ -92,6 +92,9 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   plan_opts = po;
   plan_numels.assign(numels.begin(), numels.end());
   plan = plan_zero(cfg, numels, po);
+  if (!plan.fits && plan.optimizer_on_device && want == "auto" && plan.host_budget_bytes >= plan.host_min_bytes) {
+    fall_back_to_host_optimizer();  // the device budget cannot hold the state: the host pool does
+  }
   if (!plan.fits) {
     const bool host = plan.host_budget_bytes < plan.host_min_bytes;
     throw ConfigError(host ? "tiermem.host_budget_bytes" : "tiermem.device_budget_bytes",
@@ -99,6 +102,19 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   }
   planned = true;
   make_tiers();
+}
+
+// tiermem.device_optimizer auto, and the state does not fit the device budget: it is homed in the
+// host pool and stepped by the CPU instead, said once (a GPU user's offload_optimizer none
+// still starts, as DeepSpeed's would on a GPU with room).
+void ZeroEngine::Impl::fall_back_to_host_optimizer() {
+  TM_LOG_WARN("ZERO",
+              "offload_optimizer none: the optimizer state does not fit the device budget {} "
+              "(tiermem.device_budget_bytes; {} needed: {}): it stays in host memory and is stepped by "
+              "the CPU (set tiermem.device_optimizer \"off\" or offload_optimizer \"cpu\" to silence this)",
+              format_bytes(plan.device_budget_bytes), format_bytes(plan.device_min_bytes), plan.device_min_why);
+  plan_opts.device_optimizer = false;
+  plan = plan_zero(cfg, plan_numels, plan_opts);
 }
 
 void ZeroEngine::Impl::make_tiers() {
@@ -143,13 +159,8 @@ void ZeroEngine::Impl::make_tiers() {
     // The device optimizer needs the device's real budget (0 in the config: the device's own).
     if (plan.optimizer_on_device && device->budget_bytes() < plan.device_min_bytes &&
         cfg.tiermem.device_optimizer == "auto") {
-      TM_LOG_WARN("ZERO",
-                  "offload_optimizer none: the optimizer state does not fit the device ({} needed: {}; "
-                  "budget {}): it stays in host memory and is stepped by the CPU (set "
-                  "tiermem.device_optimizer \"off\" or offload_optimizer \"cpu\" to silence this)",
-                  format_bytes(plan.device_min_bytes), plan.device_min_why, format_bytes(device->budget_bytes()));
-      plan_opts.device_optimizer = false;
-      plan = plan_zero(cfg, plan_numels, plan_opts);
+      plan.device_budget_bytes = device->budget_bytes();  // for the message
+      fall_back_to_host_optimizer();
       if (!needs_device(plan)) {
         device.reset();
         opaque = false;

@@ -15,6 +15,7 @@
 #include "mpi/zero_mlp.h"
 #include "tiermem/adam.h"
 #include "tiermem/device.h"
+#include "tiermem/error.h"
 #include "tiermem/zero_engine.h"
 
 namespace tiermem {
@@ -125,6 +126,28 @@ TEST(DeviceOptimizerCuda, ZeroEngineOnTheGpuMatchesTheCpuTwin) {
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+// auto on a GPU whose budget cannot hold the state: the engine still starts, with the state in
+// the host pool (one warning), and trains as the host optimizer does.
+TEST(DeviceOptimizerCuda, AutoFallsBackToTheHostWhenTheStateDoesNotFit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  auto comm = make_single_communicator();
+  const auto dir = std::filesystem::temp_directory_path() / ("tiermem-devopt-fit-" + std::to_string(getpid()));
+  Config cfg = testing::mlp_config(2, "none", dir.string(), 1);
+  cfg.tiermem.device = "cuda";
+  cfg.tiermem.device_budget_bytes = 16 << 10;  // below 2 sub-groups of state + scratch
+  ZeroEngine eng(cfg, *comm);
+  testing::mlp_train_engine(eng, *comm, 2, 1);
+  EXPECT_EQ(eng.stats().optimizer_home, Tier::kHost);
+  EXPECT_FALSE(eng.plan().optimizer_on_device);
+  cfg.tiermem.device_optimizer = "on";  // asked for explicitly: refused, naming the budget key
+  EXPECT_THROW(
+      {
+        ZeroEngine e(cfg, *comm);
+        testing::mlp_train_engine(e, *comm, 1, 1);
+      },
+      ConfigError);
 }
 
 }  // namespace
