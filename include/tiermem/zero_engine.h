@@ -112,7 +112,9 @@
 // Thread-safety: not thread-safe; one thread drives an engine (collectives must be issued in the
 // same order on every rank). The Communicator must outlive the engine.
 // Errors: ConfigError (key path named) for configs the engine cannot run — sub_group_size below
-// the alignment, an unsupported optimizer type, offload_param nvme without stage 3; Error for
+// the alignment, an unsupported optimizer type, offload_param nvme without stage 3,
+// tiermem.device_optimizer on with an offloaded optimizer or stage 0, a device budget below the
+// device-resident state's minimum (tiermem.device_budget_bytes, naming it); Error for
 // API misuse (registering after the first gather, wrong gradient size, unknown module); CommError
 // and IoError from collectives and swap I/O.
 #pragma once

@@ -252,7 +252,7 @@ TEST(SimDeviceAdam, StepsDeviceMemoryAsTheCpuKernelInBothModes) {
                   i == 0 ? half_want[0].data() : nullptr, DType::kBF16);
       }
     }
-    for (std::size_t i = 0; i < 3; ++i) {
+    for (std::size_t i = 0; i < 2; ++i) {  // (the third is empty: nothing to compare)
       float* dptr[4] = {t[i].master, const_cast<float*>(t[i].grad), t[i].m, t[i].v};
       for (int k = 0; k < 4; ++k) {
         std::vector<float> got(ns[i]);
