@@ -221,6 +221,54 @@ TEST(ZeroDeviceOptimizerCheckpoint, ExportImportAndExportMaster) {
   std::filesystem::remove_all(dir);
 }
 
+// plan_zero's arithmetic (pure): the device optimizer homes the state (and, on an addressable
+// device, the gradient partitions) on the device at stages 1-3 with offload_optimizer none only,
+// its device minimum counts every sub-group's allocation and the scratch, and a budget below it
+// does not fit, naming the key.
+TEST(ZeroDeviceOptimizerPlan, HomesAndMinimumDeviceBudget) {
+  const std::vector<std::size_t> numels = {5000, 3000};  // shards 5120 + 3072 = 8192 elements
+  ZeroPlanOptions po;
+  po.device_optimizer = true;
+  for (int stage : {0, 1, 2, 3}) {
+    for (bool addressable : {true, false}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (addressable ? " addressable" : " opaque"));
+      po.device_host_addressable = addressable;
+      Config cfg = mlp_config(stage, "none", "/unused", 1);
+      cfg.zero.sub_group_size_elems = 4096;
+      const ZeroPlan p = plan_zero(cfg, numels, po);
+      if (stage == 0) {
+        EXPECT_FALSE(p.optimizer_on_device);
+        EXPECT_EQ(p.optimizer_home, Tier::kHost);
+        continue;
+      }
+      EXPECT_TRUE(p.optimizer_on_device);
+      EXPECT_TRUE(needs_device(p));
+      EXPECT_EQ(p.optimizer_home, Tier::kDevice);
+      const bool grads_on_device = stage >= 2 && addressable;
+      EXPECT_EQ(p.gradient_home, grads_on_device ? Tier::kDevice : Tier::kHost);
+      EXPECT_EQ(p.piece_elems, 4096u);
+      const std::uint64_t R = 8192;
+      const std::uint64_t scratch = (grads_on_device ? 0 : 4 * 4096) + 4 * 4096;  // fp32 working
+      EXPECT_EQ(p.device_scratch_bytes, scratch);
+      const std::uint64_t state = 12 * R + (grads_on_device ? 4 * R : 0);  // page multiples here
+      EXPECT_GE(p.device_min_bytes, state + scratch);
+      if (stage < 3) EXPECT_EQ(p.device_min_bytes, state + scratch);
+      EXPECT_NE(p.device_min_why.find("optimizer state"), std::string::npos) << p.device_min_why;
+      // The host pool holds neither the state nor the device-homed gradients.
+      const ZeroPlan host = plan_zero(cfg, numels, ZeroPlanOptions{});
+      EXPECT_LT(p.host_home_bytes, host.host_home_bytes);
+      cfg.tiermem.device_budget_bytes = p.device_min_bytes - 1;
+      const ZeroPlan tight = plan_zero(cfg, numels, po);
+      EXPECT_FALSE(tight.fits);
+      EXPECT_NE(tight.why.find("tiermem.device_budget_bytes"), std::string::npos) << tight.why;
+      cfg.tiermem.device_budget_bytes = p.device_min_bytes;
+      EXPECT_TRUE(plan_zero(cfg, numels, po).fits);
+    }
+  }
+  Config cpu = mlp_config(2, "cpu", "/unused", 1);  // an offloaded optimizer stays offloaded
+  EXPECT_FALSE(plan_zero(cpu, numels, po).optimizer_on_device);
+}
+
 // What the config may ask for: auto keeps SimDevice runs on the host optimizer; on refuses a
 // device budget below the state's minimum (naming the key and the minimum), an offloaded
 // optimizer and stage 0.
