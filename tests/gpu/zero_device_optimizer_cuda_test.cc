@@ -21,11 +21,12 @@
 namespace tiermem {
 namespace {
 
-// |a - b| <= 1e-5 x max(|a|, |b|) + 1e-7 for every element; returns the first offender or -1.
-long first_mismatch(const std::vector<float>& a, const std::vector<float>& b) {
+// |a - b| <= rel x max(|a|, |b|) + abs for every element; returns the first offender or -1.
+long first_mismatch(const std::vector<float>& a, const std::vector<float>& b, double rel = 1e-5,
+                    double abs = 1e-7) {
   if (a.size() != b.size()) return 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const double tol = 1e-5 * std::max(std::fabs(a[i]), std::fabs(b[i])) + 1e-7;
+    const double tol = rel * std::max(std::fabs(a[i]), std::fabs(b[i])) + abs;
     if (!(std::fabs(static_cast<double>(a[i]) - b[i]) <= tol)) return static_cast<long>(i);
   }
   return -1;
@@ -103,7 +104,12 @@ TEST(DeviceOptimizerCuda, ZeroEngineOnTheGpuMatchesTheCpuTwin) {
       ASSERT_NE(gpu.device(), nullptr);
       EXPECT_EQ(gpu.device()->kind(), DeviceKind::kCuda);
       EXPECT_EQ(gpu.stats().optimizer_home, Tier::kDevice);
-      for (int m = 0; m < 2; ++m) EXPECT_EQ(first_mismatch(got[m], want[m]), -1) << "master " << m;
+      // fp32: the kernels' few-ulp differences stay tiny over 10 steps. bf16: one of them may flip
+      // a working param's rounding, and the forward pass then differs by a bf16 ulp: 2e-3 absolute
+      // (each step moves a master by up to lr = 0.01, so a missing or wrong update still fails).
+      for (int m = 0; m < 2; ++m) {
+        EXPECT_EQ(first_mismatch(got[m], want[m], bf16 ? 0.0 : 1e-5, bf16 ? 2e-3 : 1e-6), -1) << "master " << m;
+      }
       // One more step: the step itself moves no optimizer state; only gradients go up.
       testing::MlpData D = testing::mlp_data();
       std::vector<float> p0, p1, g0, g1;
