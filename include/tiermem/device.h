@@ -169,8 +169,9 @@ class Device {
   // the caller's: wait for the copies that write its inputs before the call, and for its event
   // before copying its outputs (different engines/streams). Results: CUDA within adam.h's stated
   // tolerance of the CPU kernels; SimDevice bit for bit tiermem::adam_step's.
-  // Errors: Error for a pointer outside the device's allocations or n == 0 with null pointers
-  // allowed only then; NotSupportedError for a half dtype other than bf16/fp16 when a half is
+  // Tensors with n == 0 are skipped (their pointers may be null).
+  // Errors: Error for a pointer outside the device's allocations (SimDevice) or a null `tensors`
+  // with count > 0; NotSupportedError for a half dtype other than bf16/fp16 when a half is
   // given, or a SimDevice made without a kernel; CudaError from the launch (at once) or the
   // kernel (from the event). The base class's version throws NotSupportedError (a Device with no
   // compute, e.g. a test's fake).

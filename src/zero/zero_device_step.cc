@@ -24,18 +24,19 @@
 
 namespace tiermem {
 
-void detail::device_adam_kernel(const AdamParams& params, float* master, const float* grad, float* m, float* v,
-                                std::size_t n, void* half, DType half_dtype) {
+void detail::device_adam_kernel(const AdamParams& params, float* master, const float* grad,
+                                float* m, float* v, std::size_t n, void* half, DType half_dtype) {
   adam_step(params, master, grad, m, v, n, half, half_dtype);
 }
 
-void ZeroEngine::Impl::update_piece_on_device(std::size_t k, const AdamParams& ap, WorkingShardOut& working,
-                                              Phase phase,
-                                              const std::function<void(std::size_t, const float*)>& on_grad) {
+void ZeroEngine::Impl::update_piece_on_device(
+    std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+    const std::function<void(std::size_t, const float*)>& on_grad) {
   detail::Piece& p = pieces[k];
   const std::size_t n = p.size();
   TensorStore::Pin state = store->acquire(p.optim, Tier::kDevice, phase);
-  if (phase == Phase::kOutsideStep) mods[static_cast<std::size_t>(p.module)].replay.push_back(p.optim);
+  if (phase == Phase::kOutsideStep)
+    mods[static_cast<std::size_t>(p.module)].replay.push_back(p.optim);
   float* s = state.as<float>();  // device memory: [master | m | v]
 
   // The gradient, in device memory: its partition where it is homed there (and readable by the
@@ -100,7 +101,8 @@ void ZeroEngine::Impl::export_device_state(const std::function<void(const ZeroSt
   state_stage_live = 0;
 }
 
-void ZeroEngine::Impl::import_device_state(const std::function<void(const ZeroStateChunk&)>& source) {
+void ZeroEngine::Impl::import_device_state(
+    const std::function<void(const ZeroStateChunk&)>& source) {
   detail::AlignedBuf buf(12 * plan.piece_elems);
   state_stage_live = buf.bytes;
   st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());

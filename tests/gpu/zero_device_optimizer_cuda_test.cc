@@ -73,7 +73,8 @@ TEST(DeviceOptimizerCuda, AdamStepAsyncMatchesTheCpuKernel) {
   std::vector<std::uint16_t> half_got(n);
   dev->copy_d2h(half_got.data(), t.half, 2 * n);
   std::size_t off_by_more = 0;  // bf16 of values a few ulp apart: at most one bf16 ulp
-  for (std::size_t i = 0; i < n; ++i) off_by_more += std::abs(int(half_got[i]) - int(half_want[i])) > 1;
+  for (std::size_t i = 0; i < n; ++i)
+    off_by_more += std::abs(int(half_got[i]) - int(half_want[i])) > 1;
   EXPECT_EQ(off_by_more, 0u);
   for (void* b : {static_cast<void*>(t.master), const_cast<void*>(static_cast<const void*>(t.grad)),
                   static_cast<void*>(t.m), static_cast<void*>(t.v), static_cast<void*>(t.half)}) {
@@ -84,7 +85,8 @@ TEST(DeviceOptimizerCuda, AdamStepAsyncMatchesTheCpuKernel) {
 TEST(DeviceOptimizerCuda, ZeroEngineOnTheGpuMatchesTheCpuTwin) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   auto comm = make_single_communicator();
-  const auto dir = std::filesystem::temp_directory_path() / ("tiermem-devopt-cuda-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tiermem-devopt-cuda-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   for (int stage : {1, 2, 3}) {
     for (bool bf16 : {false, true}) {
@@ -108,7 +110,8 @@ TEST(DeviceOptimizerCuda, ZeroEngineOnTheGpuMatchesTheCpuTwin) {
       // a working param's rounding, and the forward pass then differs by a bf16 ulp: 2e-3 absolute
       // (each step moves a master by up to lr = 0.01, so a missing or wrong update still fails).
       for (int m = 0; m < 2; ++m) {
-        EXPECT_EQ(first_mismatch(got[m], want[m], bf16 ? 0.0 : 1e-5, bf16 ? 2e-3 : 1e-6), -1) << "master " << m;
+        EXPECT_EQ(first_mismatch(got[m], want[m], bf16 ? 0.0 : 1e-5, bf16 ? 2e-3 : 1e-6), -1)
+            << "master " << m;
       }
       // One more step: the step itself moves no optimizer state; only gradients go up.
       testing::MlpData D = testing::mlp_data();
@@ -127,7 +130,8 @@ TEST(DeviceOptimizerCuda, ZeroEngineOnTheGpuMatchesTheCpuTwin) {
       const ZeroStats after = gpu.stats();
       const std::uint64_t R = gpu.shard_numel();
       EXPECT_EQ(after.host_to_device_bytes - before.host_to_device_bytes, 4 * R);
-      const std::uint64_t working = stage == 3 ? 0 : R * (bf16 ? 2 : 4);  // stages 1-2: params to host
+      const std::uint64_t working =
+          stage == 3 ? 0 : R * (bf16 ? 2 : 4);  // stages 1-2: params to host
       EXPECT_EQ(after.device_to_host_bytes - before.device_to_host_bytes, working);
     }
   }
@@ -139,7 +143,8 @@ TEST(DeviceOptimizerCuda, ZeroEngineOnTheGpuMatchesTheCpuTwin) {
 TEST(DeviceOptimizerCuda, AutoFallsBackToTheHostWhenTheStateDoesNotFit) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   auto comm = make_single_communicator();
-  const auto dir = std::filesystem::temp_directory_path() / ("tiermem-devopt-fit-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tiermem-devopt-fit-" + std::to_string(getpid()));
   Config cfg = testing::mlp_config(2, "none", dir.string(), 1);
   cfg.tiermem.device = "cuda";
   cfg.tiermem.device_budget_bytes = 16 << 10;  // below 2 sub-groups of state + scratch

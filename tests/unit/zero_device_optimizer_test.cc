@@ -5,7 +5,8 @@
 // working params and losses of the host optimizer (device_optimizer off), on the addressable
 // SimDevice and on its PROT_NONE twin (the CPU twin of a GPU). A step moves no optimizer state
 // (and, where they are homed on the device, no gradient) between device and host; checkpoints
-// export and import the device-homed state. The CUDA version: tests/gpu/zero_device_optimizer_cuda_test.cc.
+// export and import the device-homed state. The CUDA version:
+// tests/gpu/zero_device_optimizer_cuda_test.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -27,7 +28,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 std::string tmp_dir() {
-  auto d = std::filesystem::temp_directory_path() / ("tiermem-zero-devopt-" + std::to_string(getpid()));
+  auto d =
+      std::filesystem::temp_directory_path() / ("tiermem-zero-devopt-" + std::to_string(getpid()));
   std::filesystem::create_directories(d);
   return d.string();
 }
@@ -57,7 +59,8 @@ float mlp_loss(ZeroEngine& eng) {
   auto b = eng.gather(1);
   const auto p0 = testing::to_f32_host(eng, a), p1 = testing::to_f32_host(eng, b);
   std::vector<float> g0, g1;
-  return testing::mlp_forward_backward(testing::mlp_data(), p0.data(), p1.data(), 0, testing::kSamples, g0, g1);
+  return testing::mlp_forward_backward(testing::mlp_data(), p0.data(), p1.data(), 0,
+                                       testing::kSamples, g0, g1);
 }
 
 class ZeroDeviceOptimizer : public ::testing::TestWithParam<Case> {};
@@ -78,13 +81,15 @@ TEST_P(ZeroDeviceOptimizer, EqualsTheHostOptimizerBitForBit) {
     testing::mlp_train_steps(host, *comm, 1, 2);
     testing::mlp_train_steps(dev, *comm, 1, 2);
     const float lh = mlp_loss(host), ld = mlp_loss(dev);
-    ASSERT_EQ(std::memcmp(&lh, &ld, sizeof(float)), 0) << "loss after step " << step << ": " << lh << " vs " << ld;
+    ASSERT_EQ(std::memcmp(&lh, &ld, sizeof(float)), 0)
+        << "loss after step " << step << ": " << lh << " vs " << ld;
   }
   for (int m = 0; m < 2; ++m) {
     EXPECT_TRUE(same_bits(host.export_master(m), dev.export_master(m))) << "master " << m;
     auto a = host.gather(m);
     auto b = dev.gather(m);
-    EXPECT_TRUE(same_bits(testing::to_f32_host(host, a), testing::to_f32_host(dev, b))) << "working params " << m;
+    EXPECT_TRUE(same_bits(testing::to_f32_host(host, a), testing::to_f32_host(dev, b)))
+        << "working params " << m;
   }
   EXPECT_EQ(dev.stats().steps, host.stats().steps);
   const ZeroStats hs = host.stats(), ds = dev.stats();
@@ -95,21 +100,23 @@ TEST_P(ZeroDeviceOptimizer, EqualsTheHostOptimizerBitForBit) {
   ASSERT_NE(dev.device(), nullptr);
   EXPECT_EQ(dev.device()->host_addressable(), c.addressable);
   EXPECT_LE(ds.device_peak_bytes, ds.device_budget_bytes);
-  EXPECT_GE(dev.device()->stats().peak_allocated_bytes, 12u * dev.shard_numel());  // the state is there
+  EXPECT_GE(dev.device()->stats().peak_allocated_bytes,
+            12u * dev.shard_numel());  // the state is there
   std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     StageDtypeDevice, ZeroDeviceOptimizer,
-    ::testing::Values(Case{1, "fp32", true}, Case{1, "bf16", true}, Case{2, "fp32", true}, Case{2, "bf16", true},
-                      Case{3, "fp32", true}, Case{3, "bf16", true}, Case{1, "fp32", false}, Case{1, "bf16", false},
-                      Case{2, "fp32", false}, Case{2, "bf16", false}, Case{3, "fp32", false},
-                      Case{3, "bf16", false}, Case{2, "fp16", true}, Case{3, "fp16", false},
-                      Case{2, "fp32", true, 0.05}, Case{3, "bf16", false, 0.05}),
+    ::testing::Values(Case{1, "fp32", true}, Case{1, "bf16", true}, Case{2, "fp32", true},
+                      Case{2, "bf16", true}, Case{3, "fp32", true}, Case{3, "bf16", true},
+                      Case{1, "fp32", false}, Case{1, "bf16", false}, Case{2, "fp32", false},
+                      Case{2, "bf16", false}, Case{3, "fp32", false}, Case{3, "bf16", false},
+                      Case{2, "fp16", true}, Case{3, "fp16", false}, Case{2, "fp32", true, 0.05},
+                      Case{3, "bf16", false, 0.05}),
     [](const auto& info) {
       const Case& c = info.param;
-      return "stage" + std::to_string(c.stage) + "_" + c.dtype + (c.addressable ? "_addressable" : "_opaque") +
-             (c.clip > 0 ? "_clip" : "");
+      return "stage" + std::to_string(c.stage) + "_" + c.dtype +
+             (c.addressable ? "_addressable" : "_opaque") + (c.clip > 0 ? "_clip" : "");
     });
 
 // Device <-> host bytes over `steps` training steps (device copies plus the store's moves).
@@ -190,7 +197,8 @@ TEST(ZeroDeviceOptimizerCheckpoint, ExportImportAndExportMaster) {
     for (bool addressable : {true, false}) {
       SCOPED_TRACE("stage " + std::to_string(stage) + (addressable ? " addressable" : " opaque"));
       const Case c{stage, "bf16", addressable};
-      ZeroEngine host(make_config(c, dir, false), *comm), straight(make_config(c, dir, true), *comm);
+      ZeroEngine host(make_config(c, dir, false), *comm),
+          straight(make_config(c, dir, true), *comm);
       testing::mlp_train_engine(host, *comm, 4, 2);
       testing::mlp_train_engine(straight, *comm, 4, 2);
       const ZeroOptimizerState want = host.export_optimizer_state();
@@ -199,7 +207,8 @@ TEST(ZeroDeviceOptimizerCheckpoint, ExportImportAndExportMaster) {
       EXPECT_TRUE(same_bits(saved.exp_avg, want.exp_avg));
       EXPECT_TRUE(same_bits(saved.exp_avg_sq, want.exp_avg_sq));
       EXPECT_EQ(saved.steps, 4);
-      for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(straight.export_master(m), host.export_master(m)));
+      for (int m = 0; m < 2; ++m)
+        EXPECT_TRUE(same_bits(straight.export_master(m), host.export_master(m)));
 
       ZeroEngine resumed(make_config(c, dir, true), *comm);
       auto init = testing::mlp_init();
@@ -211,9 +220,11 @@ TEST(ZeroDeviceOptimizerCheckpoint, ExportImportAndExportMaster) {
       testing::mlp_train_steps(resumed, *comm, 3, 2);
       testing::mlp_train_steps(straight, *comm, 3, 2);
       for (int m = 0; m < 2; ++m) {
-        EXPECT_TRUE(same_bits(resumed.export_master(m), straight.export_master(m))) << "master " << m;
+        EXPECT_TRUE(same_bits(resumed.export_master(m), straight.export_master(m)))
+            << "master " << m;
       }
-      const ZeroOptimizerState a = resumed.export_optimizer_state(), b = straight.export_optimizer_state();
+      const ZeroOptimizerState a = resumed.export_optimizer_state(),
+                               b = straight.export_optimizer_state();
       EXPECT_TRUE(same_bits(a.exp_avg_sq, b.exp_avg_sq));
       EXPECT_EQ(a.steps, 7);
     }
@@ -293,7 +304,8 @@ TEST(ZeroDeviceOptimizerConfig, AutoOnSimIsHostAndOnRefusesWhatCannotWork) {
     start(cfg);
     ADD_FAILURE() << "no ConfigError";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("tiermem.device_budget_bytes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tiermem.device_budget_bytes"), std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("optimizer state"), std::string::npos) << e.what();
   }
   Config off = make_config(Case{2, "fp32", true}, dir, true);
