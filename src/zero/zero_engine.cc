@@ -283,7 +283,7 @@ std::vector<ZeroEngine::Impl::GradPiece> ZeroEngine::Impl::pin_grad(int mi, std:
       // (acquire_for_overwrite is no access the Prefetcher records, so it may run on the gradient
       // thread, and so may the write-back of whatever it evicts for room). The policy hears of it
       // here, in call order: it needs room now, and that shapes what the pool can hold.
-      store->touch(p.grad, Tier::kHost, Phase::kBackward, /*overwrite=*/true);
+      store->touch(p.grad, grad_tier, Phase::kBackward, /*overwrite=*/true);
       p.grad_fresh = false;
     } else {
       w.pin = store->acquire(p.grad, grad_tier, Phase::kBackward);
