@@ -234,10 +234,8 @@ class ZeroTrainEngine final : public TrainEngine {
 
   void save(CheckpointWriter& w) override {
     // Streamed one optimizer sub-group at a time: no shard-sized buffer, whatever the model size.
-    const Tier tier = zero_->config().zero.offload_optimizer.device == OffloadDevice::kNvme
-                          ? Tier::kNvme
-                          : Tier::kHost;
     const std::size_t numel = zero_->shard_numel();
+    const Tier tier = zero_->plan().optimizer_home;  // where the state lived (device: the device optimizer)
     const std::int64_t n = static_cast<std::int64_t>(numel);
     const int hm = w.begin_tensor("zero.master", tier, numel * 4, "f32", {n});
     const int hm1 = w.begin_tensor("zero.exp_avg", tier, numel * 4, "f32", {n});

@@ -110,6 +110,7 @@ struct TiermemConfig {
   std::uint64_t nvme_prefetch_bytes = 256ull << 20;  // NVMe->host prefetch look-ahead
   bool overlap_optimizer_step = false;      // ZeRO-3: each module's AdamW update at its next gather
   bool host_eviction_plan = true;           // Prefetcher: Belady plan of the host tier (write-behind, read-ahead room)
+  std::string device_optimizer = "auto";    // auto | on | off: offload_optimizer none on the device
   double acquire_timeout_s = 30;            // wait for a release before OutOfMemoryError
   std::string trace_path;                   // Chrome trace output ("" = off; env TIERMEM_TRACE)
   std::string log_level = "info";           // trace|debug|info|warn|error|off

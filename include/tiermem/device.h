@@ -27,6 +27,10 @@
 // is complete. Host buffers may be any host memory; pinned (page-locked, register_host()ed) memory
 // makes CUDA copies truly asynchronous and faster.
 //
+// Compute: adam_step_async runs one multi-tensor AdamW step on device memory (optimizer state kept
+// on the device: ZeroEngine with offload_optimizer none) — gpu_adam_step on the compute stream
+// (CUDA), the CPU AdamW kernel on the memory itself (SimDevice, in either addressing mode).
+//
 // Thread-safety: every Device method is thread-safe. A DeviceEvent is a cheap shared handle;
 // its methods are thread-safe. The Device must outlive its events and allocations.
 #pragma once
@@ -38,11 +42,24 @@
 #include <memory>
 #include <string>
 
+#include "tiermem/gpu_adam.h"
 #include "tiermem/tier.h"
 
 namespace tiermem {
 
 struct Config;
+
+// One tensor of Device::adam_step_async: DEVICE pointers, n elements each (fp32 master, grad, m,
+// v; half: n elements of the half dtype, or null for no copy-out). The same struct as
+// gpu_adam_step takes.
+using DeviceAdamTensor = GpuAdamTensor;
+
+// The CPU AdamW a SimDevice runs for adam_step_async, with tiermem::adam_step's meaning (the
+// default AdamOptions: the best ISA, OpenMP's threads). tiermem::gpu does not link the CPU kernels
+// (src/cpu); whoever makes the device passes them (ZeroEngine passes tiermem::adam_step, so its
+// device-resident optimizer computes bit for bit what its host optimizer computes).
+using SimAdamKernel = void (*)(const AdamParams& params, float* master, const float* grad, float* m,
+                               float* v, std::size_t n, void* half, DType half_dtype);
 
 enum class DeviceKind : std::uint8_t { kSim, kCuda };
 
@@ -140,6 +157,27 @@ class Device {
     copy_d2h_async(dst_host, src_device, bytes).wait();
   }
 
+  // One AdamW step (tiermem/adam.h's formula) over tensors[0..count), in device memory: each
+  // tensor's master, m and v are updated in place and, when its half is not null, the new master
+  // is written there rounded to `half_dtype` (kBF16 or kF16; ignored when no tensor has a half).
+  // Every pointer must lie inside a live allocation of this device (SimDevice checks: Error at
+  // once; CUDA: any device memory of its GPU). `tensors` is copied before the call returns; the
+  // device buffers must stay valid and untouched until the returned event is complete.
+  // Asynchronous: CudaDevice enqueues gpu_adam_step on its compute stream (compute_stream());
+  // SimDevice runs its CPU kernel (SimDeviceOptions::adam_kernel) on its H2D engine thread, on its
+  // own read-write view of the memory when that is not host-addressable. Ordering with copies is
+  // the caller's: wait for the copies that write its inputs before the call, and for its event
+  // before copying its outputs (different engines/streams). Results: CUDA within adam.h's stated
+  // tolerance of the CPU kernels; SimDevice bit for bit tiermem::adam_step's.
+  // Tensors with n == 0 are skipped (their pointers may be null).
+  // Errors: Error for a pointer outside the device's allocations (SimDevice) or a null `tensors`
+  // with count > 0; NotSupportedError for a half dtype other than bf16/fp16 when a half is
+  // given, or a SimDevice made without a kernel; CudaError from the launch (at once) or the
+  // kernel (from the event). The base class's version throws NotSupportedError (a Device with no
+  // compute, e.g. a test's fake).
+  virtual DeviceEvent adam_step_async(const AdamParams& params, const DeviceAdamTensor* tensors,
+                                      std::size_t count, DType half_dtype);
+
   // Blocks until every operation issued so far (all streams / copy engines) has finished.
   // Rethrows the first error of an operation whose event nobody waited for.
   virtual void synchronize() = 0;
@@ -174,6 +212,9 @@ struct DeviceOptions {
   // SimDevice: false makes its memory not host-addressable (the CPU twin of CudaDevice; see
   // sim_device.h). CudaDevice memory never is.
   bool sim_host_addressable = true;
+  // SimDevice: the CPU AdamW its adam_step_async runs (see SimAdamKernel); null: that call throws
+  // NotSupportedError. Not read from the config (the program passes it).
+  SimAdamKernel sim_adam_kernel = nullptr;
 
   // Throws ConfigError (key "tiermem.device") for a value other than auto|cuda|sim.
   static DeviceOptions from_config(const Config& config);

@@ -41,6 +41,8 @@ struct SimDeviceOptions {
   double d2h_gbps = 0;
   // false: device memory is not host-addressable (see the top of this file).
   bool host_addressable = true;
+  // The CPU AdamW adam_step_async runs (DeviceOptions::sim_adam_kernel); null: NotSupportedError.
+  SimAdamKernel adam_kernel = nullptr;
 };
 
 class SimDevice final : public Device {
@@ -65,6 +67,8 @@ class SimDevice final : public Device {
   DeviceEvent copy_d2h_async(void* dst_host, const void* src_device, std::uint64_t bytes) override;
   DeviceEvent copy_d2d_async(void* dst_device, const void* src_device, std::uint64_t bytes) override;
   DeviceEvent memset_async(void* dst_device, int value, std::uint64_t bytes) override;
+  DeviceEvent adam_step_async(const AdamParams& params, const DeviceAdamTensor* tensors,
+                              std::size_t count, DType half_dtype) override;
   void synchronize() override;
 
   bool register_host(void*, std::uint64_t) override { return true; }

@@ -1,7 +1,8 @@
 // tiermem/zero_engine.h — the ZeRO partitioner: shards optimizer state (stage 1), gradients
 // (stage 2) and parameters (stage 3) over the ranks of a Communicator, keeps fp32 master weights
 // and Adam moments in the optimizer tier (host memory, or NVMe through the swap space) and steps
-// them with CPU AdamW in sub-groups.
+// them with CPU AdamW in sub-groups — or, with offload_optimizer none on a device that holds them
+// (tiermem.device_optimizer), in device memory with the device's AdamW.
 //
 // Usage (the driver loop; every rank runs the same calls in the same order):
 //
@@ -50,12 +51,17 @@
 //   optimizer state  fp32 [master | m | v] per sub-group ("zero.optim.<module>.<offset>"): a
 //                    module's shard split in sub-groups of at most sub_group_size elements,
 //                    shrunk so that offload_optimizer.buffer_count + 1 of them fit the host
-//                    budget; home nvme (offload_optimizer nvme, under its nvme_path) or host.
+//                    budget; home nvme (offload_optimizer nvme, under its nvme_path) or host —
+//                    or the device (offload_optimizer none at stages 1-3 with
+//                    tiermem.device_optimizer on, or auto on a GPU when it fits: the
+//                    device-resident optimizer, below).
 //   gradients        stages 2-3: one fp32 partition per sub-group ("zero.grad...") that each
 //                    reduce_gradients() call accumulates into as soon as the module's
 //                    reduce-scatter lands; home host, or nvme (with offload_optimizer nvme) when
-//                    the partitions exceed a quarter of the host budget. Stages 0-1 keep full
-//                    fp32 gradients in engine host buffers (every rank accumulates them whole).
+//                    the partitions exceed a quarter of the host budget, or the device with a
+//                    device-resident optimizer on a host-addressable device (added in place).
+//                    Stages 0-1 keep full fp32 gradients in engine host buffers (every rank
+//                    accumulates them whole).
 //   working params   stage 3: each module's shard ("zero.param.<module>"), home nvme
 //                    (offload_param nvme, under its own nvme_path), host (cpu) or the device
 //                    (none). gather() pins it at the device tier (the Device tiermem.device names:
@@ -76,6 +82,17 @@
 // zero_plan.h publishes_working_on_device — else the host tier), releases them, and discards the
 // consumed gradient partition (TensorStore::discard: it is never written to NVMe). Dirty state
 // goes back to NVMe when the pool needs its room.
+// Device-resident optimizer (plan().optimizer_on_device; the engine then has a device at every
+// stage 1-3, device() is not null): step() pins each sub-group's state at the device tier and
+// runs Device::adam_step_async on it (gpu_adam_step on CUDA; on SimDevice the host optimizer's
+// CPU kernel on the device's memory, so the results are bit for bit the host optimizer's, in both
+// addressing modes). Its gradient is the device-homed partition, or (stage 1; an opaque device)
+// the host one copied up into a device scratch sub-group; the new working params go, in the same
+// pass, straight into the working shard when that is pinned at the device tier (bf16/fp16: the
+// kernel's copy-out; fp32: a device-to-device copy of the master), else (stages 1-2 engine
+// buffers, shards published at the host tier) through a device scratch sub-group copied down. No
+// optimizer-state byte crosses device <-> host in a step. Checkpoint export/import of the state
+// go through TensorStore::read/write and one host sub-group of staging.
 // Overlapped step (tiermem.overlap_optimizer_step, default false; stage 3, no fp16, the global
 // norm folded into gradient accumulation): step() computes the norm and the step's scalars and
 // leaves each stored module's sub-groups pending; the update runs at the module's next gather
@@ -95,7 +112,9 @@
 // Thread-safety: not thread-safe; one thread drives an engine (collectives must be issued in the
 // same order on every rank). The Communicator must outlive the engine.
 // Errors: ConfigError (key path named) for configs the engine cannot run — sub_group_size below
-// the alignment, an unsupported optimizer type, offload_param nvme without stage 3; Error for
+// the alignment, an unsupported optimizer type, offload_param nvme without stage 3,
+// tiermem.device_optimizer on with an offloaded optimizer or stage 0, a device budget below the
+// device-resident state's minimum (tiermem.device_budget_bytes, naming it); Error for
 // API misuse (registering after the first gather, wrong gradient size, unknown module); CommError
 // and IoError from collectives and swap I/O.
 #pragma once
@@ -150,7 +169,8 @@ struct ZeroStats {
   std::uint64_t host_engine_bytes = 0;      // now
   std::uint64_t host_engine_peak_bytes = 0;
   std::uint64_t device_budget_bytes = 0;    // 0: no device tier (stages 0-2, all persistent)
-  std::uint64_t device_peak_bytes = 0;      // store device peak + gathered peak <= budget
+  std::uint64_t device_peak_bytes = 0;      // store device peak + gathered peak (+ the device
+                                            // optimizer's scratch sub-groups) <= budget
   std::uint64_t gathered_bytes_peak = 0;    // largest total of live stage-3 gathered buffers
   bool host_pinned = false;                 // pin_memory asked for (the pool may fall back)
   // Traffic (TensorStore transfers, every kind of state together).
@@ -306,9 +326,10 @@ class ZeroEngine {
   // reduce_gradients.
   void reduce_gradients_from_device(int module, const float* grad_device, std::size_t numel);
 
-  // The device stage-3 gathers land on (the Device tiermem.device names), or null when the
-  // engine has no device tier (stages 0-2, every stage-3 module persistent) or has not made it
-  // yet: it is made with the plan (see plan()). Owned by the engine.
+  // The device stage-3 gathers land on and a device-resident optimizer steps on (the Device
+  // tiermem.device names), or null when the engine has no device tier (stages 0-2 without a
+  // device-resident optimizer, every stage-3 module persistent) or has not made it yet: it is
+  // made with the plan (see plan()). Owned by the engine.
   Device* device() const noexcept;
 
   // Waits for every in-flight reduce-scatter.

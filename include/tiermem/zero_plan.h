@@ -10,11 +10,17 @@
 //                    stages 0-2 and persistent modules: engine host buffers (host_engine_bytes).
 //   optimizer state  fp32 [master | exp_avg | exp_avg_sq] per sub-group ("piece"; a module's
 //                    shard split in pieces of piece_elems), home offload_optimizer.device
-//                    (nvme: swap space; cpu or none: host pool). 12 bytes per element.
+//                    (nvme: swap space; cpu: host pool; none: the device when
+//                    options.device_optimizer — stages 1-3, see tiermem.device_optimizer —
+//                    else the host pool). 12 bytes per element.
 //   gradients        stages 2-3: one fp32 partition tensor per piece, home host, or nvme when
 //                    offload_optimizer is nvme and 4 R bytes exceed a quarter of the host budget
-//                    (DeepSpeed also swaps gradients then). Stages 0-1: full fp32 gradients in
-//                    engine host buffers (every rank accumulates them whole, as in DeepSpeed).
+//                    (DeepSpeed also swaps gradients then), or the device with the optimizer
+//                    state when that is on the device and the device is host-addressable (the
+//                    engine adds host gradients in place; on an opaque device they stay at the
+//                    host and each sub-group's goes up once per step). Stages 0-1: full fp32
+//                    gradients in engine host buffers (every rank accumulates them whole, as in
+//                    DeepSpeed).
 //
 // The host budget holds the host homes, the caches of NVMe-homed tensors, and the step's
 // sub-groups in flight; piece_elems is the largest sub-group (<= sub_group_size, a multiple of
@@ -44,6 +50,9 @@ struct ZeroPlanOptions {
   bool device_host_addressable = true;
   std::uint64_t device_page_bytes = 4096; // device allocator granularity
   int max_inflight_buckets = 4;           // ZeroEngineOptions::max_inflight_buckets
+  // Home the optimizer state (offload_optimizer none, stages 1-3) on the device and step it there
+  // (Device::adam_step_async). The engine decides (tiermem.device_optimizer).
+  bool device_optimizer = false;
 };
 
 struct ZeroPlan {
@@ -56,6 +65,13 @@ struct ZeroPlan {
   Tier optimizer_home = Tier::kHost;
   Tier gradient_home = Tier::kHost;   // stages 2-3 (stages 0-1: engine host buffers)
   bool uses_device = false;           // stage 3 with at least one stored module
+  // The optimizer state is homed on the device (optimizer_home kDevice) and stepped there; the
+  // engine then makes a device at every stage.
+  bool optimizer_on_device = false;
+  // Device bytes the engine allocates outside the store for the device optimizer: one sub-group
+  // of fp32 gradient (when the gradients are not homed on the device) and one of working params
+  // (when some new working params go to host memory). Kept out of the store's device budget.
+  std::uint64_t device_scratch_bytes = 0;
   std::size_t piece_elems = 0;        // optimizer sub-group size the engine will use
   std::size_t rank_flat_elems = 0;    // R
 
@@ -96,6 +112,9 @@ inline bool publishes_working_on_device(const ZeroPlan& p, bool device_host_addr
   return p.uses_device && device_host_addressable && p.param_home != Tier::kDevice &&
          p.param_store_bytes <= store_device_budget / 2;
 }
+
+// Whether the engine needs a device at all: stage-3 stored shards or device-resident optimizer.
+inline bool needs_device(const ZeroPlan& p) { return p.uses_device || p.optimizer_on_device; }
 
 // Plans `module_numels` (every module's element count, in registration order) under `config`.
 ZeroPlan plan_zero(const Config& config, std::span<const std::size_t> module_numels,

@@ -587,6 +587,7 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->get_size("nvme_prefetch_bytes", t.nvme_prefetch_bytes);
     s->get("overlap_optimizer_step", t.overlap_optimizer_step);
     s->get("host_eviction_plan", t.host_eviction_plan);
+    s->get_choice("device_optimizer", t.device_optimizer, {"auto", "on", "off"});
     s->get_double("acquire_timeout_s", t.acquire_timeout_s, 0, 1e6);
     s->get("trace_path", t.trace_path);
     s->inert("trace_path",
@@ -836,6 +837,7 @@ std::string config_to_json(const Config& c, int indent) {
         {"nvme_prefetch_bytes", t.nvme_prefetch_bytes},
         {"overlap_optimizer_step", t.overlap_optimizer_step},
         {"host_eviction_plan", t.host_eviction_plan},
+        {"device_optimizer", t.device_optimizer},
         {"acquire_timeout_s", t.acquire_timeout_s}}},
   };
   if (!sched.is_null()) j["scheduler"] = sched;

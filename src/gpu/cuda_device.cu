@@ -143,6 +143,17 @@ class CudaDevice final : public Device {
     TM_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, d2d_));
     return DeviceEvent(std::make_shared<CudaEventState>(ordinal_, d2d_));
   }
+  DeviceEvent adam_step_async(const AdamParams& params, const DeviceAdamTensor* tensors,
+                              std::size_t count, DType half_dtype) override {
+    if (count > 0 && tensors == nullptr) throw Error("CudaDevice::adam_step_async: null tensor array");
+    bool any_half = false;
+    for (std::size_t i = 0; i < count; ++i) any_half = any_half || (tensors[i].half != nullptr && tensors[i].n > 0);
+    // gpu_adam_step checks the dtype even when nothing is copied out.
+    const DType dt = any_half ? half_dtype : DType::kBF16;
+    TM_CUDA_CHECK(cudaSetDevice(ordinal_));
+    gpu_adam_step(params, tensors, count, dt, compute_);
+    return DeviceEvent(std::make_shared<CudaEventState>(ordinal_, compute_));
+  }
   void synchronize() override {
     TM_CUDA_CHECK(cudaSetDevice(ordinal_));
     for (cudaStream_t s : {h2d_, d2h_, d2d_, compute_}) TM_CUDA_CHECK(cudaStreamSynchronize(s));

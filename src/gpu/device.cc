@@ -86,6 +86,10 @@ CudaProbe probe_cuda() noexcept {
   return p;
 }
 
+DeviceEvent Device::adam_step_async(const AdamParams&, const DeviceAdamTensor*, std::size_t, DType) {
+  throw NotSupportedError(name() + ": this device runs no AdamW (adam_step_async)");
+}
+
 namespace {
 std::unique_ptr<Device> make_sim(const DeviceOptions& o) {
   SimDeviceOptions so;
@@ -93,6 +97,7 @@ std::unique_ptr<Device> make_sim(const DeviceOptions& o) {
   so.h2d_gbps = o.sim_h2d_gbps;
   so.d2h_gbps = o.sim_d2h_gbps;
   so.host_addressable = o.sim_host_addressable;
+  so.adam_kernel = o.sim_adam_kernel;
   return std::make_unique<SimDevice>(so);
 }
 }  // namespace

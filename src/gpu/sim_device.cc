@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <vector>
 
 #include "gpu/caching_allocator.h"
 #include "tiermem/error.h"
@@ -291,6 +292,48 @@ DeviceEvent SimDevice::memset_async(void* dst, int value, std::uint64_t bytes) {
   check_device_range(dst, bytes, "memset_async destination");
   void* d = engine_ptr(dst);
   return h2d_->enqueue([=] { std::memset(d, value, bytes); }, 0);
+}
+
+DeviceEvent SimDevice::adam_step_async(const AdamParams& params, const DeviceAdamTensor* tensors,
+                                       std::size_t count, DType half_dtype) {
+  if (options_.adam_kernel == nullptr) {
+    throw NotSupportedError(
+        "SimDevice::adam_step_async: no CPU AdamW kernel was given (SimDeviceOptions::adam_kernel, "
+        "DeviceOptions::sim_adam_kernel)");
+  }
+  if (count > 0 && tensors == nullptr) throw Error("SimDevice::adam_step_async: null tensor array");
+  bool any_half = false;
+  std::vector<DeviceAdamTensor> work(tensors, tensors + count);
+  for (DeviceAdamTensor& t : work) {  // checked and translated now: errors at once, as copies
+    if (t.n == 0) continue;
+    const std::uint64_t fb = 4ull * t.n;
+    check_device_range(t.master, fb, "adam_step_async master");
+    check_device_range(t.grad, fb, "adam_step_async grad");
+    check_device_range(t.m, fb, "adam_step_async exp_avg");
+    check_device_range(t.v, fb, "adam_step_async exp_avg_sq");
+    t.master = static_cast<float*>(engine_ptr(t.master));
+    t.grad = static_cast<const float*>(engine_ptr(t.grad));
+    t.m = static_cast<float*>(engine_ptr(t.m));
+    t.v = static_cast<float*>(engine_ptr(t.v));
+    if (t.half != nullptr) {
+      check_device_range(t.half, 2ull * t.n, "adam_step_async half");
+      t.half = static_cast<std::uint16_t*>(engine_ptr(t.half));
+      any_half = true;
+    }
+  }
+  if (any_half && half_dtype != DType::kBF16 && half_dtype != DType::kF16) {
+    throw NotSupportedError("SimDevice::adam_step_async: half dtype " + std::string(dtype_name(half_dtype)) +
+                            " is not bf16 or f16");
+  }
+  const SimAdamKernel kernel = options_.adam_kernel;
+  // On the H2D engine: the simulated device's one queue that also runs D2D copies and memsets.
+  return h2d_->enqueue(
+      [kernel, params, half_dtype, work = std::move(work)] {
+        for (const DeviceAdamTensor& t : work) {
+          if (t.n > 0) kernel(params, t.master, t.grad, t.m, t.v, t.n, t.half, half_dtype);
+        }
+      },
+      0);
 }
 
 void SimDevice::synchronize() {

@@ -56,6 +56,19 @@ std::byte* ZeroEngine::Impl::WorkingShardOut::dest(const detail::Piece& p) {
   return buf.b();
 }
 
+std::byte* ZeroEngine::Impl::WorkingShardOut::device_dest(const detail::Piece& p) {
+  detail::ZeroModule& m = I_.mods[static_cast<std::size_t>(p.module)];
+  if (!m.stored) return nullptr;
+  if (module_ != p.module) {
+    finish();
+    pin_ = I_.store->acquire_for_overwrite(m.param,
+                                           m.home == Tier::kDevice ? Tier::kDevice : I_.publish_tier);
+    module_ = p.module;
+  }
+  if (pin_.tier() != Tier::kDevice) return nullptr;
+  return pin_.as<std::byte>() + p.begin * I_.wsize;
+}
+
 void ZeroEngine::Impl::WorkingShardOut::upload_staged() {
   if (staged_bytes_ == 0) return;
   upload_[stage_] = I_.device->copy_h2d_async(pin_.as<std::byte>() + staged_offset_,

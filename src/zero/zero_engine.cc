@@ -283,10 +283,10 @@ std::vector<ZeroEngine::Impl::GradPiece> ZeroEngine::Impl::pin_grad(int mi, std:
       // (acquire_for_overwrite is no access the Prefetcher records, so it may run on the gradient
       // thread, and so may the write-back of whatever it evicts for room). The policy hears of it
       // here, in call order: it needs room now, and that shapes what the pool can hold.
-      store->touch(p.grad, Tier::kHost, Phase::kBackward, /*overwrite=*/true);
+      store->touch(p.grad, grad_tier, Phase::kBackward, /*overwrite=*/true);
       p.grad_fresh = false;
     } else {
-      w.pin = store->acquire(p.grad, Tier::kHost, Phase::kBackward);
+      w.pin = store->acquire(p.grad, grad_tier, Phase::kBackward);
     }
     work.push_back(std::move(w));
   }
@@ -297,7 +297,7 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
   for (GradPiece& w : work) {
     const int pi = w.piece;
     detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
-    if (!w.pin.valid()) w.pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
+    if (!w.pin.valid()) w.pin = store->acquire_for_overwrite(p.grad, grad_tier);
     float* g = w.pin.as<float>();
     const std::size_t lo = w.lo, hi = w.hi;
     const float* s = src + (lo - begin);
@@ -512,7 +512,7 @@ ZeroStats ZeroEngine::stats() const {
                           static_cast<std::uint64_t>(I.store->options().pipeline_chunks);
     if (I.device) {
       s.device_budget_bytes = I.device->budget_bytes();
-      s.device_peak_bytes = t.peak_resident_bytes[d] + s.gathered_bytes_peak;
+      s.device_peak_bytes = t.peak_resident_bytes[d] + s.gathered_bytes_peak + I.device_scratch_bytes();
     }
     s.nvme_read_bytes = t.bytes_moved[n][h] + t.bytes_moved[n][d];
     s.nvme_written_bytes = t.bytes_moved[h][n] + t.bytes_moved[d][n];

@@ -2,6 +2,8 @@
 //   zero_engine.cc      the public calls: construction, gather, reduce_gradients, stats
 //   zero_setup.cc       layout, plan, the TensorStore and every module's tensors (registration)
 //   zero_step.cc        the optimizer step over sub-groups ("pieces"), checkpoints, export
+//   zero_device.cc      working-param destinations; a device the CPU cannot address
+//   zero_device_step.cc the device-resident optimizer (plan.optimizer_on_device)
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
 #pragma once
 
@@ -55,6 +57,35 @@ struct AlignedBuf {
     return *this;
   }
   ~AlignedBuf() { std::free(p); }
+  float* f() const { return static_cast<float*>(p); }
+  std::byte* b() const { return static_cast<std::byte*>(p); }
+};
+
+// tiermem::adam_step (default options) as a SimAdamKernel: the device optimizer's CPU twin runs
+// exactly the host optimizer's kernel (zero_device_step.cc).
+void device_adam_kernel(const AdamParams& params, float* master, const float* grad, float* m, float* v,
+                        std::size_t n, void* half, DType half_dtype);
+
+// A device buffer owned by the engine (freed on destruction; the device must outlive it).
+struct DeviceBuf {
+  std::shared_ptr<Device> device;
+  void* p = nullptr;
+  std::uint64_t bytes = 0;
+  DeviceBuf() = default;
+  DeviceBuf(const DeviceBuf&) = delete;
+  DeviceBuf& operator=(const DeviceBuf&) = delete;
+  ~DeviceBuf() {
+    if (p != nullptr) device->free(p);
+  }
+  // At least `n` bytes (reallocated when smaller; contents undefined).
+  void reserve(const std::shared_ptr<Device>& d, std::uint64_t n) {
+    if (p != nullptr && bytes >= n) return;
+    if (p != nullptr) device->free(p);
+    p = nullptr;
+    device = d;
+    p = device->allocate(n);
+    bytes = n;
+  }
   float* f() const { return static_cast<float*>(p); }
   std::byte* b() const { return static_cast<std::byte*>(p); }
 };
@@ -129,7 +160,18 @@ struct ZeroEngine::Impl {
   std::unique_ptr<IoEngine> io;
   std::shared_ptr<SwapSpace> param_swap, optim_swap;  // may be the same object
   std::unique_ptr<TensorStore> store;
+  // Device-resident optimizer (plan.optimizer_on_device; zero_device_step.cc): scratch sub-groups
+  // in device memory, for a gradient that is not homed on the device (stage 1; an opaque device)
+  // and for new working params bound for host memory. Declared after `device`: freed before it.
+  detail::DeviceBuf grad_scratch, out_scratch;
+  std::uint64_t state_stage_live = 0;  // host bytes staging a checkpoint of device-homed state
+  std::uint64_t device_scratch_bytes() const {  // as the device's allocator counts them
+    return (grad_scratch.p ? device->allocation_size(grad_scratch.bytes) : 0) +
+           (out_scratch.p ? device->allocation_size(out_scratch.bytes) : 0);
+  }
   Tier compute_tier = Tier::kHost;     // where gathers pin working shards
+  Tier grad_tier = Tier::kHost;        // where gradient partitions are accumulated and read (home
+                                       // device: the device-resident optimizer, addressable device)
   Tier publish_tier = Tier::kHost;     // where step() writes stored shards homed below the device
   // The device's memory is not host-addressable (CudaDevice; SimDevice with
   // tiermem.sim_host_addressable false): the engine touches it only through the Device's copy
@@ -174,6 +216,7 @@ struct ZeroEngine::Impl {
   // zero_setup.cc
   void make_plan(std::span<const std::size_t> numels);
   void make_tiers();
+  void fall_back_to_host_optimizer();  // re-plans with the optimizer state in the host pool (logged)
   void add_module(const std::string& name, std::size_t numel);
   void write_module(int i, std::span<const float> init_shard);
   void finalize();
@@ -181,7 +224,8 @@ struct ZeroEngine::Impl {
 
   // zero_device.cc: the engine's side of a device it cannot address.
   std::uint64_t staging_host_bytes() const {
-    return publish_stage[0].bytes + publish_stage[1].bytes + grad_stage.bytes + gather_stage_live;
+    return publish_stage[0].bytes + publish_stage[1].bytes + grad_stage.bytes + gather_stage_live +
+           state_stage_live;
   }
   // Several ranks: module m's working shard (pinned at the device tier) all-gathered into a new
   // device buffer of m.shard.padded elements (the caller frees it with device->free): through a
@@ -235,6 +279,10 @@ struct ZeroEngine::Impl {
     WorkingShardOut(const WorkingShardOut&) = delete;
     WorkingShardOut& operator=(const WorkingShardOut&) = delete;
     std::byte* dest(const detail::Piece& p);
+    // As dest(), for a writer in device memory (the device-resident optimizer): the sub-group's
+    // place in the module's shard when that is pinned at the device tier (any device: no staging),
+    // else null (the destination is host memory: write it through dest()).
+    std::byte* device_dest(const detail::Piece& p);
     void finish();  // the last module's shard released dirty
 
    private:
@@ -255,6 +303,13 @@ struct ZeroEngine::Impl {
   // discarded after (stages 2-3). `on_grad(k, g)` sees the gradient first when given.
   void update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
                     const std::function<void(std::size_t, const float*)>& on_grad);
+  // zero_device_step.cc: the device-resident optimizer (plan.optimizer_on_device). AdamW on
+  // piece k in device memory (Device::adam_step_async), as update_piece; and the checkpoint
+  // export/import of device-homed state, staged through one host sub-group.
+  void update_piece_on_device(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+                              const std::function<void(std::size_t, const float*)>& on_grad);
+  void export_device_state(const std::function<void(const ZeroStateChunk&)>& sink);
+  void import_device_state(const std::function<void(const ZeroStateChunk&)>& source);
   bool fold_norm() const;  // step()'s clipping norm is folded into accumulate_grad
   void fold_piece_norm(int pi, const float* g);
   std::size_t valid_len(std::size_t k) const;  // piece k's real (not padding) elements, from its begin

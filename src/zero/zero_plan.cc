@@ -82,11 +82,14 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
     }
   }
   p.optimizer_home = z.offload_optimizer.device == OffloadDevice::kNvme ? Tier::kNvme : Tier::kHost;
+  p.optimizer_on_device = o.device_optimizer && stage >= 1 && z.offload_optimizer.device == OffloadDevice::kNone;
+  if (p.optimizer_on_device) p.optimizer_home = Tier::kDevice;
   p.optimizer_bytes = 12ull * R;
   if (stage >= 2) {
     p.gradient_bytes = 4ull * R;
     p.gradient_home = p.optimizer_home == Tier::kNvme && p.gradient_bytes > p.host_budget_bytes / 4 ? Tier::kNvme
                                                                                                    : Tier::kHost;
+    if (p.optimizer_on_device && o.device_host_addressable) p.gradient_home = Tier::kDevice;
   } else {
     p.gradient_bytes = 4ull * layout.full_flat + (stage == 1 ? 4ull * R : 0);
     p.host_engine_bytes += p.gradient_bytes;
@@ -140,6 +143,21 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
     if (o.world_size > 1) p.host_engine_bytes += host_round(largest_padded);
   }
 
+  // Device-resident optimizer: every sub-group's state (and gradient partition, when homed
+  // there) is a device allocation of its own; plus the engine's scratch sub-groups.
+  std::uint64_t dev_optim = 0;
+  if (p.optimizer_on_device) {
+    const std::size_t pe = p.piece_elems;
+    for (const ModuleShard& s : layout.modules) {
+      for (std::size_t b = 0; b < s.shard; b += pe) {
+        const std::uint64_t n = std::min(pe, s.shard - b);
+        dev_optim += dev_round(12 * n) + (p.gradient_home == Tier::kDevice ? dev_round(4 * n) : 0);
+      }
+    }
+    if (p.gradient_home != Tier::kDevice) p.device_scratch_bytes += dev_round(4ull * pe);
+    p.device_scratch_bytes += dev_round(wsize * pe);
+  }
+
   // Device: stored shards (home device) or the largest one at a time; gathered modules.
   if (p.uses_device) {
     if (o.world_size > 1) p.gather_reserve_bytes = 2 * dev_round(largest_padded);
@@ -150,6 +168,14 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
     if (p.gather_reserve_bytes) {
       p.device_min_why += fmt::format(" + 2 all-gathered modules ({})", format_bytes(p.gather_reserve_bytes));
     }
+  }
+  if (p.optimizer_on_device) {
+    p.device_min_bytes += dev_optim + p.device_scratch_bytes;
+    p.device_min_why += fmt::format("{}{} of optimizer state{} on the device (offload_optimizer none, "
+                                    "tiermem.device_optimizer) + {} of step scratch",
+                                    p.device_min_why.empty() ? "" : " + ", format_bytes(dev_optim),
+                                    p.gradient_home == Tier::kDevice ? " and gradient partitions" : "",
+                                    format_bytes(p.device_scratch_bytes));
   }
 
   // NVMe.
@@ -162,7 +188,7 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
     p.fits = false;
     p.why = fmt::format("host budget {} (tiermem.host_budget_bytes) is below the {} this model needs: {}",
                         format_bytes(p.host_budget_bytes), format_bytes(p.host_min_bytes), p.host_min_why);
-  } else if (p.uses_device && p.device_budget_bytes != 0 && p.device_budget_bytes < p.device_min_bytes) {
+  } else if (needs_device(p) && p.device_budget_bytes != 0 && p.device_budget_bytes < p.device_min_bytes) {
     p.fits = false;
     p.why = fmt::format("device budget {} (tiermem.device_budget_bytes) is below the {} this model needs: {}",
                         format_bytes(p.device_budget_bytes), format_bytes(p.device_min_bytes), p.device_min_why);

@@ -71,9 +71,30 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   // The device is made (and its addressability known) only when the plan needs one: assume it
   // from the config here; make_tiers plans again if the device made says otherwise (auto: CUDA).
   po.device_host_addressable = cfg.tiermem.device != "cuda" && cfg.tiermem.sim_host_addressable;
+  // tiermem.device_optimizer: on = the device-resident optimizer on any device (SimDevice: its
+  // CPU twin); auto = when the device will be a GPU; off = never. It applies to offload_optimizer
+  // none at stages 1-3 (plan_zero checks those).
+  const std::string& want = cfg.tiermem.device_optimizer;
+  const bool gpu = cfg.tiermem.device == "cuda" || (cfg.tiermem.device == "auto" && cuda_device_available());
+  po.device_optimizer = want == "on" || (want == "auto" && gpu);
+  if (want == "on" && cfg.zero.offload_optimizer.device != OffloadDevice::kNone) {
+    throw ConfigError("tiermem.device_optimizer", want,
+                      fmt::format("tiermem.device_optimizer \"on\" keeps the optimizer state on the device, "
+                                  "but zero_optimization.offload_optimizer.device is \"{}\": set it to "
+                                  "\"none\", or device_optimizer to \"auto\"/\"off\"",
+                                  offload_device_name(cfg.zero.offload_optimizer.device)));
+  }
+  if (want == "on" && stage == 0) {
+    throw ConfigError("tiermem.device_optimizer", want,
+                      "tiermem.device_optimizer \"on\" needs zero_optimization.stage 1, 2 or 3 (stage 0 "
+                      "keeps its unpartitioned optimizer state in host memory)");
+  }
   plan_opts = po;
   plan_numels.assign(numels.begin(), numels.end());
   plan = plan_zero(cfg, numels, po);
+  if (!plan.fits && plan.optimizer_on_device && want == "auto" && plan.host_budget_bytes >= plan.host_min_bytes) {
+    fall_back_to_host_optimizer();  // the device budget cannot hold the state: the host pool does
+  }
   if (!plan.fits) {
     const bool host = plan.host_budget_bytes < plan.host_min_bytes;
     throw ConfigError(host ? "tiermem.host_budget_bytes" : "tiermem.device_budget_bytes",
@@ -81,6 +102,19 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   }
   planned = true;
   make_tiers();
+}
+
+// tiermem.device_optimizer auto, and the state does not fit the device budget: it is homed in the
+// host pool and stepped by the CPU instead, said once (a GPU user's offload_optimizer none
+// still starts, as DeepSpeed's would on a GPU with room).
+void ZeroEngine::Impl::fall_back_to_host_optimizer() {
+  TM_LOG_WARN("ZERO",
+              "offload_optimizer none: the optimizer state does not fit the device budget {} "
+              "(tiermem.device_budget_bytes; {} needed: {}): it stays in host memory and is stepped by "
+              "the CPU (set tiermem.device_optimizer \"off\" or offload_optimizer \"cpu\" to silence this)",
+              format_bytes(plan.device_budget_bytes), format_bytes(plan.device_min_bytes), plan.device_min_why);
+  plan_opts.device_optimizer = false;
+  plan = plan_zero(cfg, plan_numels, plan_opts);
 }
 
 void ZeroEngine::Impl::make_tiers() {
@@ -109,17 +143,28 @@ void ZeroEngine::Impl::make_tiers() {
       optim_swap = std::make_shared<SwapSpace>(cfg, rank_dirs(opaths, rank), *io);
     }
   }
-  if (plan.uses_device) {
+  if (needs_device(plan)) {
     DeviceOptions dopt = DeviceOptions::from_config(cfg);
+    dopt.sim_adam_kernel = &detail::device_adam_kernel;  // the host optimizer's kernel: bit for bit
     device = make_device(dopt);
     // Gathers land in device memory on every device. One the CPU cannot address (CudaDevice,
     // SimDevice with sim_host_addressable false) is only ever reached through its copy API
     // (zero_device.cc): staged all-gathers, publication of new params, gradient hand-over.
-    compute_tier = Tier::kDevice;
+    if (plan.uses_device) compute_tier = Tier::kDevice;
     opaque = !device->host_addressable();
-    if (opaque == plan_opts.device_host_addressable) {  // only the staging bytes differ
+    if (opaque == plan_opts.device_host_addressable) {  // staging bytes and gradient home differ
       plan_opts.device_host_addressable = !opaque;
       plan = plan_zero(cfg, plan_numels, plan_opts);
+    }
+    // The device optimizer needs the device's real budget (0 in the config: the device's own).
+    if (plan.optimizer_on_device && device->budget_bytes() < plan.device_min_bytes &&
+        cfg.tiermem.device_optimizer == "auto") {
+      plan.device_budget_bytes = device->budget_bytes();  // for the message
+      fall_back_to_host_optimizer();
+      if (!needs_device(plan)) {
+        device.reset();
+        opaque = false;
+      }
     }
   }
   TensorStoreOptions so = TensorStoreOptions::from_config(cfg);
@@ -132,7 +177,7 @@ void ZeroEngine::Impl::make_tiers() {
                         fmt::format("device budget {} ({}) is below the {} this model needs: {}", format_bytes(dev),
                                     device->name(), format_bytes(plan.device_min_bytes), plan.device_min_why));
     }
-    so.device_budget_bytes = dev - plan.gather_reserve_bytes;
+    so.device_budget_bytes = dev - plan.gather_reserve_bytes - plan.device_scratch_bytes;
     if (publishes_working_on_device(plan, device->host_addressable(), so.device_budget_bytes)) {
       publish_tier = Tier::kDevice;
     }
@@ -141,6 +186,7 @@ void ZeroEngine::Impl::make_tiers() {
   std::unique_ptr<ResidencyPolicy> policy =
       std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, wdtype));
   store = std::make_unique<TensorStore>(so, device, optim_swap ? optim_swap : param_swap, std::move(policy));
+  grad_tier = plan.gradient_home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
   st.host_pinned = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
   TM_LOG_INFO("ZERO",
               "stage {}, rank {} of {}: {} elements of optimizer state ({} in sub-groups of {} elements, {}); "
@@ -195,10 +241,16 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     p.optim = store->register_tensor(os);
     {
       TensorStore::Pin pin = store->acquire_for_overwrite(p.optim, fill_tier(os.home));
-      float* s = pin.as<float>();
-      copy_init(r.begin, r.end, s);                         // master
-      std::fill(s + r.size(), s + 3 * r.size(), 0.0f);      // exp_avg, exp_avg_sq
       pin.mark_dirty();
+      if (opaque && pin.tier() == Tier::kDevice) {  // device-resident optimizer on an opaque device
+        std::vector<float> tmp(3 * r.size(), 0.0f);
+        copy_init(r.begin, r.end, tmp.data());
+        upload(pin, 0, tmp.data(), tmp.size() * sizeof(float));
+      } else {
+        float* s = pin.as<float>();
+        copy_init(r.begin, r.end, s);                         // master
+        std::fill(s + r.size(), s + 3 * r.size(), 0.0f);      // exp_avg, exp_avg_sq
+      }
     }
     if (stage >= 2) {
       TensorSpec gs;

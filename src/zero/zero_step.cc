@@ -46,6 +46,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   auto grad_of = [&](detail::Piece& p, TensorStore::Pin& pin) { return piece_grad(p, pin, Phase::kOptimizer); };
   const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
   auto prefetch_after = [&](std::size_t k, bool with_state) {
+    if (plan.optimizer_on_device) return;  // state (and gradients) are already where they are used
     std::vector<TensorId> ids;
     for (std::size_t j = k + 1; j < pieces.size() && j < k + static_cast<std::size_t>(B); ++j) {
       if (with_state) ids.push_back(pieces[j].optim);
@@ -134,7 +135,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   // stage-3 module's update waits for its next gather (apply_pending), so its sub-groups' NVMe
   // reads and write-backs run beside the forward pass instead of before it. Bit for bit the same
   // update, with this step's scalars.
-  const bool defer = cfg.tiermem.overlap_optimizer_step && stage == 3 && folded && !scaler;
+  const bool defer = cfg.tiermem.overlap_optimizer_step && stage == 3 && folded && !scaler && !plan.optimizer_on_device;
   pending_ap = ap;
 
   // Sub-groups in order; AdamW writes every element of each module's working shard.
@@ -189,11 +190,11 @@ const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pi
   if (stage == 0) return m.full_grad.data() + p.begin;
   if (stage == 1) return m.shard_grad.data() + p.begin;
   if (p.grad_fresh) {  // no gradient since the last step: zero
-    pin = store->acquire_for_overwrite(p.grad, Tier::kHost);
+    pin = store->acquire_for_overwrite(p.grad, grad_tier);
     std::memset(pin.data(), 0, pin.bytes());
     p.grad_fresh = false;
   } else {
-    pin = store->acquire(p.grad, Tier::kHost, phase);
+    pin = store->acquire(p.grad, grad_tier, phase);
     if (phase == Phase::kOutsideStep) m.replay.push_back(p.grad);
   }
   return pin.as<const float>();
@@ -201,6 +202,7 @@ const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pi
 
 void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
                                     const std::function<void(std::size_t, const float*)>& on_grad) {
+  if (plan.optimizer_on_device) return update_piece_on_device(k, ap, working, phase, on_grad);  // zero_device_step.cc
   detail::Piece& p = pieces[k];
   TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, phase);
   if (phase == Phase::kOutsideStep) mods[static_cast<std::size_t>(p.module)].replay.push_back(p.optim);
@@ -423,6 +425,10 @@ ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(c
   I.finalize();
   I.sync();
   I.apply_all_pending(Phase::kOutsideStep);
+  if (I.plan.optimizer_on_device) {  // device-homed state: zero_device_step.cc
+    I.export_device_state(sink);
+    return I.state_header();
+  }
   const std::size_t B = static_cast<std::size_t>(std::max(1, I.cfg.zero.offload_optimizer.buffer_count));
   for (std::size_t k = 0; k < I.pieces.size(); ++k) {
     std::vector<TensorId> ahead;
@@ -468,16 +474,20 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   // overwrite: the old state is never read) and written back to its home by the store; the
   // working shard of its module is rewritten from the new master in the same pass, as step()
   // publishes it.
-  Impl::WorkingShardOut working(I);
-  for (detail::Piece& p : I.pieces) {
-    TensorStore::Pin state = I.store->acquire_for_overwrite(p.optim, Tier::kHost);
-    float* s = state.as<float>();
-    const std::size_t n = p.size();
-    source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
-    state.mark_dirty();
-    I.to_working(s, working.dest(p), n);
+  if (I.plan.optimizer_on_device) {  // device-homed state: zero_device_step.cc
+    I.import_device_state(source);
+  } else {
+    Impl::WorkingShardOut working(I);
+    for (detail::Piece& p : I.pieces) {
+      TensorStore::Pin state = I.store->acquire_for_overwrite(p.optim, Tier::kHost);
+      float* s = state.as<float>();
+      const std::size_t n = p.size();
+      source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+      state.mark_dirty();
+      I.to_working(s, working.dest(p), n);
+    }
+    working.finish();
   }
-  working.finish();
   I.st.steps = header.steps;
   I.st.skipped_steps = header.skipped_steps;
   if (I.scaler) I.scaler->restore(*header.loss_scaler);

@@ -251,6 +251,72 @@ INSTANTIATE_TEST_SUITE_P(StageOffload, ZeroMpiResume,
                                   (p == "none" ? "" : "_param_" + p);
                          });
 
+// The device-resident optimizer (offload_optimizer none, tiermem.device_optimizer on) on every
+// rank: stages 1-3 × fp32/bf16 × an addressable SimDevice and its PROT_NONE twin give, bit for
+// bit, every rank's masters, working params and optimizer shard of the host optimizer (off); each
+// rank's exported shard imported into fresh engines continues bit for bit.
+struct DevOptCase {
+  int stage;
+  bool bf16;
+  bool addressable;
+};
+class ZeroMpiDeviceOptimizer : public ::testing::TestWithParam<DevOptCase> {};
+
+TEST_P(ZeroMpiDeviceOptimizer, EqualsTheHostOptimizerOnEveryRank) {
+  Communicator& c = world_comm();
+  const int W = c.world_size();
+  const int micro = W <= 4 ? 2 : 1;
+  const DevOptCase dc = GetParam();
+  auto make = [&](const char* mode) {
+    Config cfg = testing::mlp_config(dc.stage, "none", nvme_base(), micro);
+    cfg.tiermem.device = "sim";
+    cfg.tiermem.sim_host_addressable = dc.addressable;
+    cfg.tiermem.device_budget_bytes = 8 << 20;
+    cfg.tiermem.device_optimizer = mode;
+    cfg.bf16 = dc.bf16;
+    return cfg;
+  };
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  ZeroEngine host(make("off"), c), dev(make("on"), c);
+  const auto want = testing::mlp_train_engine(host, c, 6, micro);
+  const auto got = testing::mlp_train_engine(dev, c, 6, micro);
+  EXPECT_EQ(dev.stats().optimizer_home, Tier::kDevice);
+  for (int m = 0; m < 2; ++m) {
+    EXPECT_TRUE(same(got[m], want[m])) << "rank " << c.rank() << " master " << m;
+    auto a = host.gather(m);
+    auto b = dev.gather(m);
+    EXPECT_TRUE(same(testing::to_f32_host(host, a), testing::to_f32_host(dev, b)))
+        << "rank " << c.rank() << " working params " << m;
+  }
+  const ZeroOptimizerState hs = host.export_optimizer_state(), saved = dev.export_optimizer_state();
+  EXPECT_TRUE(same(saved.master, hs.master)) << "rank " << c.rank();
+  EXPECT_TRUE(same(saved.exp_avg_sq, hs.exp_avg_sq)) << "rank " << c.rank();
+  ZeroEngine resumed(make("on"), c);
+  auto init = testing::mlp_init();
+  for (auto& v : init) std::fill(v.begin(), v.end(), 0.0f);
+  resumed.register_module("fc1", init[0]);
+  resumed.register_module("fc2", init[1]);
+  resumed.import_optimizer_state(saved);
+  testing::mlp_train_steps(resumed, c, 3, micro);
+  testing::mlp_train_steps(host, c, 3, micro);
+  for (int m = 0; m < 2; ++m) {
+    EXPECT_TRUE(same(resumed.export_master(m), host.export_master(m))) << "rank " << c.rank() << " resumed " << m;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(StageDtypeDevice, ZeroMpiDeviceOptimizer,
+                         ::testing::Values(DevOptCase{1, false, true}, DevOptCase{2, true, true},
+                                           DevOptCase{3, false, true}, DevOptCase{3, true, true},
+                                           DevOptCase{1, true, false}, DevOptCase{2, false, false},
+                                           DevOptCase{3, true, false}, DevOptCase{3, false, false}),
+                         [](const auto& info) {
+                           const DevOptCase& d = info.param;
+                           return "stage" + std::to_string(d.stage) + (d.bf16 ? "_bf16" : "_fp32") +
+                                  (d.addressable ? "_addressable" : "_opaque");
+                         });
+
 // Removes the swap directory after every test ran (all ranks take part in the collectives).
 class SwapDirCleanup : public ::testing::Environment {
  public:

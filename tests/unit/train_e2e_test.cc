@@ -140,6 +140,39 @@ TEST_F(TrainE2E, NonAddressableDeviceEqualsAddressableBitwise) {
   }
 }
 
+// --offload none with the device-resident optimizer (tiermem.device_optimizer on; a GPU's
+// default, here its CPU twin on SimDevice, addressable and not): stages 2 and 3 give the same
+// losses, bit for bit, as the host optimizer (device_optimizer off), the summary says the state
+// lived on the device, and a checkpoint saved at step 3 resumes to the same losses.
+TEST_F(TrainE2E, DeviceOptimizerEqualsHostOptimizerBitwise) {
+  const std::string data = " --data " + corpus() + " --steps 6 ";
+  for (int stage : {2, 3}) {
+    for (bool addressable : {true, false}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (addressable ? " addressable" : " opaque"));
+      for (const char* mode : {"on", "off"}) {
+        std::ofstream(dir_ / (std::string(mode) + ".json"))
+            << R"({"zero_optimization": {"stage": )" << stage << R"(}, "tiermem": {"device_optimizer": ")" << mode
+            << R"(", "sim_host_addressable": )" << (addressable ? "true" : "false") << "}}";
+      }
+      const std::string args = std::string(kTiny) + data + "--device sim --offload none ";
+      const RunResult host = run(args + "--config off.json");
+      const RunResult dev = run(args + "--config on.json");
+      ASSERT_EQ(host.exit_code, 0) << host.err;
+      ASSERT_EQ(dev.exit_code, 0) << dev.err;
+      ASSERT_EQ(losses(dev).size(), 6u);
+      EXPECT_EQ(losses(dev), losses(host));
+      EXPECT_EQ(dev.summary["optimizer_offload"], "device") << dev.summary.dump();
+      EXPECT_EQ(host.summary["optimizer_offload"], "host") << host.summary.dump();
+      fs::remove_all(dir_ / "ck");
+      const RunResult first = run(args + "--config on.json --save ck --stop-at 3");
+      ASSERT_EQ(first.exit_code, 0) << first.err;
+      const RunResult second = run(args + "--config on.json --resume ck");
+      ASSERT_EQ(second.exit_code, 0) << second.err;
+      EXPECT_EQ(losses(second), losses(host, 4, 6));
+    }
+  }
+}
+
 // Two runs saving into one --save directory would delete each other's files: the second is
 // refused, naming the directory and the first one's pid, and the first one's checkpoint is
 // untouched. A lock left by a dead run is taken over (crash_loop_test kills runs mid-save).
