@@ -96,7 +96,9 @@ TEST_P(ZeroDeviceOptimizer, EqualsTheHostOptimizerBitForBit) {
   EXPECT_EQ(hs.optimizer_home, Tier::kHost);
   EXPECT_EQ(ds.optimizer_home, Tier::kDevice);
   EXPECT_TRUE(dev.plan().optimizer_on_device);
-  if (c.stage >= 2) EXPECT_EQ(ds.gradient_home, c.addressable ? Tier::kDevice : Tier::kHost);
+  if (c.stage >= 2) {
+    EXPECT_EQ(ds.gradient_home, c.addressable ? Tier::kDevice : Tier::kHost);
+  }
   ASSERT_NE(dev.device(), nullptr);
   EXPECT_EQ(dev.device()->host_addressable(), c.addressable);
   EXPECT_LE(ds.device_peak_bytes, ds.device_budget_bytes);
@@ -263,7 +265,9 @@ TEST(ZeroDeviceOptimizerPlan, HomesAndMinimumDeviceBudget) {
       EXPECT_EQ(p.device_scratch_bytes, scratch);
       const std::uint64_t state = 12 * R + (grads_on_device ? 4 * R : 0);  // page multiples here
       EXPECT_GE(p.device_min_bytes, state + scratch);
-      if (stage < 3) EXPECT_EQ(p.device_min_bytes, state + scratch);
+      if (stage < 3) {
+        EXPECT_EQ(p.device_min_bytes, state + scratch);
+      }
       EXPECT_NE(p.device_min_why.find("optimizer state"), std::string::npos) << p.device_min_why;
       // The host pool holds neither the state nor the device-homed gradients.
       const ZeroPlan host = plan_zero(cfg, numels, ZeroPlanOptions{});
