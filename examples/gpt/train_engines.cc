@@ -41,9 +41,12 @@ std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptio
   const Config& c = plan.config;
   const bool offload = c.zero.offload_param.device != OffloadDevice::kNone ||
                        c.zero.offload_optimizer.device != OffloadDevice::kNone;
+  // A budget the user set (--host-budget, --device-budget or their tiermem keys) is one only
+  // ZeroEngine honours: the resident engine holds everything in plain host memory.
+  const bool budgeted = c.tiermem.host_budget_bytes != 0 || c.tiermem.device_budget_bytes != 0;
   std::string kind = opts.engine.empty() ? "auto" : opts.engine;
   if (kind == "auto") {
-    if (plan.world_size > 1) {
+    if (plan.world_size > 1 || budgeted) {
       kind = "zero";
     } else if (c.zero.stage == 0 && !offload) {
       kind = "resident";
@@ -59,6 +62,12 @@ std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptio
   if (kind == "resident" && (c.bf16 || c.fp16.enabled)) {
     TM_LOG_WARN("TRAIN", "{}.enabled is ignored by --engine resident: it trains in fp32 (only "
                 "--engine zero keeps bf16 working parameters)", c.bf16 ? "bf16" : "fp16");
+  }
+  if (kind == "resident" && budgeted) {
+    TM_LOG_WARN("TRAIN", "--engine resident ignores the host and device budgets (tiermem.host_budget_bytes "
+                "{}, tiermem.device_budget_bytes {}): it holds every tensor in plain host memory; drop "
+                "--engine resident to have ZeroEngine keep them",
+                c.tiermem.host_budget_bytes, c.tiermem.device_budget_bytes);
   }
   if (kind == "resident") {
     if (plan.world_size > 1)

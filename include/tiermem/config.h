@@ -108,7 +108,9 @@ struct TiermemConfig {
   std::uint64_t pipeline_chunk_bytes = 8ull << 20;  // NVMe->host->device pipeline chunk
   int pipeline_chunks = 4;                  // pinned bounce chunks in flight
   std::uint64_t nvme_prefetch_bytes = 256ull << 20;  // NVMe->host prefetch look-ahead
-  bool overlap_optimizer_step = false;      // ZeRO-3: each module's AdamW update at its next gather
+  // ZeRO-3: each module's AdamW update at its next gather; unset ("auto"): on when the optimizer
+  // state is on NVMe (offload_optimizer.device nvme)
+  std::optional<bool> overlap_optimizer_step;
   bool host_eviction_plan = true;           // Prefetcher: Belady plan of the host tier (write-behind, read-ahead room)
   std::string device_optimizer = "auto";    // auto | on | off: offload_optimizer none on the device
   double acquire_timeout_s = 30;            // wait for a release before OutOfMemoryError

@@ -62,6 +62,13 @@ class Section {
     }
   }
 
+  void get(const char* key, std::optional<bool>& out) {
+    if (const json* v = find(key)) {
+      if (!v->is_boolean()) bad(key, *v, "true, false or \"auto\"");
+      out = v->get<bool>();
+    }
+  }
+
   void get(const char* key, std::string& out) {
     if (const json* v = find(key)) {
       if (!v->is_string()) bad(key, *v, "a string");
@@ -835,7 +842,7 @@ std::string config_to_json(const Config& c, int indent) {
         {"pipeline_chunk_bytes", t.pipeline_chunk_bytes},
         {"pipeline_chunks", t.pipeline_chunks},
         {"nvme_prefetch_bytes", t.nvme_prefetch_bytes},
-        {"overlap_optimizer_step", t.overlap_optimizer_step},
+        {"overlap_optimizer_step", t.overlap_optimizer_step ? json(*t.overlap_optimizer_step) : json("auto")},
         {"host_eviction_plan", t.host_eviction_plan},
         {"device_optimizer", t.device_optimizer},
         {"acquire_timeout_s", t.acquire_timeout_s}}},

@@ -127,7 +127,10 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
   } else {
     const std::uint64_t used = p.host_home_bytes + step_reserve;
     const std::uint64_t avail = p.host_budget_bytes > used ? p.host_budget_bytes - used : 0;
-    const std::uint64_t fit = avail / (per_elem * (B + 1)) / A * A;
+    // buffer_count + 1 sub-groups fit the room; with the state on NVMe, 4x as many, so that what
+    // the pool cannot keep streams in pieces read ahead and written behind while others step.
+    const std::uint64_t streams = p.optimizer_home == Tier::kNvme ? 4 : 1;
+    const std::uint64_t fit = avail / (per_elem * (B + 1) * streams) / A * A;
     p.piece_elems = static_cast<std::size_t>(std::clamp<std::uint64_t>(fit, A, sub));
   }
   p.piece_elems = std::min(p.piece_elems, std::max<std::size_t>(A, (largest_shard + A - 1) / A * A));
