@@ -93,7 +93,8 @@
 // buffers, shards published at the host tier) through a device scratch sub-group copied down. No
 // optimizer-state byte crosses device <-> host in a step. Checkpoint export/import of the state
 // go through TensorStore::read/write and one host sub-group of staging.
-// Overlapped step (tiermem.overlap_optimizer_step, default false; stage 3, no fp16, the global
+// Overlapped step (tiermem.overlap_optimizer_step; default "auto": on when the optimizer state is
+// on NVMe and the working params are published on the device; stage 3, no fp16, the global
 // norm folded into gradient accumulation): step() computes the norm and the step's scalars and
 // leaves each stored module's sub-groups pending; the update runs at the module's next gather
 // (or reduce_gradients, step, zero_grad, export_*, when those come first), so the optimizer

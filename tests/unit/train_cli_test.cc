@@ -258,6 +258,22 @@ TEST_F(TrainCli, OnlyAZeroStageTrainsTheSameLossesAsNoConfig) {
   EXPECT_EQ(losses("--config autos.json"), none);
 }
 
+// A budget is honoured or refused: with a config of stage 0 and no offload, --engine auto would
+// pick the resident engine, which holds everything in plain memory; a host budget makes it
+// ZeroEngine, which refuses a budget below the state's host homes. --engine resident says it
+// ignores the budget.
+TEST_F(TrainCli, AHostBudgetIsNeverSilentlyIgnored) {
+  std::ofstream(dir_ / "stage0.json") << R"({"zero_optimization": {"stage": 0}})";
+  expect_usage_error("--config stage0.json --host-budget 64KiB --swap-dir swap",
+                     {"host budget", "tiermem.host_budget_bytes", "host homes"});
+  Result r = run("--config stage0.json --host-budget 64KiB --engine resident --swap-dir swap");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--engine resident ignores the host and device budgets"), std::string::npos) << r.err;
+  Result plain = run("--config stage0.json --swap-dir swap");  // no budget: the resident engine, quietly
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(plain.err.find("ignores the host"), std::string::npos) << plain.err;
+}
+
 // A run refused after its paths were checked (here: a device budget below the largest tensor)
 // leaves no directory it created behind: not the swap directory, not the checkpoint directory.
 TEST_F(TrainCli, RefusedRunLeavesNoDirectoriesBehind) {
