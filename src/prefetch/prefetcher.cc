@@ -296,7 +296,10 @@ void Prefetcher::ensure_host_plan(const ResidencyView& view) {
   // 85 MB sub-groups in a 1 GiB pool cycled one sub-group more than planned, evicted on demand).
   const std::uint64_t room = budget > homes ? budget - homes : 0;
   const std::uint64_t capacity = room - room / 8;
-  if (plan_gen_ == derived_gen_ && plan_capacity_ == capacity) return;
+  // Replanned for a new trace, or when the room moved by more than 1/64 (home copies come and go;
+  // the plan costs O(host accesses x resident tensors), so not at every access).
+  const std::uint64_t moved = capacity > plan_capacity_ ? capacity - plan_capacity_ : plan_capacity_ - capacity;
+  if (plan_gen_ == derived_gen_ && moved <= room / 64) return;
   plan_gen_ = derived_gen_;
   plan_capacity_ = capacity;
   plan_valid_ = false;
