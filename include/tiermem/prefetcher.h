@@ -22,7 +22,8 @@
 //     access in between (evict_for_prefetch; Cao et al.'s "do no harm" rule, adapted to pinning).
 //   * plans the host tier (host_eviction_plan): once per trace it replays Belady's MIN over the
 //     step's host-tier accesses, three times round the cycle, with the host pool's room for caches
-//     (budget less home copies, less 1/8 for rounding and fragmentation). A gradient partition's
+//     (budget less home copies, less 1/32 of it or two of the largest host-tier tensors, whichever is
+//     more, for rounding and fragmentation). A gradient partition's
 //     first write of the step (recorded from TensorStore::touch with overwrite) needs room, not a
 //     read; a discarded tensor frees its room after its access. From the last, steady cycle:
 //     keep_on_release answers false for a tensor the plan evicts before its next use, so it is

@@ -291,11 +291,17 @@ void Prefetcher::ensure_host_plan(const ResidencyView& view) {
   const auto t = trace_.accesses();
   const std::uint64_t budget = view.budget_bytes[static_cast<int>(Tier::kHost)];
   const std::uint64_t homes = view.home_bytes ? view.home_bytes(Tier::kHost) : 0;
-  // Room for caches: the budget less home copies, less 1/8 for rounding and the pool's
-  // fragmentation (the plan must not promise room the pool cannot give: with 1/32, gpt2's
-  // 85 MB sub-groups in a 1 GiB pool cycled one sub-group more than planned, evicted on demand).
+  // Room for caches: the budget less home copies, less a margin for rounding and the pool's
+  // fragmentation — 1/32 of it or two of the largest host-tier tensors, whichever is more (the
+  // plan must not promise room the pool cannot give: with 1/32 alone, gpt2's 85 MB sub-groups in
+  // a 1 GiB pool cycled one sub-group more than planned, evicted on demand).
+  std::uint64_t largest = 0;
+  for (const Access& a : t) {
+    if (a.tier == Tier::kHost) largest = std::max(largest, a.bytes);
+  }
   const std::uint64_t room = budget > homes ? budget - homes : 0;
-  const std::uint64_t capacity = room - room / 8;
+  const std::uint64_t margin = std::max(room / 32, 2 * largest);
+  const std::uint64_t capacity = room > margin ? room - margin : 0;
   // Replanned for a new trace, or when the room moved by more than 1/64 (home copies come and go;
   // the plan costs O(host accesses x resident tensors), so not at every access).
   const std::uint64_t moved = capacity > plan_capacity_ ? capacity - plan_capacity_ : plan_capacity_ - capacity;

@@ -177,7 +177,7 @@ TEST(Prefetcher, HostPlanWritesBehindBeladysVictimsAndReadsAheadOnlyIntoPlannedR
     Prefetcher p(o);
     std::set<TensorId> memory = {0, 2};  // 1 and 3 are on NVMe
     ResidencyView v;
-    v.budget_bytes[static_cast<int>(Tier::kHost)] = 366;  // less 1/8 for rounding: room 321
+    v.budget_bytes[static_cast<int>(Tier::kHost)] = 521;  // less two of the largest: room 321
     v.in_memory = [&](TensorId id) { return memory.count(id) > 0; };
     v.home = [](TensorId) { return Tier::kNvme; };
     v.home_bytes = [](Tier) { return std::uint64_t{0}; };
