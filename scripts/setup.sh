@@ -23,6 +23,7 @@ packages=(
   libopenmpi-dev openmpi-bin libopenblas-dev
   fio fortunes
   python3-dev python3-venv
+  libaio-dev
 )
 
 # Pinned PyPI packages of the Python environment (scripts/setup.sh --python).
