@@ -18,7 +18,7 @@
 // double-precision evaluation of the same formula per step, where scale is the magnitude of the
 // terms a value is summed from (m's two terms can cancel) — see tests/unit/adam_test.cc.
 // The bf16/fp16 copy is bit-identical to tiermem::f32_to_bf16 / f32_to_f16 of the new master for
-// finite values.
+// every value, NaN included (the scalar functions give vcvtps2ph's NaN bits).
 //
 // NaN/Inf gradients: the kernels do NOT filter them (same as PyTorch). An element whose scaled
 // gradient is NaN or ±Inf gets m, v and master = NaN (Inf: m = ±Inf, v = +Inf, Inf/Inf = NaN);
