@@ -9,6 +9,7 @@
 #include <string>
 
 #include "bench/bench.h"
+#include "gpt/kernels_cpu.h"
 #include "tiermem/env.h"
 #include "tiermem/error.h"
 
@@ -20,7 +21,9 @@ std::vector<CommandInfo>& commands() {
 }  // namespace tiermem::bench
 
 int main(int argc, char** argv) {
-  tiermem::prefer_passive_omp_wait(argv);  // measure as tiermem-train runs (env.h)
+  // Measure as tiermem-train runs: OpenBLAS's kernels for this CPU, passive OpenMP waits.
+  const bool blas = tiermem::gpt::cpu::prefer_openblas_core_for_this_cpu();
+  tiermem::prefer_passive_omp_wait(argv, blas);
   CLI::App app{"tiermem-bench: benchmarks of tiermem's tiers (nvme, host, device) and kernels"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, std::function<int()>>> runs;

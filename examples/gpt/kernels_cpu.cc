@@ -5,11 +5,47 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "gpt/layer_math.h"
+#include "tiermem/env.h"
 
 namespace tiermem::gpt::cpu {
+
+bool prefer_openblas_core_for_this_cpu() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return false;  // the user's choice (or ours, restarted)
+  const char* picked = openblas_get_corename();
+  if (picked == nullptr) return false;
+  const std::string_view name(picked);
+  constexpr std::array<std::string_view, 6> kPreAvx2 = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem",
+                                                        "Atom"};
+  auto same = [&](std::string_view k) {
+    return name.size() == k.size() &&
+           std::equal(name.begin(), name.end(), k.begin(), [](char a, char b) { return (a | 0x20) == (b | 0x20); });
+  };
+  if (std::none_of(kPreAvx2.begin(), kPreAvx2.end(), same)) return false;
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;  // its choice fits
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512cd");
+  if (::setenv("OPENBLAS_CORETYPE", avx512 ? "SkylakeX" : "Haswell", 1) != 0) return false;
+  ::setenv("TIERMEM_OPENBLAS_FALLBACK", picked, 1);
+  return true;
+}
+
+std::string openblas_core_note() {
+  const auto fallback = env_param("TIERMEM_OPENBLAS_FALLBACK");
+  const auto forced = env_param("OPENBLAS_CORETYPE");
+  if (!fallback || !forced) return "";
+  const char* now = openblas_get_corename();
+  return "OpenBLAS chose its generic " + *fallback + " kernels for this CPU (a model it does not know); using " +
+         (now != nullptr ? std::string(now) : *forced) +
+         " instead, as the CPU has the instructions (set OPENBLAS_CORETYPE to choose another)";
+}
+
 namespace {
 
 // Column blocks for reductions over rows (dw, db, dbias, dwpe): each thread owns whole columns.

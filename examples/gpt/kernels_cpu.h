@@ -12,11 +12,28 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace tiermem::gpt::cpu {
 
 // Threads the CPU kernels use (OpenMP's omp_get_max_threads(); OMP_NUM_THREADS sets it).
 int compute_threads();
+
+// OpenBLAS built with DYNAMIC_ARCH picks its kernels from the CPU model when it is loaded, and a
+// model it does not know gets its generic Prescott (SSE3) kernels: Debian 12's 0.3.21 on an Intel
+// family 6 model 207 ran sgemm (1024^3, 2 threads) at 57 GFLOP/s against 215 with its SkylakeX
+// kernels forced, and a gpt2 step took 1.15 s instead of 0.54 s. For a program's main(), before
+// any thread: when OPENBLAS_CORETYPE is unset and OpenBLAS chose a pre-AVX2 core (Prescott, Core2,
+// Penryn, Dunnington, Nehalem, Atom) on a CPU with AVX2+FMA, this sets OPENBLAS_CORETYPE to
+// SkylakeX (AVX-512 F/BW/VL/DQ/CD) or Haswell (AVX2), and TIERMEM_OPENBLAS_FALLBACK to the core
+// OpenBLAS had chosen, and returns true: the caller must restart the process, since OpenBLAS
+// reads the variable only when it is loaded (tiermem::prefer_passive_omp_wait(argv, true) does).
+// Returns false when there is nothing to do (the user's OPENBLAS_CORETYPE is always kept).
+// Thread-safety: not thread-safe (setenv); call it first thing in main().
+bool prefer_openblas_core_for_this_cpu();
+// After such a restart, one sentence for the run's log saying what was forced and why (names the
+// core OpenBLAS had chosen and the one in use); "" otherwise.
+std::string openblas_core_note();
 
 // out[n, c] = wte[tokens[n], c] + wpe[n % T, c]      (=)
 template <class R>

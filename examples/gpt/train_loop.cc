@@ -25,6 +25,7 @@
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "tiermem/trace.h"
+#include "gpt/kernels_cpu.h"
 #include "gpt/backend.h"
 #include "train_device.h"
 #include "train_engine.h"
@@ -310,6 +311,7 @@ int run_training(const TrainOptions& opts) {
     engine = make_engine(plan, opts);
     const bool lead = plan.rank == 0;
     if (lead && !device.note.empty()) TM_LOG_INFO("TRAIN", "{}", device.note);
+    if (const std::string blas = gpt::cpu::openblas_core_note(); lead && !blas.empty()) TM_LOG_INFO("TRAIN", "{}", blas);
     if (lead && model.checkpoints_blocks()) {
       TM_LOG_INFO("TRAIN", "activation checkpointing ({}): {} block inputs kept ({}), every block "
                   "recomputed in backward; activations {} in all",

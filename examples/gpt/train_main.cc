@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 
+#include "gpt/kernels_cpu.h"
 #include "tiermem/env.h"
 #include "train_loop.h"
 #include "train_options.h"
@@ -55,7 +56,10 @@ void stop_on_closed_stdout() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  tiermem::prefer_passive_omp_wait(argv);  // libgomp's spinning threads cost 2-3x here (env.h)
+  // Variables read when OpenBLAS and libgomp load: its generic kernels on a CPU it does not know
+  // (gpt/kernels_cpu.h), their spinning threads (env.h); one restart sets both.
+  const bool blas = tiermem::gpt::cpu::prefer_openblas_core_for_this_cpu();
+  tiermem::prefer_passive_omp_wait(argv, blas);
   stop_on_closed_stdout();
   tiermem::train::TrainOptions opts;
   const int rc = tiermem::train::parse_train_options(argc, argv, &opts);

@@ -19,7 +19,9 @@ std::optional<std::string> env_param(std::string_view name);
 // user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set), this sets OMP_WAIT_POLICY=PASSIVE and
 // starts the program again, once, from /proc/self/exe with the same arguments; it returns only
 // when nothing was to be done or the exec failed (the program then carries on as it is).
+// `restart`: start again even when the user chose the policy (another variable read at load time
+// was set by the caller, e.g. gpt::cpu::prefer_openblas_core_for_this_cpu()).
 // Call it before any thread, MPI_Init or file is opened.
-void prefer_passive_omp_wait(char** argv);
+void prefer_passive_omp_wait(char** argv, bool restart = false);
 
 }  // namespace tiermem

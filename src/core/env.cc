@@ -22,9 +22,10 @@ std::optional<std::string> env_param(std::string_view name) {
   return value;
 }
 
-void prefer_passive_omp_wait(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
-  if (::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+void prefer_passive_omp_wait(char** argv, bool restart) {
+  const bool user_chose = std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr;
+  if (!user_chose && ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) restart = true;
+  if (!restart) return;
   ::execv("/proc/self/exe", argv);  // returns only on failure
 }
 

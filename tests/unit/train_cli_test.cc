@@ -58,7 +58,8 @@ class TrainCli : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  Result run(const std::string& args) {
+  // `env`: what goes before the binary on the shell line (VAR=value ..., or env -u VAR ...).
+  Result run(const std::string& args, const std::string& env = "") {
     const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
     // Small defaults for what `args` does not set itself.
     std::string base = " --model tiny --eval-every 0 --json --data corpus.txt";
@@ -66,7 +67,7 @@ class TrainCli : public ::testing::Test {
       const std::string f(flag);
       if (args.find(f.substr(0, f.find(' '))) == std::string::npos) base += " " + f;
     }
-    const std::string cmd = "cd " + dir_.string() + " && OMP_NUM_THREADS=1 " + TIERMEM_TRAIN_BIN +
+    const std::string cmd = "cd " + dir_.string() + " && OMP_NUM_THREADS=1 " + env + " " + TIERMEM_TRAIN_BIN +
                             base + " " + args + " >" + out.string() + " 2>" + err.string();
     const int status = std::system(cmd.c_str());
     Result r;
@@ -393,3 +394,43 @@ TEST_F(TrainCli, DirectoryOfAnotherUserIsRefused) {
 }
 
 }  // namespace
+
+// OpenBLAS (DYNAMIC_ARCH) falls back to its generic pre-AVX2 kernels on a CPU model it does not
+// know (Debian 12's 0.3.21 on Intel family 6 model 207: GEMMs 4x slower). tiermem-train then
+// restarts once with the kernels the CPU can run and says so in one line; a user's
+// OPENBLAS_CORETYPE is never overridden. OPENBLAS_VERBOSE=2 makes OpenBLAS print "Core: <name>"
+// each time it loads, so the test sees which kernels each start got. Only one branch can run on
+// a given machine: the other is named in the output.
+TEST_F(TrainCli, OpenBlasGenericKernelsAreReplacedOnceAndAUsersChoiceIsKept) {
+  auto cores = [](const std::string& err) {
+    std::vector<std::string> out;
+    std::istringstream in(err);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("Core: ", 0) == 0) out.push_back(line.substr(6));
+    }
+    return out;
+  };
+  const std::string note = "OpenBLAS chose its generic";
+  Result a = run("--engine resident --steps 1", "env -u OPENBLAS_CORETYPE OPENBLAS_VERBOSE=2");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  const std::vector<std::string> seen = cores(a.err);
+  ASSERT_FALSE(seen.empty()) << "OPENBLAS_VERBOSE=2 printed no \"Core:\" line: " << a.err;
+  const std::string first = seen.front();
+  const bool generic = first == "Prescott" || first == "Core2" || first == "Penryn" || first == "Dunnington" ||
+                       first == "Nehalem" || first == "Atom";
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (generic && avx2) {
+    EXPECT_EQ(lines_with(a.err, note), 1) << a.err;
+    EXPECT_TRUE(seen.back() == "SkylakeX" || seen.back() == "Haswell") << a.err;
+    EXPECT_NE(lines_with(a.err, "using " + seen.back()), 0) << a.err;
+  } else {
+    std::cout << "OpenBLAS chose " << first << " here: nothing to replace (the other branch needs a CPU it does not know)\n";
+    EXPECT_EQ(lines_with(a.err, note), 0) << a.err;
+    for (const std::string& c : seen) EXPECT_EQ(c, first) << a.err;
+  }
+  // The user's choice stands, even a slow one, and nothing is said.
+  Result u = run("--engine resident --steps 1", "OPENBLAS_CORETYPE=Prescott OPENBLAS_VERBOSE=2");
+  ASSERT_EQ(u.exit_code, 0) << u.err;
+  EXPECT_EQ(lines_with(u.err, note), 0) << u.err;
+  for (const std::string& c : cores(u.err)) EXPECT_EQ(c, "Prescott") << u.err;
+}
