@@ -19,14 +19,10 @@ bool prefer_openblas_core_for_this_cpu() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return false;  // the user's choice (or ours, restarted)
   const char* picked = openblas_get_corename();
   if (picked == nullptr) return false;
-  const std::string_view name(picked);
+  // openblas_get_corename()'s names for its pre-AVX2 x86 targets.
   constexpr std::array<std::string_view, 6> kPreAvx2 = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem",
                                                         "Atom"};
-  auto same = [&](std::string_view k) {
-    return name.size() == k.size() &&
-           std::equal(name.begin(), name.end(), k.begin(), [](char a, char b) { return (a | 0x20) == (b | 0x20); });
-  };
-  if (std::none_of(kPreAvx2.begin(), kPreAvx2.end(), same)) return false;
+  if (std::find(kPreAvx2.begin(), kPreAvx2.end(), std::string_view(picked)) == kPreAvx2.end()) return false;
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;  // its choice fits
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&

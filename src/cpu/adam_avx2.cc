@@ -11,24 +11,11 @@
 #include <cstring>
 
 #include "tiermem/adam.h"
+#include "simd_bf16.h"
 
 namespace tiermem::detail {
 namespace {
 
-// 8 fp32 -> 8 bf16, round to nearest even; NaN -> quiet NaN (same bits as f32_to_bf16).
-inline __m128i to_bf16(__m256 p) {
-  const __m256i u = _mm256_castps_si256(p);
-  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
-  // packus works per 128-bit lane: [r0..r3 r0..r3 | r4..r7 r4..r7]; gather lanes 0 and 2.
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-  return _mm256_castsi256_si128(packed);
-}
 
 struct Consts {
   __m256 b1, omb1, b2, omb2, step, inv, eps, decay, gs;
@@ -48,7 +35,7 @@ inline __m256 update(const Consts& k, __m256 p, __m256 g, __m256& m, __m256& v) 
 }
 
 inline __m128i to_half(__m256 p, int half_kind) {
-  return half_kind == 1 ? to_bf16(p) : _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT);
+  return half_kind == 1 ? bf16_round_avx2(p) : _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT);
 }
 
 // Up to 8 elements through a stack copy (same arithmetic as the main loop).

@@ -19,20 +19,11 @@
 #include <cstdint>
 
 #include "tiermem/adam.h"
+#include "simd_bf16.h"
 
 namespace tiermem::detail {
 namespace {
 
-// 16 fp32 -> 16 bf16, round to nearest even; NaN -> quiet NaN (same bits as f32_to_bf16).
-inline __m256i to_bf16(__m512 p) {
-  const __m512i u = _mm512_castps_si512(p);
-  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  r = _mm512_mask_or_epi32(r, is_nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(r);
-}
 
 struct Consts {
   __m512 b1, omb1, b2, omb2, step, inv, eps, decay, gs;
@@ -53,7 +44,7 @@ inline __m512 update(const Consts& k, __m512 p, __m512 g, __m512& m, __m512& v) 
 }
 
 inline __m256i to_half(__m512 p, int half_kind) {
-  return half_kind == 1 ? to_bf16(p) : _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT);
+  return half_kind == 1 ? bf16_round_avx512(p) : _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT);
 }
 
 // Up to 16 elements with masks (the head that aligns the copy, and the tail).

@@ -10,25 +10,12 @@
 #include <cstring>
 
 #include "tiermem/cast.h"
+#include "simd_bf16.h"
 
 namespace tiermem::detail {
 namespace {
 
-// 8 fp32 -> 8 bf16: add 0x7fff + the kept LSB, keep the high half; NaN -> (bits >> 16) | 0x40.
-inline __m128i narrow_bf16(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
-  // packus works per 128-bit lane: [r0..r3 r0..r3 | r4..r7 r4..r7]; keep 64-bit lanes 0 and 2.
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-  return _mm256_castsi256_si128(packed);
-}
+inline __m128i narrow_bf16(__m256 x) { return bf16_round_avx2(x); }
 inline __m128i narrow_f16(__m256 x) { return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT); }
 inline __m256 widen_bf16(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));

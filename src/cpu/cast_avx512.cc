@@ -12,22 +12,12 @@
 #include <cstdint>
 
 #include "tiermem/cast.h"
+#include "simd_bf16.h"
 
 namespace tiermem::detail {
 namespace {
 
-// 16 fp32 -> 16 bf16: add 0x7fff + the kept LSB, keep the high half; NaN -> (bits >> 16) | 0x40.
-inline __m256i narrow_bf16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  __m512i r =
-      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  r = _mm512_mask_or_epi32(r, is_nan, hi, _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(r);
-}
+inline __m256i narrow_bf16(__m512 x) { return bf16_round_avx512(x); }
 inline __m256i narrow_f16(__m512 x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT); }
 inline __m512 widen_bf16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

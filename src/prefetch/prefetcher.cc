@@ -295,10 +295,14 @@ void Prefetcher::ensure_host_plan(const ResidencyView& view) {
   // fragmentation — 1/32 of it or two of the largest host-tier tensors, whichever is more (the
   // plan must not promise room the pool cannot give: with 1/32 alone, gpt2's 85 MB sub-groups in
   // a 1 GiB pool cycled one sub-group more than planned, evicted on demand).
-  std::uint64_t largest = 0;
-  for (const Access& a : t) {
-    if (a.tier == Tier::kHost) largest = std::max(largest, a.bytes);
+  if (plan_largest_gen_ != derived_gen_ || derived_gen_ == ~0ull) {  // once per trace, not at every access
+    plan_largest_gen_ = derived_gen_;
+    plan_largest_ = 0;
+    for (const Access& a : t) {
+      if (a.tier == Tier::kHost) plan_largest_ = std::max(plan_largest_, a.bytes);
+    }
   }
+  const std::uint64_t largest = plan_largest_;
   const std::uint64_t room = budget > homes ? budget - homes : 0;
   const std::uint64_t margin = std::max(room / 32, 2 * largest);
   const std::uint64_t capacity = room > margin ? room - margin : 0;

@@ -83,44 +83,42 @@ void ZeroEngine::Impl::update_piece_on_device(
   }
 }
 
+namespace {
+// Sets a byte count back to 0 however the scope ends (a checkpoint's staging, uncounted).
+struct ZeroOnExit {
+  std::uint64_t& bytes;
+  ~ZeroOnExit() { bytes = 0; }
+};
+}  // namespace
+
 void ZeroEngine::Impl::export_device_state(const std::function<void(const ZeroStateChunk&)>& sink) {
   detail::AlignedBuf buf(12 * plan.piece_elems);
-  state_stage_live = buf.bytes;
+  state_stage_live = buf.bytes;  // counted in the engine's host bytes while it lives
+  const ZeroOnExit uncount{state_stage_live};
   st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
-  try {
-    for (const detail::Piece& p : pieces) {
-      const std::size_t n = p.size();
-      float* f = buf.f();
-      store->read(p.optim, std::as_writable_bytes(std::span<float>(f, 3 * n)));
-      sink(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
-    }
-  } catch (...) {
-    state_stage_live = 0;
-    throw;
+  for (const detail::Piece& p : pieces) {
+    const std::size_t n = p.size();
+    float* f = buf.f();
+    store->read(p.optim, std::as_writable_bytes(std::span<float>(f, 3 * n)));
+    sink(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
   }
-  state_stage_live = 0;
 }
 
 void ZeroEngine::Impl::import_device_state(
     const std::function<void(const ZeroStateChunk&)>& source) {
   detail::AlignedBuf buf(12 * plan.piece_elems);
-  state_stage_live = buf.bytes;
+  state_stage_live = buf.bytes;  // counted in the engine's host bytes while it lives
+  const ZeroOnExit uncount{state_stage_live};
   st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
-  try {
-    WorkingShardOut working(*this);
-    for (const detail::Piece& p : pieces) {
-      const std::size_t n = p.size();
-      float* f = buf.f();
-      source(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
-      store->write(p.optim, std::as_bytes(std::span<const float>(f, 3 * n)));
-      to_working(f, working.dest(p), n);
-    }
-    working.finish();
-  } catch (...) {
-    state_stage_live = 0;
-    throw;
+  WorkingShardOut working(*this);
+  for (const detail::Piece& p : pieces) {
+    const std::size_t n = p.size();
+    float* f = buf.f();
+    source(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
+    store->write(p.optim, std::as_bytes(std::span<const float>(f, 3 * n)));
+    to_working(f, working.dest(p), n);
   }
-  state_stage_live = 0;
+  working.finish();
 }
 
 }  // namespace tiermem
