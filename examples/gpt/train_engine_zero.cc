@@ -190,8 +190,8 @@ class ZeroTrainEngine final : public TrainEngine {
   std::span<float> grads(int module) override {
     auto& g = grads_.at(static_cast<std::size_t>(module));
     if (g.empty()) {
-      g.assign(zero_->module_numel(module), 0.0f);
-      grad_buffer_bytes_ += g.size() * 4;
+      g = zero_->gradient_buffer(module);  // zeroed; an earlier hand-off's when one is spare
+      grad_buffer_bytes_ += g.capacity() * 4;
       grad_buffer_peak_ = std::max(grad_buffer_peak_, grad_buffer_bytes_);
     }
     return g;
@@ -199,7 +199,7 @@ class ZeroTrainEngine final : public TrainEngine {
   void grads_done(int module) override {
     auto& g = grads_.at(static_cast<std::size_t>(module));
     const auto t0 = Clock::now();
-    grad_buffer_bytes_ -= g.size() * 4;  // from here the engine holds (and counts) the buffer
+    grad_buffer_bytes_ -= g.capacity() * 4;  // from here the engine holds (and counts) the buffer
     {
       TraceSpan span(fmt::format("reduce-scatter module {}", module), "reduce-scatter");
       zero_->reduce_gradients(module, std::move(g));  // one rank: accumulated while backward goes on

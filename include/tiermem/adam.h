@@ -12,6 +12,7 @@
 //   denom = sqrt(v[i]) / sqrt(1 - beta2^t) + eps
 //   master[i] = p - (lr / (1 - beta1^t)) * m[i] / denom
 //   half[i]   = round_to_nearest_even(master[i])       (bf16 or fp16; only when half != nullptr)
+//               or master[i] itself                     (fp32 copy: half_dtype kF32)
 //
 // Precision: all arithmetic is fp32. The AVX2/AVX-512 kernels use FMA, so their results differ
 // from the scalar kernel by a few ulp; every kernel stays within 1e-6 x scale + 1e-9 of a
@@ -76,10 +77,12 @@ struct AdamOptions {
 //   grad:         fp32, n elements, read only.
 //   half:         nullptr, or a caller-owned buffer of n elements of half_dtype, written with the
 //                 rounded new master in the same pass (e.g. the pinned buffer that is uploaded).
-//   half_dtype:   DType::kBF16 or DType::kF16.
+//   half_dtype:   DType::kBF16 or DType::kF16; or DType::kF32: `half` gets an exact copy of the
+//                 new master (fp32 working params), chunk by chunk while it is still in cache,
+//                 instead of a second pass over memory.
 // Buffers may have any alignment; they must not overlap each other.
 // Throws NotSupportedError if options.isa is not supported by this CPU or half_dtype is not
-// bf16/fp16; ConfigError-free otherwise (hyper-parameters are not validated here).
+// bf16/fp16/fp32; ConfigError-free otherwise (hyper-parameters are not validated here).
 void adam_step(const AdamParams& params, float* master, const float* grad, float* m, float* v,
                std::size_t n, void* half = nullptr, DType half_dtype = DType::kBF16,
                const AdamOptions& options = {});

@@ -310,6 +310,13 @@ class ZeroEngine {
   // buffer is freed by the engine. Errors as the span form; one raised on the gradient thread is
   // rethrown by the next of those calls.
   void reduce_gradients(int module, std::vector<float>&& grad);
+  // A zeroed fp32 buffer of module_numel(module) elements for the module's gradient, to be handed
+  // back through reduce_gradients(module, std::vector&&): the buffer of the hand-off before the
+  // last one when it was big enough (zeroed on the gradient thread after its additions, so the
+  // caller's thread neither allocates, faults pages in nor clears 4 x numel bytes), else a new
+  // one. At most one such spare is kept between two reduce calls and none across step(); it is
+  // counted in ZeroStats::host_engine_bytes. Errors: Error for an unknown module; std::bad_alloc.
+  std::vector<float> gradient_buffer(int module);
 
   // As reduce_gradients, with the gradient in device memory of the engine's device (device()):
   // `grad_device` points at `numel` fp32 elements (numel == module_numel(module)), allocated from

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "tiermem/env.h"
@@ -94,12 +95,14 @@ void adam_kernel_scalar(const AdamCoeffs& c, float* master, const float* grad, f
 void adam_step(const AdamParams& params, float* master, const float* grad, float* m, float* v,
                std::size_t n, void* half, DType half_dtype, const AdamOptions& options) {
   int half_kind = 0;
+  float* copy32 = nullptr;  // fp32 copy of the new master: copied per chunk while in cache
   if (half != nullptr) {
     if (half_dtype == DType::kBF16) half_kind = 1;
     else if (half_dtype == DType::kF16) half_kind = 2;
+    else if (half_dtype == DType::kF32) copy32 = static_cast<float*>(half);
     else
-      throw NotSupportedError("adam_step: half copy dtype " + std::string(dtype_name(half_dtype)) +
-                              " is not bf16 or f16");
+      throw NotSupportedError("adam_step: copy dtype " + std::string(dtype_name(half_dtype)) +
+                              " is not bf16, f16 or f32");
   }
   AdamIsa isa = options.isa == AdamIsa::kAuto ? adam_best_isa() : options.isa;
   if (!adam_isa_supported(isa)) {
@@ -110,10 +113,11 @@ void adam_step(const AdamParams& params, float* master, const float* grad, float
                 : isa == AdamIsa::kAvx2 ? &detail::adam_kernel_avx2
                                         : &detail::adam_kernel_scalar;
   const detail::AdamCoeffs c = detail::adam_coeffs(params);
-  auto* h = static_cast<std::uint16_t*>(half);
+  auto* h = half_kind != 0 ? static_cast<std::uint16_t*>(half) : nullptr;
   const std::size_t chunks = (n + kChunkElems - 1) / kChunkElems;
   if (chunks <= 1) {
     kernel(c, master, grad, m, v, n, h, half_kind);
+    if (copy32 != nullptr && n > 0) std::memcpy(copy32, master, n * sizeof(float));
     return;
   }
   int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
@@ -123,6 +127,7 @@ void adam_step(const AdamParams& params, float* master, const float* grad, float
     std::size_t b = k * kChunkElems;
     std::size_t len = std::min(kChunkElems, n - b);
     kernel(c, master + b, grad + b, m + b, v + b, len, h ? h + b : nullptr, half_kind);
+    if (copy32 != nullptr) std::memcpy(copy32 + b, master + b, len * sizeof(float));
   }
 }
 

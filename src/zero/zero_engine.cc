@@ -301,9 +301,17 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
     float* g = w.pin.as<float>();
     const std::size_t lo = w.lo, hi = w.hi;
     const float* s = src + (lo - begin);
+    const std::size_t t = valid_len(static_cast<std::size_t>(pi));
+    double partial = std::numeric_limits<double>::quiet_NaN();  // its sum of squares, when known
     if (w.fresh) {  // the covered range is copied, the rest zeroed: one pass, no read of g
       std::memset(g, 0, (lo - p.begin) * sizeof(float));
-      std::memcpy(g + (lo - p.begin), s, (hi - lo) * sizeof(float));
+      const bool whole = lo == p.begin && hi >= p.begin + t;  // every real element arrives now
+      const bool several = mods[static_cast<std::size_t>(p.module)].pieces.size() > 1;
+      if (whole && several && fold_norm()) {
+        partial = detail::copy_sumsq_lanes(g, s, hi - lo, t);  // the norm's read in the same pass
+      } else {
+        std::memcpy(g + (lo - p.begin), s, (hi - lo) * sizeof(float));
+      }
       std::memset(g + (hi - p.begin), 0, (p.end - hi) * sizeof(float));
     } else {
       float* d = g + (lo - p.begin);
@@ -311,12 +319,11 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
     }
     // Count the real elements this call gave the piece: when all have arrived (exactly once per
     // reduce call), its partition holds the gradient as of this call — fold its norm now.
-    const std::size_t t = valid_len(static_cast<std::size_t>(pi));
     const std::size_t vlo = std::max(lo, p.begin), vhi = std::min(hi, p.begin + t);
     if (vhi > vlo) p.acc_elems += vhi - vlo;
     if (t > 0 && p.acc_elems == t) {
       p.acc_elems = 0;
-      if (fold_norm()) fold_piece_norm(pi, g);
+      if (fold_norm()) fold_piece_norm(pi, g, partial);
     }
     w.pin.mark_dirty();
     w.pin.release();
@@ -331,8 +338,11 @@ void ZeroEngine::Impl::accumulate_grad(int mi, std::size_t begin, const float* s
 void ZeroEngine::Impl::wait_grad_task() {
   if (!grad_task.valid()) return;
   std::future<void> f = std::move(grad_task);
+  std::shared_ptr<std::vector<float>> buf = std::move(grad_task_buf);
   grad_task_bytes = 0;
   f.get();  // rethrows
+  // Its buffer, zeroed by the task, becomes the spare for the next gradient_buffer() call.
+  if (buf && buf->capacity() >= grad_spare.capacity()) grad_spare = std::move(*buf);
 }
 
 void ZeroEngine::Impl::complete_front() {
@@ -420,17 +430,38 @@ void ZeroEngine::reduce_gradients(int module, std::vector<float>&& grad) {
       work->clear();  // the pins go before the error is reported
       throw;
     }
+    work->clear();
+    std::fill(buf->begin(), buf->end(), 0.0f);  // ready to be handed out again (gradient_buffer)
   });
   I.grad_task = task->get_future();
+  I.grad_task_buf = buf;
   I.grad_task_bytes = buf->size() * sizeof(float);
-  I.st.host_engine_peak_bytes = std::max(I.st.host_engine_peak_bytes, I.engine_host_bytes());
+  // The spare is not sampled here: it is the buffer the caller's next gradient_buffer() takes
+  // (counted by the caller then), and until then it stands for the one the caller just gave up.
+  I.st.host_engine_peak_bytes = std::max(I.st.host_engine_peak_bytes,
+                                         I.engine_host_bytes() - I.grad_spare.capacity() * sizeof(float));
   boost::asio::post(*I.grad_pool, [task] { (*task)(); });
+}
+
+std::vector<float> ZeroEngine::gradient_buffer(int module) {
+  Impl& I = *impl_;
+  I.finalize();
+  if (module < 0 || module >= num_modules()) {
+    throw Error("ZeroEngine::gradient_buffer: unknown module " + std::to_string(module));
+  }
+  const std::size_t n = I.mods[static_cast<std::size_t>(module)].numel;
+  if (I.grad_spare.capacity() < n) return std::vector<float>(n);
+  std::vector<float> v = std::move(I.grad_spare);  // zeroed; resize() zeroes any growth
+  I.grad_spare = {};
+  v.resize(n);
+  return v;
 }
 
 void ZeroEngine::synchronize() { impl_->sync(); }
 
 void ZeroEngine::Impl::zero_grad() {
   sync();
+  std::vector<float>().swap(grad_spare);  // not held through the forward pass
   for (auto& m : mods) {
     std::fill(m.full_grad.begin(), m.full_grad.end(), 0.0f);
     std::fill(m.shard_grad.begin(), m.shard_grad.end(), 0.0f);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <future>
 #include <memory>
 #include <string>
@@ -61,6 +62,12 @@ struct AlignedBuf {
   float* f() const { return static_cast<float*>(p); }
   std::byte* b() const { return static_cast<std::byte*>(p); }
 };
+
+// Sum of squares of g[0, n) in double, in 32 lanes (element i in lane i mod 32) added in lane
+// order: deterministic for a given n (the same on every ISA), and fast. copy_sumsq_lanes copies src[0, n) to dst in the
+// same pass and returns the sum over src[0, n_sum) (n_sum <= n; the same value as sumsq_lanes).
+double sumsq_lanes(const float* g, std::size_t n);
+double copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum);
 
 // tiermem::adam_step (default options) as a SimAdamKernel: the device optimizer's CPU twin runs
 // exactly the host optimizer's kernel (zero_device_step.cc).
@@ -207,6 +214,10 @@ struct ZeroEngine::Impl {
   std::unique_ptr<boost::asio::thread_pool> grad_pool;
   std::future<void> grad_task;
   std::uint64_t grad_task_bytes = 0;
+  // The hand-off's buffer (zeroed by the task after its additions) and, once the task is waited
+  // for, the spare that gradient_buffer() hands out again (dropped at step()).
+  std::shared_ptr<std::vector<float>> grad_task_buf;
+  std::vector<float> grad_spare;
 
   std::uint64_t gathered_live = 0;
   std::unique_ptr<DynamicLossScaler> scaler;
@@ -299,7 +310,10 @@ struct ZeroEngine::Impl {
   };
   // The module's running sum of squares after piece k (g: its gradient partition), continuing
   // `running` (reset at the module's first piece) exactly as step() adds them (zero_step.cc).
-  double piece_sumsq(std::size_t k, const float* g, double running) const;
+  // `partial`: the sum of squares of g's real elements (detail::sumsq_lanes) when the caller has
+  // it already (a fused copy), else NaN.
+  double piece_sumsq(std::size_t k, const float* g, double running,
+                     double partial = std::numeric_limits<double>::quiet_NaN()) const;
   // AdamW on piece k with `ap`, its new working params into `working`; its gradient partition is
   // discarded after (stages 2-3). `on_grad(k, g)` sees the gradient first when given.
   void update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
@@ -312,7 +326,7 @@ struct ZeroEngine::Impl {
   void export_device_state(const std::function<void(const ZeroStateChunk&)>& sink);
   void import_device_state(const std::function<void(const ZeroStateChunk&)>& source);
   bool fold_norm() const;  // step()'s clipping norm is folded into accumulate_grad
-  void fold_piece_norm(int pi, const float* g);
+  void fold_piece_norm(int pi, const float* g, double partial = std::numeric_limits<double>::quiet_NaN());
   std::size_t valid_len(std::size_t k) const;  // piece k's real (not padding) elements, from its begin
   bool module_has_real(const detail::ZeroModule& m) const;   // this rank holds a real element
   bool module_norm_ready(const detail::ZeroModule& m) const;  // every piece folded, in order

@@ -340,7 +340,7 @@ std::uint64_t ZeroEngine::Impl::engine_host_bytes() const {
   for (const auto& m : mods) {
     b += m.mem_shard.bytes + m.full.bytes + 4 * (m.full_grad.size() + m.shard_grad.size() + m.init_shard.size());
   }
-  return b + bucket_bytes_live + grad_task_bytes + staging_host_bytes();
+  return b + bucket_bytes_live + grad_task_bytes + grad_spare.capacity() * sizeof(float) + staging_host_bytes();
 }
 
 }  // namespace tiermem

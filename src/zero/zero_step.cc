@@ -218,9 +218,8 @@ void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, Working
   std::byte* out = working.dest(p);
   float* s = state.as<float>();
   const std::size_t n = p.size();
-  const bool half = wsize == 2;
-  adam_step(ap, s, g, s + n, s + 2 * n, n, half ? out : nullptr, wdtype);
-  if (!half) std::memcpy(out, s, n * sizeof(float));
+  // The new working params are written by the same pass (bf16/fp16 rounded, or an fp32 copy).
+  adam_step(ap, s, g, s + n, s + 2 * n, n, out, wdtype);
   state.mark_dirty();
   state.release();
   gpin.release();
@@ -276,7 +275,54 @@ std::size_t ZeroEngine::Impl::valid_len(std::size_t k) const {
   return std::min(p.end, std::max(valid_end, p.begin)) - p.begin;
 }
 
-double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double running) const {
+namespace {
+// 32 double lanes (element i in lane i mod 32) as four 8-wide vectors (GCC vector extensions: the
+// same lanes whatever instructions the compiler picks, so the sum does not depend on the ISA; a
+// float product is exact in double, so neither does FMA contraction). Lane order at the end.
+typedef float F8 __attribute__((vector_size(32), aligned(4)));
+typedef double D8 __attribute__((vector_size(64)));
+constexpr std::size_t kLanes = 32;
+
+inline void add_block(D8 acc[4], const float* x) {
+  for (int q = 0; q < 4; ++q) {
+    F8 f;
+    std::memcpy(&f, x + 8 * q, sizeof f);
+    const D8 d = __builtin_convertvector(f, D8);
+    acc[q] += d * d;
+  }
+}
+
+inline double lane_sum(const D8 acc[4], const float* tail, std::size_t rest) {
+  double lane[kLanes];
+  for (int q = 0; q < 4; ++q)
+    for (int j = 0; j < 8; ++j) lane[8 * q + j] = acc[q][j];
+  for (std::size_t j = 0; j < rest; ++j) lane[j] += static_cast<double>(tail[j]) * tail[j];
+  double sum = 0;
+  for (double x : lane) sum += x;
+  return sum;
+}
+}  // namespace
+
+double detail::sumsq_lanes(const float* g, std::size_t n) {
+  D8 acc[4] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) add_block(acc, g + i);
+  return lane_sum(acc, g + i, n - i);
+}
+
+double detail::copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum) {
+  const std::size_t m = std::min(n, n_sum);
+  D8 acc[4] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= m; i += kLanes) {
+    std::memcpy(dst + i, src + i, kLanes * sizeof(float));
+    add_block(acc, src + i);
+  }
+  std::memcpy(dst + i, src + i, (n - i) * sizeof(float));  // the tail and what is not summed
+  return lane_sum(acc, src + i, m - i);
+}
+
+double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double running, double partial) const {
   const detail::Piece& p = pieces[k];
   const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
   const std::int64_t n = static_cast<std::int64_t>(valid_len(k));
@@ -288,9 +334,10 @@ double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double runni
     for (std::int64_t i = 0; i < n; ++i) part += static_cast<double>(g[i]) * g[i];
     return part;
   }
+  // A module of several sub-groups: its sub-groups' sums (sumsq_lanes, or `partial` when the
+  // caller computed it in its own pass over g) added in order.
   if (first) running = 0;
-  for (std::int64_t i = 0; i < n; ++i) running += static_cast<double>(g[i]) * g[i];
-  return running;
+  return running + (std::isnan(partial) ? detail::sumsq_lanes(g, static_cast<std::size_t>(n)) : partial);
 }
 
 bool ZeroEngine::Impl::fold_norm() const { return stage >= 2 && scaler == nullptr; }
@@ -299,7 +346,7 @@ bool ZeroEngine::Impl::fold_norm() const { return stage >= 2 && scaler == nullpt
 // module's running sum of squares moves on by this piece when it is the next in order.
 // Pieces with no real element (all padding: possible on the last ranks) are never completed by
 // an accumulation; they add nothing but their place in the order (the first one resets the sum).
-void ZeroEngine::Impl::fold_piece_norm(int pi, const float* g) {
+void ZeroEngine::Impl::fold_piece_norm(int pi, const float* g, double partial) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[static_cast<std::size_t>(pi)].module)];
   const std::size_t first = static_cast<std::size_t>(m.pieces.front());  // a module's pieces are consecutive
   const std::size_t j = static_cast<std::size_t>(pi) - first;
@@ -320,7 +367,7 @@ void ZeroEngine::Impl::fold_piece_norm(int pi, const float* g) {
     m.norm_broken = true;
     return;
   }
-  m.norm_running = piece_sumsq(static_cast<std::size_t>(pi), g, m.norm_running);
+  m.norm_running = piece_sumsq(static_cast<std::size_t>(pi), g, m.norm_running, partial);
   ++m.norm_next;
   skip_empty();
 }

@@ -122,6 +122,25 @@ TEST_P(AdamIsaTest, NoHalfBufferLeavesStateSameAsWithOne) {
   EXPECT_EQ(s1.v, s2.v);
 }
 
+// An fp32 copy (DType::kF32: fp32 working params) is the new master exactly, at every length
+// (one chunk, several, a tail), and the state is the same as without it.
+TEST_P(AdamIsaTest, Fp32CopyIsTheNewMasterAndChangesNothingElse) {
+  for (std::size_t n : {0ul, 5ul, 4099ul, (1ul << 16) * 3 + 7}) {
+    State s1 = make_state(n, 11), s2 = s1;
+    std::vector<float> copy(n + 1, -7.0f);
+    AdamParams a;
+    a.weight_decay = 0.01f;
+    a.step = 2;
+    adam_step(a, s1.p.data(), s1.g.data(), s1.m.data(), s1.v.data(), n, nullptr, DType::kBF16, {GetParam(), 2});
+    adam_step(a, s2.p.data(), s2.g.data(), s2.m.data(), s2.v.data(), n, copy.data(), DType::kF32, {GetParam(), 2});
+    EXPECT_EQ(s1.p, s2.p) << "n=" << n;
+    EXPECT_EQ(s1.m, s2.m) << "n=" << n;
+    EXPECT_EQ(s1.v, s2.v) << "n=" << n;
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(copy[i], s2.p[i]) << "n=" << n << " i=" << i;
+    EXPECT_EQ(copy[n], -7.0f) << "wrote past the end of the copy, n=" << n;
+  }
+}
+
 // The vector kernels peel a head so that the copy can be streamed from an aligned address: the
 // state and the copy must not depend on where the copy (or the state) starts.
 TEST_P(AdamIsaTest, CopyAlignmentDoesNotChangeResults) {
@@ -223,7 +242,7 @@ TEST(Adam, BestIsaIsSupported) {
 TEST(Adam, RejectsBadHalfDtypeAndUnsupportedIsa) {
   State s = make_state(4, 1);
   std::vector<float> out(4);
-  EXPECT_THROW(adam_step({}, s.p.data(), s.g.data(), s.m.data(), s.v.data(), 4, out.data(), DType::kF32),
+  EXPECT_THROW(adam_step({}, s.p.data(), s.g.data(), s.m.data(), s.v.data(), 4, out.data(), DType::kI32),
                NotSupportedError);
   if (!adam_isa_supported(AdamIsa::kAvx512)) {
     EXPECT_THROW(adam_step({}, s.p.data(), s.g.data(), s.m.data(), s.v.data(), 4, nullptr, DType::kBF16,
