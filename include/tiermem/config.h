@@ -51,7 +51,8 @@ struct OffloadConfig {
   std::uint64_t max_in_cpu_elems = 1'000'000'000; // offload_param.max_in_cpu (elements)
   bool pipeline_read = false;   // offload_optimizer.pipeline_read
   bool pipeline_write = false;  // offload_optimizer.pipeline_write
-  double ratio = 1.0;           // offload_optimizer.ratio (fraction offloaded; only 1.0 supported)
+  double ratio = 1.0;           // offload_optimizer.ratio: share of the optimizer state offloaded; the
+                                // rest (stage 3) is homed on the device and stepped there
 };
 
 struct ZeroConfig {

@@ -54,7 +54,11 @@
 //                    budget; home nvme (offload_optimizer nvme, under its nvme_path) or host —
 //                    or the device (offload_optimizer none at stages 1-3 with
 //                    tiermem.device_optimizer on, or auto on a GPU when it fits: the
-//                    device-resident optimizer, below).
+//                    device-resident optimizer, below). With offload_optimizer.ratio < 1 at
+//                    stage 3 (cpu/nvme: DeepSpeed's partial offload) the last sub-groups, at
+//                    least (1 - ratio) of the elements, are homed on the device instead and
+//                    stepped there as the device-resident optimizer steps (plan().
+//                    device_optimizer_from); the same bits as full offload on SimDevice.
 //   gradients        stages 2-3: one fp32 partition per sub-group ("zero.grad...") that each
 //                    reduce_gradients() call accumulates into as soon as the module's
 //                    reduce-scatter lands; home host, or nvme (with offload_optimizer nvme) when

@@ -13,6 +13,9 @@
 //                    (nvme: swap space; cpu: host pool; none: the device when
 //                    options.device_optimizer — stages 1-3, see tiermem.device_optimizer —
 //                    else the host pool). 12 bytes per element.
+//                    With offload_optimizer.ratio < 1 at stage 3 (cpu/nvme), the last sub-groups,
+//                    (1 - ratio) of the elements, are homed on the device instead (see
+//                    device_optimizer_from).
 //   gradients        stages 2-3: one fp32 partition tensor per piece, home host, or nvme when
 //                    offload_optimizer is nvme and 4 R bytes exceed a quarter of the host budget
 //                    (DeepSpeed also swaps gradients then), or the device with the optimizer
@@ -68,6 +71,14 @@ struct ZeroPlan {
   // The optimizer state is homed on the device (optimizer_home kDevice) and stepped there; the
   // engine then makes a device at every stage.
   bool optimizer_on_device = false;
+  // offload_optimizer.ratio < 1 (stage 3, offload_optimizer cpu/nvme; DeepSpeed's partial
+  // offload): the sub-groups from rank-flat offset device_optimizer_from to the end — whole
+  // sub-groups, at least (1 - ratio) x R elements — are homed on the device with their gradient
+  // partitions (on a host-addressable device) and stepped there as the device-resident optimizer
+  // steps; the others live at optimizer_home. device_optimizer_from == SIZE_MAX: none.
+  std::size_t device_optimizer_from = static_cast<std::size_t>(-1);
+  std::size_t device_optimizer_elems = 0;
+  std::uint64_t device_optimizer_bytes = 0;  // their device bytes (state + gradient partitions)
   // Device bytes the engine allocates outside the store for the device optimizer: one sub-group
   // of fp32 gradient (when the gradients are not homed on the device) and one of working params
   // (when some new working params go to host memory). Kept out of the store's device budget.

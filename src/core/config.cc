@@ -236,9 +236,9 @@ void read_offload(Section& s, OffloadConfig& o) {
   for (const char* k : {"pipeline_read", "pipeline_write", "pipeline"}) {
     s.inert(k, "tiermem always overlaps optimizer-state swaps with the step");
   }
-  s.inert("ratio",
-          "tiermem offloads all of the optimizer state (partial offload is not "
-          "implemented)");
+  if (s.path("ratio").find("offload_optimizer") == std::string::npos) {
+    s.inert("ratio", "ratio is the share of the optimizer state offloaded (offload_optimizer.ratio)");
+  }
   s.inert("fast_init",
           "tiermem initialises parameters tensor by tensor in their home tier "
           "already");

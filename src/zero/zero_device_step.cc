@@ -36,17 +36,17 @@ void ZeroEngine::Impl::update_piece_on_device(
   const std::size_t n = p.size();
   TensorStore::Pin state = store->acquire(p.optim, Tier::kDevice, phase);
   if (phase == Phase::kOutsideStep)
-    mods[static_cast<std::size_t>(p.module)].replay.push_back(p.optim);
+    mods[static_cast<std::size_t>(p.module)].replay.emplace_back(p.optim, Tier::kDevice);
   float* s = state.as<float>();  // device memory: [master | m | v]
 
   // The gradient, in device memory: its partition where it is homed there (and readable by the
-  // CPU for the norm hook: grad_tier is the device only on a host-addressable device), else its
+  // CPU for the norm hook: p.gtier is the device only on a host-addressable device), else its
   // host copy uploaded into the scratch sub-group.
   TensorStore::Pin gpin;
   const float* g = piece_grad(p, gpin, phase);
   if (on_grad) on_grad(k, g);
   const float* g_dev = g;
-  if (grad_tier != Tier::kDevice) {
+  if (stage < 2 || p.gtier != Tier::kDevice) {
     grad_scratch.reserve(device, 4ull * plan.piece_elems);
     device->copy_h2d(grad_scratch.p, g, 4ull * n);
     engine_h2d_bytes += 4ull * n;
@@ -98,6 +98,12 @@ void ZeroEngine::Impl::export_device_state(const std::function<void(const ZeroSt
   st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
   for (const detail::Piece& p : pieces) {
     const std::size_t n = p.size();
+    if (!p.on_device) {  // offload_optimizer.ratio < 1: the offloaded share, pinned at the host
+      TensorStore::Pin pin = store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
+      float* s = pin.as<float>();
+      sink(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+      continue;
+    }
     float* f = buf.f();
     store->read(p.optim, std::as_writable_bytes(std::span<float>(f, 3 * n)));
     sink(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
@@ -113,6 +119,14 @@ void ZeroEngine::Impl::import_device_state(
   WorkingShardOut working(*this);
   for (const detail::Piece& p : pieces) {
     const std::size_t n = p.size();
+    if (!p.on_device) {  // offload_optimizer.ratio < 1: the offloaded share, filled at the host
+      TensorStore::Pin state = store->acquire_for_overwrite(p.optim, Tier::kHost);
+      float* s = state.as<float>();
+      source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+      state.mark_dirty();
+      to_working(s, working.dest(p), n);
+      continue;
+    }
     float* f = buf.f();
     source(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
     store->write(p.optim, std::as_bytes(std::span<const float>(f, 3 * n)));

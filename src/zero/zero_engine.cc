@@ -283,10 +283,10 @@ std::vector<ZeroEngine::Impl::GradPiece> ZeroEngine::Impl::pin_grad(int mi, std:
       // (acquire_for_overwrite is no access the Prefetcher records, so it may run on the gradient
       // thread, and so may the write-back of whatever it evicts for room). The policy hears of it
       // here, in call order: it needs room now, and that shapes what the pool can hold.
-      store->touch(p.grad, grad_tier, Phase::kBackward, /*overwrite=*/true);
+      store->touch(p.grad, p.gtier, Phase::kBackward, /*overwrite=*/true);
       p.grad_fresh = false;
     } else {
-      w.pin = store->acquire(p.grad, grad_tier, Phase::kBackward);
+      w.pin = store->acquire(p.grad, p.gtier, Phase::kBackward);
     }
     work.push_back(std::move(w));
   }
@@ -297,7 +297,7 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
   for (GradPiece& w : work) {
     const int pi = w.piece;
     detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
-    if (!w.pin.valid()) w.pin = store->acquire_for_overwrite(p.grad, grad_tier);
+    if (!w.pin.valid()) w.pin = store->acquire_for_overwrite(p.grad, p.gtier);
     float* g = w.pin.as<float>();
     const std::size_t lo = w.lo, hi = w.hi;
     const float* s = src + (lo - begin);

@@ -17,6 +17,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/post.hpp>
@@ -106,6 +107,11 @@ struct Piece {
   TensorId optim = kInvalidTensor; // fp32 [master | exp_avg | exp_avg_sq], 3 x size()
   TensorId grad = kInvalidTensor;  // stages 2-3: fp32 gradient partition, size()
   bool grad_fresh = true;          // no gradient since the last step: contents undefined
+  // Its state is homed on the device and stepped there (the device-resident optimizer, or the
+  // device's share under offload_optimizer.ratio < 1); gtier: where its gradient partition is
+  // accumulated and read (the device when homed there, else the host).
+  bool on_device = false;
+  Tier gtier = Tier::kHost;
   std::size_t acc_elems = 0;       // elements accumulated so far in the current reduce call
   std::size_t size() const { return end - begin; }
 };
@@ -131,7 +137,7 @@ struct ZeroModule {
   // Optimizer-phase accesses its update made outside a step (a checkpoint export, an eval
   // gather): shown to the store's policy at the next in-step gather (touch) so the recorded
   // access trace still matches.
-  std::vector<TensorId> replay;
+  std::vector<std::pair<TensorId, Tier>> replay;  // the tensor and the tier it was pinned at
   // The clipping norm folded into accumulation (stages 2-3): the module's running sum of squares
   // after its first `norm_next` pieces completed, in order, in the latest reduce call.
   double norm_running = 0;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fmt/format.h>
 #include <vector>
 
@@ -164,6 +165,40 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
     p.device_scratch_bytes += dev_round(wsize * pe);
   }
 
+  // Partial offload (offload_optimizer.ratio < 1, stage 3, cpu/nvme): the last sub-groups, whole,
+  // until (1 - ratio) of the elements, are homed on the device with their gradient partitions
+  // (host-addressable device; else those stay at gradient_home and go up through scratch).
+  const double ratio = z.offload_optimizer.ratio;
+  if (ratio < 1.0 && stage == 3 && p.uses_device && !p.optimizer_on_device &&
+      z.offload_optimizer.device != OffloadDevice::kNone && R > 0) {
+    const std::size_t want = static_cast<std::size_t>(std::ceil((1.0 - ratio) * static_cast<double>(R)));
+    const bool grad_on_device = o.device_host_addressable;
+    std::size_t flat_end = R;
+    for (std::size_t i = layout.modules.size(); i-- > 0 && p.device_optimizer_elems < want;) {
+      const ModuleShard& s = layout.modules[i];
+      const std::size_t base = flat_end - s.shard;  // modules are consecutive in the rank-flat order
+      const auto groups = make_sub_groups(s.shard, p.piece_elems, A);
+      for (std::size_t g = groups.size(); g-- > 0 && p.device_optimizer_elems < want;) {
+        const std::uint64_t n = groups[g].size();
+        p.device_optimizer_elems += n;
+        p.device_optimizer_from = base + groups[g].begin;
+        p.device_optimizer_bytes += dev_round(12 * n) + (grad_on_device ? dev_round(4 * n) : 0);
+      }
+      flat_end = base;
+    }
+    const std::uint64_t d = p.device_optimizer_elems;
+    if (p.optimizer_home == Tier::kHost) {
+      p.host_home_bytes -= std::min(p.host_home_bytes, host_round(12 * d));
+      p.host_min_bytes -= std::min(p.host_min_bytes, host_round(12 * d));
+    }
+    if (grad_on_device && p.gradient_home == Tier::kHost) {
+      p.host_home_bytes -= std::min(p.host_home_bytes, host_round(4 * d));
+      p.host_min_bytes -= std::min(p.host_min_bytes, host_round(4 * d));
+    }
+    if (!grad_on_device) p.device_scratch_bytes += dev_round(4ull * p.piece_elems);
+    p.device_scratch_bytes += dev_round(wsize * p.piece_elems);
+  }
+
   // Device: stored shards (home device) or the largest one at a time; gathered modules.
   if (p.uses_device) {
     if (o.world_size > 1) p.gather_reserve_bytes = 2 * dev_round(largest_padded);
@@ -184,10 +219,21 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
                                     format_bytes(p.device_scratch_bytes));
   }
 
+  if (p.device_optimizer_elems > 0) {
+    p.device_min_bytes += p.device_optimizer_bytes + p.device_scratch_bytes;
+    p.device_min_why += fmt::format(" + {} of optimizer state{} on the device ({} elements: "
+                                    "zero_optimization.offload_optimizer.ratio {}) + {} of step scratch",
+                                    format_bytes(p.device_optimizer_bytes),
+                                    o.device_host_addressable ? " and gradient partitions" : "",
+                                    p.device_optimizer_elems, ratio, format_bytes(p.device_scratch_bytes));
+  }
+
   // NVMe.
   p.nvme_param_bytes = nvme_homes;
-  if (p.optimizer_home == Tier::kNvme) p.nvme_optimizer_bytes = 12ull * R;
-  if (stage >= 2 && p.gradient_home == Tier::kNvme) p.nvme_optimizer_bytes += 4ull * R;
+  const std::uint64_t offloaded = R - p.device_optimizer_elems;
+  const std::uint64_t grads_offloaded = o.device_host_addressable ? offloaded : R;
+  if (p.optimizer_home == Tier::kNvme) p.nvme_optimizer_bytes = 12ull * offloaded;
+  if (stage >= 2 && p.gradient_home == Tier::kNvme) p.nvme_optimizer_bytes += 4ull * grads_offloaded;
   p.nvme_bytes = p.nvme_param_bytes + p.nvme_optimizer_bytes;
 
   if (p.host_budget_bytes < p.host_min_bytes) {

@@ -187,6 +187,19 @@ void ZeroEngine::Impl::make_tiers() {
       std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, wdtype));
   store = std::make_unique<TensorStore>(so, device, optim_swap ? optim_swap : param_swap, std::move(policy));
   grad_tier = plan.gradient_home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+  if (cfg.zero.offload_optimizer.ratio < 1.0 && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {
+    TM_LOG_WARN("ZERO",
+                "zero_optimization.offload_optimizer.ratio {} is not used: it keeps part of the optimizer state "
+                "on the device at stage 3 with offload_optimizer cpu/nvme and a stage-3 device tier (stage {}, "
+                "offload_optimizer {})",
+                cfg.zero.offload_optimizer.ratio, stage, offload_device_name(cfg.zero.offload_optimizer.device));
+  } else if (plan.device_optimizer_elems > 0) {
+    TM_LOG_INFO("ZERO",
+                "offload_optimizer.ratio {}: {} of {} optimizer-state elements ({}) are homed on the device and "
+                "stepped there",
+                cfg.zero.offload_optimizer.ratio, plan.device_optimizer_elems, plan.rank_flat_elems,
+                format_bytes(plan.device_optimizer_bytes));
+  }
   st.host_pinned = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
   TM_LOG_INFO("ZERO",
               "stage {}, rank {} of {}: {} elements of optimizer state ({} in sub-groups of {} elements, {}); "
@@ -231,11 +244,12 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     p.begin = r.begin;
     p.end = r.end;
     p.flat = m.flat + r.begin;
+    p.on_device = plan.optimizer_on_device || p.flat >= plan.device_optimizer_from;
     TensorSpec os;
     os.name = fmt::format("zero.optim.{}.{}", m.name, r.begin);
     os.dtype = DType::kF32;
     os.shape = {3, static_cast<std::int64_t>(r.size())};
-    os.home = plan.optimizer_home;
+    os.home = p.on_device ? Tier::kDevice : plan.optimizer_home;
     os.swap = optim_swap.get();
     os.zero_fill = false;
     p.optim = store->register_tensor(os);
@@ -257,7 +271,9 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
       gs.name = fmt::format("zero.grad.{}.{}", m.name, r.begin);
       gs.dtype = DType::kF32;
       gs.shape = {static_cast<std::int64_t>(r.size())};
-      gs.home = plan.gradient_home;
+      // A device-homed sub-group's gradient lives beside it when the CPU can add into it in place.
+      gs.home = p.on_device && !opaque ? Tier::kDevice : plan.gradient_home;
+      p.gtier = gs.home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
       gs.swap = optim_swap.get();
       gs.zero_fill = false;  // always overwritten first (acquire_for_overwrite)
       p.grad = store->register_tensor(gs);

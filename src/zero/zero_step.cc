@@ -46,9 +46,9 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   auto grad_of = [&](detail::Piece& p, TensorStore::Pin& pin) { return piece_grad(p, pin, Phase::kOptimizer); };
   const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
   auto prefetch_after = [&](std::size_t k, bool with_state) {
-    if (plan.optimizer_on_device) return;  // state (and gradients) are already where they are used
     std::vector<TensorId> ids;
     for (std::size_t j = k + 1; j < pieces.size() && j < k + static_cast<std::size_t>(B); ++j) {
+      if (pieces[j].on_device) continue;  // state (and gradient) already where it is used
       if (with_state) ids.push_back(pieces[j].optim);
       if (stage >= 2 && !pieces[j].grad_fresh) ids.push_back(pieces[j].grad);
     }
@@ -196,22 +196,22 @@ const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pi
   if (stage == 0) return m.full_grad.data() + p.begin;
   if (stage == 1) return m.shard_grad.data() + p.begin;
   if (p.grad_fresh) {  // no gradient since the last step: zero
-    pin = store->acquire_for_overwrite(p.grad, grad_tier);
+    pin = store->acquire_for_overwrite(p.grad, p.gtier);
     std::memset(pin.data(), 0, pin.bytes());
     p.grad_fresh = false;
   } else {
-    pin = store->acquire(p.grad, grad_tier, phase);
-    if (phase == Phase::kOutsideStep) m.replay.push_back(p.grad);
+    pin = store->acquire(p.grad, p.gtier, phase);
+    if (phase == Phase::kOutsideStep) m.replay.emplace_back(p.grad, p.gtier);
   }
   return pin.as<const float>();
 }
 
 void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
                                     const std::function<void(std::size_t, const float*)>& on_grad) {
-  if (plan.optimizer_on_device) return update_piece_on_device(k, ap, working, phase, on_grad);  // zero_device_step.cc
   detail::Piece& p = pieces[k];
+  if (p.on_device) return update_piece_on_device(k, ap, working, phase, on_grad);  // zero_device_step.cc
   TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, phase);
-  if (phase == Phase::kOutsideStep) mods[static_cast<std::size_t>(p.module)].replay.push_back(p.optim);
+  if (phase == Phase::kOutsideStep) mods[static_cast<std::size_t>(p.module)].replay.emplace_back(p.optim, Tier::kHost);
   TensorStore::Pin gpin;
   const float* g = piece_grad(p, gpin, phase);
   if (on_grad) on_grad(k, g);
@@ -242,6 +242,7 @@ void ZeroEngine::Impl::apply_pending(int mi, Phase phase) {
     std::vector<TensorId> ids;
     for (std::size_t q = j + 1; q < m.pieces.size() && q < j + static_cast<std::size_t>(B); ++q) {
       const detail::Piece& nxt = pieces[static_cast<std::size_t>(m.pieces[q])];
+      if (nxt.on_device) continue;  // already where it is stepped
       ids.push_back(nxt.optim);
       if (!nxt.grad_fresh) ids.push_back(nxt.grad);
     }
@@ -257,7 +258,7 @@ void ZeroEngine::Impl::apply_all_pending(Phase phase) {
 
 void ZeroEngine::Impl::replay_outside_accesses(int mi) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
-  for (TensorId id : m.replay) store->touch(id, Tier::kHost, Phase::kOptimizer);
+  for (const auto& [id, tier] : m.replay) store->touch(id, tier, Phase::kOptimizer);
   m.replay.clear();
 }
 
@@ -478,7 +479,7 @@ ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(c
   I.finalize();
   I.sync();
   I.apply_all_pending(Phase::kOutsideStep);
-  if (I.plan.optimizer_on_device) {  // device-homed state: zero_device_step.cc
+  if (I.plan.optimizer_on_device || I.plan.device_optimizer_elems > 0) {  // device-homed state: zero_device_step.cc
     I.export_device_state(sink);
     return I.state_header();
   }
@@ -527,7 +528,7 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   // overwrite: the old state is never read) and written back to its home by the store; the
   // working shard of its module is rewritten from the new master in the same pass, as step()
   // publishes it.
-  if (I.plan.optimizer_on_device) {  // device-homed state: zero_device_step.cc
+  if (I.plan.optimizer_on_device || I.plan.device_optimizer_elems > 0) {  // device-homed state: zero_device_step.cc
     I.import_device_state(source);
   } else {
     Impl::WorkingShardOut working(I);

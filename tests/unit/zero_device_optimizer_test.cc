@@ -323,3 +323,97 @@ TEST(ZeroDeviceOptimizerConfig, AutoOnSimIsHostAndOnRefusesWhatCannotWork) {
 
 }  // namespace
 }  // namespace tiermem
+
+namespace tiermem {
+namespace {
+
+// offload_optimizer.ratio < 1 (DeepSpeed's partial offload), stage 3: the last sub-groups —
+// whole, at least (1 - ratio) of the elements — are homed on the device (with their gradient
+// partitions on an addressable device) and stepped there; the rest stream from NVMe. On SimDevice
+// the device step is the host kernel, so masters, exported state and a resume equal full offload
+// bit for bit, on the addressable device and its opaque twin.
+Config ratio_config(const std::string& dir, double ratio, bool addressable, bool bf16) {
+  Config cfg = testing::with_param_offload(mlp_config(3, "nvme", dir, 2, R"(, "gradient_clipping": 0.05)"), "nvme", dir);
+  cfg.zero.stage3_param_persistence_threshold_elems = 0;
+  cfg.zero.offload_optimizer.ratio = ratio;
+  cfg.tiermem.device = "sim";
+  cfg.tiermem.sim_host_addressable = addressable;
+  cfg.tiermem.device_budget_bytes = 8 << 20;
+  cfg.bf16 = bf16;
+  return cfg;
+}
+
+TEST(ZeroPartialOffload, RatioKeepsTheLastSubGroupsOnTheDeviceAndChangesNoBit) {
+  auto comm = make_single_communicator();
+  const std::string dir = tmp_dir() + "/ratio";
+  for (bool addressable : {true, false}) {
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::string(addressable ? "addressable" : "opaque") + (bf16 ? " bf16" : " fp32"));
+      ZeroEngine full(ratio_config(dir + "/a", 1.0, addressable, bf16), *comm);
+      ZeroEngine part(ratio_config(dir + "/b", 0.5, addressable, bf16), *comm);
+      testing::mlp_train_engine(full, *comm, 5, 2);
+      testing::mlp_train_engine(part, *comm, 5, 2);
+
+      const ZeroPlan& p = part.plan();
+      const std::size_t R = part.shard_numel();
+      EXPECT_EQ(full.plan().device_optimizer_elems, 0u);
+      EXPECT_GE(p.device_optimizer_elems, R / 2);
+      EXPECT_LT(p.device_optimizer_elems, R / 2 + p.piece_elems) << "whole sub-groups, no more than needed";
+      EXPECT_EQ(p.device_optimizer_from + p.device_optimizer_elems, R) << "the last sub-groups";
+      const bool grads_nvme = full.plan().gradient_home == Tier::kNvme;
+      EXPECT_EQ(p.nvme_optimizer_bytes + 12 * p.device_optimizer_elems +
+                    (addressable && grads_nvme ? 4 * p.device_optimizer_elems : 0),
+                full.plan().nvme_optimizer_bytes);
+      EXPECT_GE(p.device_min_bytes, full.plan().device_min_bytes + 12 * p.device_optimizer_elems);
+      const ZeroStats ps = part.stats();
+      EXPECT_LE(ps.device_peak_bytes, ps.device_budget_bytes);
+      EXPECT_GE(part.device()->stats().peak_allocated_bytes, 12 * p.device_optimizer_elems);
+
+      for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(part.export_master(m), full.export_master(m))) << "master " << m;
+      const ZeroOptimizerState want = full.export_optimizer_state(), got = part.export_optimizer_state();
+      EXPECT_TRUE(same_bits(got.master, want.master));
+      EXPECT_TRUE(same_bits(got.exp_avg, want.exp_avg));
+      EXPECT_TRUE(same_bits(got.exp_avg_sq, want.exp_avg_sq));
+
+      // Resume the partial engine from the full one's state: both go on equal.
+      ZeroEngine resumed(ratio_config(dir + "/c", 0.5, addressable, bf16), *comm);
+      auto init = testing::mlp_init();
+      for (auto& v : init) std::fill(v.begin(), v.end(), 0.0f);
+      resumed.register_module("fc1", init[0]);
+      resumed.register_module("fc2", init[1]);
+      resumed.import_optimizer_state(want);
+      testing::mlp_train_steps(resumed, *comm, 2, 2);
+      testing::mlp_train_steps(full, *comm, 2, 2);
+      for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(resumed.export_master(m), full.export_master(m))) << "resumed " << m;
+    }
+  }
+  std::filesystem::remove_all(tmp_dir());
+}
+
+// A device budget that cannot hold the device's share is refused at the start, naming the ratio;
+// where the ratio cannot apply (stage 2: no stage-3 device tier) nothing moves to the device.
+TEST(ZeroPartialOffload, ABudgetTooSmallForTheShareIsRefusedAndStage2IgnoresIt) {
+  auto comm = make_single_communicator();
+  const std::string dir = tmp_dir() + "/ratio-bad";
+  Config cfg = ratio_config(dir, 0.0, true, false);
+  ZeroEngine probe(ratio_config(dir + "/p", 1.0, true, false), *comm);
+  testing::mlp_train_engine(probe, *comm, 1, 2);
+  cfg.tiermem.device_budget_bytes = probe.plan().device_min_bytes + 4096;  // enough without the share
+  try {
+    ZeroEngine e(cfg, *comm);
+    testing::mlp_train_engine(e, *comm, 1, 2);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("offload_optimizer.ratio"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("tiermem.device_budget_bytes"), std::string::npos) << err.what();
+  }
+  Config s2 = mlp_config(2, "nvme", dir + "/s2", 2);
+  s2.zero.offload_optimizer.ratio = 0.5;
+  ZeroEngine e2(s2, *comm);
+  testing::mlp_train_engine(e2, *comm, 1, 2);
+  EXPECT_EQ(e2.plan().device_optimizer_elems, 0u);
+  std::filesystem::remove_all(tmp_dir());
+}
+
+}  // namespace
+}  // namespace tiermem
