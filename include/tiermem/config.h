@@ -53,6 +53,7 @@ struct OffloadConfig {
   bool pipeline_write = false;  // offload_optimizer.pipeline_write
   double ratio = 1.0;           // offload_optimizer.ratio: share of the optimizer state offloaded; the
                                 // rest (stage 3) is homed on the device and stepped there
+  static constexpr double kRatioAuto = -1.0;  // "auto": the share the device's idle room holds
 };
 
 struct ZeroConfig {

@@ -56,6 +56,9 @@ struct ZeroPlanOptions {
   // Home the optimizer state (offload_optimizer none, stages 1-3) on the device and step it there
   // (Device::adam_step_async). The engine decides (tiermem.device_optimizer).
   bool device_optimizer = false;
+  // The device's budget when tiermem.device_budget_bytes is 0 (the device's own default; 0 =
+  // unknown): offload_optimizer.ratio "auto" sizes the device's share from it.
+  std::uint64_t device_budget_bytes = 0;
 };
 
 struct ZeroPlan {

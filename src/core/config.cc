@@ -54,6 +54,10 @@ class Section {
   }
 
   std::string path(const char* key) const { return join_path(path_, key); }
+  bool is_auto(const char* key) const {
+    auto it = obj_.find(key);
+    return it != obj_.end() && it->is_string() && it->get<std::string>() == "auto";
+  }
 
   void get(const char* key, bool& out) {
     if (const json* v = find(key)) {
@@ -228,6 +232,9 @@ void read_offload(Section& s, OffloadConfig& o) {
   s.get("pipeline_read", o.pipeline_read);
   s.get("pipeline_write", o.pipeline_write);
   s.get_double("ratio", o.ratio, 0.0, 1.0);
+  if (s.is_auto("ratio") && s.path("ratio").find("offload_optimizer") != std::string::npos) {
+    o.ratio = OffloadConfig::kRatioAuto;  // ZeroEngine sizes the device's share from its idle room
+  }
   // Read (and range-checked) above for compatibility, but nothing acts on them.
   s.inert("buffer_size",
           "tiermem sizes its staging by the host budget "

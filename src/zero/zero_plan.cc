@@ -43,7 +43,8 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
 
   p.host_budget_bytes = cfg.tiermem.host_budget_bytes != 0 ? cfg.tiermem.host_budget_bytes
                                                            : default_host_budget_bytes();
-  p.device_budget_bytes = cfg.tiermem.device_budget_bytes;
+  p.device_budget_bytes = cfg.tiermem.device_budget_bytes != 0 ? cfg.tiermem.device_budget_bytes
+                                                               : o.device_budget_bytes;
 
   const ShardLayout layout = make_shard_layout(numels, opt_world, A);
   const std::size_t R = layout.rank_flat;
@@ -168,11 +169,30 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
   // Partial offload (offload_optimizer.ratio < 1, stage 3, cpu/nvme): the last sub-groups, whole,
   // until (1 - ratio) of the elements, are homed on the device with their gradient partitions
   // (host-addressable device; else those stay at gradient_home and go up through scratch).
+  // "auto" (kRatioAuto): as many as the device's idle room holds — the store's device budget less
+  // the working shards kept there (all of them when they fit half of it, as step() then publishes
+  // them there, else the homed ones and the largest offloaded one), the gather reserve, the step
+  // scratch and an eighth of the budget for what the store reads ahead; none when the device
+  // budget is not known yet (ZeroEngine plans again once its device exists).
   const double ratio = z.offload_optimizer.ratio;
-  if (ratio < 1.0 && stage == 3 && p.uses_device && !p.optimizer_on_device &&
+  const bool grad_on_device = o.device_host_addressable;
+  std::size_t want = 0;
+  if (ratio < 0 && p.device_budget_bytes > 0 && stage == 3 && p.uses_device) {
+    const std::uint64_t B = p.device_budget_bytes;
+    const std::uint64_t reserve = (o.world_size > 1 ? 2 * dev_round(largest_padded) : 0) +
+                                  (grad_on_device ? 0 : dev_round(4ull * p.piece_elems)) + dev_round(wsize * p.piece_elems);
+    const std::uint64_t store = B > reserve ? B - reserve : 0;
+    const std::uint64_t params = p.param_home != Tier::kDevice && p.param_store_bytes <= store / 2
+                                     ? p.param_store_bytes
+                                     : dev_homes + (largest_offloaded ? dev_round(largest_offloaded) : 0);
+    const std::uint64_t used = params + store / 8;
+    const std::uint64_t room = store > used ? store - used : 0;
+    want = static_cast<std::size_t>(room / (12 + (grad_on_device ? 4 : 0)));
+  } else if (ratio >= 0 && ratio < 1.0) {
+    want = static_cast<std::size_t>(std::ceil((1.0 - ratio) * static_cast<double>(R)));
+  }
+  if (want > 0 && stage == 3 && p.uses_device && !p.optimizer_on_device &&
       z.offload_optimizer.device != OffloadDevice::kNone && R > 0) {
-    const std::size_t want = static_cast<std::size_t>(std::ceil((1.0 - ratio) * static_cast<double>(R)));
-    const bool grad_on_device = o.device_host_addressable;
     std::size_t flat_end = R;
     for (std::size_t i = layout.modules.size(); i-- > 0 && p.device_optimizer_elems < want;) {
       const ModuleShard& s = layout.modules[i];
@@ -180,6 +200,10 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
       const auto groups = make_sub_groups(s.shard, p.piece_elems, A);
       for (std::size_t g = groups.size(); g-- > 0 && p.device_optimizer_elems < want;) {
         const std::uint64_t n = groups[g].size();
+        if (ratio < 0 && p.device_optimizer_elems + n > want) {  // auto: only what the room holds
+          want = 0;
+          break;
+        }
         p.device_optimizer_elems += n;
         p.device_optimizer_from = base + groups[g].begin;
         p.device_optimizer_bytes += dev_round(12 * n) + (grad_on_device ? dev_round(4 * n) : 0);
@@ -225,7 +249,8 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
                                     "zero_optimization.offload_optimizer.ratio {}) + {} of step scratch",
                                     format_bytes(p.device_optimizer_bytes),
                                     o.device_host_addressable ? " and gradient partitions" : "",
-                                    p.device_optimizer_elems, ratio, format_bytes(p.device_scratch_bytes));
+                                    p.device_optimizer_elems, ratio < 0 ? std::string("\"auto\"") : fmt::format("{}", ratio),
+                                    format_bytes(p.device_scratch_bytes));
   }
 
   // NVMe.

@@ -152,8 +152,11 @@ void ZeroEngine::Impl::make_tiers() {
     // (zero_device.cc): staged all-gathers, publication of new params, gradient hand-over.
     if (plan.uses_device) compute_tier = Tier::kDevice;
     opaque = !device->host_addressable();
-    if (opaque == plan_opts.device_host_addressable) {  // staging bytes and gradient home differ
+    const bool ratio_auto = cfg.zero.offload_optimizer.ratio < 0;
+    if (opaque == plan_opts.device_host_addressable || (ratio_auto && plan_opts.device_budget_bytes == 0)) {
+      // staging bytes and gradient home differ; or ratio "auto" needs the device's real budget
       plan_opts.device_host_addressable = !opaque;
+      if (ratio_auto) plan_opts.device_budget_bytes = device->budget_bytes();
       plan = plan_zero(cfg, plan_numels, plan_opts);
     }
     // The device optimizer needs the device's real budget (0 in the config: the device's own).
@@ -187,7 +190,13 @@ void ZeroEngine::Impl::make_tiers() {
       std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, wdtype));
   store = std::make_unique<TensorStore>(so, device, optim_swap ? optim_swap : param_swap, std::move(policy));
   grad_tier = plan.gradient_home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
-  if (cfg.zero.offload_optimizer.ratio < 1.0 && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {
+  const bool ratio_auto = cfg.zero.offload_optimizer.ratio < 0;
+  if (ratio_auto && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {
+    TM_LOG_INFO("ZERO", "offload_optimizer.ratio \"auto\": {}; all of the optimizer state is offloaded",
+                stage == 3 && plan.uses_device && cfg.zero.offload_optimizer.device != OffloadDevice::kNone
+                    ? "the device budget has no idle room for a sub-group"
+                    : "it applies at stage 3 with offload_optimizer cpu/nvme");
+  } else if (cfg.zero.offload_optimizer.ratio < 1.0 && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {
     TM_LOG_WARN("ZERO",
                 "zero_optimization.offload_optimizer.ratio {} is not used: it keeps part of the optimizer state "
                 "on the device at stage 3 with offload_optimizer cpu/nvme and a stage-3 device tier (stage {}, "
@@ -197,7 +206,8 @@ void ZeroEngine::Impl::make_tiers() {
     TM_LOG_INFO("ZERO",
                 "offload_optimizer.ratio {}: {} of {} optimizer-state elements ({}) are homed on the device and "
                 "stepped there",
-                cfg.zero.offload_optimizer.ratio, plan.device_optimizer_elems, plan.rank_flat_elems,
+                ratio_auto ? std::string("\"auto\"") : fmt::format("{}", cfg.zero.offload_optimizer.ratio),
+                plan.device_optimizer_elems, plan.rank_flat_elems,
                 format_bytes(plan.device_optimizer_bytes));
   }
   st.host_pinned = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;

@@ -17,6 +17,7 @@
 #include "tiermem/device.h"
 #include "tiermem/error.h"
 #include "tiermem/zero_engine.h"
+#include "tiermem/zero_plan.h"
 
 namespace tiermem {
 namespace {
@@ -387,6 +388,48 @@ TEST(ZeroPartialOffload, RatioKeepsTheLastSubGroupsOnTheDeviceAndChangesNoBit) {
       for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(resumed.export_master(m), full.export_master(m))) << "resumed " << m;
     }
   }
+  std::filesystem::remove_all(tmp_dir());
+}
+
+// ratio "auto": the device's idle room decides — all of a small state with a roomy budget, a part
+// (whole sub-groups from the end) with a tight one — never beyond the budget, the same bits.
+TEST(ZeroPartialOffload, AutoRatioFillsTheIdleDeviceRoomOnly) {
+  auto comm = make_single_communicator();
+  const std::string dir = tmp_dir() + "/ratio-auto";
+  ZeroEngine full(ratio_config(dir + "/f", 1.0, true, false), *comm);
+  testing::mlp_train_engine(full, *comm, 3, 2);
+  const std::size_t R = full.shard_numel();
+  const std::vector<std::size_t> numels = {full.module_numel(0), full.module_numel(1)};
+  // The plan (pure) over budgets from the ratio-1 minimum up: the share grows with the room, by
+  // whole sub-groups, and never past the budget; one budget gives a part, a roomy one all.
+  std::uint64_t partial_budget = 0;
+  std::size_t last = 0;
+  for (std::uint64_t b = full.plan().device_min_bytes; b <= (1u << 20); b += 4096) {
+    Config cfg = ratio_config(dir + "/p", OffloadConfig::kRatioAuto, true, false);
+    cfg.tiermem.device_budget_bytes = b;
+    const ZeroPlan p = plan_zero(cfg, numels);
+    ASSERT_TRUE(p.fits) << "budget " << b << ": " << p.why;
+    EXPECT_LE(p.device_min_bytes, b);
+    EXPECT_GE(p.device_optimizer_elems, last) << "budget " << b;
+    last = p.device_optimizer_elems;
+    if (partial_budget == 0 && p.device_optimizer_elems > 0 && p.device_optimizer_elems < R) partial_budget = b;
+  }
+  EXPECT_EQ(last, R) << "a roomy budget takes all";
+  ASSERT_NE(partial_budget, 0u) << "some budget takes a part";
+  for (const std::uint64_t budget : {partial_budget, std::uint64_t{8} << 20}) {
+    SCOPED_TRACE("device budget " + std::to_string(budget));
+    Config cfg = ratio_config(dir + "/a", OffloadConfig::kRatioAuto, true, false);
+    cfg.tiermem.device_budget_bytes = budget;
+    ZeroEngine e(cfg, *comm);
+    testing::mlp_train_engine(e, *comm, 3, 2);
+    EXPECT_EQ(e.plan().device_optimizer_elems == R, budget != partial_budget);
+    EXPECT_GT(e.plan().device_optimizer_elems, 0u);
+    EXPECT_LE(e.stats().device_peak_bytes, e.stats().device_budget_bytes);
+    EXPECT_LE(e.device()->stats().peak_allocated_bytes, budget);
+    for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(e.export_master(m), full.export_master(m))) << "master " << m;
+  }
+  Config parsed = parse_config(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": "auto"}}})");
+  EXPECT_LT(parsed.zero.offload_optimizer.ratio, 0.0) << "\"auto\" is kept as kRatioAuto";
   std::filesystem::remove_all(tmp_dir());
 }
 
