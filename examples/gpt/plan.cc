@@ -129,7 +129,9 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
         if (layout.modules[i].shard > 0 && !persistent) gathered = std::max<std::uint64_t>(gathered, layout.modules[i].padded * wsize);
       }
     }
-    p.device_peak_bytes = std::min(dev_all, store_budget) + gathered;
+    // offload_optimizer.ratio < 1: the device's share of the optimizer state (and its gradient
+    // partitions) lives there for good, beside the working shards.
+    p.device_peak_bytes = std::min(dev_all + z.device_optimizer_bytes, store_budget) + gathered;
   }
   p.sim_device_bytes = device_is_sim(cfg, m) ? p.device_peak_bytes : 0;
 
@@ -138,9 +140,13 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
   // tied embedding's plus the largest other module's, fp32) and the model's activations.
   // The pool is a write-back cache of the NVMe-homed state: it fills with all of it (working
   // shards, optimizer state, swapped gradients) up to the budget.
-  const std::uint64_t per_elem = (z.optimizer_home == Tier::kNvme ? 12 : 0) +
-                                 (stage >= 2 && z.gradient_home == Tier::kNvme ? 4 : 0);
-  const std::uint64_t pool = z.host_home_bytes + host_cache + per_elem * z.rank_flat_elems;
+  // offload_optimizer.ratio < 1: the device's share (and its gradient partitions, when homed
+  // there) is not cached in the pool.
+  const std::uint64_t offloaded = z.rank_flat_elems - z.device_optimizer_elems;
+  const std::uint64_t pool = z.host_home_bytes + host_cache + (z.optimizer_home == Tier::kNvme ? 12 * offloaded : 0) +
+                             (stage >= 2 && z.gradient_home == Tier::kNvme
+                                  ? 4 * (z.device_optimizer_grads ? offloaded : z.rank_flat_elems)
+                                  : 0);
   p.host_pool_peak_bytes = std::min(pool, z.host_budget_bytes);
   p.host_bounce_bytes = cfg.tiermem.pipeline_chunk_bytes * static_cast<std::uint64_t>(cfg.tiermem.pipeline_chunks);
   p.host_engine_bytes = z.host_engine_bytes;

@@ -82,6 +82,7 @@ struct ZeroPlan {
   std::size_t device_optimizer_from = static_cast<std::size_t>(-1);
   std::size_t device_optimizer_elems = 0;
   std::uint64_t device_optimizer_bytes = 0;  // their device bytes (state + gradient partitions)
+  bool device_optimizer_grads = false;       // their gradient partitions are homed there too
   // Device bytes the engine allocates outside the store for the device optimizer: one sub-group
   // of fp32 gradient (when the gradients are not homed on the device) and one of working params
   // (when some new working params go to host memory). Kept out of the store's device budget.

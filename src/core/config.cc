@@ -774,6 +774,12 @@ std::string config_to_json(const Config& c, int indent) {
                 {"pin_memory", o.pin_memory},
                 {"buffer_count", o.buffer_count}};
   };
+  auto off_optimizer = [&](const OffloadConfig& o) {  // with its ratio (a number, or "auto")
+    json j = off(o);
+    if (o.ratio < 0) j["ratio"] = "auto";
+    else j["ratio"] = o.ratio;
+    return j;
+  };
   const auto& z = c.zero;
   const auto& t = c.tiermem;
   const auto& sc = c.scheduler;
@@ -829,7 +835,7 @@ std::string config_to_json(const Config& c, int indent) {
         {"stage3_max_reuse_distance", z.stage3_max_reuse_distance_elems},
         {"sub_group_size", z.sub_group_size_elems},
         {"offload_param", off(z.offload_param)},
-        {"offload_optimizer", off(z.offload_optimizer)}}},
+        {"offload_optimizer", off_optimizer(z.offload_optimizer)}}},
       {"tiermem",
        {{"device", t.device},
         {"device_budget_bytes", t.device_budget_bytes},

@@ -211,6 +211,7 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
       flat_end = base;
     }
     const std::uint64_t d = p.device_optimizer_elems;
+    p.device_optimizer_grads = grad_on_device && d > 0;
     if (p.optimizer_home == Tier::kHost) {
       p.host_home_bytes -= std::min(p.host_home_bytes, host_round(12 * d));
       p.host_min_bytes -= std::min(p.host_min_bytes, host_round(12 * d));

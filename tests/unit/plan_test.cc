@@ -104,6 +104,26 @@ TEST_F(PlanTest, BytesPerTierMatchTheEnginesPeaks) {
   }
 }
 
+// offload_optimizer.ratio < 1 (a config both programs read): the device holds its share of the
+// optimizer state beside the working shards; the planner's device and NVMe peaks equal the run's.
+TEST_F(PlanTest, PartialOffloadPeaksMatchThePlan) {
+  std::ofstream(dir_ / "ratio.json") << R"({"zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "swap", "ratio": 0.5},
+    "offload_param": {"device": "nvme", "nvme_path": "swap"}}})";
+  const RunResult t = run("--model mini --host-budget 64MiB --device-budget 64MiB --seq-len 16 --batch 2 --steps 2 "
+                          "--eval-every 0 --offload nvme --config ratio.json --swap-dir swap --json --data " + corpus());
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.err.find("offload_optimizer.ratio 0.5"), std::string::npos) << t.err;
+  std::ofstream(dir_ / "run.jsonl") << t.out;
+  const RunResult c = plan("--check run.jsonl --config ratio.json --profile profile.json --json");
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const json& j = c.summary;
+  ASSERT_TRUE(j.is_object()) << c.out;
+  EXPECT_EQ(j["device_peak_bytes_predicted"].get<double>(), j["device_peak_bytes_measured"].get<double>());
+  EXPECT_EQ(j["nvme_peak_bytes_predicted"].get<double>(), j["nvme_peak_bytes_measured"].get<double>());
+  EXPECT_LE(j["host_peak_bytes_rel_error"].get<double>(), kHostBound);
+}
+
 // Several ranks under mpirun (ZeroEngine stage 3 over MPI, each rank its own shard): rank 0's
 // peaks, as the summary reports them, against the plan at that world size — the state exactly
 // (NVMe; the device: the store's shards plus the one all-gathered module tiermem-train holds at a
