@@ -12,9 +12,10 @@
 //               or a device-to-device copy of the master (fp32); host destinations (stages 1-2,
 //               shards published at the host tier) get them through a scratch sub-group copied
 //               down;
-//   checkpoint  export/import read and write each sub-group through the store (TensorStore::read
-//               and write move device-homed bytes with the device's copies) via one host
-//               sub-group of staging, counted in the engine's host bytes while it lives.
+//   checkpoint  export/import (zero_step.cc) read and write a device-homed sub-group through the
+//               store (TensorStore::read/write move its bytes with the device's copies) via one
+//               host sub-group of staging.
+//   The same path steps the device's share under offload_optimizer.ratio < 1 (Piece::on_device).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -81,58 +82,6 @@ void ZeroEngine::Impl::update_piece_on_device(
     store->discard(p.grad);
     p.grad_fresh = true;
   }
-}
-
-namespace {
-// Sets a byte count back to 0 however the scope ends (a checkpoint's staging, uncounted).
-struct ZeroOnExit {
-  std::uint64_t& bytes;
-  ~ZeroOnExit() { bytes = 0; }
-};
-}  // namespace
-
-void ZeroEngine::Impl::export_device_state(const std::function<void(const ZeroStateChunk&)>& sink) {
-  detail::AlignedBuf buf(12 * plan.piece_elems);
-  state_stage_live = buf.bytes;  // counted in the engine's host bytes while it lives
-  const ZeroOnExit uncount{state_stage_live};
-  st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
-  for (const detail::Piece& p : pieces) {
-    const std::size_t n = p.size();
-    if (!p.on_device) {  // offload_optimizer.ratio < 1: the offloaded share, pinned at the host
-      TensorStore::Pin pin = store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
-      float* s = pin.as<float>();
-      sink(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
-      continue;
-    }
-    float* f = buf.f();
-    store->read(p.optim, std::as_writable_bytes(std::span<float>(f, 3 * n)));
-    sink(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
-  }
-}
-
-void ZeroEngine::Impl::import_device_state(
-    const std::function<void(const ZeroStateChunk&)>& source) {
-  detail::AlignedBuf buf(12 * plan.piece_elems);
-  state_stage_live = buf.bytes;  // counted in the engine's host bytes while it lives
-  const ZeroOnExit uncount{state_stage_live};
-  st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
-  WorkingShardOut working(*this);
-  for (const detail::Piece& p : pieces) {
-    const std::size_t n = p.size();
-    if (!p.on_device) {  // offload_optimizer.ratio < 1: the offloaded share, filled at the host
-      TensorStore::Pin state = store->acquire_for_overwrite(p.optim, Tier::kHost);
-      float* s = state.as<float>();
-      source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
-      state.mark_dirty();
-      to_working(s, working.dest(p), n);
-      continue;
-    }
-    float* f = buf.f();
-    source(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
-    store->write(p.optim, std::as_bytes(std::span<const float>(f, 3 * n)));
-    to_working(f, working.dest(p), n);
-  }
-  working.finish();
 }
 
 }  // namespace tiermem

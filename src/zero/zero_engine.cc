@@ -302,7 +302,7 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
     const std::size_t lo = w.lo, hi = w.hi;
     const float* s = src + (lo - begin);
     const std::size_t t = valid_len(static_cast<std::size_t>(pi));
-    double partial = std::numeric_limits<double>::quiet_NaN();  // its sum of squares, when known
+    std::optional<double> partial;  // its sum of squares, when the copy computed it
     if (w.fresh) {  // the covered range is copied, the rest zeroed: one pass, no read of g
       std::memset(g, 0, (lo - p.begin) * sizeof(float));
       const bool whole = lo == p.begin && hi >= p.begin + t;  // every real element arrives now

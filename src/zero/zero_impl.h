@@ -13,7 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <limits>
+#include <optional>
 #include <future>
 #include <memory>
 #include <string>
@@ -317,22 +317,25 @@ struct ZeroEngine::Impl {
   // The module's running sum of squares after piece k (g: its gradient partition), continuing
   // `running` (reset at the module's first piece) exactly as step() adds them (zero_step.cc).
   // `partial`: the sum of squares of g's real elements (detail::sumsq_lanes) when the caller has
-  // it already (a fused copy), else NaN.
-  double piece_sumsq(std::size_t k, const float* g, double running,
-                     double partial = std::numeric_limits<double>::quiet_NaN()) const;
+  // it already (a fused copy).
+  double piece_sumsq(std::size_t k, const float* g, double running, std::optional<double> partial = {}) const;
   // AdamW on piece k with `ap`, its new working params into `working`; its gradient partition is
   // discarded after (stages 2-3). `on_grad(k, g)` sees the gradient first when given.
   void update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
                     const std::function<void(std::size_t, const float*)>& on_grad);
-  // zero_device_step.cc: the device-resident optimizer (plan.optimizer_on_device). AdamW on
-  // piece k in device memory (Device::adam_step_async), as update_piece; and the checkpoint
-  // export/import of device-homed state, staged through one host sub-group.
+  // zero_device_step.cc: the device-resident optimizer (Piece::on_device). AdamW on piece k in
+  // device memory (Device::adam_step_async), as update_piece.
   void update_piece_on_device(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
                               const std::function<void(std::size_t, const float*)>& on_grad);
-  void export_device_state(const std::function<void(const ZeroStateChunk&)>& sink);
-  void import_device_state(const std::function<void(const ZeroStateChunk&)>& source);
+  // The checkpoint's state, one sub-group at a time in order (zero_step.cc): host-tier pins for
+  // sub-groups homed below the device, one host sub-group of staging (state_stage_live) for
+  // device-homed ones.
+  void export_state(const std::function<void(const ZeroStateChunk&)>& sink);
+  void import_state(const std::function<void(const ZeroStateChunk&)>& source);
+  // `buf`, made one host sub-group of staging at its first use (counted in state_stage_live).
+  float* state_stage(detail::AlignedBuf& buf);
   bool fold_norm() const;  // step()'s clipping norm is folded into accumulate_grad
-  void fold_piece_norm(int pi, const float* g, double partial = std::numeric_limits<double>::quiet_NaN());
+  void fold_piece_norm(int pi, const float* g, std::optional<double> partial = {});
   std::size_t valid_len(std::size_t k) const;  // piece k's real (not padding) elements, from its begin
   bool module_has_real(const detail::ZeroModule& m) const;   // this rank holds a real element
   bool module_norm_ready(const detail::ZeroModule& m) const;  // every piece folded, in order

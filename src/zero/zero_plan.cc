@@ -151,6 +151,12 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
     if (o.world_size > 1) p.host_engine_bytes += host_round(largest_padded);
   }
 
+  // The device optimizer's scratch (outside the store): one sub-group of gradient, when the
+  // gradients are not homed on the device, and one of new working params.
+  auto step_scratch = [&](bool grads_on_device) {
+    return (grads_on_device ? 0 : dev_round(4ull * p.piece_elems)) + dev_round(wsize * p.piece_elems);
+  };
+
   // Device-resident optimizer: every sub-group's state (and gradient partition, when homed
   // there) is a device allocation of its own; plus the engine's scratch sub-groups.
   std::uint64_t dev_optim = 0;
@@ -162,8 +168,7 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
         dev_optim += dev_round(12 * n) + (p.gradient_home == Tier::kDevice ? dev_round(4 * n) : 0);
       }
     }
-    if (p.gradient_home != Tier::kDevice) p.device_scratch_bytes += dev_round(4ull * pe);
-    p.device_scratch_bytes += dev_round(wsize * pe);
+    p.device_scratch_bytes += step_scratch(p.gradient_home == Tier::kDevice);
   }
 
   // Partial offload (offload_optimizer.ratio < 1, stage 3, cpu/nvme): the last sub-groups, whole,
@@ -179,8 +184,7 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
   std::size_t want = 0;
   if (ratio < 0 && p.device_budget_bytes > 0 && stage == 3 && p.uses_device) {
     const std::uint64_t B = p.device_budget_bytes;
-    const std::uint64_t reserve = (o.world_size > 1 ? 2 * dev_round(largest_padded) : 0) +
-                                  (grad_on_device ? 0 : dev_round(4ull * p.piece_elems)) + dev_round(wsize * p.piece_elems);
+    const std::uint64_t reserve = (o.world_size > 1 ? 2 * dev_round(largest_padded) : 0) + step_scratch(grad_on_device);
     const std::uint64_t store = B > reserve ? B - reserve : 0;
     const std::uint64_t params = p.param_home != Tier::kDevice && p.param_store_bytes <= store / 2
                                      ? p.param_store_bytes
@@ -193,15 +197,21 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
   }
   if (want > 0 && stage == 3 && p.uses_device && !p.optimizer_on_device &&
       z.offload_optimizer.device != OffloadDevice::kNone && R > 0) {
+    // Whole sub-groups from the end: a ratio takes them until it has `want` elements (the last
+    // one may pass it), "auto" only those that fit in `want`.
+    auto enough = [&](std::size_t n) {
+      return ratio < 0 ? p.device_optimizer_elems + n > want : p.device_optimizer_elems >= want;
+    };
     std::size_t flat_end = R;
-    for (std::size_t i = layout.modules.size(); i-- > 0 && p.device_optimizer_elems < want;) {
+    bool more = true;
+    for (std::size_t i = layout.modules.size(); more && i-- > 0;) {
       const ModuleShard& s = layout.modules[i];
       const std::size_t base = flat_end - s.shard;  // modules are consecutive in the rank-flat order
       const auto groups = make_sub_groups(s.shard, p.piece_elems, A);
-      for (std::size_t g = groups.size(); g-- > 0 && p.device_optimizer_elems < want;) {
+      for (std::size_t g = groups.size(); g-- > 0;) {
         const std::uint64_t n = groups[g].size();
-        if (ratio < 0 && p.device_optimizer_elems + n > want) {  // auto: only what the room holds
-          want = 0;
+        if (enough(n)) {
+          more = false;
           break;
         }
         p.device_optimizer_elems += n;
@@ -220,8 +230,7 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
       p.host_home_bytes -= std::min(p.host_home_bytes, host_round(4 * d));
       p.host_min_bytes -= std::min(p.host_min_bytes, host_round(4 * d));
     }
-    if (!grad_on_device) p.device_scratch_bytes += dev_round(4ull * p.piece_elems);
-    p.device_scratch_bytes += dev_round(wsize * p.piece_elems);
+    if (d > 0) p.device_scratch_bytes += step_scratch(grad_on_device);
   }
 
   // Device: stored shards (home device) or the largest one at a time; gathered modules.

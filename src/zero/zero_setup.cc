@@ -119,6 +119,7 @@ void ZeroEngine::Impl::fall_back_to_host_optimizer() {
 
 void ZeroEngine::Impl::make_tiers() {
   const ZeroConfig& z = cfg.zero;
+  const bool ratio_auto = z.offload_optimizer.ratio < 0;  // "auto": sized from the device's budget
   const bool nvme_param = plan.uses_device && plan.param_home == Tier::kNvme;
   const bool nvme_opt = plan.optimizer_home == Tier::kNvme;
   if (nvme_param || nvme_opt) {
@@ -152,7 +153,6 @@ void ZeroEngine::Impl::make_tiers() {
     // (zero_device.cc): staged all-gathers, publication of new params, gradient hand-over.
     if (plan.uses_device) compute_tier = Tier::kDevice;
     opaque = !device->host_addressable();
-    const bool ratio_auto = cfg.zero.offload_optimizer.ratio < 0;
     if (opaque == plan_opts.device_host_addressable || (ratio_auto && plan_opts.device_budget_bytes == 0)) {
       // staging bytes and gradient home differ; or ratio "auto" needs the device's real budget
       plan_opts.device_host_addressable = !opaque;
@@ -190,7 +190,6 @@ void ZeroEngine::Impl::make_tiers() {
       std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, wdtype));
   store = std::make_unique<TensorStore>(so, device, optim_swap ? optim_swap : param_swap, std::move(policy));
   grad_tier = plan.gradient_home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
-  const bool ratio_auto = cfg.zero.offload_optimizer.ratio < 0;
   if (ratio_auto && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {
     TM_LOG_INFO("ZERO", "offload_optimizer.ratio \"auto\": {}; all of the optimizer state is offloaded",
                 stage == 3 && plan.uses_device && cfg.zero.offload_optimizer.device != OffloadDevice::kNone

@@ -323,7 +323,8 @@ double detail::copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std
   return lane_sum(acc, src + i, m - i);
 }
 
-double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double running, double partial) const {
+double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double running,
+                                      std::optional<double> partial) const {
   const detail::Piece& p = pieces[k];
   const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
   const std::int64_t n = static_cast<std::int64_t>(valid_len(k));
@@ -338,7 +339,7 @@ double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double runni
   // A module of several sub-groups: its sub-groups' sums (sumsq_lanes, or `partial` when the
   // caller computed it in its own pass over g) added in order.
   if (first) running = 0;
-  return running + (std::isnan(partial) ? detail::sumsq_lanes(g, static_cast<std::size_t>(n)) : partial);
+  return running + (partial ? *partial : detail::sumsq_lanes(g, static_cast<std::size_t>(n)));
 }
 
 bool ZeroEngine::Impl::fold_norm() const { return stage >= 2 && scaler == nullptr; }
@@ -347,7 +348,7 @@ bool ZeroEngine::Impl::fold_norm() const { return stage >= 2 && scaler == nullpt
 // module's running sum of squares moves on by this piece when it is the next in order.
 // Pieces with no real element (all padding: possible on the last ranks) are never completed by
 // an accumulation; they add nothing but their place in the order (the first one resets the sum).
-void ZeroEngine::Impl::fold_piece_norm(int pi, const float* g, double partial) {
+void ZeroEngine::Impl::fold_piece_norm(int pi, const float* g, std::optional<double> partial) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[static_cast<std::size_t>(pi)].module)];
   const std::size_t first = static_cast<std::size_t>(m.pieces.front());  // a module's pieces are consecutive
   const std::size_t j = static_cast<std::size_t>(pi) - first;
@@ -474,26 +475,78 @@ void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vec
   }
 }
 
+namespace {
+// Sets a byte count back to 0 however the scope ends (a checkpoint's staging, uncounted).
+struct ZeroOnExit {
+  std::uint64_t& bytes;
+  ~ZeroOnExit() { bytes = 0; }
+};
+}  // namespace
+
+float* ZeroEngine::Impl::state_stage(detail::AlignedBuf& buf) {
+  if (buf.p == nullptr) {
+    buf = detail::AlignedBuf(12 * plan.piece_elems);
+    state_stage_live = buf.bytes;
+    st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
+  }
+  return buf.f();
+}
+
+void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChunk&)>& sink) {
+  detail::AlignedBuf buf;
+  const ZeroOnExit uncount{state_stage_live};
+  const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const detail::Piece& p = pieces[k];
+    const std::size_t n = p.size();
+    if (p.on_device) {
+      float* f = state_stage(buf);
+      store->read(p.optim, std::as_writable_bytes(std::span<float>(f, 3 * n)));
+      sink(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
+      continue;
+    }
+    std::vector<TensorId> ahead;
+    for (std::size_t j = k + 1; j < pieces.size() && j < k + B; ++j) {
+      if (!pieces[j].on_device) ahead.push_back(pieces[j].optim);
+    }
+    if (!ahead.empty()) store->prefetch(ahead, Tier::kHost);
+    TensorStore::Pin pin = store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
+    float* s = pin.as<float>();  // [master | m | v]
+    sink(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+  }
+}
+
+void ZeroEngine::Impl::import_state(const std::function<void(const ZeroStateChunk&)>& source) {
+  detail::AlignedBuf buf;
+  const ZeroOnExit uncount{state_stage_live};
+  WorkingShardOut working(*this);
+  for (const detail::Piece& p : pieces) {
+    const std::size_t n = p.size();
+    TensorStore::Pin state;  // host-tier pin, acquired for overwrite (the old state is never read)
+    float* s = nullptr;
+    if (p.on_device) {
+      s = state_stage(buf);
+    } else {
+      state = store->acquire_for_overwrite(p.optim, Tier::kHost);
+      s = state.as<float>();
+    }
+    source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+    if (p.on_device) {
+      store->write(p.optim, std::as_bytes(std::span<const float>(s, 3 * n)));
+    } else {
+      state.mark_dirty();  // written back to its home by the store
+    }
+    to_working(s, working.dest(p), n);
+  }
+  working.finish();
+}
+
 ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(const ZeroStateChunk&)>& sink) {
   Impl& I = *impl_;
   I.finalize();
   I.sync();
   I.apply_all_pending(Phase::kOutsideStep);
-  if (I.plan.optimizer_on_device || I.plan.device_optimizer_elems > 0) {  // device-homed state: zero_device_step.cc
-    I.export_device_state(sink);
-    return I.state_header();
-  }
-  const std::size_t B = static_cast<std::size_t>(std::max(1, I.cfg.zero.offload_optimizer.buffer_count));
-  for (std::size_t k = 0; k < I.pieces.size(); ++k) {
-    std::vector<TensorId> ahead;
-    for (std::size_t j = k + 1; j < I.pieces.size() && j < k + B; ++j) ahead.push_back(I.pieces[j].optim);
-    if (!ahead.empty()) I.store->prefetch(ahead, Tier::kHost);
-    const detail::Piece& p = I.pieces[k];
-    TensorStore::Pin pin = I.store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
-    float* s = pin.as<float>();  // [master | m | v]
-    const std::size_t n = p.size();
-    sink(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
-  }
+  I.export_state(sink);
   return I.state_header();
 }
 
@@ -525,23 +578,10 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   I.zero_grad();
 
   // Each sub-group in order: filled in place at the host tier by `source` (acquired for
-  // overwrite: the old state is never read) and written back to its home by the store; the
-  // working shard of its module is rewritten from the new master in the same pass, as step()
-  // publishes it.
-  if (I.plan.optimizer_on_device || I.plan.device_optimizer_elems > 0) {  // device-homed state: zero_device_step.cc
-    I.import_device_state(source);
-  } else {
-    Impl::WorkingShardOut working(I);
-    for (detail::Piece& p : I.pieces) {
-      TensorStore::Pin state = I.store->acquire_for_overwrite(p.optim, Tier::kHost);
-      float* s = state.as<float>();
-      const std::size_t n = p.size();
-      source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
-      state.mark_dirty();
-      I.to_working(s, working.dest(p), n);
-    }
-    working.finish();
-  }
+  // overwrite: the old state is never read) and written back to its home by the store — or, homed
+  // on the device, filled in host staging and written there; the working shard of its module is
+  // rewritten from the new master in the same pass, as step() publishes it.
+  I.import_state(source);
   I.st.steps = header.steps;
   I.st.skipped_steps = header.skipped_steps;
   if (I.scaler) I.scaler->restore(*header.loss_scaler);
