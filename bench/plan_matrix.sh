@@ -1,8 +1,9 @@
 #!/bin/sh
 # bench/plan_matrix.sh — the docs/benchmarks.md "tiermem-plan: predicted vs measured" runs:
 # tiermem-train on mini, gpt2 and gpt2-medium with offload nvme / cpu / none (short sequences;
-# enough steps that the timed ones — every step after the first — add up to seconds: mini 30,
-# gpt2 6, gpt2-medium 5), each held against tiermem-plan --check with a profile of this machine.
+# enough steps that the timed ones — every step after the first, whose median the summary's
+# step_seconds is — add up to seconds: mini 30, gpt2 10, gpt2-medium 9), each held against
+# tiermem-plan --check with a profile of this machine.
 # Each line ends with the load average when the run ended (a shared machine's load moves the
 # step time more than the model's error does).
 #
@@ -49,10 +50,10 @@ for off in nvme cpu none; do
 done
 profile gpt2
 for off in nvme cpu none; do
-  run "gpt2-$off" --model gpt2 --steps 6 --seq-len 64 --batch 2 --offload $off --host-budget 4GiB --device-budget 2GiB
+  run "gpt2-$off" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload $off --host-budget 4GiB --device-budget 2GiB
 done
-run "gpt2-nvme-default" --model gpt2 --steps 6 --seq-len 64 --batch 2 --offload nvme
+run "gpt2-nvme-default" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload nvme
 profile gpt2-medium
 for off in nvme cpu none; do
-  run "gpt2-medium-$off" --model gpt2-medium --steps 5 --seq-len 64 --batch 2 --offload $off --host-budget 8GiB --device-budget 3GiB
+  run "gpt2-medium-$off" --model gpt2-medium --steps 9 --seq-len 64 --batch 2 --offload $off --host-budget 8GiB --device-budget 3GiB
 done

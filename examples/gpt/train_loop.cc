@@ -11,6 +11,7 @@
 #include <chrono>
 #include <csignal>
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fmt/format.h>
@@ -542,12 +543,17 @@ int run_training(const TrainOptions& opts) {
     s.final_step = plan.steps;
     s.tokens = tokens_per_step * static_cast<std::uint64_t>(steps_run);
     s.seconds = seconds_since(t_loop);
-    // Steady state: the mean step after the first (which records the prefetch trace).
+    // Steady state: the steps after the first (which records the prefetch trace); their median
+    // (what a step takes, less a shared machine's occasional stall) and their mean.
     if (!step_seconds.empty()) {
       const std::size_t skip = step_seconds.size() > 1 ? 1 : 0;
+      std::vector<double> t(step_seconds.begin() + static_cast<std::ptrdiff_t>(skip), step_seconds.end());
       double sum = 0;
-      for (std::size_t i = skip; i < step_seconds.size(); ++i) sum += step_seconds[i];
-      s.step_seconds = sum / static_cast<double>(step_seconds.size() - skip);
+      for (double x : t) sum += x;
+      s.step_seconds_mean = sum / static_cast<double>(t.size());
+      std::sort(t.begin(), t.end());
+      const std::size_t h = t.size() / 2;
+      s.step_seconds = t.size() % 2 == 1 ? t[h] : 0.5 * (t[h - 1] + t[h]);
     }
     s.batch = plan.batch;
     s.grad_accum = plan.grad_accum;

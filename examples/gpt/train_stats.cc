@@ -193,6 +193,7 @@ void Reporter::summary(const Summary& s) {
                                {"other", s.split.other}};
     // tiermem-plan --check (plan.h): fields the planner predicts, and the inputs it plans from.
     j["step_seconds"] = s.step_seconds;
+    j["step_seconds_mean"] = s.step_seconds_mean;
     auto share = [&](double x) { return s.seconds > 0 ? x / s.seconds : 0.0; };
     j["compute_share"] = share(s.split.compute);
     j["io_wait_share"] = share(s.split.io_wait);

@@ -10,7 +10,7 @@
 //    "optimizer_bytes":..,"param_count":..,"vocab_size":..,"device_budget_bytes":..,
 //    "device_peak_bytes":..,"activation_peak_bytes":..,"activation_checkpointing":..,
 //    "nvme_bytes_read":..,"nvme_bytes_written":..,"stall_seconds":..,"seconds":.., ...,
-//    "step_seconds":..,"compute_share":..,"io_wait_share":..,"communication_share":..,
+//    "step_seconds":..,"step_seconds_mean":..,"compute_share":..,"io_wait_share":..,"communication_share":..,
 //    "optimizer_share":..,"plan_inputs":{"batch","grad_accum","seq_len","n_layer","n_head",
 //    "d_model","context","vocab"}}}   (the last three groups: what tiermem-plan --check reads)
 // Losses are printed with enough digits to round-trip a double exactly, so two runs' losses can
@@ -85,9 +85,10 @@ struct Summary {
   double flops = 0;
   std::string param_offload, optimizer_offload, device_kind;
   int zero_stage = 0;
-  // What tiermem-plan --check compares (plan.h): the steady step time (mean after the first
-  // step), the time split as shares of `seconds`, and the run's inputs under "plan_inputs".
-  double step_seconds = 0;
+  // What tiermem-plan --check compares (plan.h): the steady step time (the median step after
+  // the first; step_seconds_mean: their mean), the time split as shares of `seconds`, and the
+  // run's inputs under "plan_inputs".
+  double step_seconds = 0, step_seconds_mean = 0;
   int batch = 0, grad_accum = 0, seq_len = 0;
   struct GptDims {
     int n_layer = 0, n_head = 0, d_model = 0, context = 0, vocab = 0;
