@@ -218,9 +218,9 @@ double measure_model(const ProfileOpts& o, int d_model, int batch) {
 // compute into a plain buffer, with no engine, is timed right before each repetition; the
 // hand-off's cost is the difference (its wait and the cores it takes from the GEMMs: what
 // tiermem-train's step pays), over fp32 gradient bytes. Then step() is timed after a pass of
-// hand-offs alone. `modules` modules of
-// `module_elems` elements, stage 3, gradient clipping on (tiermem-train's default), the state in
-// host memory, the working parameters on the Device the engine makes. The first repetition (the
+// hand-offs alone. `modules` modules of `module_elems` elements, stage 3, gradient clipping on
+// (tiermem-train's default), the state in host memory, the working parameters on the Device the
+// engine makes. The first repetition (the
 // prefetcher's recorded step, first touch) is not counted.
 struct EngineRates {
   double handoff_gbps = 0;        // fp32 gradient bytes handed off per second of added step time
@@ -243,30 +243,32 @@ EngineRates measure_engine(const ProfileOpts& o, std::size_t module_elems, int m
       dout(static_cast<std::size_t>(N) * OC, 1e-3f), dinp(inp.size()), plain(module_elems, 0.0f);
   auto backward = [&](float* dw) { gpt::cpu::matmul_backward<float>(dinp.data(), dw, nullptr, dout.data(),
                                                                     inp.data(), w.data(), N, C, OC); };
+  // One backward pass of hand-offs in backward order, `write(m, buffer)` filling each module's
+  // gradient; returns the seconds from the first module's hand-off to the last one's end. The
+  // first module is not timed: its buffer is a fresh allocation (the spare is dropped at step()),
+  // paid once per step, not per module.
+  auto hand_off_all = [&](auto&& write) {
+    double t_first = 0;
+    for (int m = modules; m-- > 0;) {
+      std::vector<float> g = e.gradient_buffer(m);  // zeroed: a recycled buffer after the first
+      write(m, g.data());
+      e.reduce_gradients(m, std::move(g));  // waits for the hand-off before it
+      if (m == modules - 1) t_first = now_s();
+    }
+    e.synchronize();  // the last hand-off done
+    return now_s() - t_first;
+  };
   std::vector<double> handoff, step;
   for (int r = 0; r < o.reps + 1; ++r) {
-    // The first module of a backward pass is not timed: its buffer is a fresh allocation (the
-    // spare is dropped at step()), paid once per step, not per module.
-    backward(plain.data());
+    backward(plain.data());  // the first module, untimed as in hand_off_all
     const double t0 = now_s();
     for (int m = modules - 1; m-- > 0;) backward(plain.data());
     const double t_compute = now_s() - t0;
-    double t1 = 0;
-    for (int m = modules; m-- > 0;) {  // backward order
-      std::vector<float> g = e.gradient_buffer(m);  // zeroed: a recycled buffer after the first
-      backward(g.data());
-      e.reduce_gradients(m, std::move(g));  // waits for the hand-off before it
-      if (m == modules - 1) t1 = now_s();
-    }
-    e.synchronize();  // the last hand-off done
-    const double t_both = now_s() - t1;
+    const double t_both = hand_off_all([&](int, float* g) { backward(g); });
     e.step();  // not timed: OpenBLAS's threads still spin for a while after the last GEMM
-    for (int m = modules; m-- > 0;) {  // the step timed after hand-offs alone, as the trainer's
-      std::vector<float> g = e.gradient_buffer(m);  // last backward steps (the embedding) are no GEMM
-      g[static_cast<std::size_t>(m)] = 1e-3f;
-      e.reduce_gradients(m, std::move(g));
-    }
-    e.synchronize();  // the last hand-off is no part of the step
+    // The step is timed after hand-offs alone, as the trainer's last backward steps (the
+    // embedding) are no GEMM.
+    hand_off_all([](int m, float* g) { g[m] = 1e-3f; });
     const double t2 = now_s();
     e.step();
     const double t_step = now_s() - t2;

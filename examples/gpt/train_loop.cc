@@ -7,11 +7,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cmath>
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fmt/format.h>
