@@ -4,12 +4,13 @@
 //   offloaded  --offload nvme: params, gradients and optimizer state paged through NVMe
 //   io-only    --offload nvme --io-only: the same engine traffic with no model compute
 // overlap_efficiency = max(resident step, io-only step) / offloaded step (medians of the steps
-// after the first two of every run: step 1 records the access trace, step 2 is the first replay,
-// which with the overlapped optimizer step also applies step 1's deferred updates); 1 means the
-// offloaded step is as fast as its slower part.
+// after the first four of every run: step 1 records the access trace, step 2 is the first replay,
+// which with the overlapped optimizer step also applies step 1's deferred updates, and steps 3-4
+// still settle: gpt2 1 x 64 io-only read 0.70, 0.66, 0.54, 0.52, 0.50 s for steps 3-7); 1 means
+// the offloaded step is as fast as its slower part.
 //
 //   build/default/bench/tiermem-bench train-offload --model gpt2 --json
-//   build/default/bench/tiermem-bench train-offload --model mini --steps 4 --rounds 3
+//   build/default/bench/tiermem-bench train-offload --model mini --steps 6 --rounds 3
 //
 // It runs the tiermem-train binary next to this one (build/<preset>/examples/gpt/), or --train.
 #include <sys/wait.h>
@@ -33,7 +34,7 @@ namespace fs = std::filesystem;
 
 struct Options {
   std::string model = "gpt2";
-  int steps = 5, rounds = 3, seq_len = 64, batch = 1;
+  int steps = 8, rounds = 3, seq_len = 64, batch = 1;
   std::string swap_dir = "/var/tmp/tiermem-train-offload";
   std::string host_budget, device_budget, config, data, train;
   bool json = false;
@@ -43,7 +44,7 @@ struct Mode {
   const char* name;
   const char* args;
 };
-constexpr int kWarmupSteps = 2;  // not timed: trace recording, first replay
+constexpr int kWarmupSteps = 4;  // not timed: trace recording, first replay, two settling
 constexpr Mode kModes[] = {{"resident", "--engine resident"},
                            {"offloaded", "--offload nvme"},
                            {"io-only", "--offload nvme --io-only"}};
@@ -76,14 +77,14 @@ std::vector<double> run_once(const Options& o, const Mode& mode) {
       secs.push_back(j["seconds"].get<double>());
     }
   }
-  if (secs.empty()) throw Error("train-offload: no step after the first two in the output of '" + cmd + "'");
+  if (secs.empty()) throw Error("train-offload: no step after the first four in the output of '" + cmd + "'");
   return secs;
 }
 
 std::function<int()> setup(CLI::App& sub) {
   auto o = std::make_shared<Options>();
   sub.add_option("--model", o->model, "tiermem-train model preset")->default_val(o->model);
-  sub.add_option("--steps", o->steps, "steps per run (>= 3; the first two are not timed)")
+  sub.add_option("--steps", o->steps, "steps per run (>= 5; the first four are not timed)")
       ->default_val(o->steps)->check(CLI::Range(kWarmupSteps + 1, 1000));
   sub.add_option("--rounds", o->rounds, "interleaved rounds of the three runs")->default_val(o->rounds)
       ->check(CLI::Range(1, 100));
@@ -117,7 +118,7 @@ std::function<int()> setup(CLI::App& sub) {
     }
     const double resident = median(all[0]), offloaded = median(all[1]), io = median(all[2]);
     const double eff = std::max(resident, io) / offloaded;
-    std::printf("train-offload %s: %d rounds x %d steps (seq %d, batch %d), medians of steps 3..: resident %.3f s, "
+    std::printf("train-offload %s: %d rounds x %d steps (seq %d, batch %d), medians of steps 5..: resident %.3f s, "
                 "io-only %.3f s, offloaded %.3f s -> overlap_efficiency %.2f\n",
                 o->model.c_str(), o->rounds, o->steps, o->seq_len, o->batch, resident, io, offloaded, eff);
     if (o->json) {

@@ -23,7 +23,8 @@ std::vector<CommandInfo>& commands() {
 int main(int argc, char** argv) {
   // Measure as tiermem-train runs: OpenBLAS's kernels for this CPU, passive OpenMP waits.
   const bool blas = tiermem::gpt::cpu::prefer_openblas_core_for_this_cpu();
-  tiermem::prefer_passive_omp_wait(argv, blas);
+  const bool idle = tiermem::gpt::cpu::prefer_idle_openblas_threads();
+  tiermem::prefer_passive_omp_wait(argv, blas || idle);
   CLI::App app{"tiermem-bench: benchmarks of tiermem's tiers (nvme, host, device) and kernels"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, std::function<int()>>> runs;

@@ -32,6 +32,11 @@ bool prefer_openblas_core_for_this_cpu() {
   return true;
 }
 
+bool prefer_idle_openblas_threads() {
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") != nullptr) return false;  // the user's choice (or ours, restarted)
+  return ::setenv("OPENBLAS_THREAD_TIMEOUT", kOpenblasThreadTimeoutLog2, 1) == 0;
+}
+
 std::string openblas_core_note() {
   const auto fallback = env_param("TIERMEM_OPENBLAS_FALLBACK");
   const auto forced = env_param("OPENBLAS_CORETYPE");

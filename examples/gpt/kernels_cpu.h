@@ -31,6 +31,18 @@ int compute_threads();
 // Returns false when there is nothing to do (the user's OPENBLAS_CORETYPE is always kept).
 // Thread-safety: not thread-safe (setenv); call it first thing in main().
 bool prefer_openblas_core_for_this_cpu();
+// OpenBLAS's pthreads build keeps each worker spinning on sched_yield() for 2^28 TSC cycles (about
+// 0.1 s) after every parallel GEMM before it sleeps (OPENBLAS_THREAD_TIMEOUT, the log2 of that
+// count, clamped to [4, 30]; OpenMathLib/OpenBLAS issues #1614, #5171). With the engine's own
+// threads (I/O completions and their checksums, the gradient hand-off, the optimizer) on the same
+// cores, the spin takes their time: on 2 vCPUs a gpt2 1 x 64 NVMe-offloaded step spent 0.6 s of
+// system time per step, mostly in sched_yield, against 0.15 s with the timeout at 2^4 (docs/
+// benchmarks.md "OpenBLAS's idle spin"). For a program's main(), before any thread: when
+// OPENBLAS_THREAD_TIMEOUT is unset, sets it to kOpenblasThreadTimeoutLog2 and returns true (the
+// caller restarts, as for the core above); false when the user set it (kept) or setenv failed.
+// Thread-safety: not thread-safe (setenv); call it first thing in main().
+inline constexpr const char* kOpenblasThreadTimeoutLog2 = "4";
+bool prefer_idle_openblas_threads();
 // After such a restart, one sentence for the run's log saying what was forced and why (names the
 // core OpenBLAS had chosen and the one in use); "" otherwise.
 std::string openblas_core_note();

@@ -57,9 +57,11 @@ void stop_on_closed_stdout() {
 
 int main(int argc, char** argv) {
   // Variables read when OpenBLAS and libgomp load: its generic kernels on a CPU it does not know
-  // (gpt/kernels_cpu.h), their spinning threads (env.h); one restart sets both.
+  // (gpt/kernels_cpu.h), the idle spin of its threads and of libgomp's (kernels_cpu.h, env.h); one
+  // restart sets them all.
   const bool blas = tiermem::gpt::cpu::prefer_openblas_core_for_this_cpu();
-  tiermem::prefer_passive_omp_wait(argv, blas);
+  const bool idle = tiermem::gpt::cpu::prefer_idle_openblas_threads();
+  tiermem::prefer_passive_omp_wait(argv, blas || idle);
   stop_on_closed_stdout();
   tiermem::train::TrainOptions opts;
   const int rc = tiermem::train::parse_train_options(argc, argv, &opts);
