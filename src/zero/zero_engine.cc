@@ -293,7 +293,9 @@ std::vector<ZeroEngine::Impl::GradPiece> ZeroEngine::Impl::pin_grad(int mi, std:
   return work;
 }
 
-void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin, const float* src) {
+std::size_t ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin, const float* src,
+                                       float* clear) {
+  std::size_t cleared = 0;
   for (GradPiece& w : work) {
     const int pi = w.piece;
     detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
@@ -301,6 +303,7 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
     float* g = w.pin.as<float>();
     const std::size_t lo = w.lo, hi = w.hi;
     const float* s = src + (lo - begin);
+    float* c = clear ? clear + (lo - begin) : nullptr;
     const std::size_t t = valid_len(static_cast<std::size_t>(pi));
     std::optional<double> partial;  // its sum of squares, when the copy computed it
     if (w.fresh) {  // the covered range is copied, the rest zeroed: one pass, no read of g
@@ -308,15 +311,17 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
       const bool whole = lo == p.begin && hi >= p.begin + t;  // every real element arrives now
       const bool several = mods[static_cast<std::size_t>(p.module)].pieces.size() > 1;
       if (whole && several && fold_norm()) {
-        partial = detail::copy_sumsq_lanes(g, s, hi - lo, t);  // the norm's read in the same pass
+        partial = detail::copy_sumsq_lanes(g, s, hi - lo, t, c);  // the norm's read in the same pass
       } else {
-        std::memcpy(g + (lo - p.begin), s, (hi - lo) * sizeof(float));
+        detail::copy_lanes(g + (lo - p.begin), s, hi - lo, c, /*read_next=*/fold_norm());  // the norm reads g
       }
       std::memset(g + (hi - p.begin), 0, (p.end - hi) * sizeof(float));
     } else {
       float* d = g + (lo - p.begin);
       for (std::size_t k = 0; k < hi - lo; ++k) d[k] += s[k];
+      if (c) std::fill(c, c + (hi - lo), 0.0f);
     }
+    if (c) cleared += hi - lo;
     // Count the real elements this call gave the piece: when all have arrived (exactly once per
     // reduce call), its partition holds the gradient as of this call — fold its norm now.
     const std::size_t vlo = std::max(lo, p.begin), vhi = std::min(hi, p.begin + t);
@@ -328,6 +333,7 @@ void ZeroEngine::Impl::add_grad(std::vector<GradPiece>& work, std::size_t begin,
     w.pin.mark_dirty();
     w.pin.release();
   }
+  return cleared;
 }
 
 void ZeroEngine::Impl::accumulate_grad(int mi, std::size_t begin, const float* src, std::size_t n) {
@@ -425,13 +431,14 @@ void ZeroEngine::reduce_gradients(int module, std::vector<float>&& grad) {
   if (!I.grad_pool) I.grad_pool = std::make_unique<boost::asio::thread_pool>(1);
   auto task = std::make_shared<std::packaged_task<void()>>([&I, work, buf] {
     try {
-      I.add_grad(*work, 0, buf->data());
+      // Leaves what it read zero: the buffer is ready to be handed out again (gradient_buffer).
+      const std::size_t zeroed = I.add_grad(*work, 0, buf->data(), buf->data());
+      if (zeroed != buf->size()) std::fill(buf->begin(), buf->end(), 0.0f);  // pieces not covering it all
     } catch (...) {
       work->clear();  // the pins go before the error is reported
       throw;
     }
     work->clear();
-    std::fill(buf->begin(), buf->end(), 0.0f);  // ready to be handed out again (gradient_buffer)
   });
   I.grad_task = task->get_future();
   I.grad_task_buf = buf;

@@ -67,8 +67,15 @@ struct AlignedBuf {
 // Sum of squares of g[0, n) in double, in 32 lanes (element i in lane i mod 32) added in lane
 // order: deterministic for a given n (the same on every ISA), and fast. copy_sumsq_lanes copies src[0, n) to dst in the
 // same pass and returns the sum over src[0, n_sum) (n_sum <= n; the same value as sumsq_lanes).
+// copy_lanes is the copy alone. Both store to a 16-byte-aligned dst of 64 Ki floats or more with
+// non-temporal stores, fenced before they return (copy_lanes not when the caller reads dst next,
+// `read_next`). `clear`: nullptr, or src itself (writable), which is then left zero,
+// each block zeroed right after it is read, while its lines are in cache (the gradient hand-off
+// recycles its buffer: one pass over it instead of a copy and a later fill). dst and src must not
+// overlap.
 double sumsq_lanes(const float* g, std::size_t n);
-double copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum);
+double copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum, float* clear = nullptr);
+void copy_lanes(float* dst, const float* src, std::size_t n, float* clear = nullptr, bool read_next = false);
 
 // tiermem::adam_step (default options) as a SimAdamKernel: the device optimizer's CPU twin runs
 // exactly the host optimizer's kernel (zero_device_step.cc).
@@ -358,7 +365,9 @@ struct ZeroEngine::Impl {
   // folded norm; any one thread at a time, in call order).
   void accumulate_grad(int m, std::size_t begin, const float* src, std::size_t n);
   std::vector<GradPiece> pin_grad(int m, std::size_t begin, std::size_t n);
-  void add_grad(std::vector<GradPiece>& work, std::size_t begin, const float* src);
+  // `clear`: nullptr, or src itself (the caller's to clobber), whose every element read is then
+  // left zero; returns how many were cleared.
+  std::size_t add_grad(std::vector<GradPiece>& work, std::size_t begin, const float* src, float* clear = nullptr);
   void wait_grad_task();  // rethrows the in-flight hand-off's error
   void complete_front();
   void sync() {

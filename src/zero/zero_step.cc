@@ -3,7 +3,11 @@
 // export/import and export_master.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <fmt/format.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "tiermem/adam.h"
 #include "tiermem/log.h"
@@ -311,16 +315,68 @@ double detail::sumsq_lanes(const float* g, std::size_t n) {
   return lane_sum(acc, g + i, n - i);
 }
 
-double detail::copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum) {
+namespace {
+// One block of kLanes floats from src to dst; with `stream`, by non-temporal stores (dst 16-byte
+// aligned): the destination is a gradient partition the CPU reads next at the optimizer step, or
+// never (it is written to NVMe), so its lines need not be read for ownership nor kept in cache.
+inline void copy_block(float* dst, const float* src, bool stream) {
+#if defined(__x86_64__)
+  if (stream) {
+    for (std::size_t k = 0; k < kLanes; k += 4) _mm_stream_ps(dst + k, _mm_loadu_ps(src + k));
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, src, kLanes * sizeof(float));
+}
+
+inline void stream_fence(bool stream) {
+#if defined(__x86_64__)
+  if (stream) _mm_sfence();  // the streamed stores are seen before the pin's release
+#endif
+  (void)stream;
+}
+
+// Below this many floats the destination may as well stay in cache.
+constexpr std::size_t kStreamMinElems = std::size_t{1} << 16;  // 256 KiB
+
+inline bool streamable(const float* dst, std::size_t n) {
+#if defined(__x86_64__)
+  return n >= kStreamMinElems && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0;
+#else
+  (void)dst, (void)n;
+  return false;
+#endif
+}
+}  // namespace
+
+double detail::copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum, float* clear) {
   const std::size_t m = std::min(n, n_sum);
+  const bool stream = streamable(dst, n);
   D8 acc[4] = {};
   std::size_t i = 0;
   for (; i + kLanes <= m; i += kLanes) {
-    std::memcpy(dst + i, src + i, kLanes * sizeof(float));
+    copy_block(dst + i, src + i, stream);
     add_block(acc, src + i);
+    if (clear) std::memset(clear + i, 0, kLanes * sizeof(float));  // its lines are in cache now
   }
+  const double sum = lane_sum(acc, src + i, m - i);
   std::memcpy(dst + i, src + i, (n - i) * sizeof(float));  // the tail and what is not summed
-  return lane_sum(acc, src + i, m - i);
+  if (clear) std::memset(clear + i, 0, (n - i) * sizeof(float));
+  stream_fence(stream);
+  return sum;
+}
+
+void detail::copy_lanes(float* dst, const float* src, std::size_t n, float* clear, bool read_next) {
+  const bool stream = !read_next && streamable(dst, n);
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    copy_block(dst + i, src + i, stream);
+    if (clear) std::memset(clear + i, 0, kLanes * sizeof(float));
+  }
+  std::memcpy(dst + i, src + i, (n - i) * sizeof(float));
+  if (clear) std::memset(clear + i, 0, (n - i) * sizeof(float));
+  stream_fence(stream);
 }
 
 double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double running,
