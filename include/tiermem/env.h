@@ -17,7 +17,8 @@ std::optional<std::string> env_param(std::string_view name);
 // region, and on a small machine they take the cores from OpenBLAS's threads and tiermem's own
 // (a gpt2 step of tiermem-train 2-3x slower on 2 cores; docs/benchmarks.md "Traced"). Unless the
 // user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set), this sets OMP_WAIT_POLICY=PASSIVE and
-// starts the program again, once, from /proc/self/exe with the same arguments; it returns only
+// starts the program again, once, from its own path (/proc/self/exe resolved, so that ps and top
+// still show its name) with the same arguments; it returns only
 // when nothing was to be done or the exec failed (the program then carries on as it is).
 // `restart`: start again even when the user chose the policy (another variable read at load time
 // was set by the caller, e.g. gpt::cpu::prefer_openblas_core_for_this_cpu()).

@@ -26,7 +26,15 @@ void prefer_passive_omp_wait(char** argv, bool restart) {
   const bool user_chose = std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr;
   if (!user_chose && ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) restart = true;
   if (!restart) return;
-  ::execv("/proc/self/exe", argv);  // returns only on failure
+  // The program's own path, so that ps and top still show its name (exec of /proc/self/exe
+  // itself would name the process "exe").
+  char path[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    ::execv(path, argv);  // returns only on failure
+  }
+  ::execv("/proc/self/exe", argv);
 }
 
 }  // namespace tiermem
