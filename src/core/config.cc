@@ -104,9 +104,10 @@ class Section {
     }
   }
 
-  void get_double(const char* key, double& out, double lo, double hi) {
+  // `expect`: what the error says a valid value is (default "a number").
+  void get_double(const char* key, double& out, double lo, double hi, const char* expect = "a number") {
     if (const json* v = find(key)) {
-      if (!v->is_number()) bad(key, *v, "a number");
+      if (!v->is_number()) bad(key, *v, expect);
       double x = v->get<double>();
       if (!(x >= lo && x <= hi)) {
         std::ostringstream os;
@@ -231,8 +232,9 @@ void read_offload(Section& s, OffloadConfig& o) {
   s.get_size("max_in_cpu", o.max_in_cpu_elems);
   s.get("pipeline_read", o.pipeline_read);
   s.get("pipeline_write", o.pipeline_write);
-  s.get_double("ratio", o.ratio, 0.0, 1.0);
-  if (s.is_auto("ratio") && s.path("ratio").find("offload_optimizer") != std::string::npos) {
+  const bool optimizer_section = s.path("ratio").find("offload_optimizer") != std::string::npos;
+  s.get_double("ratio", o.ratio, 0.0, 1.0, optimizer_section ? "a number from 0 to 1, or \"auto\"" : "a number");
+  if (s.is_auto("ratio") && optimizer_section) {
     o.ratio = OffloadConfig::kRatioAuto;  // ZeroEngine sizes the device's share from its idle room
   }
   // Read (and range-checked) above for compatibility, but nothing acts on them.
@@ -243,7 +245,7 @@ void read_offload(Section& s, OffloadConfig& o) {
   for (const char* k : {"pipeline_read", "pipeline_write", "pipeline"}) {
     s.inert(k, "tiermem always overlaps optimizer-state swaps with the step");
   }
-  if (s.path("ratio").find("offload_optimizer") == std::string::npos) {
+  if (!optimizer_section) {
     s.inert("ratio", "ratio is the share of the optimizer state offloaded (offload_optimizer.ratio)");
   }
   s.inert("fast_init",

@@ -430,6 +430,15 @@ TEST(ZeroPartialOffload, AutoRatioFillsTheIdleDeviceRoomOnly) {
   }
   Config parsed = parse_config(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": "auto"}}})");
   EXPECT_LT(parsed.zero.offload_optimizer.ratio, 0.0) << "\"auto\" is kept as kRatioAuto";
+  try {  // a word other than "auto": the error names the key, the value and both valid forms
+    parse_config(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": "half"}}})");
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& err) {
+    const std::string what = err.what();
+    for (const char* part : {"zero_optimization.offload_optimizer.ratio", "half", "0 to 1", "\"auto\""}) {
+      EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
+    }
+  }
   std::filesystem::remove_all(tmp_dir());
 }
 
