@@ -284,9 +284,23 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   // NVMe-homed state lives in the host pool's write-back cache, in what the homes leave of the
   // budget; what does not fit streams from NVMe and back every step. The optimizer state, touched
   // once per step, is what falls out first; the parameters keep the rest.
+  // Parameters the device keeps for good (the engine publishes new working shards there) never
+  // come through the pool. The pool's planned room keeps back what the Prefetcher's host plan
+  // does (prefetcher.h): 1/32 of the budget or two of the largest host-tier tensors (a sub-group's
+  // 12-byte-per-element optimizer state), whichever is more.
+  const std::uint64_t store_device_budget =
+      z.device_budget_bytes > z.gather_reserve_bytes ? z.device_budget_bytes - z.gather_reserve_bytes : 0;
+  const bool params_on_device =
+      publishes_working_on_device(z, device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable, store_device_budget);
+  std::size_t largest_module = 0;
+  for (std::size_t n : module_numels(run.model)) largest_module = std::max(largest_module, n);
+  const double slack = std::max(static_cast<double>(z.host_budget_bytes) / 32,
+                                2.0 * 12.0 * static_cast<double>(std::min(z.piece_elems, largest_module)));
   const double room = z.host_budget_bytes > z.host_home_bytes ? static_cast<double>(z.host_budget_bytes - z.host_home_bytes) : 0;
   const double param_nvme = static_cast<double>(z.nvme_param_bytes), opt_nvme = static_cast<double>(z.nvme_optimizer_bytes);
-  const double opt_miss = std::min(opt_nvme, std::max(0.0, param_nvme + opt_nvme - room));
+  const double pool_param = params_on_device ? 0.0 : param_nvme;
+  const double opt_miss =
+      pool_param + opt_nvme > room ? std::min(opt_nvme, pool_param + opt_nvme - std::max(0.0, room - slack)) : 0.0;
   const double param_room = std::max(0.0, room - (opt_nvme - opt_miss));
   // Parameters through the tiers: the tier simulator over the step's accesses.
   double nvme_read = 0, nvme_write = 0, h2d = 0;
@@ -319,8 +333,6 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   // several ranks reduce-scatter them (stages 2-3) or all-reduce them (0-1), and stage 3
   // all-gathers each module forward and backward.
   const double grad_bytes = 4.0 * P * run.grad_accum;
-  std::size_t largest_module = 0;
-  for (std::size_t n : module_numels(run.model)) largest_module = std::max(largest_module, n);
   if (W == 1) {
     // The measured hand-off (the trainer's fresh buffer, the partition's memset, the accumulation
     // and the folded norm, on the compute thread), else one copy at the device->host rate.
@@ -350,7 +362,7 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   double publish_s = 0;
   if (z.uses_device) {
     const double b = static_cast<double>(z.param_store_bytes);
-    if (z.param_home == Tier::kNvme) {
+    if (z.param_home == Tier::kNvme && !params_on_device) {
       const double evicted = std::max(0.0, param_nvme - param_room);  // written back, dirty
       nvme_write += evicted;
       publish_s = evicted / (m.nvme_write_gbps * 1e9) +
@@ -363,13 +375,31 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   nvme_read += opt_read;
   nvme_write += opt_write;
   t.optimizer_s = std::max(t.adam_s, opt_io_s) + publish_s;
+  // The overlapped optimizer step (tiermem.overlap_optimizer_step, zero_step.cc): step() defers
+  // each stored module's AdamW to its next gather, so the updates run on the compute thread inside
+  // the forward pass, whose window is then the forward compute and the updates, or the reads of the
+  // state that does not stay cached if longer; the write-backs run beside the backward pass.
+  // tiermem-train times those gathers as communication (the waits also as I/O wait).
+  const bool folded = stage >= 2 && !cfg.fp16.enabled;  // the clipping norm needs no gradient read
+  const bool overlap = stage == 3 && folded && z.uses_device && !z.optimizer_on_device &&
+                       cfg.tiermem.overlap_optimizer_step.value_or(z.optimizer_home == Tier::kNvme && params_on_device);
+  double overlap_step_s = 0;
+  if (overlap) {
+    const double read_s = opt_read / (m.nvme_read_gbps * 1e9), write_s = opt_write / (m.nvme_write_gbps * 1e9);
+    const double fwd = t.compute_s / 3.0 + t.adam_s, bwd = 2.0 * t.compute_s / 3.0 + (W == 1 ? t.d2h_s : t.comm_s);
+    const double read_wait = std::max(0.0, read_s - fwd), write_wait = std::max(0.0, write_s - bwd);
+    overlap_step_s = fwd + read_wait + bwd + write_wait + publish_s + t.stall_s;  // + parameter stalls
+    t.stall_s += read_wait;
+    if (W == 1) t.comm_s += t.adam_s + read_wait;
+    t.optimizer_s = publish_s;
+  }
   t.nvme_s = nvme_read / (m.nvme_read_gbps * 1e9) + nvme_write / (m.nvme_write_gbps * 1e9);
   t.h2d_s = h2d / (m.h2d_gbps * 1e9);
   p.nvme_read_bytes = static_cast<std::uint64_t>(nvme_read);
   p.nvme_write_bytes = static_cast<std::uint64_t>(nvme_write);
   p.h2d_bytes = static_cast<std::uint64_t>(h2d);
   const double comm_extra = W == 1 ? t.d2h_s : t.comm_s;  // world 1: the stall is already counted
-  t.step_s = t.compute_s + t.stall_s + comm_extra + t.optimizer_s;
+  t.step_s = overlap ? overlap_step_s : t.compute_s + t.stall_s + comm_extra + t.optimizer_s;
   const std::pair<double, const char*> parts[] = {{t.compute_s, "compute"},
                                                   {t.nvme_s, "nvme"},
                                                   {t.h2d_s, "host->device"},
