@@ -8,15 +8,17 @@
 # step time more than the model's error does).
 #
 #   bench/plan_matrix.sh [BUILD_DIR] [OUT_DIR]        (BUILD_DIR default build/default)
-# Writes OUT_DIR/profile-<model>.json, OUT_DIR/<model>-<offload>.jsonl and prints one --check line
-# per run.
+# Writes OUT_DIR/profile-<model>-{before,after}.json, their mean OUT_DIR/profile-<model>.json,
+# OUT_DIR/<model>-<offload>.jsonl and prints one --check line per run.
 #
 # OMP_WAIT_POLICY=PASSIVE unless set: with libgomp's default (spin after each parallel region),
 # its idle threads and OpenBLAS's own pthreads spin against each other on a small shared machine,
 # and a step's compute then depends on the load and on how many kernels it runs, not on its FLOPs
 # (docs/benchmarks.md: gpt2 4.7-4.9 s per step against 1.6-1.8 s passive, at the same load).
-# A fresh profile is measured before each model's runs (mini, gpt2, gpt2-medium), so that each
-# prediction uses the machine as it was minutes before, not a quarter of an hour before.
+# A fresh profile is measured before and after each model's runs (mini, gpt2, gpt2-medium), and
+# the runs are held to their mean (profile-<model>.json): the VM's speed moves by tens of percent
+# from one minute to the next, and one profile taken in a fast or slow minute priced the whole
+# model's rows (docs/benchmarks.md, stop 25).
 set -eu
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 B=${1:-build/default}
@@ -25,35 +27,66 @@ T=$B/examples/gpt/tiermem-train
 P=$B/examples/gpt/tiermem-plan
 mkdir -p "$O"
 for i in $(seq 1 400); do echo "the quick brown fox jumps over the lazy dog."; done > "$O/corpus.txt"
-profile() {  # name: measures OUT_DIR/profile-<name>.json, the profile the next runs are held to
+profile() {  # file: measures a profile of this machine into OUT_DIR/<file>.json
   echo "profile $1 (OMP_WAIT_POLICY=$OMP_WAIT_POLICY): load $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf "$O/swap"
-  nice -n 10 "$B/bench/tiermem-bench" profile --path "$O/swap" --json > "$O/profile-$1.json"
-  grep -v '^{' "$O/profile-$1.json"
-  PROFILE=$O/profile-$1.json
+  nice -n 10 "$B/bench/tiermem-bench" profile --path "$O/swap" --json > "$O/$1.json"
+  grep -v '^{' "$O/$1.json"
+}
+merge() {  # name: OUT_DIR/profile-<name>.json, every figure the mean of the profiles before and after
+  python3 - "$O/profile-$1-before.json" "$O/profile-$1-after.json" "$O/profile-$1.json" <<'PY'
+import json, sys
+def last(path):
+    return json.loads([l for l in open(path) if l.startswith('{')][-1])
+def mean(a, b):
+    if isinstance(a, dict):
+        return {k: mean(a[k], b[k]) if k in b else a[k] for k in a}
+    if isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float)):
+        return (a + b) / 2
+    return a
+a, b = last(sys.argv[1]), last(sys.argv[2])
+m = mean(a, b)
+m['profile']['name'] = 'this machine: the mean of two tiermem-bench profiles, before and after the runs'
+json.dump(m, open(sys.argv[3], 'w'))
+PY
 }
 run() {  # name, then tiermem-train flags
   name=$1; shift
   rm -rf "$O/swap"
   nice -n 10 "$T" "$@" --eval-every 0 --swap-dir "$O/swap" --data "$O/corpus.txt" --json > "$O/$name.jsonl"
-  "$P" --check "$O/$name.jsonl" --profile "$PROFILE" --json | tail -1 | python3 -c "
+  echo "$name ran; load $(cut -d' ' -f1-3 /proc/loadavg)" > "$O/$name.load"
+}
+check() {  # profile name, then run names: each run against the merged profile
+  prof=$O/profile-$1.json; shift
+  for name in "$@"; do
+    "$P" --check "$O/$name.jsonl" --profile "$prof" --json | tail -1 | python3 -c "
 import json, sys
 j = json.loads(sys.stdin.read())
-print('%-22s step %7.3f s predicted, %7.3f s measured (%5.1f %%); peaks device %.1f %%, host %.1f %%, nvme %.1f %%; load %s' % (
+print('%-22s step %7.3f s predicted, %7.3f s measured (%5.1f %%); peaks device %.1f %%, host %.1f %%, nvme %.1f %%; %s' % (
     '$name', j['step_seconds_predicted'], j['step_seconds_measured'], 100 * j['step_seconds_rel_error'],
     100 * j['device_peak_bytes_rel_error'], 100 * j['host_peak_bytes_rel_error'], 100 * j['nvme_peak_bytes_rel_error'],
-    '$(cut -d' ' -f1-3 /proc/loadavg)'))"
+    open('$O/$name.load').read().split('; ')[1].strip()))"
+  done
 }
-profile mini
+profile profile-mini-before
 for off in nvme cpu none; do
   run "mini-$off" --model mini --steps 30 --seq-len 64 --batch 4 --offload $off --host-budget 256MiB --device-budget 64MiB
 done
-profile gpt2
+profile profile-mini-after
+merge mini
+check mini mini-nvme mini-cpu mini-none
+profile profile-gpt2-before
 for off in nvme cpu none; do
   run "gpt2-$off" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload $off --host-budget 4GiB --device-budget 2GiB
 done
 run "gpt2-nvme-default" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload nvme
-profile gpt2-medium
+profile profile-gpt2-after
+merge gpt2
+check gpt2 gpt2-nvme gpt2-cpu gpt2-none gpt2-nvme-default
+profile profile-gpt2-medium-before
 for off in nvme cpu none; do
   run "gpt2-medium-$off" --model gpt2-medium --steps 9 --seq-len 64 --batch 2 --offload $off --host-budget 8GiB --device-budget 3GiB
 done
+profile profile-gpt2-medium-after
+merge gpt2-medium
+check gpt2-medium gpt2-medium-nvme gpt2-medium-cpu gpt2-medium-none
