@@ -54,7 +54,7 @@ run() {  # name, then tiermem-train flags
   name=$1; shift
   rm -rf "$O/swap"
   nice -n 10 "$T" "$@" --eval-every 0 --swap-dir "$O/swap" --data "$O/corpus.txt" --json > "$O/$name.jsonl"
-  echo "$name ran; load $(cut -d' ' -f1-3 /proc/loadavg)" > "$O/$name.load"
+  cut -d' ' -f1-3 /proc/loadavg > "$O/$name.load"  # the load as the run ended
 }
 check() {  # profile name, then run names: each run against the merged profile
   prof=$O/profile-$1.json; shift
@@ -65,7 +65,7 @@ j = json.loads(sys.stdin.read())
 print('%-22s step %7.3f s predicted, %7.3f s measured (%5.1f %%); peaks device %.1f %%, host %.1f %%, nvme %.1f %%; %s' % (
     '$name', j['step_seconds_predicted'], j['step_seconds_measured'], 100 * j['step_seconds_rel_error'],
     100 * j['device_peak_bytes_rel_error'], 100 * j['host_peak_bytes_rel_error'], 100 * j['nvme_peak_bytes_rel_error'],
-    open('$O/$name.load').read().split('; ')[1].strip()))"
+    'load ' + open('$O/$name.load').read().strip()))"
   done
 }
 profile profile-mini-before

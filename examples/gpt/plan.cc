@@ -62,6 +62,12 @@ std::uint64_t param_count(const std::vector<std::size_t>& numels) {
   return s;
 }
 
+// The store's device budget as tiermem-train sizes it: the device budget less the room kept for
+// all-gathered modules.
+std::uint64_t store_device_budget(const ZeroPlan& z) {
+  return z.device_budget_bytes > z.gather_reserve_bytes ? z.device_budget_bytes - z.gather_reserve_bytes : 0;
+}
+
 bool device_is_sim(const Config& cfg, const MachineProfile& m) {
   if (cfg.tiermem.device == "sim") return true;
   if (cfg.tiermem.device == "cuda") return false;
@@ -118,8 +124,7 @@ void predict_memory(const train::TrainPlan& run, const Config& cfg, const Machin
     if (!persistent && z.param_home == Tier::kNvme) host_cache += host_round(layout.modules[i].shard * wsize);
   }
   if (z.uses_device) {
-    const std::uint64_t store_budget =
-        z.device_budget_bytes > z.gather_reserve_bytes ? z.device_budget_bytes - z.gather_reserve_bytes : 0;
+    const std::uint64_t store_budget = store_device_budget(z);
     // Several ranks: the engine reserves room for two all-gathered modules (the minimum budget),
     // but tiermem-train holds one at a time (acquire, compute, release): the largest one counts.
     std::uint64_t gathered = 0;
@@ -288,10 +293,8 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   // come through the pool. The pool's planned room keeps back what the Prefetcher's host plan
   // does (prefetcher.h): 1/32 of the budget or two of the largest host-tier tensors (a sub-group's
   // 12-byte-per-element optimizer state), whichever is more.
-  const std::uint64_t store_device_budget =
-      z.device_budget_bytes > z.gather_reserve_bytes ? z.device_budget_bytes - z.gather_reserve_bytes : 0;
   const bool params_on_device =
-      publishes_working_on_device(z, device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable, store_device_budget);
+      publishes_working_on_device(z, device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable, store_device_budget(z));
   std::size_t largest_module = 0;
   for (std::size_t n : module_numels(run.model)) largest_module = std::max(largest_module, n);
   const double slack = std::max(static_cast<double>(z.host_budget_bytes) / 32,
@@ -310,7 +313,7 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     const std::vector<Access> trace = step_trace(numels, layout, cfg, wsize, run.grad_accum);
     if (!trace.empty()) {
       TierModel tm;
-      tm.device_budget_bytes = z.device_budget_bytes - z.gather_reserve_bytes;
+      tm.device_budget_bytes = store_device_budget(z);
       tm.host_budget_bytes = z.param_home == Tier::kNvme ? static_cast<std::uint64_t>(param_room) : z.host_budget_bytes;
       tm.home = z.param_home == Tier::kNvme ? Tier::kNvme : Tier::kHost;
       tm.nvme_to_host_gbps = m.nvme_read_gbps;
@@ -380,9 +383,7 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   // the forward pass, whose window is then the forward compute and the updates, or the reads of the
   // state that does not stay cached if longer; the write-backs run beside the backward pass.
   // tiermem-train times those gathers as communication (the waits also as I/O wait).
-  const bool folded = stage >= 2 && !cfg.fp16.enabled;  // the clipping norm needs no gradient read
-  const bool overlap = stage == 3 && folded && z.uses_device && !z.optimizer_on_device &&
-                       cfg.tiermem.overlap_optimizer_step.value_or(z.optimizer_home == Tier::kNvme && params_on_device);
+  const bool overlap = defers_optimizer_step(z, cfg, params_on_device, /*norm_folded=*/!cfg.fp16.enabled);
   double overlap_step_s = 0;
   if (overlap) {
     const double read_s = opt_read / (m.nvme_read_gbps * 1e9), write_s = opt_write / (m.nvme_write_gbps * 1e9);

@@ -143,9 +143,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   // device (publish_tier), so the deferred updates have the host pool to themselves during the
   // forward pass; where parameters page through the host pool too they would fight for it (gpt2-xl,
   // 1 GiB device / 2 GiB host: step 2 read 55 GB and took 39.8 s deferred, 35 GB and 25.8 s eager).
-  const bool overlap = cfg.tiermem.overlap_optimizer_step.value_or(plan.optimizer_home == Tier::kNvme &&
-                                                                     publish_tier == Tier::kDevice);
-  const bool defer = overlap && stage == 3 && folded && !scaler && !plan.optimizer_on_device;
+  const bool defer = defers_optimizer_step(plan, cfg, publish_tier == Tier::kDevice, folded && !scaler);
   pending_ap = ap;
 
   // Sub-groups in order; AdamW writes every element of each module's working shard.
@@ -348,35 +346,38 @@ inline bool streamable(const float* dst, std::size_t n) {
   return false;
 #endif
 }
-}  // namespace
 
-double detail::copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum, float* clear) {
-  const std::size_t m = std::min(n, n_sum);
-  const bool stream = streamable(dst, n);
-  D8 acc[4] = {};
+// Copies src[0, n) to dst (non-temporal stores when `stream`), whole blocks of kLanes below `m`
+// one at a time, each handed to on_block while in cache and then zeroed in `clear` when given; the
+// rest (the tail, and what lies past m) by memcpy. Returns where the whole blocks ended.
+template <class OnBlock>
+std::size_t copy_blocks(float* dst, const float* src, std::size_t n, std::size_t m, float* clear, bool stream,
+                        OnBlock on_block) {
   std::size_t i = 0;
   for (; i + kLanes <= m; i += kLanes) {
     copy_block(dst + i, src + i, stream);
-    add_block(acc, src + i);
+    on_block(src + i);
     if (clear) std::memset(clear + i, 0, kLanes * sizeof(float));  // its lines are in cache now
-  }
-  const double sum = lane_sum(acc, src + i, m - i);
-  std::memcpy(dst + i, src + i, (n - i) * sizeof(float));  // the tail and what is not summed
-  if (clear) std::memset(clear + i, 0, (n - i) * sizeof(float));
-  stream_fence(stream);
-  return sum;
-}
-
-void detail::copy_lanes(float* dst, const float* src, std::size_t n, float* clear, bool read_next) {
-  const bool stream = !read_next && streamable(dst, n);
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    copy_block(dst + i, src + i, stream);
-    if (clear) std::memset(clear + i, 0, kLanes * sizeof(float));
   }
   std::memcpy(dst + i, src + i, (n - i) * sizeof(float));
   if (clear) std::memset(clear + i, 0, (n - i) * sizeof(float));
   stream_fence(stream);
+  return i;
+}
+}  // namespace
+
+double detail::copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum, float* clear) {
+  const std::size_t m = std::min(n, n_sum);
+  D8 acc[4] = {};
+  // Whole blocks are summed from src before `clear` zeroes them; the last partial block from its
+  // copy in dst (the same values), since `clear` may be src.
+  const auto add = [&](const float* block) { add_block(acc, block); };
+  const std::size_t i = copy_blocks(dst, src, n, m, clear, streamable(dst, n), add);
+  return lane_sum(acc, dst + i, m - i);
+}
+
+void detail::copy_lanes(float* dst, const float* src, std::size_t n, float* clear, bool read_next) {
+  copy_blocks(dst, src, n, n, clear, !read_next && streamable(dst, n), [](const float*) {});
 }
 
 double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double running,
