@@ -9,6 +9,13 @@
 // still settle: gpt2 1 x 64 io-only read 0.70, 0.66, 0.54, 0.52, 0.50 s for steps 3-7); 1 means
 // the offloaded step is as fast as its slower part.
 //
+// --compute-threads N sets OMP_NUM_THREADS=N for all three runs: the model's GEMMs and loops and the
+// engine's OpenMP loops (AdamW, the gradient norm) use N threads; the engine's I/O-completion,
+// checksum, gradient and transfer threads are not limited. With N below the core count the model's
+// compute leaves cores to the engine, as a GPU's compute would: on the simulated device the model's
+// kernels and the engine's copies and checksums otherwise share the same host cores, which a run on
+// a GPU does not (docs/benchmarks.md, stop 26).
+//
 //   build/default/bench/tiermem-bench train-offload --model gpt2 --json
 //   build/default/bench/tiermem-bench train-offload --model mini --steps 6 --rounds 3
 //
@@ -17,6 +24,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
@@ -37,6 +45,7 @@ struct Options {
   int steps = 8, rounds = 3, seq_len = 64, batch = 1;
   std::string swap_dir = "/var/tmp/tiermem-train-offload";
   std::string host_budget, device_budget, config, data, train;
+  int compute_threads = 0;  // 0: OMP_NUM_THREADS as the environment has it
   bool json = false;
 };
 
@@ -97,6 +106,11 @@ std::function<int()> setup(CLI::App& sub) {
       ->check(CLI::ExistingFile);
   sub.add_option("--data", o->data, "tiermem-train --data (default: its own corpus)");
   sub.add_option("--train", o->train, "the tiermem-train binary [default: next to this one]");
+  sub.add_option("--compute-threads", o->compute_threads,
+                 "OMP_NUM_THREADS in all three runs (the model's compute and the engine's AdamW; 0: as the "
+                 "environment has it); below the core count it leaves cores to the engine's I/O threads, as a "
+                 "GPU's compute would")
+      ->default_val(o->compute_threads)->check(CLI::Range(0, 4096));
   sub.add_flag("--json", o->json, "one JSON object as the last line");
   return [o]() -> int {
     if (o->train.empty()) {
@@ -107,6 +121,7 @@ std::function<int()> setup(CLI::App& sub) {
       std::cerr << "tiermem-bench train-offload: no tiermem-train at '" << o->train << "' (build it, or --train)\n";
       return 2;
     }
+    if (o->compute_threads > 0) ::setenv("OMP_NUM_THREADS", std::to_string(o->compute_threads).c_str(), 1);
     std::vector<double> all[3];
     for (int r = 0; r < o->rounds; ++r) {
       for (int k = 0; k < 3; ++k) {  // rotated: each mode runs first in some round
@@ -118,9 +133,13 @@ std::function<int()> setup(CLI::App& sub) {
     }
     const double resident = median(all[0]), offloaded = median(all[1]), io = median(all[2]);
     const double eff = std::max(resident, io) / offloaded;
-    std::printf("train-offload %s: %d rounds x %d steps (seq %d, batch %d), medians of steps 5..: resident %.3f s, "
+    const std::string threads =
+        o->compute_threads > 0 ? fmt::format(", {} compute thread{}", o->compute_threads, o->compute_threads > 1 ? "s" : "")
+                               : "";
+    std::printf("train-offload %s: %d rounds x %d steps (seq %d, batch %d%s), medians of steps 5..: resident %.3f s, "
                 "io-only %.3f s, offloaded %.3f s -> overlap_efficiency %.2f\n",
-                o->model.c_str(), o->rounds, o->steps, o->seq_len, o->batch, resident, io, offloaded, eff);
+                o->model.c_str(), o->rounds, o->steps, o->seq_len, o->batch, threads.c_str(), resident, io, offloaded,
+                eff);
     if (o->json) {
       nlohmann::json j = {{"bench", "train-offload"},       {"model", o->model},
                           {"rounds", o->rounds},            {"steps", o->steps},
@@ -128,7 +147,8 @@ std::function<int()> setup(CLI::App& sub) {
                           {"resident_step_s", resident},    {"offloaded_step_s", offloaded},
                           {"io_only_step_s", io},           {"overlap_efficiency", eff},
                           {"resident_steps_s", all[0]},     {"offloaded_steps_s", all[1]},
-                          {"io_only_steps_s", all[2]}};
+                          {"io_only_steps_s", all[2]},
+                          {"compute_threads", o->compute_threads}};
       std::cout << j.dump() << std::endl;
     }
     return 0;
