@@ -12,6 +12,8 @@
 //                                     (tiermem.device auto: CUDA when visible, else SimDevice)
 //   cpu_adam_params_per_s             tiermem::adam_step (best ISA, all OpenMP threads), 16 M params
 //   gemm_gflops                       OpenBLAS sgemm [512 x 768] x [768 x 3072] (the model's MLP)
+//   checksum_gbps                     the XXH3-64 SwapSpace computes per extent (tiermem.checksum),
+//                                     one thread over 64 MiB from memory (not cache), GB/s
 //   grad_handoff_gbps(_by_module_elems)   one rank's gradient hand-off as tiermem-train makes it
 //                                     (the engine's recycled buffer per module, gradient_buffer,
 //                                     written by a 128-token weight-gradient GEMM, handed back to
@@ -48,6 +50,7 @@
 #include "bench/bench.h"
 #include "gpt/kernels_cpu.h"
 #include "gpt/model.h"
+#include "nvme/checksum.h"
 #include "tiermem/adam.h"
 #include "tiermem/communicator.h"
 #include "tiermem/config.h"
@@ -158,6 +161,24 @@ double measure_adam(const ProfileOpts& o) {
     adam_step(p, master.data(), grad.data(), m.data(), v.data(), n);
     rates.push_back(static_cast<double>(n) / (now_s() - t0));
   }
+  return median(rates);
+}
+
+double measure_checksum(const ProfileOpts& o) {
+  // Four 64 MiB buffers in turn, so each hash reads memory, as a completion's verify does.
+  const std::size_t n = 64u << 20;
+  std::vector<std::vector<unsigned char>> bufs(4, std::vector<unsigned char>(n));
+  for (std::size_t b = 0; b < bufs.size(); ++b) {
+    for (std::size_t i = 0; i < n; i += 64) bufs[b][i] = static_cast<unsigned char>(i * 31 + b);
+  }
+  std::uint64_t sink = 0;
+  std::vector<double> rates;
+  for (int i = 0; i < std::max(4, o.reps); ++i) {
+    const double t0 = now_s();
+    sink ^= detail::extent_checksum(bufs[static_cast<std::size_t>(i) % bufs.size()].data(), n);
+    rates.push_back(static_cast<double>(n) / (now_s() - t0) / 1e9);
+  }
+  if (sink == 0x5eed) std::fprintf(stderr, " ");  // keeps the hashes from being optimised away
   return median(rates);
 }
 
@@ -312,6 +333,7 @@ int run_profile(const ProfileOpts& o) {
   const auto [h2d, d2h] = measure_copies(o, copy_bytes, &device);
   const double adam = measure_adam(o);
   const double gemm = measure_gemm(o);
+  const double checksum = measure_checksum(o);
   // Modules the size of a small model's blocks (8 of 4 M elements, 16 MiB of fp32 gradient each)
   // and of a large one's (4 of 16 M, 64 MiB).
   nlohmann::json handoff_by, optimizer_by;
@@ -342,6 +364,7 @@ int run_profile(const ProfileOpts& o) {
   p["compute_gflops_by_width"] = by_width;          // micro-batches of 512 tokens
   p["compute_gflops_by_width_128"] = by_width_128;  // micro-batches of 128 tokens
   p["gemm_gflops"] = gemm;
+  p["checksum_gbps"] = checksum;
   p["cpu_adam_params_per_s"] = adam;
   p["grad_handoff_gbps"] = handoff;  // at 16 M-element modules
   p["grad_handoff_gbps_by_module_elems"] = handoff_by;
@@ -364,7 +387,7 @@ int run_profile(const ProfileOpts& o) {
   std::printf("  nvme       read %.2f GB/s, write %.2f GB/s (%s)%s\n", nvme_r, nvme_w, o.path.c_str(),
               note.empty() ? "" : (", " + note).c_str());
   std::printf("  copies     h2d %.2f GB/s, d2h %.2f GB/s\n", h2d, d2h);
-  std::printf("  cpu adam   %.3g params/s\n", adam);
+  std::printf("  cpu adam   %.3g params/s; checksum (XXH3-64, one thread) %.2f GB/s\n", adam, checksum);
   std::printf("  engine     gradient hand-off %.2f / %.2f GB/s, optimizer step %.3g / %.3g params/s "
               "(modules of 4 M / 16 M elements)\n",
               handoff_by["4194304"].get<double>(), handoff, optimizer_by["4194304"].get<double>(), optimizer);

@@ -8,17 +8,18 @@
 # step time more than the model's error does).
 #
 #   bench/plan_matrix.sh [BUILD_DIR] [OUT_DIR]        (BUILD_DIR default build/default)
-# Writes OUT_DIR/profile-<model>-{before,after}.json, their mean OUT_DIR/profile-<model>.json,
-# OUT_DIR/<model>-<offload>.jsonl and prints one --check line per run.
+# Writes OUT_DIR/profile-<k>.json (k = 0..10: one before the first run and one after each),
+# OUT_DIR/<model>-<offload>.jsonl, OUT_DIR/profile-<model>-<offload>.json (the mean of the
+# profiles just before and just after that run) and prints one --check line per run.
 #
 # OMP_WAIT_POLICY=PASSIVE unless set: with libgomp's default (spin after each parallel region),
 # its idle threads and OpenBLAS's own pthreads spin against each other on a small shared machine,
 # and a step's compute then depends on the load and on how many kernels it runs, not on its FLOPs
 # (docs/benchmarks.md: gpt2 4.7-4.9 s per step against 1.6-1.8 s passive, at the same load).
-# A fresh profile is measured before and after each model's runs (mini, gpt2, gpt2-medium), and
-# the runs are held to their mean (profile-<model>.json): the VM's speed moves by tens of percent
-# from one minute to the next, and one profile taken in a fast or slow minute priced the whole
-# model's rows (docs/benchmarks.md, stop 25).
+# A fresh profile (~20 s) is measured between every two runs, and each run is held to the mean of
+# the two around it (profile-<run>.json): the VM's speed moves by tens of percent from one minute
+# to the next; one profile per model (stop 25: before and after a model's runs) priced a run by
+# minutes it did not run in (docs/benchmarks.md, stop 26).
 set -eu
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 B=${1:-build/default}
@@ -33,8 +34,8 @@ profile() {  # file: measures a profile of this machine into OUT_DIR/<file>.json
   nice -n 10 "$B/bench/tiermem-bench" profile --path "$O/swap" --json > "$O/$1.json"
   grep -v '^{' "$O/$1.json"
 }
-merge() {  # name: OUT_DIR/profile-<name>.json, every figure the mean of the profiles before and after
-  python3 - "$O/profile-$1-before.json" "$O/profile-$1-after.json" "$O/profile-$1.json" <<'PY'
+merge() {  # before after out: OUT_DIR/<out>.json, every figure the mean of the two profiles
+  python3 - "$O/$1.json" "$O/$2.json" "$O/$3.json" <<'PY'
 import json, sys
 def last(path):
     return json.loads([l for l in open(path) if l.startswith('{')][-1])
@@ -46,47 +47,38 @@ def mean(a, b):
     return a
 a, b = last(sys.argv[1]), last(sys.argv[2])
 m = mean(a, b)
-m['profile']['name'] = 'this machine: the mean of two tiermem-bench profiles, before and after the runs'
+m['profile']['name'] = 'this machine: the mean of the tiermem-bench profiles just before and after the run'
 json.dump(m, open(sys.argv[3], 'w'))
 PY
 }
-run() {  # name, then tiermem-train flags
+K=0
+profile profile-0
+run() {  # name, then tiermem-train flags: the run, the profile after it, the check against both
   name=$1; shift
   rm -rf "$O/swap"
   nice -n 10 "$T" "$@" --eval-every 0 --swap-dir "$O/swap" --data "$O/corpus.txt" --json > "$O/$name.jsonl"
   cut -d' ' -f1-3 /proc/loadavg > "$O/$name.load"  # the load as the run ended
+  profile "profile-$((K + 1))"
+  merge "profile-$K" "profile-$((K + 1))" "profile-$name"
+  K=$((K + 1))
+  check "$name"
 }
-check() {  # profile name, then run names: each run against the merged profile
-  prof=$O/profile-$1.json; shift
-  for name in "$@"; do
-    "$P" --check "$O/$name.jsonl" --profile "$prof" --json | tail -1 | python3 -c "
+check() {  # run name: held against the mean of the profiles around it
+  "$P" --check "$O/$1.jsonl" --profile "$O/profile-$1.json" --json | tail -1 | python3 -c "
 import json, sys
 j = json.loads(sys.stdin.read())
 print('%-22s step %7.3f s predicted, %7.3f s measured (%5.1f %%); peaks device %.1f %%, host %.1f %%, nvme %.1f %%; %s' % (
-    '$name', j['step_seconds_predicted'], j['step_seconds_measured'], 100 * j['step_seconds_rel_error'],
+    '$1', j['step_seconds_predicted'], j['step_seconds_measured'], 100 * j['step_seconds_rel_error'],
     100 * j['device_peak_bytes_rel_error'], 100 * j['host_peak_bytes_rel_error'], 100 * j['nvme_peak_bytes_rel_error'],
-    'load ' + open('$O/$name.load').read().strip()))"
-  done
+    'load ' + open('$O/$1.load').read().strip()))"
 }
-profile profile-mini-before
 for off in nvme cpu none; do
   run "mini-$off" --model mini --steps 30 --seq-len 64 --batch 4 --offload $off --host-budget 256MiB --device-budget 64MiB
 done
-profile profile-mini-after
-merge mini
-check mini mini-nvme mini-cpu mini-none
-profile profile-gpt2-before
 for off in nvme cpu none; do
   run "gpt2-$off" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload $off --host-budget 4GiB --device-budget 2GiB
 done
 run "gpt2-nvme-default" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload nvme
-profile profile-gpt2-after
-merge gpt2
-check gpt2 gpt2-nvme gpt2-cpu gpt2-none gpt2-nvme-default
-profile profile-gpt2-medium-before
 for off in nvme cpu none; do
   run "gpt2-medium-$off" --model gpt2-medium --steps 9 --seq-len 64 --batch 2 --offload $off --host-budget 8GiB --device-budget 3GiB
 done
-profile profile-gpt2-medium-after
-merge gpt2-medium
-check gpt2-medium gpt2-medium-nvme gpt2-medium-cpu gpt2-medium-none

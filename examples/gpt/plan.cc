@@ -247,6 +247,52 @@ void check_fit(const train::TrainPlan& run, const Config& cfg, const MachineProf
 
 // One step's parameter accesses (stored modules only), as the trainer makes them: per
 // micro-batch, forward 0..L+1 then the tied head (module 0), backward head, L+1..0.
+// The forward's wait for the NVMe-homed optimizer state (and gradient partitions) the host pool
+// cannot keep, with the overlapped optimizer step. The Prefetcher's host plan keeps the modules the
+// forward updates first and streams the last ones (miss_bytes in all), and their reads can begin
+// only as room frees: the pool's slack at the forward's start, then each module's gradient
+// partition as its deferred AdamW retires it (pool_grad_bytes in all). Reads run one after another
+// at the NVMe read rate, in the order the forward needs them; a module whose state has not arrived
+// when its update is due waits for it, and where the retired partitions cannot make the room by
+// then, the room is taken at once (the engine writes back updated state in its place). Modules
+// are numels' order (embed, the blocks, ln_f); the forward compute is the blocks', evenly; AdamW
+// and the bytes are split by element count. docs/plan.md ("The forward's gated reads").
+double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, double miss_bytes, double nvme_bytes,
+                       double pool_grad_bytes, double slack, double fwd_compute_s, double adam_s, double read_gbps) {
+  if (miss_bytes <= 0 || read_gbps <= 0 || numels.empty()) return 0;
+  const double total = static_cast<double>(param_count(numels));
+  const std::size_t n = numels.size();
+  std::vector<double> miss(n, 0.0);
+  double left = std::min(miss_bytes, nvme_bytes);
+  for (std::size_t i = n; i-- > 0 && left > 0;) {  // the last modules the forward updates
+    miss[i] = std::min(left, nvme_bytes * static_cast<double>(numels[i]) / total);
+    left -= miss[i];
+  }
+  std::vector<std::pair<double, double>> freed;  // (time, room freed by then), in time order
+  double t = 0, wait = 0, reads_free_at = 0, need = 0, retired = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double f = static_cast<double>(numels[i]) / total;
+    if (miss[i] > 0) {
+      need += miss[i];
+      double room_at = t;  // else taken at once when the update is due
+      if (slack >= need) room_at = 0;
+      else {
+        for (const auto& [when, room] : freed) {
+          if (slack + room >= need) { room_at = when; break; }
+        }
+      }
+      const double done = std::max(reads_free_at, room_at) + miss[i] / (read_gbps * 1e9);
+      reads_free_at = done;
+      if (done > t) { wait += done - t; t = done; }
+    }
+    t += adam_s * f;
+    retired += pool_grad_bytes * f;
+    freed.emplace_back(t, retired);
+    if (i >= 1 && static_cast<int>(i) <= blocks) t += fwd_compute_s / blocks;
+  }
+  return wait;
+}
+
 std::vector<Access> step_trace(const std::vector<std::size_t>& numels, const ShardLayout& layout,
                                const Config& cfg, std::uint64_t wsize, int micro_batches) {
   std::vector<bool> offloaded(numels.size());
@@ -388,11 +434,25 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   if (overlap) {
     const double read_s = opt_read / (m.nvme_read_gbps * 1e9), write_s = opt_write / (m.nvme_write_gbps * 1e9);
     const double fwd = t.compute_s / 3.0 + t.adam_s, bwd = 2.0 * t.compute_s / 3.0 + (W == 1 ? t.d2h_s : t.comm_s);
-    const double read_wait = std::max(0.0, read_s - fwd), write_wait = std::max(0.0, write_s - bwd);
+    const double pool_grads = stage >= 2 && z.gradient_home == Tier::kNvme ? 4.0 * R : 0.0;
+    const double read_wait =
+        std::max(std::max(0.0, read_s - fwd),
+                 gated_read_wait(module_numels(run.model), run.model.n_layer, opt_read, opt_nvme, pool_grads, slack,
+                                 t.compute_s / 3.0 / std::max(1, run.grad_accum), t.adam_s, m.nvme_read_gbps));
+    const double write_wait = std::max(0.0, write_s - bwd);
     overlap_step_s = fwd + read_wait + bwd + write_wait + publish_s + t.stall_s;  // + parameter stalls
     t.stall_s += read_wait;
     if (W == 1) t.comm_s += t.adam_s + read_wait;
     t.optimizer_s = publish_s;
+  }
+  // On the simulated device the model computes on the host's cores, and each NVMe byte's checksum
+  // (hashed on a write, verified on a read, by the engine's threads) takes its CPU time from them:
+  // spread over the cores, as the offloaded step's CPU time adds up to the resident step's and
+  // the I/O-alone step's (docs/benchmarks.md, stop 26).
+  if (cfg.tiermem.checksum && m.checksum_gbps > 0 && device_is_sim(cfg, m)) {
+    t.checksum_s = (nvme_read + nvme_write) / (m.checksum_gbps * 1e9) / std::max(1, m.threads);
+    t.compute_s += t.checksum_s;
+    if (overlap) overlap_step_s += t.checksum_s;
   }
   t.nvme_s = nvme_read / (m.nvme_read_gbps * 1e9) + nvme_write / (m.nvme_write_gbps * 1e9);
   t.h2d_s = h2d / (m.h2d_gbps * 1e9);
@@ -450,6 +510,8 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
   keyed("optimizer_params_per_s_by_module_elems", "module sizes (elements > 0)",
         m.optimizer_params_per_s_by_module_elems);
   m.grad_handoff_gbps = number(j, "grad_handoff_gbps", source, false);
+  m.checksum_gbps = number(j, "checksum_gbps", source, false);
+  m.threads = static_cast<int>(number(j, "threads", source, false));
   m.optimizer_params_per_s = number(j, "optimizer_params_per_s", source, false);
   m.cpu_adam_params_per_s = number(j, "cpu_adam_params_per_s", source, true);
   m.h2d_gbps = number(j, "h2d_gbps", source, true);
@@ -680,7 +742,8 @@ nlohmann::json prediction_json(const Prediction& p) {
   j["step_seconds"] = t.step_s;
   j["time_seconds"] = {{"compute", t.compute_s}, {"io_wait", t.stall_s}, {"nvme", t.nvme_s},
                        {"host_to_device", t.h2d_s}, {"gradient_handoff", t.d2h_s},
-                       {"communication", t.comm_s}, {"adam", t.adam_s}, {"optimizer", t.optimizer_s}};
+                       {"communication", t.comm_s}, {"adam", t.adam_s}, {"optimizer", t.optimizer_s},
+                       {"checksum", t.checksum_s}};
   j["bottleneck"] = t.bottleneck;
   j["traffic_bytes"] = {{"nvme_read", p.nvme_read_bytes}, {"nvme_write", p.nvme_write_bytes},
                         {"host_to_device", p.h2d_bytes}, {"collectives", p.comm_bytes}};

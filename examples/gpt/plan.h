@@ -63,6 +63,11 @@ struct MachineProfile {
   double grad_handoff_gbps = 0, optimizer_params_per_s = 0;
   std::vector<std::pair<int, double>> grad_handoff_gbps_by_module_elems,
       optimizer_params_per_s_by_module_elems;
+  // Optional (tiermem-bench profile): XXH3-64 GB/s on one thread from memory, what each NVMe
+  // read and write costs in CPU with tiermem.checksum on. Priced only on the simulated device,
+  // whose compute shares those cores (absent: not priced).
+  double checksum_gbps = 0;
+  int threads = 0;                      // optional: the threads the compute figures used (0: unknown)
   double h2d_gbps = 0, d2h_gbps = 0;    // host <-> device, one rank
   double nvme_read_gbps = 0, nvme_write_gbps = 0;  // all drives together (ranks share them)
   double comm_gbps = 0;                 // per-rank collective bus bandwidth (0: unknown)
@@ -93,6 +98,7 @@ Config with_machine_budgets(Config cfg, const MachineProfile& m);
 struct TimePrediction {
   double compute_s = 0;        // model FLOPs / compute rate
   double stall_s = 0;          // forward/backward waiting for parameters (not hidden)
+  double checksum_s = 0;       // simulated device: the NVMe checksums' CPU time taken from compute (in compute_s)
   double nvme_s = 0;           // NVMe busy time (reads + writes of the step)
   double h2d_s = 0;            // host->device busy time
   double d2h_s = 0;            // device->host / gradient hand-off busy time

@@ -294,6 +294,48 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
 // grad_handoff_gbps and the optimizer step at optimizer_params_per_s, each interpolated in
 // log(elements) by the run's largest module; without them, a copy at d2h_gbps and Adam at
 // cpu_adam_params_per_s.
+// The overlapped optimizer step with a pool too small for the optimizer state: the reads of what
+// the pool cannot keep wait for room the forward frees, so the last modules' state arrives after
+// its update is due (io_wait > 0) even where the whole forward is longer than the reads; with a
+// pool that keeps everything there is no wait. On the simulated device each NVMe byte's checksum
+// is priced at checksum_gbps spread over the profile's threads, and only with tiermem.checksum on.
+TEST_F(PlanTest, GatedReadsAndChecksumsPriceTheOverlappedNvmeStep) {
+  const std::string args = "--model gpt2 --seq-len 64 --batch 1 --offload nvme --device-budget 1GiB --json ";
+  const RunResult small = plan(args + "--host-budget 1GiB --profile profile.json");
+  ASSERT_EQ(small.exit_code, 0) << small.err;
+  const json& t = small.summary["time_seconds"];
+  const double read = small.summary["traffic_bytes"]["nvme_read"].get<double>();
+  ASSERT_GT(read, 0) << "1 GiB of pool was meant to be too small for gpt2's optimizer state";
+  // The forward (compute / 3 at 10 GFLOP/s, plus AdamW) is far longer than reading it all at 1 GB/s:
+  EXPECT_GT(t["compute"].get<double>() / 3.0, read / 1e9);
+  EXPECT_GT(t["io_wait"].get<double>(), 0);
+  EXPECT_LE(t["io_wait"].get<double>(), read / 1e9 + 1e-9);  // at most reading all of it after the forward
+  EXPECT_EQ(t["checksum"].get<double>(), 0);  // the profile has no checksum_gbps
+
+  const RunResult big = plan(args + "--host-budget 4GiB --profile profile.json");
+  ASSERT_EQ(big.exit_code, 0) << big.err;
+  EXPECT_EQ(big.summary["traffic_bytes"]["nvme_read"].get<double>(), 0);
+  EXPECT_EQ(big.summary["time_seconds"]["io_wait"].get<double>(), 0);
+
+  json hashed = json::parse(kProfile);
+  hashed["checksum_gbps"] = 5.0;
+  hashed["threads"] = 2;
+  std::ofstream(dir_ / "hashed.json") << hashed.dump();
+  const RunResult h = plan(args + "--host-budget 1GiB --profile hashed.json");
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  const double traffic = h.summary["traffic_bytes"]["nvme_read"].get<double>() +
+                         h.summary["traffic_bytes"]["nvme_write"].get<double>();
+  const double checksum = traffic / 5e9 / 2;
+  EXPECT_NEAR(h.summary["time_seconds"]["checksum"].get<double>(), checksum, 1e-9);
+  EXPECT_NEAR(h.summary["step_seconds"].get<double>() - small.summary["step_seconds"].get<double>(), checksum, 1e-6);
+
+  std::ofstream(dir_ / "nohash.json") << R"({"tiermem": {"checksum": false}})";
+  const RunResult off = plan(args + "--host-budget 1GiB --profile hashed.json --config nohash.json");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_EQ(off.summary["time_seconds"]["checksum"].get<double>(), 0);
+  EXPECT_NEAR(off.summary["step_seconds"].get<double>(), small.summary["step_seconds"].get<double>(), 1e-9);
+}
+
 TEST_F(PlanTest, MeasuredEngineRatesPriceTheHandOffAndTheStep) {
   tiermem::gpt::GptConfig gpt2 = tiermem::gpt::GptConfig::named("gpt2");
   gpt2.vocab_size = 256;
