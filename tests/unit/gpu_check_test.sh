@@ -34,17 +34,17 @@ out=$(PATH="$T/gpu:$PATH" BUILD_DIR="$T/build" OUT_JSON="$T/out.json" LOG_DIR="$
       BUDGET_S=60 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
 [[ $rc == 1 ]] || fail "failed build: exit $rc, want 1: $out"
 [[ $out == *"==== gpu-check: NVIDIA H200"* ]] || fail "failed build: no table: $out"
-for row in build "gpu unit tests" "bench h2d" "bench d2h" "bench gemm" "bench pipeline" "train gpt2" offload; do
+for row in build "gpu unit tests" "bench h2d" "bench d2h" "bench gemm" "bench pipeline" "train gpt2" offload overlap; do
   printf '%s\n' "$out" | grep -q "^$row " || fail "failed build: no row '$row': $out"
 done
-[[ $(printf '%s\n' "$out" | grep -c ' SKIP ') == 7 ]] || fail "failed build: want 7 SKIP rows: $out"
+[[ $(printf '%s\n' "$out" | grep -c ' SKIP ') == 8 ]] || fail "failed build: want 8 SKIP rows: $out"
 [[ -s $T/out.json ]] || fail "failed build: no JSON"
 if command -v python3 >/dev/null; then
   python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d['gpu'] == 'NVIDIA H200' and d['failed'] == 1, d
-assert [c['status'] for c in d['checks']] == ['FAIL'] + ['SKIP'] * 7, d
+assert [c['status'] for c in d['checks']] == ['FAIL'] + ['SKIP'] * 8, d
 assert 'fake cmake' in d['checks'][0]['detail'], d
 " "$T/out.json" || fail "failed build: bad JSON: $(cat "$T/out.json")"
 fi
@@ -67,6 +67,7 @@ case $1 in
   h2d|d2h) echo "{\"bench\":\"$1\",\"gbps\":50.5,\"cudamemcpy_gbps\":52.0,\"ratio_to_cudamemcpy\":0.971}" ;;
   gemm) echo '{"bench":"gemm","tflops":702.3}' ;;
   pipeline) echo '{"bench":"pipeline","gbps":11.2,"ratio_to_slowest_stage":0.95,"slowest_stage":"nvme_read","slowest_stage_gbps":11.8,"write_ratio_to_slowest_stage":0.93}' ;;
+  train-offload) echo '{"bench":"train-offload","resident_step_s":0.05,"io_only_step_s":0.4,"offloaded_step_s":0.42,"overlap_efficiency":0.9523}' ;;
 esac
 FAKE
 cat >"$FB/examples/gpt/tiermem-train" <<'FAKE'
@@ -93,12 +94,14 @@ if command -v bc >/dev/null && command -v python3 >/dev/null; then
     || fail "all ok: figures missing: $out"
   [[ $out == *"123.46 TFLOP/s, 0.18 of the GEMM peak"* && $out == *"stall 15.0 %"* ]] \
     || fail "all ok: train figures missing: $out"
+  [[ $out == *"overlap efficiency 0.952 (goal >= 0.9, reported)"* ]] || fail "all ok: overlap figure missing: $out"
   python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d['failed'] == 0 and all(c['status'] == 'ok' for c in d['checks']), d
 m = {c['name'].split(' (')[0]: c['metrics'] for c in d['checks']}
 assert m['bench gemm']['tflops'] == 702.3 and m['train gpt2 --device cuda']['tflops'] == 123.46, m
+assert m['bench train-offload gpt2']['overlap_efficiency'] == 0.952, m
 " "$T/ok.json" || fail "all ok: bad JSON: $(cat "$T/ok.json")"
   out=$(PATH="$T/gpu2:$PATH" FAKE_LOSS_SHIFT=0.5 BUILD_DIR="$FB" OUT_JSON="$T/bad.json" LOG_DIR="$T/logs3" \
         NVME_DIR="$T" BUDGET_S=120 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
