@@ -175,9 +175,12 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
     const plan::TimePrediction& x = p.time;
     auto pct = [&](double v) { return x.step_s > 0 ? 100.0 * v / x.step_s : 0.0; };
     t += fmt::format("step time       {} (predicted; bottleneck: {})\n", seconds_text(x.step_s), x.bottleneck);
-    t += fmt::format("  compute       {:>10} ({:.0f} %)  {:.3g} GFLOP at {:.0f} GFLOP/s\n", seconds_text(x.compute_s),
-                     pct(x.compute_s), p.flops_per_step / run.world_size / 1e9, plan::compute_gflops(m, run.model.d_model, static_cast<double>(run.batch) * run.seq_len));
-    t += fmt::format("  I/O wait      {:>10} ({:.0f} %)  parameters not yet on the device\n",
+    t += fmt::format("  compute       {:>10} ({:.0f} %)  {:.3g} GFLOP at {:.0f} GFLOP/s{}\n", seconds_text(x.compute_s),
+                     pct(x.compute_s), p.flops_per_step / run.world_size / 1e9,
+                     plan::compute_gflops(m, run.model.d_model, static_cast<double>(run.batch) * run.seq_len),
+                     x.checksum_s > 0 ? " + " + seconds_text(x.checksum_s) + " of NVMe checksums on the same cores" : "");
+    t += fmt::format("  I/O wait      {:>10} ({:.0f} %)  parameters not yet on the device, optimizer state not yet in "
+                     "the host pool\n",
                      seconds_text(x.stall_s), pct(x.stall_s));
     t += fmt::format("  nvme link     {:>10} busy      read {}, write {}\n", seconds_text(x.nvme_s),
                      format_bytes(p.nvme_read_bytes), format_bytes(p.nvme_write_bytes));
