@@ -12,6 +12,7 @@
 #include "gpt/backend.h"
 #include "gpt/model.h"
 #include "tiermem/error.h"
+#include "tiermem/prefetcher.h"
 #include "tiermem/shard.h"
 #include "tiermem/tier_simulator.h"
 
@@ -245,8 +246,6 @@ void check_fit(const train::TrainPlan& run, const Config& cfg, const MachineProf
   }
 }
 
-// One step's parameter accesses (stored modules only), as the trainer makes them: per
-// micro-batch, forward 0..L+1 then the tied head (module 0), backward head, L+1..0.
 // The forward's wait for the NVMe-homed optimizer state (and gradient partitions) the host pool
 // cannot keep, with the overlapped optimizer step. The Prefetcher's host plan keeps the modules the
 // forward updates first and streams the last ones (miss_bytes in all), and their reads can begin
@@ -256,7 +255,7 @@ void check_fit(const train::TrainPlan& run, const Config& cfg, const MachineProf
 // when its update is due waits for it, and where the retired partitions cannot make the room by
 // then, the room is taken at once (the engine writes back updated state in its place). Modules
 // are numels' order (embed, the blocks, ln_f); the forward compute is the blocks', evenly; AdamW
-// and the bytes are split by element count. docs/plan.md ("The forward's gated reads").
+// and the bytes are split by element count. docs/plan.md, "Time".
 double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, double miss_bytes, double nvme_bytes,
                        double pool_grad_bytes, double slack, double fwd_compute_s, double adam_s, double read_gbps) {
   if (miss_bytes <= 0 || read_gbps <= 0 || numels.empty()) return 0;
@@ -270,17 +269,15 @@ double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, doubl
   }
   std::vector<std::pair<double, double>> freed;  // (time, room freed by then), in time order
   double t = 0, wait = 0, reads_free_at = 0, need = 0, retired = 0;
+  std::size_t next_room = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const double f = static_cast<double>(numels[i]) / total;
     if (miss[i] > 0) {
       need += miss[i];
-      double room_at = t;  // else taken at once when the update is due
-      if (slack >= need) room_at = 0;
-      else {
-        for (const auto& [when, room] : freed) {
-          if (slack + room >= need) { room_at = when; break; }
-        }
-      }
+      // The first moment the freed room holds what is read so far (need only grows, so the scan
+      // resumes where it stopped); else the room is taken at once, when the update is due.
+      while (next_room < freed.size() && slack + freed[next_room].second < need) ++next_room;
+      const double room_at = slack >= need ? 0 : next_room < freed.size() ? freed[next_room].first : t;
       const double done = std::max(reads_free_at, room_at) + miss[i] / (read_gbps * 1e9);
       reads_free_at = done;
       if (done > t) { wait += done - t; t = done; }
@@ -293,6 +290,8 @@ double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, doubl
   return wait;
 }
 
+// One step's parameter accesses (stored modules only), as the trainer makes them: per
+// micro-batch, forward 0..L+1 then the tied head (module 0), backward head, L+1..0.
 std::vector<Access> step_trace(const std::vector<std::size_t>& numels, const ShardLayout& layout,
                                const Config& cfg, std::uint64_t wsize, int micro_batches) {
   std::vector<bool> offloaded(numels.size());
@@ -337,15 +336,15 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   // once per step, is what falls out first; the parameters keep the rest.
   // Parameters the device keeps for good (the engine publishes new working shards there) never
   // come through the pool. The pool's planned room keeps back what the Prefetcher's host plan
-  // does (prefetcher.h): 1/32 of the budget or two of the largest host-tier tensors (a sub-group's
-  // 12-byte-per-element optimizer state), whichever is more.
+  // does (host_plan_margin, prefetcher.h): 1/32 of the room or two of the largest host-tier
+  // tensors (a sub-group's 12-byte-per-element optimizer state), whichever is more.
   const bool params_on_device =
       publishes_working_on_device(z, device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable, store_device_budget(z));
-  std::size_t largest_module = 0;
-  for (std::size_t n : module_numels(run.model)) largest_module = std::max(largest_module, n);
-  const double slack = std::max(static_cast<double>(z.host_budget_bytes) / 32,
-                                2.0 * 12.0 * static_cast<double>(std::min(z.piece_elems, largest_module)));
-  const double room = z.host_budget_bytes > z.host_home_bytes ? static_cast<double>(z.host_budget_bytes - z.host_home_bytes) : 0;
+  const std::vector<std::size_t> numels = module_numels(run.model);
+  const std::size_t largest_module = *std::max_element(numels.begin(), numels.end());
+  const std::uint64_t room_bytes = z.host_budget_bytes > z.host_home_bytes ? z.host_budget_bytes - z.host_home_bytes : 0;
+  const double slack = static_cast<double>(host_plan_margin(room_bytes, 12ull * std::min(z.piece_elems, largest_module)));
+  const double room = static_cast<double>(room_bytes);
   const double param_nvme = static_cast<double>(z.nvme_param_bytes), opt_nvme = static_cast<double>(z.nvme_optimizer_bytes);
   const double pool_param = params_on_device ? 0.0 : param_nvme;
   const double opt_miss =
@@ -354,7 +353,6 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   // Parameters through the tiers: the tier simulator over the step's accesses.
   double nvme_read = 0, nvme_write = 0, h2d = 0;
   if (z.uses_device && z.param_home != Tier::kDevice) {
-    const std::vector<std::size_t> numels = module_numels(run.model);
     const ShardLayout layout = make_shard_layout(numels, W, kAlignment);
     const std::vector<Access> trace = step_trace(numels, layout, cfg, wsize, run.grad_accum);
     if (!trace.empty()) {
@@ -437,7 +435,7 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     const double pool_grads = stage >= 2 && z.gradient_home == Tier::kNvme ? 4.0 * R : 0.0;
     const double read_wait =
         std::max(std::max(0.0, read_s - fwd),
-                 gated_read_wait(module_numels(run.model), run.model.n_layer, opt_read, opt_nvme, pool_grads, slack,
+                 gated_read_wait(numels, run.model.n_layer, opt_read, opt_nvme, pool_grads, slack,
                                  t.compute_s / 3.0 / std::max(1, run.grad_accum), t.adam_s, m.nvme_read_gbps));
     const double write_wait = std::max(0.0, write_s - bwd);
     overlap_step_s = fwd + read_wait + bwd + write_wait + publish_s + t.stall_s;  // + parameter stalls

@@ -61,6 +61,14 @@
 
 namespace tiermem {
 
+// The room the host plan keeps back from the pool's room for caches (the budget less home copies),
+// for rounding and fragmentation: 1/32 of `room_bytes` or two of the largest host-tier tensors
+// (`largest_bytes`), whichever is more. Bytes; pure. Prefetcher plans with it and tiermem-plan
+// predicts the pool with it.
+inline std::uint64_t host_plan_margin(std::uint64_t room_bytes, std::uint64_t largest_bytes) {
+  return room_bytes / 32 > 2 * largest_bytes ? room_bytes / 32 : 2 * largest_bytes;
+}
+
 struct PrefetcherOptions {
   std::uint64_t prefetch_bucket_bytes = 100'000'000;     // 5e7 elements of bf16 (DeepSpeed default)
   std::uint64_t max_live_bytes = 2'000'000'000;          // 1e9 elements of bf16

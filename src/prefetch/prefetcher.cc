@@ -304,7 +304,7 @@ void Prefetcher::ensure_host_plan(const ResidencyView& view) {
   }
   const std::uint64_t largest = plan_largest_;
   const std::uint64_t room = budget > homes ? budget - homes : 0;
-  const std::uint64_t margin = std::max(room / 32, 2 * largest);
+  const std::uint64_t margin = host_plan_margin(room, largest);
   const std::uint64_t capacity = room > margin ? room - margin : 0;
   // Replanned for a new trace, or when the room moved by more than 1/64 (home copies come and go;
   // the plan costs O(host accesses x resident tensors), so not at every access).
