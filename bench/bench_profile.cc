@@ -3,7 +3,7 @@
 //   cmake --build build/default --target tiermem-bench
 //   build/default/bench/tiermem-bench profile --path ./tiermem-swap --json > profiles/this-machine.json
 //
-// Measures, in about half a minute (each figure the median of --reps repetitions, or more):
+// Measures, in about 40 seconds (each figure the median of --reps repetitions, or more):
 //   nvme_read_gbps / nvme_write_gbps  the IoEngine at the engine's settings (the default config's
 //                                     aio block size, queue depth and rings; O_DIRECT unless the
 //                                     filesystem refuses it), --size bytes in pipeline_chunk_bytes
@@ -14,16 +14,18 @@
 //   gemm_gflops                       OpenBLAS sgemm [512 x 768] x [768 x 3072] (the model's MLP)
 //   checksum_gbps                     the XXH3-64 SwapSpace computes per extent (tiermem.checksum),
 //                                     one thread over 64 MiB from memory (not cache), GB/s
-//   grad_handoff_gbps(_by_module_elems)   one rank's gradient hand-off as tiermem-train makes it
-//                                     (the engine's recycled buffer per module, gradient_buffer,
-//                                     written by a 128-token weight-gradient GEMM, handed back to
-//                                     ZeroEngine::reduce_gradients: world 1, on the gradient
-//                                     thread), priced by what it adds to the same GEMMs alone;
-//                                     fp32 gradient bytes per second of added time, with modules
-//                                     of 4 M and 16 M elements (8 and 4 of them, stage 3, state
-//                                     in host memory)
-//   optimizer_params_per_s(_by_module_elems)   ZeroEngine::step() on the same engines: AdamW over
-//                                     the sub-groups, the norm, the new working parameters
+//   grad_handoff_gbps_by_width, grad_handoff_pass_gbps_by_width   one rank's gradient hand-off
+//                                     as tiermem-train makes it (the engine's recycled buffer per
+//                                     module, handed back to ZeroEngine::reduce_gradients: world
+//                                     1, on the gradient thread), priced by what it adds to the
+//                                     model's own backward pass (128 tokens, vocab 256) at d_model
+//                                     256, 768 and 1024, fitted from 2 and 6 blocks into a per-byte
+//                                     rate (GB/s of fp32 gradient per second added) and a per-pass
+//                                     one (one block's and the embedding's bytes per second
+//                                     added, 0: none); grad_handoff_gbps is d 1024's per-byte
+//   optimizer_params_per_s(_by_module_elems)   ZeroEngine::step() with modules of 4 M and 16 M
+//                                     elements (8 and 4, stage 3, state in host memory): AdamW
+//                                     over the sub-groups, the norm, the new working parameters
 //                                     written to their home (the Device's memory); parameters/s
 //   compute_gflops, compute_gflops_by_width(_128)   the GPT model's own forward+backward (2 layers,
 //                                     seq 128, vocab 256, batch 4 = 512 tokens; _128: batch 1) at
@@ -230,24 +232,14 @@ double measure_model(const ProfileOpts& o, int d_model, int batch) {
   return median(rates);
 }
 
-// The engine's own work around the model at world 1, as tiermem-train drives it, and what of it
-// the compute thread sees. Per module, in backward order, the module's weight gradient is computed
-// as the model does it (matmul_backward at 128 tokens: dW[OC, 1024] += doutᵀ·inp, dX = dout·W,
-// OpenBLAS on every core) into the engine's recycled buffer (gradient_buffer(), the trainer's
-// grads()), which goes back through reduce_gradients(module, std::move) (the gradient thread then
-// copies it into the fresh partition with the folded clipping norm and zeroes it). The same
-// compute into a plain buffer, with no engine, is timed right before each repetition; the
-// hand-off's cost is the difference (its wait and the cores it takes from the GEMMs: what
-// tiermem-train's step pays), over fp32 gradient bytes. Then step() is timed after a pass of
-// hand-offs alone. `modules` modules of `module_elems` elements, stage 3, gradient clipping on
-// (tiermem-train's default), the state in host memory, the working parameters on the Device the
-// engine makes. The first repetition (the
-// prefetcher's recorded step, first touch) is not counted.
-struct EngineRates {
-  double handoff_gbps = 0;        // fp32 gradient bytes handed off per second of added step time
-  double step_params_per_s = 0;   // parameters stepped per second by ZeroEngine::step()
-};
-EngineRates measure_engine(const ProfileOpts& o, std::size_t module_elems, int modules) {
+// ZeroEngine::step() at world 1 as tiermem-train drives it: `modules` modules of `module_elems`
+// elements, stage 3, gradient clipping on (tiermem-train's default), the state in host memory,
+// the working parameters on the Device the engine makes. Each repetition hands every module's
+// gradient off through the engine's recycled buffer (gradient_buffer(), reduce_gradients(module,
+// std::move)) and then times step(): AdamW over the sub-groups, the norm, the new working
+// parameters written to their home. The first repetition (the prefetcher's recorded step, first
+// touch) is not counted. Parameters stepped per second.
+double measure_step(const ProfileOpts& o, std::size_t module_elems, int modules) {
   const std::uint64_t state = 16ull * module_elems * static_cast<std::uint64_t>(modules);
   Config cfg = parse_config(fmt::format(R"({{"zero_optimization": {{"stage": 3}}, "gradient_clipping": 1.0,
       "tiermem": {{"host_budget_bytes": {}}}}})", 2 * state));
@@ -258,49 +250,128 @@ EngineRates measure_engine(const ProfileOpts& o, std::size_t module_elems, int m
     std::vector<float> init(module_elems, 0.01f);
     for (int m = 0; m < modules; ++m) e.register_module(fmt::format("m{}", m), init);
   }
-  // The module as one linear layer [OC x C] at N tokens (module_elems is a multiple of C here).
-  const int N = 128, C = 1024, OC = static_cast<int>(module_elems / C);
-  std::vector<float> w(module_elems, 0.02f), inp(static_cast<std::size_t>(N) * C, 0.01f),
-      dout(static_cast<std::size_t>(N) * OC, 1e-3f), dinp(inp.size()), plain(module_elems, 0.0f);
-  auto backward = [&](float* dw) { gpt::cpu::matmul_backward<float>(dinp.data(), dw, nullptr, dout.data(),
-                                                                    inp.data(), w.data(), N, C, OC); };
-  // One backward pass of hand-offs in backward order, `write(m, buffer)` filling each module's
-  // gradient; returns the seconds from the first module's hand-off to the last one's end. The
-  // first module is not timed: its buffer is a fresh allocation (the spare is dropped at step()),
-  // paid once per step, not per module.
-  auto hand_off_all = [&](auto&& write) {
-    double t_first = 0;
-    for (int m = modules; m-- > 0;) {
-      std::vector<float> g = e.gradient_buffer(m);  // zeroed: a recycled buffer after the first
-      write(m, g.data());
-      e.reduce_gradients(m, std::move(g));  // waits for the hand-off before it
-      if (m == modules - 1) t_first = now_s();
-    }
-    e.synchronize();  // the last hand-off done
-    return now_s() - t_first;
-  };
-  std::vector<double> handoff, step;
+  std::vector<double> rates;
   for (int r = 0; r < o.reps + 1; ++r) {
-    backward(plain.data());  // the first module, untimed as in hand_off_all
+    for (int m = modules; m-- > 0;) {
+      std::vector<float> g = e.gradient_buffer(m);
+      g[static_cast<std::size_t>(m)] = 1e-3f;
+      e.reduce_gradients(m, std::move(g));
+    }
+    e.synchronize();  // the hand-offs done: the step alone is timed
     const double t0 = now_s();
-    for (int m = modules - 1; m-- > 0;) backward(plain.data());
-    const double t_compute = now_s() - t0;
-    const double t_both = hand_off_all([&](int, float* g) { backward(g); });
-    e.step();  // not timed: OpenBLAS's threads still spin for a while after the last GEMM
-    // The step is timed after hand-offs alone, as the trainer's last backward steps (the
-    // embedding) are no GEMM.
-    hand_off_all([](int m, float* g) { g[m] = 1e-3f; });
-    const double t2 = now_s();
     e.step();
-    const double t_step = now_s() - t2;
-    if (r == 0) continue;
-    const double elems = static_cast<double>(module_elems) * modules;
-    const double timed = static_cast<double>(module_elems) * (modules - 1);
-    // A hand-off hidden entirely (or noise below the compute's) reads as 1 ms per step.
-    handoff.push_back(4.0 * timed / std::max(t_both - t_compute, 1e-3) / 1e9);
-    step.push_back(elems / t_step);
+    const double dt = now_s() - t0;
+    if (r > 0) rates.push_back(static_cast<double>(module_elems) * modules / dt);
   }
-  return {median(handoff), median(step)};
+  return median(rates);
+}
+
+// The gradient hand-off against the model's own backward pass: a GPT of `layers` blocks at
+// d_model `d_model` (vocab 256, one sequence of 128 tokens), its backward steps run twice after
+// a forward pass each, in turn (which first alternates): into plain resident buffers, and as
+// tiermem-train's ZeroEngine path does it (world 1, stage 3, clipping on, state in host memory):
+// each module's buffer from gradient_buffer(), handed back through reduce_gradients(module,
+// std::move) as its gradient completes (the gradient thread then copies it into the partition
+// with the folded norm and zeroes it, beside the next module's backward), and synchronize() at
+// the end. What the second adds to the first is what tiermem-train's step pays: the copies' CPU
+// time taken from the compute's cores, the last block's hand-off (beside only the embedding's
+// backward) and the first touch of a fresh buffer. Returns the median added seconds (first
+// repetition not counted), the fp32 gradient bytes and the bytes of one block and the embedding.
+struct HandoffRun {
+  double added_s = 0, grad_bytes = 0, pass_bytes = 0;
+};
+HandoffRun measure_handoff(const ProfileOpts& o, int d_model, int layers) {
+  gpt::GptConfig cfg;
+  cfg.n_layer = layers;
+  cfg.d_model = d_model;
+  cfg.n_head = std::max(1, d_model / 64);
+  cfg.seq_len = 128;
+  cfg.vocab_size = 256;
+  const int B = 1, T = 128;
+  const std::vector<std::vector<float>> params = gpt::init_params(cfg, 1);
+  std::vector<std::vector<float>> grads;
+  std::vector<std::size_t> numels;
+  for (const auto& p : params) {
+    grads.emplace_back(p.size(), 0.f);
+    numels.push_back(p.size());
+  }
+  std::uint64_t elems = 0;
+  for (const std::size_t n : numels) elems += n;
+  std::vector<std::int32_t> tok(static_cast<std::size_t>(B) * T), tgt(tok.size());
+  std::mt19937 rng(11);
+  for (std::size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = static_cast<std::int32_t>(rng() % 256);
+    tgt[i] = static_cast<std::int32_t>(rng() % 256);
+  }
+  gpt::Model model(cfg, B, T);
+  Config zc = parse_config(fmt::format(R"({{"zero_optimization": {{"stage": 3}}, "gradient_clipping": 1.0,
+      "tiermem": {{"host_budget_bytes": {}, "device_budget_bytes": {}}}}})", 32 * elems, 8 * elems));
+  auto comm = make_single_communicator();
+  ZeroEngine e(zc, *comm, numels);
+  for (std::size_t m = 0; m < params.size(); ++m) e.register_module(fmt::format("m{}", m), params[m]);
+  const std::vector<gpt::Step> steps = gpt::backward_steps(cfg);
+  auto plain = [&] {
+    model.forward_all(params, tok, tgt);
+    const double t0 = now_s();
+    for (const gpt::Step& s : steps) model.backward(s, params[s.module], grads[s.module]);
+    return now_s() - t0;
+  };
+  auto engine = [&] {
+    std::vector<std::vector<float>> g(params.size());
+    model.forward_all(params, tok, tgt);
+    const double t0 = now_s();
+    for (const gpt::Step& s : steps) {
+      std::vector<float>& b = g[static_cast<std::size_t>(s.module)];
+      if (b.empty()) b = e.gradient_buffer(s.module);
+      model.backward(s, params[s.module], b);
+      // Module 0 (the tied embedding) is complete only after the embedding's own step.
+      if (s.module != 0 || s.kind == gpt::StepKind::kEmbed) {
+        e.reduce_gradients(s.module, std::move(b));
+        std::vector<float>().swap(b);
+      }
+    }
+    e.synchronize();
+    const double dt = now_s() - t0;
+    e.step();  // not timed: the accumulation starts over, as at the trainer's step
+    return dt;
+  };
+  // At least --reps counted repetitions and a second in all: a narrow model's pass takes
+  // milliseconds, and the hand-off's share of it is a difference of two noisy times.
+  std::vector<double> added;
+  const double t_begin = now_s();
+  for (int r = 0; r < o.reps + 1 || (now_s() - t_begin < 1.0 && r < 200); ++r) {
+    double tp = 0, te = 0;
+    if (r % 2 == 0) {
+      tp = plain();
+      te = engine();
+    } else {
+      te = engine();
+      tp = plain();
+    }
+    if (r > 0) added.push_back(std::max(te - tp, 1e-4));  // hidden entirely, or noise: 0.1 ms
+  }
+  HandoffRun out;
+  out.added_s = median(added);
+  out.grad_bytes = 4.0 * static_cast<double>(elems);
+  out.pass_bytes = 4.0 * static_cast<double>(numels[0] + numels[1]);
+  return out;
+}
+
+// The hand-off's price at one width, from a shallow and a deeper model (2 and 6 blocks): a
+// per-pass part (the last block's hand-off that no backward hides, and the first touch of a
+// fresh buffer; as the bytes of one block and the embedding per second) and a per-byte part (the
+// slope between the two: GB/s of gradient per second added). When the deeper model does not add
+// more than the shallow one (noise), or the fit gives a negative per-pass part, all of it is
+// priced per byte (pass 0).
+std::pair<double, double> handoff_rates(const ProfileOpts& o, int d_model) {
+  const HandoffRun s = measure_handoff(o, d_model, 2), l = measure_handoff(o, d_model, 6);
+  double per_byte = l.added_s > s.added_s ? (l.grad_bytes - s.grad_bytes) / (l.added_s - s.added_s) : 0;
+  double pass_s = per_byte > 0 ? s.added_s - s.grad_bytes / per_byte : 0;
+  if (per_byte <= 0 || pass_s <= 0) {
+    per_byte = (s.grad_bytes + l.grad_bytes) / (s.added_s + l.added_s);
+    pass_s = 0;
+  }
+  return {per_byte / 1e9, pass_s > 0 ? s.pass_bytes / pass_s / 1e9 : 0.0};
 }
 
 std::uint64_t meminfo(const char* key) {
@@ -334,16 +405,18 @@ int run_profile(const ProfileOpts& o) {
   const double adam = measure_adam(o);
   const double gemm = measure_gemm(o);
   const double checksum = measure_checksum(o);
-  // Modules the size of a small model's blocks (8 of 4 M elements, 16 MiB of fp32 gradient each)
-  // and of a large one's (4 of 16 M, 64 MiB).
-  nlohmann::json handoff_by, optimizer_by;
-  double handoff = 0, optimizer = 0;
+  // The optimizer step with modules the size of a small model's blocks (8 of 4 M elements) and of
+  // a large one's (4 of 16 M); the hand-off on the model at the presets' widths.
+  nlohmann::json optimizer_by, handoff_by, handoff_pass_by;
+  double optimizer = 0;
   for (const std::size_t me : {std::size_t{4} << 20, std::size_t{16} << 20}) {
-    const EngineRates er = measure_engine(o, me, me == (std::size_t{4} << 20) ? 8 : 4);
-    handoff_by[std::to_string(me)] = er.handoff_gbps;
-    optimizer_by[std::to_string(me)] = er.step_params_per_s;
-    handoff = er.handoff_gbps;
-    optimizer = er.step_params_per_s;
+    optimizer = measure_step(o, me, me == (std::size_t{4} << 20) ? 8 : 4);
+    optimizer_by[std::to_string(me)] = optimizer;
+  }
+  for (const int d : {256, 768, 1024}) {
+    const auto [per_byte, pass] = handoff_rates(o, d);
+    handoff_by[std::to_string(d)] = per_byte;
+    handoff_pass_by[std::to_string(d)] = pass;
   }
   nlohmann::json by_width, by_width_128;
   for (int d : {256, 768, 1024}) {
@@ -366,8 +439,9 @@ int run_profile(const ProfileOpts& o) {
   p["gemm_gflops"] = gemm;
   p["checksum_gbps"] = checksum;
   p["cpu_adam_params_per_s"] = adam;
-  p["grad_handoff_gbps"] = handoff;  // at 16 M-element modules
-  p["grad_handoff_gbps_by_module_elems"] = handoff_by;
+  p["grad_handoff_gbps"] = handoff_by["1024"];
+  p["grad_handoff_gbps_by_width"] = handoff_by;
+  p["grad_handoff_pass_gbps_by_width"] = handoff_pass_by;
   p["optimizer_params_per_s"] = optimizer;
   p["optimizer_params_per_s_by_module_elems"] = optimizer_by;
   p["h2d_gbps"] = h2d;
@@ -388,9 +462,11 @@ int run_profile(const ProfileOpts& o) {
               note.empty() ? "" : (", " + note).c_str());
   std::printf("  copies     h2d %.2f GB/s, d2h %.2f GB/s\n", h2d, d2h);
   std::printf("  cpu adam   %.3g params/s; checksum (XXH3-64, one thread) %.2f GB/s\n", adam, checksum);
-  std::printf("  engine     gradient hand-off %.2f / %.2f GB/s, optimizer step %.3g / %.3g params/s "
-              "(modules of 4 M / 16 M elements)\n",
-              handoff_by["4194304"].get<double>(), handoff, optimizer_by["4194304"].get<double>(), optimizer);
+  std::printf("  engine     gradient hand-off %.2f / %.2f / %.2f GB/s per byte, %.2f / %.2f / %.2f GB/s per pass "
+              "(d_model 256 / 768 / 1024); optimizer step %.3g / %.3g params/s (modules of 4 M / 16 M elements)\n",
+              handoff_by["256"].get<double>(), handoff_by["768"].get<double>(), handoff_by["1024"].get<double>(),
+              handoff_pass_by["256"].get<double>(), handoff_pass_by["768"].get<double>(),
+              handoff_pass_by["1024"].get<double>(), optimizer_by["4194304"].get<double>(), optimizer);
   std::printf("  compute    sgemm %.1f GFLOP/s; model fwd+bwd d256 %.1f, d768 %.1f, d1024 %.1f GFLOP/s "
               "(512 tokens), %.1f, %.1f, %.1f (128 tokens)\n",
               gemm, by_width["256"].get<double>(), by_width["768"].get<double>(), by_width["1024"].get<double>(),

@@ -381,10 +381,9 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   // all-gathers each module forward and backward.
   const double grad_bytes = 4.0 * P * run.grad_accum;
   if (W == 1) {
-    // The measured hand-off (the trainer's fresh buffer, the partition's memset, the accumulation
-    // and the folded norm, on the compute thread), else one copy at the device->host rate.
-    const double handoff = grad_handoff_gbps(m, largest_module);
-    t.d2h_s = grad_bytes / (handoff > 0 ? handoff : m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9;
+    // The measured hand-off (what the copies into the partitions add to the backward pass), else
+    // one copy at the device->host rate.
+    t.d2h_s = grad_handoff_seconds(m, run.model, grad_bytes, run.grad_accum);
     // tiermem-train times a gather (waiting for its fetch included) and a gradient hand-off as
     // communication, and the same waits also as I/O wait: predicted the same way.
     t.comm_s = t.d2h_s + t.stall_s;
@@ -486,7 +485,8 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
   if (m.gpus == 0) m.gpus = 1;
   m.compute_gflops = number(j, "compute_gflops", source, true);
   // Figures keyed by a size: {"<size>": rate, ...}, sizes > 0 (widths, module elements).
-  auto keyed = [&](const char* key, const char* what, std::vector<std::pair<int, double>>& out) {
+  // `zero_ok`: a rate of 0 means "no such cost" (else every rate must be > 0).
+  auto keyed = [&](const char* key, const char* what, std::vector<std::pair<int, double>>& out, bool zero_ok = false) {
     if (!j.contains(key)) return;
     const auto& w = j[key];
     if (!w.is_object()) throw ConfigError(source + ": " + key, w.dump(), "must be an object");
@@ -498,12 +498,14 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
         d = 0;
       }
       if (d <= 0) throw ConfigError(source + ": " + key + "." + k, k, std::string("keys are ") + what);
-      out.emplace_back(d, number(w, k, source + ": " + key, true));
+      out.emplace_back(d, number(w, k, source + ": " + key, !zero_ok));
     }
     std::sort(out.begin(), out.end());
   };
   keyed("compute_gflops_by_width", "widths (d_model > 0)", m.compute_gflops_by_width);
   keyed("compute_gflops_by_width_128", "widths (d_model > 0)", m.compute_gflops_by_width_128);
+  keyed("grad_handoff_gbps_by_width", "widths (d_model > 0)", m.grad_handoff_gbps_by_width);
+  keyed("grad_handoff_pass_gbps_by_width", "widths (d_model > 0)", m.grad_handoff_pass_gbps_by_width, true);
   keyed("grad_handoff_gbps_by_module_elems", "module sizes (elements > 0)", m.grad_handoff_gbps_by_module_elems);
   keyed("optimizer_params_per_s_by_module_elems", "module sizes (elements > 0)",
         m.optimizer_params_per_s_by_module_elems);
@@ -552,8 +554,17 @@ double compute_gflops(const MachineProfile& m, int d_model, double tokens) {
   return at128 + f * (at512 - at128);
 }
 
-double grad_handoff_gbps(const MachineProfile& m, std::size_t module_elems) {
-  return by_size(m.grad_handoff_gbps_by_module_elems, static_cast<double>(module_elems), m.grad_handoff_gbps);
+double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes) {
+  const std::vector<std::size_t> numels = module_numels(model);
+  if (!m.grad_handoff_gbps_by_width.empty()) {
+    const double per_byte = by_size(m.grad_handoff_gbps_by_width, model.d_model, m.grad_handoff_gbps);
+    const double per_pass = by_size(m.grad_handoff_pass_gbps_by_width, model.d_model, 0.0);
+    const double pass_bytes = 4.0 * static_cast<double>(numels[0] + (model.n_layer > 0 ? numels[1] : 0));
+    return grad_bytes / (per_byte * 1e9) + (per_pass > 0 ? std::max(1, passes) * pass_bytes / (per_pass * 1e9) : 0.0);
+  }
+  const double largest = static_cast<double>(*std::max_element(numels.begin(), numels.end()));
+  const double rate = by_size(m.grad_handoff_gbps_by_module_elems, largest, m.grad_handoff_gbps);
+  return grad_bytes / ((rate > 0 ? rate : m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) * 1e9);
 }
 
 double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems) {

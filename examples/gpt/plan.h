@@ -53,16 +53,24 @@ struct MachineProfile {
   std::vector<std::pair<int, double>> compute_gflops_by_width, compute_gflops_by_width_128;
   double cpu_adam_params_per_s = 0;     // CPU AdamW, all the machine's cores (ranks share it)
   // Optional (tiermem-bench profile): the engine's own work at world 1, measured through
-  // ZeroEngine as tiermem-train drives it. grad_handoff_gbps: fp32 gradient bytes per second from
-  // the model's fresh per-module buffer into the gradient partitions (reduce_gradients: memset,
-  // accumulate, folded norm). optimizer_params_per_s: ZeroEngine::step() with the state in host
-  // memory (AdamW, the norm, the new working parameters written to their home). Each also by
-  // module size (elements), interpolated in log(elements) by the run's largest module, clamped.
+  // ZeroEngine as tiermem-train drives it.
+  // grad_handoff_gbps_by_width, grad_handoff_pass_gbps_by_width: what handing each module's fp32
+  // gradient to reduce_gradients (the copy into the partition with the folded norm, on the
+  // gradient thread) adds to the model's own backward pass, by d_model: GB/s of gradient per
+  // second added (per byte), and, per backward pass, one block's and the embedding's gradient
+  // bytes per second added (the last block's hand-off no backward hides, a fresh buffer's first
+  // touch; 0: none). Interpolated in log(d_model), clamped.
+  // grad_handoff_gbps_by_module_elems (profiles before stop 27): the whole hand-off per byte
+  // against one GEMM per module, by module size (elements), interpolated in log(elements) by the
+  // run's largest module; used only without the _by_width figures. grad_handoff_gbps: the
+  // per-byte figure at the largest size, the fallback of either.
+  // optimizer_params_per_s: ZeroEngine::step() with the state in host memory (AdamW, the norm,
+  // the new working parameters written to their home), also by module size.
   // Absent (written profiles): the hand-off is priced as a copy at d2h_gbps and the step as Adam
   // at cpu_adam_params_per_s plus the working parameters' copy.
   double grad_handoff_gbps = 0, optimizer_params_per_s = 0;
-  std::vector<std::pair<int, double>> grad_handoff_gbps_by_module_elems,
-      optimizer_params_per_s_by_module_elems;
+  std::vector<std::pair<int, double>> grad_handoff_gbps_by_width, grad_handoff_pass_gbps_by_width,
+      grad_handoff_gbps_by_module_elems, optimizer_params_per_s_by_module_elems;
   // Optional (tiermem-bench profile): XXH3-64 GB/s on one thread from memory, what each NVMe
   // read and write costs in CPU with tiermem.checksum on. Priced only on the simulated device,
   // whose compute shares those cores (absent: not priced).
@@ -86,9 +94,16 @@ MachineProfile load_profile(const std::string& path);
 // The compute rate (GFLOP/s) for a model of width `d_model` in micro-batches of `tokens` on `m`.
 double compute_gflops(const MachineProfile& m, int d_model, double tokens = 512);
 
-// The engine's rates for modules of `module_elems` elements on `m` (0: not in the profile).
-double grad_handoff_gbps(const MachineProfile& m, std::size_t module_elems);
+// The engine's optimizer step rate for modules of `module_elems` elements on `m` (parameters/s;
+// 0: not in the profile).
 double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems);
+
+// Seconds one rank's gradient hand-off adds to a step of `model` at world 1 on `m`: `grad_bytes`
+// of fp32 gradient (all micro-batches) over `passes` backward passes (micro-batches). With the
+// profile's _by_width figures: grad_bytes / per-byte rate + passes x (one block's and the
+// embedding's bytes) / per-pass rate; else grad_bytes at the by-module-size rate of the largest
+// module; else one copy at d2h_gbps (h2d_gbps when absent).
+double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes);
 
 // The host and device budgets a run gets when the config leaves them 0, on `m` (as the engine
 // resolves them on that machine: host 1/16 of memory in [256 MiB, 1 GiB]; device sim 1 GiB,

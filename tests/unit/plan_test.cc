@@ -290,10 +290,6 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
   EXPECT_FALSE(m.summary.contains("step_seconds"));
 }
 
-// The engine's measured rates (tiermem-bench profile): the world-1 gradient hand-off is priced at
-// grad_handoff_gbps and the optimizer step at optimizer_params_per_s, each interpolated in
-// log(elements) by the run's largest module; without them, a copy at d2h_gbps and Adam at
-// cpu_adam_params_per_s.
 // The overlapped optimizer step with a pool too small for the optimizer state: the reads of what
 // the pool cannot keep wait for room the forward frees, so the last modules' state arrives after
 // its update is due (io_wait > 0) even where the whole forward is longer than the reads; with a
@@ -336,6 +332,10 @@ TEST_F(PlanTest, GatedReadsAndChecksumsPriceTheOverlappedNvmeStep) {
   EXPECT_NEAR(off.summary["step_seconds"].get<double>(), small.summary["step_seconds"].get<double>(), 1e-9);
 }
 
+// The engine's measured rates (tiermem-bench profile): the world-1 gradient hand-off is priced at
+// grad_handoff_gbps and the optimizer step at optimizer_params_per_s, each interpolated in
+// log(elements) by the run's largest module; without them, a copy at d2h_gbps and Adam at
+// cpu_adam_params_per_s.
 TEST_F(PlanTest, MeasuredEngineRatesPriceTheHandOffAndTheStep) {
   tiermem::gpt::GptConfig gpt2 = tiermem::gpt::GptConfig::named("gpt2");
   gpt2.vocab_size = 256;
@@ -381,6 +381,47 @@ TEST_F(PlanTest, MeasuredEngineRatesPriceTheHandOffAndTheStep) {
   const RunResult e = plan("--model gpt2 --profile badkey.json");
   EXPECT_EQ(e.exit_code, 2);
   EXPECT_NE(e.err.find("grad_handoff_gbps_by_module_elems.big"), std::string::npos) << e.err;
+}
+
+// The hand-off measured against the model's own backward (tiermem-bench profile since stop 27):
+// per byte at grad_handoff_gbps_by_width, plus, per backward pass (micro-batch), one block's and
+// the embedding's gradient bytes at grad_handoff_pass_gbps_by_width, both interpolated in
+// log(d_model); these take precedence over the by-module-size figure; a per-pass rate of 0 adds
+// nothing; a negative one is bad input, named.
+TEST_F(PlanTest, HandOffByWidthHasAPerByteAndAPerPassPart) {
+  tiermem::gpt::GptConfig gpt2 = tiermem::gpt::GptConfig::named("gpt2");
+  gpt2.vocab_size = 256;
+  const double params = static_cast<double>(tiermem::gpt::num_params(gpt2));
+  const auto layouts = tiermem::gpt::module_layouts(gpt2);
+  const double pass_bytes = 4.0 * static_cast<double>(layouts.at(0).numel + layouts.at(1).numel);
+  const double f = std::log(768.0 / 512.0) / std::log(2.0);  // gpt2's width between 512 and 1024
+  const double per_byte = 4.0 + f * (2.0 - 4.0), per_pass = 1.0 + f * (0.5 - 1.0);
+  json measured = json::parse(kProfile);
+  measured["grad_handoff_gbps"] = 2.0;
+  measured["grad_handoff_gbps_by_width"] = {{"512", 4.0}, {"1024", 2.0}};
+  measured["grad_handoff_pass_gbps_by_width"] = {{"512", 1.0}, {"1024", 0.5}};
+  measured["grad_handoff_gbps_by_module_elems"] = {{std::to_string(1 << 20), 9.0}};  // not used
+  std::ofstream(dir_ / "bywidth.json") << measured.dump();
+  const std::string args = "--model gpt2 --offload cpu --host-budget 4GiB --device-budget 2GiB --json ";
+  for (const int accum : {1, 3}) {
+    const RunResult r = plan(args + "--grad-accum " + std::to_string(accum) + " --profile bywidth.json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const double expected = 4.0 * params * accum / (per_byte * 1e9) + accum * pass_bytes / (per_pass * 1e9);
+    EXPECT_NEAR(r.summary["time_seconds"]["gradient_handoff"].get<double>(), expected, 1e-9) << "accum " << accum;
+  }
+
+  measured["grad_handoff_pass_gbps_by_width"] = {{"512", 0.0}, {"1024", 0.0}};  // no per-pass cost
+  std::ofstream(dir_ / "nopass.json") << measured.dump();
+  const RunResult z = plan(args + "--profile nopass.json");
+  ASSERT_EQ(z.exit_code, 0) << z.err;
+  EXPECT_NEAR(z.summary["time_seconds"]["gradient_handoff"].get<double>(), 4.0 * params / (per_byte * 1e9), 1e-9);
+
+  measured["grad_handoff_pass_gbps_by_width"] = {{"512", -1.0}};
+  std::ofstream(dir_ / "negpass.json") << measured.dump();
+  const RunResult e = plan(args + "--profile negpass.json");
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_NE(e.err.find("grad_handoff_pass_gbps_by_width"), std::string::npos) << e.err;
+  EXPECT_NE(e.err.find("-1"), std::string::npos) << e.err;
 }
 
 }  // namespace
