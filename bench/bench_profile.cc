@@ -18,11 +18,12 @@
 //                                     as tiermem-train makes it (the engine's recycled buffer per
 //                                     module, handed back to ZeroEngine::reduce_gradients: world
 //                                     1, on the gradient thread), priced by what it adds to the
-//                                     model's own backward pass (128 tokens, vocab 256) at d_model
-//                                     256, 768 and 1024, fitted from 2 and 6 blocks into a per-byte
-//                                     rate (GB/s of fp32 gradient per second added) and a per-pass
-//                                     one (one block's and the embedding's bytes per second
-//                                     added, 0: none); grad_handoff_gbps is d 1024's per-byte
+//                                     model's own backward pass (6 blocks, 128 tokens, vocab 256)
+//                                     at d_model 256, 768 and 1024: per pass, one block's and the
+//                                     embedding's bytes at what they add to the pass's tail (the
+//                                     last block's hand-off, beside only the embedding's
+//                                     backward), the rest per byte (GB/s of fp32 gradient per
+//                                     second added); grad_handoff_gbps is d 1024's per-byte
 //   optimizer_params_per_s(_by_module_elems)   ZeroEngine::step() with modules of 4 M and 16 M
 //                                     elements (8 and 4, stage 3, state in host memory): AdamW
 //                                     over the sub-groups, the norm, the new working parameters
@@ -59,6 +60,7 @@
 #include "tiermem/device.h"
 #include "tiermem/error.h"
 #include "tiermem/io_engine.h"
+#include "tiermem/log.h"
 #include "tiermem/pinned_host_pool.h"
 #include "tiermem/zero_engine.h"
 
@@ -267,18 +269,20 @@ double measure_step(const ProfileOpts& o, std::size_t module_elems, int modules)
 }
 
 // The gradient hand-off against the model's own backward pass: a GPT of `layers` blocks at
-// d_model `d_model` (vocab 256, one sequence of 128 tokens), its backward steps run twice after
-// a forward pass each, in turn (which first alternates): into plain resident buffers, and as
+// d_model `d_model` (vocab 256, one sequence of 128 tokens), its backward steps run after a
+// forward pass each, in turn (which first alternates): into plain resident buffers, and as
 // tiermem-train's ZeroEngine path does it (world 1, stage 3, clipping on, state in host memory):
 // each module's buffer from gradient_buffer(), handed back through reduce_gradients(module,
 // std::move) as its gradient completes (the gradient thread then copies it into the partition
 // with the folded norm and zeroes it, beside the next module's backward), and synchronize() at
 // the end. What the second adds to the first is what tiermem-train's step pays: the copies' CPU
-// time taken from the compute's cores, the last block's hand-off (beside only the embedding's
-// backward) and the first touch of a fresh buffer. Returns the median added seconds (first
-// repetition not counted), the fp32 gradient bytes and the bytes of one block and the embedding.
+// time taken from the compute's cores, and the last block's hand-off, beside which only the
+// embedding's short backward runs: its tail, from the end of the last block's backward step to the
+// end of the pass, is timed in both. Returns the medians of what the second adds, in all and to
+// the tail (first repetition not counted; at least --reps of them and three seconds in all), the
+// fp32 gradient bytes, and the bytes of one block and the embedding.
 struct HandoffRun {
-  double added_s = 0, grad_bytes = 0, pass_bytes = 0;
+  double added_s = 0, tail_s = 0, grad_bytes = 0, pass_bytes = 0;
 };
 HandoffRun measure_handoff(const ProfileOpts& o, int d_model, int layers) {
   gpt::GptConfig cfg;
@@ -310,16 +314,24 @@ HandoffRun measure_handoff(const ProfileOpts& o, int d_model, int layers) {
   ZeroEngine e(zc, *comm, numels);
   for (std::size_t m = 0; m < params.size(); ++m) e.register_module(fmt::format("m{}", m), params[m]);
   const std::vector<gpt::Step> steps = gpt::backward_steps(cfg);
+  // Each pass returns {its time, its tail: from the end of the first block's (module 1's, the
+  // last block backward reaches) backward step to the end}.
   auto plain = [&] {
     model.forward_all(params, tok, tgt);
     const double t0 = now_s();
-    for (const gpt::Step& s : steps) model.backward(s, params[s.module], grads[s.module]);
-    return now_s() - t0;
+    double t1 = t0;
+    for (const gpt::Step& s : steps) {
+      model.backward(s, params[s.module], grads[s.module]);
+      if (s.module == 1) t1 = now_s();
+    }
+    const double t2 = now_s();
+    return std::pair{t2 - t0, t2 - t1};
   };
   auto engine = [&] {
     std::vector<std::vector<float>> g(params.size());
     model.forward_all(params, tok, tgt);
     const double t0 = now_s();
+    double t1 = t0;
     for (const gpt::Step& s : steps) {
       std::vector<float>& b = g[static_cast<std::size_t>(s.module)];
       if (b.empty()) b = e.gradient_buffer(s.module);
@@ -329,49 +341,50 @@ HandoffRun measure_handoff(const ProfileOpts& o, int d_model, int layers) {
         e.reduce_gradients(s.module, std::move(b));
         std::vector<float>().swap(b);
       }
+      if (s.module == 1) t1 = now_s();
     }
     e.synchronize();
-    const double dt = now_s() - t0;
+    const double t2 = now_s();
     e.step();  // not timed: the accumulation starts over, as at the trainer's step
-    return dt;
+    return std::pair{t2 - t0, t2 - t1};
   };
-  // At least --reps counted repetitions and a second in all: a narrow model's pass takes
-  // milliseconds, and the hand-off's share of it is a difference of two noisy times.
-  std::vector<double> added;
+  // A narrow model's pass takes milliseconds, and the hand-off's share of it is a difference of
+  // two noisy times: many repetitions, their median.
+  std::vector<double> added, tail;
   const double t_begin = now_s();
-  for (int r = 0; r < o.reps + 1 || (now_s() - t_begin < 1.0 && r < 200); ++r) {
-    double tp = 0, te = 0;
+  for (int r = 0; r < o.reps + 1 || (now_s() - t_begin < 3.0 && r < 400); ++r) {
+    std::pair<double, double> p, q;
     if (r % 2 == 0) {
-      tp = plain();
-      te = engine();
+      p = plain();
+      q = engine();
     } else {
-      te = engine();
-      tp = plain();
+      q = engine();
+      p = plain();
     }
-    if (r > 0) added.push_back(std::max(te - tp, 1e-4));  // hidden entirely, or noise: 0.1 ms
+    if (r > 0) {
+      added.push_back(q.first - p.first);
+      tail.push_back(q.second - p.second);
+    }
   }
   HandoffRun out;
   out.added_s = median(added);
+  out.tail_s = median(tail);
   out.grad_bytes = 4.0 * static_cast<double>(elems);
   out.pass_bytes = 4.0 * static_cast<double>(numels[0] + numels[1]);
   return out;
 }
 
-// The hand-off's price at one width, from a shallow and a deeper model (2 and 6 blocks): a
-// per-pass part (the last block's hand-off that no backward hides, and the first touch of a
-// fresh buffer; as the bytes of one block and the embedding per second) and a per-byte part (the
-// slope between the two: GB/s of gradient per second added). When the deeper model does not add
-// more than the shallow one (noise), or the fit gives a negative per-pass part, all of it is
-// priced per byte (pass 0).
+// The hand-off's price at one width, from the model with 6 blocks: the exposed part (what the
+// tail adds: one block's and the embedding's bytes per second) and the rest per byte (what the
+// pass adds beyond the tail, GB/s of the other modules' gradient per second added). Each is held
+// to at least 0.1 ms per 100 MB: a hand-off the compute hid entirely (or noise below it) reads as
+// a very high rate, not as infinite or negative. Returns {per-byte GB/s, per-pass GB/s}.
 std::pair<double, double> handoff_rates(const ProfileOpts& o, int d_model) {
-  const HandoffRun s = measure_handoff(o, d_model, 2), l = measure_handoff(o, d_model, 6);
-  double per_byte = l.added_s > s.added_s ? (l.grad_bytes - s.grad_bytes) / (l.added_s - s.added_s) : 0;
-  double pass_s = per_byte > 0 ? s.added_s - s.grad_bytes / per_byte : 0;
-  if (per_byte <= 0 || pass_s <= 0) {
-    per_byte = (s.grad_bytes + l.grad_bytes) / (s.added_s + l.added_s);
-    pass_s = 0;
-  }
-  return {per_byte / 1e9, pass_s > 0 ? s.pass_bytes / pass_s / 1e9 : 0.0};
+  const HandoffRun h = measure_handoff(o, d_model, 6);
+  const double rest_bytes = h.grad_bytes - h.pass_bytes;
+  const double tail_s = std::max(h.tail_s, 1e-4 * h.pass_bytes / 1e8);
+  const double rest_s = std::max(h.added_s - tail_s, 1e-4 * rest_bytes / 1e8);
+  return {rest_bytes / rest_s / 1e9, h.pass_bytes / tail_s / 1e9};
 }
 
 std::uint64_t meminfo(const char* key) {
@@ -413,11 +426,14 @@ int run_profile(const ProfileOpts& o) {
     optimizer = measure_step(o, me, me == (std::size_t{4} << 20) ? 8 : 4);
     optimizer_by[std::to_string(me)] = optimizer;
   }
+  const spdlog::level::level_enum log_level = logger().level();  // six engines: their setup lines are noise here
+  if (log_level < spdlog::level::warn) logger().set_level(spdlog::level::warn);
   for (const int d : {256, 768, 1024}) {
     const auto [per_byte, pass] = handoff_rates(o, d);
     handoff_by[std::to_string(d)] = per_byte;
     handoff_pass_by[std::to_string(d)] = pass;
   }
+  logger().set_level(log_level);
   nlohmann::json by_width, by_width_128;
   for (int d : {256, 768, 1024}) {
     by_width[std::to_string(d)] = measure_model(o, d, 4);

@@ -7,10 +7,15 @@
 # Each line ends with the load average when the run ended (a shared machine's load moves the
 # step time more than the model's error does).
 #
-#   bench/plan_matrix.sh [BUILD_DIR] [OUT_DIR]        (BUILD_DIR default build/default)
-# Writes OUT_DIR/profile-<k>.json (k = 0..10: one before the first run and one after each),
-# OUT_DIR/<model>-<offload>.jsonl, OUT_DIR/profile-<model>-<offload>.json (the mean of the
-# profiles just before and just after that run) and prints one --check line per run.
+#   bench/plan_matrix.sh [BUILD_DIR] [OUT_DIR] [ROUNDS]   (BUILD_DIR default build/default, ROUNDS 1)
+# Writes OUT_DIR/profile-<k>.json (k = 0, 1, ...: one before the first run and one after every
+# run), OUT_DIR/<run>.jsonl, OUT_DIR/profile-<run>.json (the mean of the profiles just before and
+# just after that run), OUT_DIR/<run>.check.json (tiermem-plan --check --json's last line) and
+# prints one --check line per run; <run> is <model>-<offload>, with .r<round> after it when
+# ROUNDS > 1. With several rounds (the whole matrix again, in the same order) it ends with one
+# line per configuration: the median predicted against the median measured step time over the
+# rounds, and each round's error: the VM's speed moves by tens of percent within minutes, and a
+# median over rounds of interleaved runs is the figure that says how close the model is.
 #
 # OMP_WAIT_POLICY=PASSIVE unless set: with libgomp's default (spin after each parallel region),
 # its idle threads and OpenBLAS's own pthreads spin against each other on a small shared machine,
@@ -24,6 +29,7 @@ set -eu
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 B=${1:-build/default}
 O=${2:-/tmp/tiermem-plan-matrix}
+ROUNDS=${3:-1}
 T=$B/examples/gpt/tiermem-train
 P=$B/examples/gpt/tiermem-plan
 mkdir -p "$O"
@@ -54,7 +60,7 @@ PY
 K=0
 profile profile-0
 run() {  # name, then tiermem-train flags: the run, the profile after it, the check against both
-  name=$1; shift
+  name=$1$SUFFIX; shift
   rm -rf "$O/swap"
   nice -n 10 "$T" "$@" --eval-every 0 --swap-dir "$O/swap" --data "$O/corpus.txt" --json > "$O/$name.jsonl"
   cut -d' ' -f1-3 /proc/loadavg > "$O/$name.load"  # the load as the run ended
@@ -64,21 +70,51 @@ run() {  # name, then tiermem-train flags: the run, the profile after it, the ch
   check "$name"
 }
 check() {  # run name: held against the mean of the profiles around it
-  "$P" --check "$O/$1.jsonl" --profile "$O/profile-$1.json" --json | tail -1 | python3 -c "
+  "$P" --check "$O/$1.jsonl" --profile "$O/profile-$1.json" --json | tail -1 > "$O/$1.check.json"
+  python3 -c "
 import json, sys
-j = json.loads(sys.stdin.read())
+j = json.load(open('$O/$1.check.json'))
 print('%-22s step %7.3f s predicted, %7.3f s measured (%5.1f %%); peaks device %.1f %%, host %.1f %%, nvme %.1f %%; %s' % (
     '$1', j['step_seconds_predicted'], j['step_seconds_measured'], 100 * j['step_seconds_rel_error'],
     100 * j['device_peak_bytes_rel_error'], 100 * j['host_peak_bytes_rel_error'], 100 * j['nvme_peak_bytes_rel_error'],
     'load ' + open('$O/$1.load').read().strip()))"
 }
-for off in nvme cpu none; do
-  run "mini-$off" --model mini --steps 30 --seq-len 64 --batch 4 --offload $off --host-budget 256MiB --device-budget 64MiB
+matrix() {
+  for off in nvme cpu none; do
+    run "mini-$off" --model mini --steps 30 --seq-len 64 --batch 4 --offload $off --host-budget 256MiB --device-budget 64MiB
+  done
+  for off in nvme cpu none; do
+    run "gpt2-$off" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload $off --host-budget 4GiB --device-budget 2GiB
+  done
+  run "gpt2-nvme-default" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload nvme
+  for off in nvme cpu none; do
+    run "gpt2-medium-$off" --model gpt2-medium --steps 9 --seq-len 64 --batch 2 --offload $off --host-budget 8GiB --device-budget 3GiB
+  done
+}
+SUFFIX=
+if [ "$ROUNDS" -le 1 ]; then
+  matrix
+  exit 0
+fi
+for r in $(seq 1 "$ROUNDS"); do
+  echo "round $r of $ROUNDS"
+  SUFFIX=.r$r
+  matrix
 done
-for off in nvme cpu none; do
-  run "gpt2-$off" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload $off --host-budget 4GiB --device-budget 2GiB
-done
-run "gpt2-nvme-default" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload nvme
-for off in nvme cpu none; do
-  run "gpt2-medium-$off" --model gpt2-medium --steps 9 --seq-len 64 --batch 2 --offload $off --host-budget 8GiB --device-budget 3GiB
-done
+python3 - "$O" "$ROUNDS" <<'PY'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+rows = ['mini-nvme', 'mini-cpu', 'mini-none', 'gpt2-nvme', 'gpt2-cpu', 'gpt2-none', 'gpt2-nvme-default',
+        'gpt2-medium-nvme', 'gpt2-medium-cpu', 'gpt2-medium-none']
+print('medians over %d rounds (predicted / measured step time; each round\'s signed error):' % rounds)
+within = 0
+for row in rows:
+    c = [json.load(open('%s/%s.r%d.check.json' % (out, row, r))) for r in range(1, rounds + 1)]
+    p = statistics.median(x['step_seconds_predicted'] for x in c)
+    m = statistics.median(x['step_seconds_measured'] for x in c)
+    err = abs(p - m) / m
+    within += err <= 0.15
+    each = ' '.join('%+.1f' % (100 * (x['step_seconds_predicted'] / x['step_seconds_measured'] - 1)) for x in c)
+    print('%-20s %7.3f / %7.3f s  %5.1f %%   rounds: %s %%' % (row, p, m, 100 * err, each))
+print('%d of %d configurations within 15 %% (medians)' % (within, len(rows)))
+PY

@@ -250,14 +250,19 @@ void check_fit(const train::TrainPlan& run, const Config& cfg, const MachineProf
 // cannot keep, with the overlapped optimizer step. The Prefetcher's host plan keeps the modules the
 // forward updates first and streams the last ones (miss_bytes in all), and their reads can begin
 // only as room frees: the pool's slack at the forward's start, then each module's gradient
-// partition as its deferred AdamW retires it (pool_grad_bytes in all). Reads run one after another
-// at the NVMe read rate, in the order the forward needs them; a module whose state has not arrived
-// when its update is due waits for it, and where the retired partitions cannot make the room by
-// then, the room is taken at once (the engine writes back updated state in its place). Modules
-// are numels' order (embed, the blocks, ln_f); the forward compute is the blocks', evenly; AdamW
-// and the bytes are split by element count. docs/plan.md, "Time".
+// partition as its deferred AdamW retires it (pool_grad_bytes in all). The drive serves one
+// request stream in the order the forward needs it: a streamed module's read at the NVMe read
+// rate, and, once its update is done and a later streamed module needs the room, the write-back of
+// its updated optimizer state (write_share of its streamed bytes: the gradient partitions are not
+// written back) at the write rate — stop 27's trace of gpt2 at the default budgets shows those
+// write-backs beside the forward's last reads, not in the backward. A module whose state has not
+// arrived when its update is due waits for it, and where the retired partitions cannot make the
+// room by then, the room is taken at once (the engine writes back updated state in its place).
+// Modules are numels' order (embed, the blocks, ln_f); the forward compute is the blocks',
+// evenly; AdamW and the bytes are split by element count. docs/plan.md, "Time".
 double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, double miss_bytes, double nvme_bytes,
-                       double pool_grad_bytes, double slack, double fwd_compute_s, double adam_s, double read_gbps) {
+                       double pool_grad_bytes, double slack, double fwd_compute_s, double adam_s, double read_gbps,
+                       double write_gbps, double write_share) {
   if (miss_bytes <= 0 || read_gbps <= 0 || numels.empty()) return 0;
   const double total = static_cast<double>(param_count(numels));
   const std::size_t n = numels.size();
@@ -266,6 +271,13 @@ double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, doubl
   for (std::size_t i = n; i-- > 0 && left > 0;) {  // the last modules the forward updates
     miss[i] = std::min(left, nvme_bytes * static_cast<double>(numels[i]) / total);
     left -= miss[i];
+  }
+  std::size_t last_miss = n;  // the last streamed module: its write-back can wait for the backward
+  for (std::size_t i = n; i-- > 0;) {
+    if (miss[i] > 0) {
+      last_miss = i;
+      break;
+    }
   }
   std::vector<std::pair<double, double>> freed;  // (time, room freed by then), in time order
   double t = 0, wait = 0, reads_free_at = 0, need = 0, retired = 0;
@@ -283,6 +295,9 @@ double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, doubl
       if (done > t) { wait += done - t; t = done; }
     }
     t += adam_s * f;
+    if (miss[i] > 0 && i != last_miss && write_gbps > 0) {  // its updated state makes room for the next reads
+      reads_free_at = std::max(reads_free_at, t) + write_share * miss[i] / (write_gbps * 1e9);
+    }
     retired += pool_grad_bytes * f;
     freed.emplace_back(t, retired);
     if (i >= 1 && static_cast<int>(i) <= blocks) t += fwd_compute_s / blocks;
@@ -435,7 +450,8 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     const double read_wait =
         std::max(std::max(0.0, read_s - fwd),
                  gated_read_wait(numels, run.model.n_layer, opt_read, opt_nvme, pool_grads, slack,
-                                 t.compute_s / 3.0 / std::max(1, run.grad_accum), t.adam_s, m.nvme_read_gbps));
+                                 t.compute_s / 3.0 / std::max(1, run.grad_accum), t.adam_s, m.nvme_read_gbps,
+                                 m.nvme_write_gbps, opt_nvme > 0 ? (opt_nvme - std::min(opt_nvme, pool_grads)) / opt_nvme : 1.0));
     const double write_wait = std::max(0.0, write_s - bwd);
     overlap_step_s = fwd + read_wait + bwd + write_wait + publish_s + t.stall_s;  // + parameter stalls
     t.stall_s += read_wait;

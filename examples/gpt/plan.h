@@ -12,9 +12,9 @@
 //   params     stage 3 with offloaded parameters: the step's module accesses replayed by the tier
 //              simulator (tiermem/tier_simulator.h, Belady policy, the engine's budgets) give the
 //              NVMe->host and host->device bytes and the stall not hidden behind compute
-//   gradients  each micro-batch's fp32 gradients handed to the engine (world 1: at the profile's
-//              measured grad_handoff_gbps, else a host copy at d2h_gbps; several ranks: a
-//              reduce-scatter at comm_gbps)
+//   gradients  each micro-batch's fp32 gradients handed to the engine (world 1: what the profile
+//              measured the hand-off to add to the model's backward, grad_handoff_seconds(), else
+//              a host copy at d2h_gbps; several ranks: a reduce-scatter at comm_gbps)
 //   gather     stage 3, several ranks: all-gather of each module, forward and backward
 //   optimizer  sub-groups pipelined: max(the step at optimizer_params_per_s — else Adam at
 //              cpu_adam_params_per_s plus the new working parameters' copy —, the optimizer

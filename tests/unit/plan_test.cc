@@ -291,9 +291,10 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
 }
 
 // The overlapped optimizer step with a pool too small for the optimizer state: the reads of what
-// the pool cannot keep wait for room the forward frees, so the last modules' state arrives after
-// its update is due (io_wait > 0) even where the whole forward is longer than the reads; with a
-// pool that keeps everything there is no wait. On the simulated device each NVMe byte's checksum
+// the pool cannot keep wait for room the forward frees (and for the write-backs of updated state
+// that make it), so the last modules' state arrives after its update is due (io_wait > 0) even
+// where the whole forward is longer than the reads; with a pool that keeps everything there is
+// no wait. On the simulated device each NVMe byte's checksum
 // is priced at checksum_gbps spread over the profile's threads, and only with tiermem.checksum on.
 TEST_F(PlanTest, GatedReadsAndChecksumsPriceTheOverlappedNvmeStep) {
   const std::string args = "--model gpt2 --seq-len 64 --batch 1 --offload nvme --device-budget 1GiB --json ";
@@ -305,8 +306,19 @@ TEST_F(PlanTest, GatedReadsAndChecksumsPriceTheOverlappedNvmeStep) {
   // The forward (compute / 3 at 10 GFLOP/s, plus AdamW) is far longer than reading it all at 1 GB/s:
   EXPECT_GT(t["compute"].get<double>() / 3.0, read / 1e9);
   EXPECT_GT(t["io_wait"].get<double>(), 0);
-  EXPECT_LE(t["io_wait"].get<double>(), read / 1e9 + 1e-9);  // at most reading all of it after the forward
+  // At most reading all of it, and writing all of it back, after the forward:
+  const double written = small.summary["traffic_bytes"]["nvme_write"].get<double>();
+  EXPECT_LE(t["io_wait"].get<double>(), (read + written) / 1e9 + 1e-9);
   EXPECT_EQ(t["checksum"].get<double>(), 0);  // the profile has no checksum_gbps
+  // The updated state's write-backs that make room for the later reads share the drive with
+  // them (stop 27): a drive that writes 100 times faster makes the forward wait less.
+  json fast_write = json::parse(kProfile);
+  fast_write["nvme_write_gbps"] = 100.0;
+  std::ofstream(dir_ / "fastwrite.json") << fast_write.dump();
+  const RunResult fw = plan(args + "--host-budget 1GiB --profile fastwrite.json");
+  ASSERT_EQ(fw.exit_code, 0) << fw.err;
+  EXPECT_LT(fw.summary["time_seconds"]["io_wait"].get<double>(), t["io_wait"].get<double>());
+  EXPECT_GT(fw.summary["time_seconds"]["io_wait"].get<double>(), 0);  // the reads still wait for room
 
   const RunResult big = plan(args + "--host-budget 4GiB --profile profile.json");
   ASSERT_EQ(big.exit_code, 0) << big.err;
