@@ -21,7 +21,7 @@
 # its idle threads and OpenBLAS's own pthreads spin against each other on a small shared machine,
 # and a step's compute then depends on the load and on how many kernels it runs, not on its FLOPs
 # (docs/benchmarks.md: gpt2 4.7-4.9 s per step against 1.6-1.8 s passive, at the same load).
-# A fresh profile (~20 s) is measured between every two runs, and each run is held to the mean of
+# A fresh profile (~35 s) is measured between every two runs, and each run is held to the mean of
 # the two around it (profile-<run>.json): the VM's speed moves by tens of percent from one minute
 # to the next; one profile per model (stop 25: before and after a model's runs) priced a run by
 # minutes it did not run in (docs/benchmarks.md, stop 26).

@@ -56,10 +56,10 @@ struct MachineProfile {
   // ZeroEngine as tiermem-train drives it.
   // grad_handoff_gbps_by_width, grad_handoff_pass_gbps_by_width: what handing each module's fp32
   // gradient to reduce_gradients (the copy into the partition with the folded norm, on the
-  // gradient thread) adds to the model's own backward pass, by d_model: GB/s of gradient per
-  // second added (per byte), and, per backward pass, one block's and the embedding's gradient
-  // bytes per second added (the last block's hand-off no backward hides, a fresh buffer's first
-  // touch; 0: none). Interpolated in log(d_model), clamped.
+  // gradient thread) adds to the model's own backward pass, by d_model: per backward pass, one
+  // block's and the embedding's gradient bytes per second added at its end (the last block's
+  // and the embedding's hand-offs, which no backward hides; 0: none), and the other modules'
+  // bytes per second added (per byte). Interpolated in log(d_model), clamped.
   // grad_handoff_gbps_by_module_elems (profiles before stop 27): the whole hand-off per byte
   // against one GEMM per module, by module size (elements), interpolated in log(elements) by the
   // run's largest module; used only without the _by_width figures. grad_handoff_gbps: the
@@ -100,9 +100,10 @@ double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems)
 
 // Seconds one rank's gradient hand-off adds to a step of `model` at world 1 on `m`: `grad_bytes`
 // of fp32 gradient (all micro-batches) over `passes` backward passes (micro-batches). With the
-// profile's _by_width figures: grad_bytes / per-byte rate + passes x (one block's and the
-// embedding's bytes) / per-pass rate; else grad_bytes at the by-module-size rate of the largest
-// module; else one copy at d2h_gbps (h2d_gbps when absent).
+// profile's _by_width figures: passes x (one block's and the embedding's bytes) at the per-pass
+// rate (exposed at each backward's end) and the rest at the per-byte rate (a per-pass rate of 0:
+// all per byte); else grad_bytes at the by-module-size rate of the largest module; else one copy
+// at d2h_gbps (h2d_gbps when absent).
 double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes);
 
 // The host and device budgets a run gets when the config leaves them 0, on `m` (as the engine

@@ -396,10 +396,11 @@ TEST_F(PlanTest, MeasuredEngineRatesPriceTheHandOffAndTheStep) {
 }
 
 // The hand-off measured against the model's own backward (tiermem-bench profile since stop 27):
-// per byte at grad_handoff_gbps_by_width, plus, per backward pass (micro-batch), one block's and
-// the embedding's gradient bytes at grad_handoff_pass_gbps_by_width, both interpolated in
-// log(d_model); these take precedence over the by-module-size figure; a per-pass rate of 0 adds
-// nothing; a negative one is bad input, named.
+// per backward pass (micro-batch), one block's and the embedding's gradient bytes at
+// grad_handoff_pass_gbps_by_width (exposed at the pass's end), the rest at
+// grad_handoff_gbps_by_width, both interpolated in log(d_model); these take precedence over the
+// by-module-size figure; a per-pass rate of 0 prices every byte at the per-byte rate; a negative
+// one is bad input, named.
 TEST_F(PlanTest, HandOffByWidthHasAPerByteAndAPerPassPart) {
   tiermem::gpt::GptConfig gpt2 = tiermem::gpt::GptConfig::named("gpt2");
   gpt2.vocab_size = 256;
@@ -418,7 +419,7 @@ TEST_F(PlanTest, HandOffByWidthHasAPerByteAndAPerPassPart) {
   for (const int accum : {1, 3}) {
     const RunResult r = plan(args + "--grad-accum " + std::to_string(accum) + " --profile bywidth.json");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const double expected = 4.0 * params * accum / (per_byte * 1e9) + accum * pass_bytes / (per_pass * 1e9);
+    const double expected = (4.0 * params - pass_bytes) * accum / (per_byte * 1e9) + accum * pass_bytes / (per_pass * 1e9);
     EXPECT_NEAR(r.summary["time_seconds"]["gradient_handoff"].get<double>(), expected, 1e-9) << "accum " << accum;
   }
 
