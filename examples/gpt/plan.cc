@@ -576,9 +576,8 @@ double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model
     const double per_byte = by_size(m.grad_handoff_gbps_by_width, model.d_model, m.grad_handoff_gbps);
     const double per_pass = by_size(m.grad_handoff_pass_gbps_by_width, model.d_model, 0.0);
     // The last block's and the embedding's hand-offs, exposed at the end of each backward pass.
-    const double exposed = per_pass > 0 ? std::min(grad_bytes, std::max(1, passes) * 4.0 *
-                                                                   static_cast<double>(numels[0] + (model.n_layer > 0 ? numels[1] : 0)))
-                                        : 0.0;
+    const double pass_bytes = 4.0 * static_cast<double>(numels[0] + (model.n_layer > 0 ? numels[1] : 0));
+    const double exposed = per_pass > 0 ? std::min(grad_bytes, std::max(1, passes) * pass_bytes) : 0.0;
     return (grad_bytes - exposed) / (per_byte * 1e9) + (exposed > 0 ? exposed / (per_pass * 1e9) : 0.0);
   }
   const double largest = static_cast<double>(*std::max_element(numels.begin(), numels.end()));
