@@ -4,6 +4,7 @@
 #include "plan.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <fmt/format.h>
 #include <fstream>
@@ -39,6 +40,9 @@ double number(const nlohmann::json& j, const std::string& key, const std::string
   if (!std::isfinite(x) || x < 0 || (required && x == 0)) {
     throw ConfigError(source + ": " + key, v.dump(), required ? "must be > 0" : "must be >= 0");
   }
+  // Every figure is a rate in GB/s, GFLOP/s or per second, a byte count or a count: a positive
+  // one this small is a typo or a unit slip, and would make predictions infinite.
+  if (x > 0 && x < 1e-6) throw ConfigError(source + ": " + key, v.dump(), "is positive but below 1e-6: check its unit");
   return x;
 }
 
@@ -507,13 +511,11 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
     const auto& w = j[key];
     if (!w.is_object()) throw ConfigError(source + ": " + key, w.dump(), "must be an object");
     for (const auto& [k, v] : w.items()) {
-      int d = 0;
-      try {
-        d = std::stoi(k);
-      } catch (const std::exception&) {
-        d = 0;
+      int d = 0;  // the whole key, digits only: "768.5", " 900" or "1e3" is not a size
+      const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), d);
+      if (ec != std::errc() || end != k.data() + k.size() || k.empty() || k[0] == '+' || d <= 0) {
+        throw ConfigError(source + ": " + key + "." + k, k, std::string("keys are ") + what);
       }
-      if (d <= 0) throw ConfigError(source + ": " + key + "." + k, k, std::string("keys are ") + what);
       out.emplace_back(d, number(w, k, source + ": " + key, !zero_ok));
     }
     std::sort(out.begin(), out.end());

@@ -121,9 +121,9 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
   for (const ModuleShard& s : layout.modules) largest_shard = std::max(largest_shard, s.shard);
   const std::size_t sub = std::max<std::size_t>(A, z.sub_group_size_elems / A * A);
   p.host_min_bytes = p.host_home_bytes + step_reserve + 2 * per_elem * A;
-  p.host_min_why = fmt::format("{} of host homes + {} for the largest working shard + 2 sub-groups of {} elements "
-                               "x {} B in flight",
-                               format_bytes(p.host_home_bytes), format_bytes(step_reserve), A, per_elem);
+  p.host_min_why = fmt::format("{} of host homes + {} for the largest working shard", format_bytes(p.host_home_bytes),
+                               format_bytes(step_reserve));
+  if (per_elem > 0) p.host_min_why += fmt::format(" + 2 sub-groups of {} elements x {} B in flight", A, per_elem);
   if (per_elem == 0) {
     p.piece_elems = sub;
   } else {

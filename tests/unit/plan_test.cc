@@ -435,6 +435,19 @@ TEST_F(PlanTest, HandOffByWidthHasAPerByteAndAPerPassPart) {
   EXPECT_EQ(e.exit_code, 2);
   EXPECT_NE(e.err.find("grad_handoff_pass_gbps_by_width"), std::string::npos) << e.err;
   EXPECT_NE(e.err.find("-1"), std::string::npos) << e.err;
+
+  // A width that is not a whole number, and a rate so small it would make the step infinite.
+  measured["grad_handoff_pass_gbps_by_width"] = {{"512", 1.0}};
+  measured["grad_handoff_gbps_by_width"] = {{"768.5", 1.0}, {"1024", 2.0}};
+  std::ofstream(dir_ / "fracwidth.json") << measured.dump();
+  const RunResult fw = plan(args + "--profile fracwidth.json");
+  EXPECT_EQ(fw.exit_code, 2);
+  EXPECT_NE(fw.err.find("grad_handoff_gbps_by_width.768.5"), std::string::npos) << fw.err;
+  measured["grad_handoff_gbps_by_width"] = {{"768", 1e-300}};
+  std::ofstream(dir_ / "tiny.json") << measured.dump();
+  const RunResult tiny = plan(args + "--profile tiny.json");
+  EXPECT_EQ(tiny.exit_code, 2);
+  EXPECT_NE(tiny.err.find("below 1e-6"), std::string::npos) << tiny.err;
 }
 
 }  // namespace
