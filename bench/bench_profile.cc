@@ -200,24 +200,45 @@ double measure_gemm(const ProfileOpts& o) {
   return median(rates);
 }
 
-// The model's forward+backward at one width: model FLOPs per second.
-double measure_model(const ProfileOpts& o, int d_model, int batch) {
+// The GPT the profile measures: `layers` blocks at `d_model` (64-wide heads), sequences of 128
+// tokens, a byte-level vocabulary of 256 (the matrix's corpus).
+gpt::GptConfig profile_gpt(int d_model, int layers) {
   gpt::GptConfig cfg;
-  cfg.n_layer = 2;
+  cfg.n_layer = layers;
   cfg.d_model = d_model;
   cfg.n_head = std::max(1, d_model / 64);
   cfg.seq_len = 128;
   cfg.vocab_size = 256;
+  return cfg;
+}
+
+// `n` random token ids and targets in [0, 256), from `seed`.
+std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> random_batch(std::size_t n, unsigned seed) {
+  std::vector<std::int32_t> tok(n), tgt(n);
+  std::mt19937 rng(seed);
+  for (std::size_t i = 0; i < n; ++i) {
+    tok[i] = static_cast<std::int32_t>(rng() % 256);
+    tgt[i] = static_cast<std::int32_t>(rng() % 256);
+  }
+  return {std::move(tok), std::move(tgt)};
+}
+
+// ZeroEngine as tiermem-train makes it at world 1 for the profile's engine figures: stage 3,
+// gradient clipping on (tiermem-train's default), the given host and device budgets (bytes; 0:
+// the engine's default).
+Config profile_engine_config(std::uint64_t host_budget, std::uint64_t device_budget) {
+  return parse_config(fmt::format(R"({{"zero_optimization": {{"stage": 3}}, "gradient_clipping": 1.0,
+      "tiermem": {{"host_budget_bytes": {}, "device_budget_bytes": {}}}}})", host_budget, device_budget));
+}
+
+// The model's forward+backward at one width: model FLOPs per second.
+double measure_model(const ProfileOpts& o, int d_model, int batch) {
+  const gpt::GptConfig cfg = profile_gpt(d_model, 2);
   const int B = batch, T = 128;
   auto params = gpt::init_params(cfg, 1);
   std::vector<std::vector<float>> grads;
   for (const auto& p : params) grads.emplace_back(p.size(), 0.f);
-  std::vector<std::int32_t> tok(static_cast<std::size_t>(B) * T), tgt(tok.size());
-  std::mt19937 rng(7);
-  for (std::size_t i = 0; i < tok.size(); ++i) {
-    tok[i] = static_cast<std::int32_t>(rng() % 256);
-    tgt[i] = static_cast<std::int32_t>(rng() % 256);
-  }
+  const auto [tok, tgt] = random_batch(static_cast<std::size_t>(B) * T, 7);
   gpt::Model model(cfg, B, T);
   model.forward_backward(params, grads, tok, tgt);  // warm-up
   // At least two repetitions, and at least a second in all: a narrow model's step takes
@@ -243,8 +264,7 @@ double measure_model(const ProfileOpts& o, int d_model, int batch) {
 // touch) is not counted. Parameters stepped per second.
 double measure_step(const ProfileOpts& o, std::size_t module_elems, int modules) {
   const std::uint64_t state = 16ull * module_elems * static_cast<std::uint64_t>(modules);
-  Config cfg = parse_config(fmt::format(R"({{"zero_optimization": {{"stage": 3}}, "gradient_clipping": 1.0,
-      "tiermem": {{"host_budget_bytes": {}}}}})", 2 * state));
+  const Config cfg = profile_engine_config(2 * state, 0);  // device 0: the engine's default
   auto comm = make_single_communicator();
   const std::vector<std::size_t> numels(static_cast<std::size_t>(modules), module_elems);
   ZeroEngine e(cfg, *comm, numels);
@@ -285,31 +305,20 @@ struct HandoffRun {
   double added_s = 0, tail_s = 0, grad_bytes = 0, pass_bytes = 0;
 };
 HandoffRun measure_handoff(const ProfileOpts& o, int d_model, int layers) {
-  gpt::GptConfig cfg;
-  cfg.n_layer = layers;
-  cfg.d_model = d_model;
-  cfg.n_head = std::max(1, d_model / 64);
-  cfg.seq_len = 128;
-  cfg.vocab_size = 256;
+  const gpt::GptConfig cfg = profile_gpt(d_model, layers);
   const int B = 1, T = 128;
   const std::vector<std::vector<float>> params = gpt::init_params(cfg, 1);
   std::vector<std::vector<float>> grads;
   std::vector<std::size_t> numels;
+  std::uint64_t elems = 0;
   for (const auto& p : params) {
     grads.emplace_back(p.size(), 0.f);
     numels.push_back(p.size());
+    elems += p.size();
   }
-  std::uint64_t elems = 0;
-  for (const std::size_t n : numels) elems += n;
-  std::vector<std::int32_t> tok(static_cast<std::size_t>(B) * T), tgt(tok.size());
-  std::mt19937 rng(11);
-  for (std::size_t i = 0; i < tok.size(); ++i) {
-    tok[i] = static_cast<std::int32_t>(rng() % 256);
-    tgt[i] = static_cast<std::int32_t>(rng() % 256);
-  }
+  const auto [tok, tgt] = random_batch(static_cast<std::size_t>(B) * T, 11);
   gpt::Model model(cfg, B, T);
-  Config zc = parse_config(fmt::format(R"({{"zero_optimization": {{"stage": 3}}, "gradient_clipping": 1.0,
-      "tiermem": {{"host_budget_bytes": {}, "device_budget_bytes": {}}}}})", 32 * elems, 8 * elems));
+  const Config zc = profile_engine_config(32 * elems, 8 * elems);
   auto comm = make_single_communicator();
   ZeroEngine e(zc, *comm, numels);
   for (std::size_t m = 0; m < params.size(); ++m) e.register_module(fmt::format("m{}", m), params[m]);

@@ -272,16 +272,11 @@ double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, doubl
   const std::size_t n = numels.size();
   std::vector<double> miss(n, 0.0);
   double left = std::min(miss_bytes, nvme_bytes);
+  std::size_t last_miss = n;  // the last streamed module: its write-back can wait for the backward
   for (std::size_t i = n; i-- > 0 && left > 0;) {  // the last modules the forward updates
     miss[i] = std::min(left, nvme_bytes * static_cast<double>(numels[i]) / total);
     left -= miss[i];
-  }
-  std::size_t last_miss = n;  // the last streamed module: its write-back can wait for the backward
-  for (std::size_t i = n; i-- > 0;) {
-    if (miss[i] > 0) {
-      last_miss = i;
-      break;
-    }
+    if (miss[i] > 0 && last_miss == n) last_miss = i;
   }
   std::vector<std::pair<double, double>> freed;  // (time, room freed by then), in time order
   double t = 0, wait = 0, reads_free_at = 0, need = 0, retired = 0;
@@ -513,7 +508,7 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
     for (const auto& [k, v] : w.items()) {
       int d = 0;  // the whole key, digits only: "768.5", " 900" or "1e3" is not a size
       const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), d);
-      if (ec != std::errc() || end != k.data() + k.size() || k.empty() || k[0] == '+' || d <= 0) {
+      if (ec != std::errc() || end != k.data() + k.size() || d <= 0) {
         throw ConfigError(source + ": " + key + "." + k, k, std::string("keys are ") + what);
       }
       out.emplace_back(d, number(w, k, source + ": " + key, !zero_ok));
