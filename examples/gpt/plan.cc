@@ -28,21 +28,24 @@ std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / 
 std::uint64_t host_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }
 std::uint64_t dev_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }
 
+// The figure `key` of `j`, named in errors as "<source><sep><key>" (": " for a profile's own
+// figures, "." for one inside a keyed table, as the table's key errors name it).
 double number(const nlohmann::json& j, const std::string& key, const std::string& source,
-              bool required) {
+              bool required, const char* sep = ": ") {
+  const std::string where = source + sep + key;
   if (!j.contains(key)) {
-    if (required) throw ConfigError(source + ": " + key, "(missing)", "required number is missing");
+    if (required) throw ConfigError(where, "(missing)", "required number is missing");
     return 0;
   }
   const auto& v = j.at(key);
-  if (!v.is_number()) throw ConfigError(source + ": " + key, v.dump(), "must be a number");
+  if (!v.is_number()) throw ConfigError(where, v.dump(), "must be a number");
   const double x = v.get<double>();
   if (!std::isfinite(x) || x < 0 || (required && x == 0)) {
-    throw ConfigError(source + ": " + key, v.dump(), required ? "must be > 0" : "must be >= 0");
+    throw ConfigError(where, v.dump(), required ? "must be > 0" : "must be >= 0");
   }
   // Every figure is a rate in GB/s, GFLOP/s or per second, a byte count or a count: a positive
   // one this small is a typo or a unit slip, and would make predictions infinite.
-  if (x > 0 && x < 1e-6) throw ConfigError(source + ": " + key, v.dump(), "is positive but below 1e-6: check its unit");
+  if (x > 0 && x < 1e-6) throw ConfigError(where, v.dump(), "is positive but below 1e-6: check its unit");
   return x;
 }
 
@@ -398,6 +401,7 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     // The measured hand-off (what the copies into the partitions add to the backward pass), else
     // one copy at the device->host rate.
     t.d2h_s = grad_handoff_seconds(m, run.model, grad_bytes, run.grad_accum);
+    t.handoff_from = grad_handoff_basis(m);
     // tiermem-train times a gather (waiting for its fetch included) and a gradient hand-off as
     // communication, and the same waits also as I/O wait: predicted the same way.
     t.comm_s = t.d2h_s + t.stall_s;
@@ -511,7 +515,7 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
       if (ec != std::errc() || end != k.data() + k.size() || d <= 0) {
         throw ConfigError(source + ": " + key + "." + k, k, std::string("keys are ") + what);
       }
-      out.emplace_back(d, number(w, k, source + ": " + key, !zero_ok));
+      out.emplace_back(d, number(w, k, source + ": " + key, !zero_ok, "."));
     }
     std::sort(out.begin(), out.end());
   };
@@ -580,6 +584,17 @@ double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model
   const double largest = static_cast<double>(*std::max_element(numels.begin(), numels.end()));
   const double rate = by_size(m.grad_handoff_gbps_by_module_elems, largest, m.grad_handoff_gbps);
   return grad_bytes / ((rate > 0 ? rate : m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) * 1e9);
+}
+
+std::string grad_handoff_basis(const MachineProfile& m) {
+  if (!m.grad_handoff_gbps_by_width.empty()) {
+    return m.grad_handoff_pass_gbps_by_width.empty() ? "grad_handoff_gbps_by_width"
+                                                     : "grad_handoff_gbps_by_width + grad_handoff_pass_gbps_by_width";
+  }
+  if (!m.grad_handoff_gbps_by_module_elems.empty()) return "grad_handoff_gbps_by_module_elems";
+  if (m.grad_handoff_gbps > 0) return "grad_handoff_gbps";
+  return m.d2h_gbps > 0 ? "one copy at d2h_gbps (the profile has no grad_handoff_* figure)"
+                        : "one copy at h2d_gbps (the profile has no grad_handoff_* or d2h_gbps figure)";
 }
 
 double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems) {
@@ -768,6 +783,7 @@ nlohmann::json prediction_json(const Prediction& p) {
                        {"host_to_device", t.h2d_s}, {"gradient_handoff", t.d2h_s},
                        {"communication", t.comm_s}, {"adam", t.adam_s}, {"optimizer", t.optimizer_s},
                        {"checksum", t.checksum_s}};
+  if (!t.handoff_from.empty()) j["gradient_handoff_from"] = t.handoff_from;
   j["bottleneck"] = t.bottleneck;
   j["traffic_bytes"] = {{"nvme_read", p.nvme_read_bytes}, {"nvme_write", p.nvme_write_bytes},
                         {"host_to_device", p.h2d_bytes}, {"collectives", p.comm_bytes}};

@@ -106,6 +106,12 @@ double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems)
 // at d2h_gbps (h2d_gbps when absent).
 double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes);
 
+// Which of `m`'s figures grad_handoff_seconds() prices the hand-off from, in words for the table
+// and the JSON ("gradient_handoff_from"): the _by_width pair, the by-module-size figure,
+// grad_handoff_gbps, or, when the profile has none of them (written profiles), "one copy at
+// d2h_gbps" (h2d_gbps when that is absent too), said as a fallback.
+std::string grad_handoff_basis(const MachineProfile& m);
+
 // The host and device budgets a run gets when the config leaves them 0, on `m` (as the engine
 // resolves them on that machine: host 1/16 of memory in [256 MiB, 1 GiB]; device sim 1 GiB,
 // cuda 95 % of device memory). Returns `cfg` with both filled.
@@ -118,6 +124,7 @@ struct TimePrediction {
   double nvme_s = 0;           // NVMe busy time (reads + writes of the step)
   double h2d_s = 0;            // host->device busy time
   double d2h_s = 0;            // device->host / gradient hand-off busy time
+  std::string handoff_from;    // world 1: grad_handoff_basis() of the profile; else empty
   double comm_s = 0;           // collectives (and, world 1, the gradient hand-off)
   double adam_s = 0;           // CPU Adam over the rank's shard (or the engine's measured step)
   bool adam_measured_step = false;  // adam_s is the profile's optimizer_params_per_s (whole step)

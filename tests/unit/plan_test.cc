@@ -384,6 +384,11 @@ TEST_F(PlanTest, MeasuredEngineRatesPriceTheHandOffAndTheStep) {
   ASSERT_EQ(b.exit_code, 0) << b.err;
   const json& u = b.summary["time_seconds"];
   EXPECT_NEAR(u["gradient_handoff"].get<double>(), 4.0 * params / 10e9, 1e-9);
+  // ... and the plan says the hand-off fell back to that copy, in the JSON and in the table.
+  EXPECT_EQ(b.summary["gradient_handoff_from"], "one copy at d2h_gbps (the profile has no grad_handoff_* figure)");
+  const RunResult bt = plan("--model gpt2 --offload cpu --host-budget 4GiB --device-budget 2GiB --profile profile.json");
+  ASSERT_EQ(bt.exit_code, 0) << bt.err;
+  EXPECT_NE(bt.out.find("gradient hand-off (from one copy at d2h_gbps"), std::string::npos) << bt.out;
   EXPECT_NEAR(u["adam"].get<double>(), shard / 1e8, 1e-9);
   EXPECT_GT(u["optimizer"].get<double>(), u["adam"].get<double>());  // plus the parameters' copy
 
@@ -433,7 +438,8 @@ TEST_F(PlanTest, HandOffByWidthHasAPerByteAndAPerPassPart) {
   std::ofstream(dir_ / "negpass.json") << measured.dump();
   const RunResult e = plan(args + "--profile negpass.json");
   EXPECT_EQ(e.exit_code, 2);
-  EXPECT_NE(e.err.find("grad_handoff_pass_gbps_by_width"), std::string::npos) << e.err;
+  // Named as a bad key is: <file>: <table>.<key> (one form for both).
+  EXPECT_NE(e.err.find("negpass.json: grad_handoff_pass_gbps_by_width.512"), std::string::npos) << e.err;
   EXPECT_NE(e.err.find("-1"), std::string::npos) << e.err;
 
   // A width that is not a whole number, and a rate so small it would make the step infinite.
