@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <fmt/format.h>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -204,9 +205,21 @@ void check_fit(const train::TrainPlan& run, const Config& cfg, const MachineProf
       if (z.host_min_bytes + p.host_peak_bytes - p.host_pool_peak_bytes <= m.host_memory_bytes) {
         p.fix = fmt::format("raise the host budget to {} (--host-budget {} or tiermem.host_budget_bytes)",
                             format_bytes(z.host_min_bytes), z.host_min_bytes);
-      } else {
+      } else if (z.optimizer_home != Tier::kNvme) {
         p.fix = "offload the optimizer state to NVMe (--offload nvme or offload_optimizer.device nvme): the host "
                 "cannot hold it";
+      } else if (z.param_home != Tier::kNvme && z.param_home != Tier::kDevice) {
+        p.fix = "offload the parameters to NVMe too (--offload nvme or offload_param.device nvme): the host "
+                "cannot hold them";
+      } else {
+        // Everything that can go to NVMe is there: what is left is the working set the host must
+        // hold at once (the largest working shard, sub-groups in flight).
+        const std::uint64_t rest = p.host_peak_bytes - p.host_pool_peak_bytes;
+        p.fix = fmt::format("nothing more can move to NVMe: the host pool's minimum {} and the rest of the host peak "
+                            "{} (bounce, gradient buffers, activations{}) exceed the machine's {} of memory; split "
+                            "the largest module over more ranks (--world-size) or use a narrower model",
+                            format_bytes(z.host_min_bytes), format_bytes(rest), sim ? ", the simulated device" : "",
+                            format_bytes(m.host_memory_bytes));
       }
     } else {
       const std::uint64_t dev_mem = sim ? m.host_memory_bytes : m.device_memory_bytes;
@@ -500,8 +513,11 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
     m.device = j["device"].get<std::string>();
   }
   if (j.contains("cpu_isa") && j["cpu_isa"].is_string()) m.cpu_isa = j["cpu_isa"].get<std::string>();
-  m.gpus = static_cast<int>(number(j, "gpus", source, false));
-  if (m.gpus == 0) m.gpus = 1;
+  // gpus and threads are counts of at least 1 where given (absent: 1).
+  if (j.contains("gpus") && number(j, "gpus", source, true) < 1) {
+    throw ConfigError(source + ": gpus", j["gpus"].dump(), "must be >= 1 (devices per machine)");
+  }
+  m.gpus = std::max(1, static_cast<int>(number(j, "gpus", source, false)));
   m.compute_gflops = number(j, "compute_gflops", source, true);
   // Figures keyed by a size: {"<size>": rate, ...}, sizes > 0 (widths, module elements).
   // `zero_ok`: a rate of 0 means "no such cost" (else every rate must be > 0).
@@ -528,6 +544,9 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
         m.optimizer_params_per_s_by_module_elems);
   m.grad_handoff_gbps = number(j, "grad_handoff_gbps", source, false);
   m.checksum_gbps = number(j, "checksum_gbps", source, false);
+  if (j.contains("threads") && number(j, "threads", source, true) < 1) {
+    throw ConfigError(source + ": threads", j["threads"].dump(), "must be >= 1 (the OpenMP threads the figures used)");
+  }
   m.threads = static_cast<int>(number(j, "threads", source, false));
   m.optimizer_params_per_s = number(j, "optimizer_params_per_s", source, false);
   m.cpu_adam_params_per_s = number(j, "cpu_adam_params_per_s", source, true);
@@ -603,6 +622,10 @@ double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems)
 }
 
 MachineProfile load_profile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError("--profile", path, "is a directory: give the JSON file tiermem-bench profile --json wrote");
+  }
   std::ifstream in(path);
   if (!in) throw ConfigError("--profile", path, "cannot open the profile file");
   std::stringstream ss;
@@ -642,6 +665,13 @@ std::uint64_t activation_bytes(const gpt::GptConfig& g, int batch, int seq_len) 
 }
 
 Prediction predict(const train::TrainPlan& run, const MachineProfile& m) {
+  // What ZeroEngine refuses at construction (zero_engine.cc), refused here the same way.
+  if (run.config.zero.sub_group_size_elems < kAlignment) {
+    throw ConfigError("zero_optimization.sub_group_size", std::to_string(run.config.zero.sub_group_size_elems),
+                      fmt::format("config key 'zero_optimization.sub_group_size' = {} is smaller than the shard "
+                                  "alignment of {} elements; use a multiple of it",
+                                  run.config.zero.sub_group_size_elems, kAlignment));
+  }
   Prediction p;
   std::uint64_t backend = 0;
   bool too_small = false;

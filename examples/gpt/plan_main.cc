@@ -18,11 +18,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <string_view>
 
 #include "gpt/model.h"
 #include "plan.h"
@@ -66,14 +69,29 @@ plan::MachineProfile memory_only_profile(const std::string& swap_dir) {
 // The summary object of a tiermem-train --json output (the last {"summary":..} line), or of a
 // file holding just that object.
 json read_summary(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError("--check", path, "is a directory: give the file tiermem-train --json wrote");
+  }
   std::ifstream in(path);
   if (!in) throw ConfigError("--check", path, "cannot open the summary file");
   std::string line;
   json found;
+  int line_no = 0, bad_line = 0, summaries = 0;
   while (std::getline(in, line)) {
+    ++line_no;
     if (line.empty() || line[0] != '{') continue;
     json j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object() && j.contains("summary")) found = j["summary"];
+    if (j.is_discarded()) {
+      if (bad_line == 0) bad_line = line_no;
+    } else if (j.is_object() && j.contains("summary")) {
+      found = j["summary"];
+      ++summaries;
+    }
+  }
+  if (summaries > 1) {
+    std::fprintf(stderr, "tiermem-plan: note: %s holds %d summaries (several runs' output?): the last is checked\n",
+                 path.c_str(), summaries);
   }
   if (found.is_null()) {
     std::ifstream again(path);
@@ -83,46 +101,131 @@ json read_summary(const std::string& path) {
     if (!j.is_discarded() && j.is_object()) found = j.contains("summary") ? j["summary"] : j;
   }
   if (!found.is_object() || !found.contains("model")) {
+    if (bad_line > 0) {
+      throw ConfigError(fmt::format("--check {}: line {}", path, bad_line), "",
+                        "not valid JSON (truncated, or NaN/Infinity, which JSON has not), and no "
+                        "{\"summary\": ...} line of tiermem-train --json after it");
+    }
     throw ConfigError("--check", path, "no {\"summary\": ...} object of tiermem-train --json in it");
   }
   return found;
 }
 
-// Overrides the run's options with what the summary says ran.
+// Overrides the run's options with what the summary says ran. Every number is checked as a
+// profile's is: a whole number in its range, named by file and key when it is not.
 void apply_summary(const json& s, const std::string& path, PlanArgs& a) {
-  auto get_int = [&](const json& o, const char* key, const std::string& where) {
+  auto get_int = [&](const json& o, const char* key, const std::string& where, long long lo, long long hi) {
     if (!o.contains(key) || !o[key].is_number_integer()) {
       throw ConfigError(path + ": " + where + key, o.contains(key) ? o[key].dump() : "(missing)",
                         "expected an integer (a summary of this build's tiermem-train --json)");
     }
-    return o[key].get<long long>();
+    // Unsigned JSON integers above INT64_MAX read as negative here: out of range either way.
+    const long long v = o[key].is_number_unsigned() && o[key].get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
+                            ? hi + 1
+                            : o[key].get<long long>();
+    if (v < lo || v > hi) {
+      throw ConfigError(path + ": " + where + key, o[key].dump(),
+                        fmt::format("out of range [{}, {}]: not a tiermem-train summary's value", lo, hi));
+    }
+    return v;
   };
   if (!s.contains("plan_inputs") || !s["plan_inputs"].is_object()) {
     throw ConfigError(path + ": summary.plan_inputs", "(missing)",
                       "the summary predates tiermem-plan: rerun tiermem-train --json from this build");
   }
   const json& in = s["plan_inputs"];
+  const std::string pi = "summary.plan_inputs.";
+  constexpr long long kInt = std::numeric_limits<int>::max();
+  constexpr long long kBytes = std::numeric_limits<long long>::max();
+  // tiermem-train's own limits (train_options.cc): layers and heads up to 4096.
   a.run.model = "custom";
-  a.run.n_layer = static_cast<int>(get_int(in, "n_layer", "summary.plan_inputs."));
-  a.run.n_head = static_cast<int>(get_int(in, "n_head", "summary.plan_inputs."));
-  a.run.d_model = static_cast<int>(get_int(in, "d_model", "summary.plan_inputs."));
-  a.run.seq_len = static_cast<int>(get_int(in, "seq_len", "summary.plan_inputs."));
-  a.vocab = static_cast<int>(get_int(in, "vocab", "summary.plan_inputs."));
-  a.run.batch = static_cast<int>(get_int(in, "batch", "summary.plan_inputs."));
+  a.run.n_layer = static_cast<int>(get_int(in, "n_layer", pi, 1, 4096));
+  a.run.n_head = static_cast<int>(get_int(in, "n_head", pi, 1, 4096));
+  a.run.d_model = static_cast<int>(get_int(in, "d_model", pi, 1, kInt));
+  a.run.seq_len = static_cast<int>(get_int(in, "seq_len", pi, 1, kInt));
+  a.vocab = static_cast<int>(get_int(in, "vocab", pi, 1, kInt));
+  a.run.batch = static_cast<int>(get_int(in, "batch", pi, 1, kInt));
   a.run.batch_given = true;
-  a.run.grad_accum = static_cast<int>(get_int(in, "grad_accum", "summary.plan_inputs."));
+  a.run.grad_accum = static_cast<int>(get_int(in, "grad_accum", pi, 1, kInt));
   a.run.grad_accum_given = true;
-  a.world_size = static_cast<int>(get_int(s, "world_size", "summary."));
-  a.run.host_budget_bytes = static_cast<std::uint64_t>(get_int(s, "host_budget_bytes", "summary."));
-  const auto dev = static_cast<std::uint64_t>(get_int(s, "device_budget_bytes", "summary."));
+  a.world_size = static_cast<int>(get_int(s, "world_size", "summary.", 1, 1 << 16));
+  a.run.host_budget_bytes = static_cast<std::uint64_t>(get_int(s, "host_budget_bytes", "summary.", 0, kBytes));
+  const auto dev = static_cast<std::uint64_t>(get_int(s, "device_budget_bytes", "summary.", 0, kBytes));
   if (dev) a.run.device_budget_bytes = dev;
-  a.context = static_cast<int>(get_int(in, "context", "summary.plan_inputs."));
+  a.context = static_cast<int>(get_int(in, "context", pi, 1, kInt));
+  if (a.run.seq_len > a.context) {
+    throw ConfigError(path + ": " + pi + "seq_len", std::to_string(a.run.seq_len),
+                      fmt::format("exceeds the model's context ({}): tiermem-train runs no such model", a.context));
+  }
   // Where the state lived (stage 3): the --offload shortcut that puts it there.
   const std::string ph = s.value("param_offload", ""), oh = s.value("optimizer_offload", "");
   if (s.value("zero_stage", 0) == 3) {
     if (ph == "nvme" && oh == "nvme") a.run.offload = "nvme";
     if (ph == "host" && oh == "host") a.run.offload = "cpu";
     if (ph == "device" && oh == "host") a.run.offload = "none";
+  }
+}
+
+// The planned run must be the summary's: its ZeRO stage and where its parameters and optimizer
+// state lived. A run made with a --config the check was not given (offload_optimizer only, a
+// partial ratio, another stage) would be held against another run's plan.
+void check_same_run(const json& s, const train::TrainPlan& run, const plan::Prediction& p, const std::string& path) {
+  const ZeroPlan& z = p.zero;
+  const std::string ph(z.uses_device ? tier_name(z.param_home) : std::string_view("host")), oh(tier_name(z.optimizer_home));
+  const int stage = run.config.zero.stage;
+  const json st = s.value("zero_stage", json()), sp = s.value("param_offload", json()),
+             so = s.value("optimizer_offload", json());
+  if (!st.is_number_integer() || !sp.is_string() || !so.is_string()) {
+    throw ConfigError(path + ": summary.zero_stage/param_offload/optimizer_offload",
+                      st.dump() + " " + sp.dump() + " " + so.dump(),
+                      "a tiermem-train --json summary has these (is the summary from an older build?)");
+  }
+  if (st.get<int>() != stage || sp.get<std::string>() != ph || so.get<std::string>() != oh) {
+    throw ConfigError(path + ": summary",
+                      fmt::format("stage {}, params -> {}, optimizer -> {}", st.get<int>(), sp.get<std::string>(),
+                                  so.get<std::string>()),
+                      fmt::format("the plan for these inputs is stage {}, params -> {}, optimizer -> {}: give "
+                                  "--check the run's own --config{}",
+                                  stage, ph, oh,
+                                  st.get<int>() == 0 && stage != 0
+                                      ? " (a run of --engine resident is planned with zero_optimization.stage 0)"
+                                      : ""));
+  }
+}
+
+// A measured figure must be a number a run can produce: finite, not negative; a step time above 0
+// and a share of the run's time at most 1.
+void check_measured(const json& s, const std::string& path) {
+  for (const char* f : {"step_seconds", "compute_share", "io_wait_share", "communication_share", "optimizer_share",
+                        "device_peak_bytes", "host_peak_bytes", "nvme_peak_bytes"}) {
+    if (!s.contains(f) || !s[f].is_number()) continue;  // check_against names a missing one
+    const double v = s[f].get<double>();
+    const bool share = std::string_view(f).ends_with("_share");
+    const bool step = std::string_view(f) == "step_seconds";
+    if (!std::isfinite(v) || v < 0 || (step && v == 0) || (share && v > 1.0 + 1e-9)) {
+      throw ConfigError(path + ": summary." + f, s[f].dump(),
+                        step ? "must be > 0 seconds" : share ? "a share of the run's time is in [0, 1]" : "must be >= 0 bytes");
+    }
+  }
+}
+
+// The NVMe swap directories the run would make: each must be creatable, which the planner checks
+// without creating anything: the nearest existing ancestor must be a directory (tiermem-train
+// makes the rest and refuses a path under a file).
+void check_swap_dirs(const train::TrainOptions& o, const Config& cfg) {
+  for (const OffloadConfig* oc : {&cfg.zero.offload_param, &cfg.zero.offload_optimizer}) {
+    if (oc->device != OffloadDevice::kNvme) continue;
+    for (const std::string& d : oc->nvme_path) {
+      std::error_code ec;
+      std::filesystem::path probe = d;
+      while (!probe.empty() && !std::filesystem::exists(probe, ec)) probe = probe.parent_path();
+      if (!probe.empty() && !std::filesystem::is_directory(probe, ec)) {
+        throw ConfigError(o.swap_dir.empty() ? "zero_optimization.offload_*.nvme_path" : "--swap-dir", d,
+                          fmt::format("'{}' is a file, so the swap directory cannot be made under it: give a "
+                                      "directory on the NVMe drive",
+                                      probe.string()));
+      }
+    }
   }
 }
 
@@ -207,16 +310,18 @@ int main(int argc, char** argv) {
   std::string device_budget, host_budget;
   app.add_option("--model", a.run.model, "model preset (tiny, mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl) or "
                                          "custom")->default_val(a.run.model);
-  app.add_option("--layers", a.run.n_layer, "--model custom: layers")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--heads", a.run.n_head, "--model custom: heads [d_model / 64]")->check(CLI::Range(1, 1 << 16));
+  // The same ranges as tiermem-train's flags (train_options.cc).
+  app.add_option("--layers", a.run.n_layer, "--model custom: layers")->check(CLI::Range(1, 4096));
+  app.add_option("--heads", a.run.n_head, "--model custom: heads [d_model / 64]")->check(CLI::Range(1, 4096));
   app.add_option("--d-model", a.run.d_model, "--model custom: width")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--vocab", a.vocab, "vocabulary [the preset's; 256 for text data, as tiermem-train]")
+  app.add_option("--vocab,--vocab-size", a.vocab, "vocabulary [the preset's; 256 for text data, as tiermem-train]")
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--data", a.run.data, "the run's data: text trains a byte-level vocabulary (256), *.bin keeps "
-                                       "the preset's");
+                                       "the preset's")
+      ->check(CLI::ExistingPath);
   app.add_option("--batch", a.run.batch, "micro-batch per rank (sequences)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--grad-accum", a.run.grad_accum, "micro-batches per step")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--seq-len", a.run.seq_len, "tokens per sequence")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--seq-len", a.run.seq_len, "tokens per sequence")->check(CLI::Range(1, 1 << 20));
   app.add_option("--world-size", a.world_size, "ranks (GPUs) [1]")->check(CLI::Range(1, 1 << 16));
   app.add_option("--config", a.run.config_path, "DeepSpeed-style ds_config.json (as tiermem-train)")
       ->check(CLI::ExistingFile);
@@ -242,6 +347,9 @@ int main(int argc, char** argv) {
   try {
     if (!device_budget.empty()) a.run.device_budget_bytes = parse_size(device_budget, "--device-budget");
     if (!host_budget.empty()) a.run.host_budget_bytes = parse_size(host_budget, "--host-budget");
+    // As tiermem-train's flags: a budget given is above 0 (0 would read as "the default").
+    if (!device_budget.empty() && a.run.device_budget_bytes == 0) throw ConfigError("--device-budget", device_budget, "must be > 0");
+    if (!host_budget.empty() && a.run.host_budget_bytes == 0) throw ConfigError("--host-budget", host_budget, "must be > 0");
     a.run.batch_given = app.count("--batch") > 0;
     a.run.grad_accum_given = app.count("--grad-accum") > 0;
     const bool custom_dims = app.count("--layers") + app.count("--heads") + app.count("--d-model") > 0;
@@ -253,6 +361,16 @@ int main(int argc, char** argv) {
     }
     json summary;
     if (!a.check_path.empty()) {
+      // The run is read from its summary; a flag describing another run would be ignored.
+      for (const char* flag : {"--model", "--layers", "--heads", "--d-model", "--vocab", "--data", "--batch",
+                               "--grad-accum", "--seq-len", "--world-size", "--offload", "--device-budget",
+                               "--host-budget"}) {
+        if (app.count(flag) > 0) {
+          throw ConfigError(flag, app.get_option(flag)->as<std::string>(),
+                            "--check reads the run's model, batch, offload and budgets from its summary: drop "
+                            "this flag (with --check give only --config, --swap-dir, --device, --profile, --json)");
+        }
+      }
       summary = read_summary(a.check_path);
       apply_summary(summary, a.check_path, a);
     }
@@ -261,10 +379,16 @@ int main(int argc, char** argv) {
     if (a.run.device.empty() && m.device == "cuda") a.run.device = "cuda";
     if (a.run.device.empty()) a.run.device = "sim";
     Config cfg = train::effective_config(a.run, 0, a.world_size);
+    check_swap_dirs(a.run, cfg);
     train::TrainPlan run = train::make_train_plan(a.run, cfg, 0, a.world_size);
     if (a.context > 0) run.model.seq_len = a.context;
     // Vocabulary as tiermem-train makes it: byte-level for text data (not *.bin), unless --vocab.
     const bool bin = std::filesystem::path(a.run.data).extension() == ".bin";
+    if (a.vocab > 0 && !bin && a.vocab < 256) {
+      throw ConfigError("--vocab", std::to_string(a.vocab),
+                        "too small for text data, which is byte-level (token ids 0 to 255): at least 256, as "
+                        "tiermem-train --vocab-size");
+    }
     if (a.vocab > 0) {
       run.model.vocab_size = a.vocab;
     } else if (!bin) {
@@ -276,6 +400,13 @@ int main(int argc, char** argv) {
     const bool timed = !a.profile_path.empty();
     if (!a.check_path.empty()) {
       if (!timed) throw ConfigError("--profile", "(none)", "--check compares step time too: give --profile");
+      check_same_run(summary, run, p, a.check_path);
+      check_measured(summary, a.check_path);
+      if (summary.value("steps", 0) < 2) {
+        std::fprintf(stderr, "tiermem-plan: note: %s has %s step(s): its step_seconds includes the first step's "
+                     "trace recording (a run of several steps gives the median after the first)\n",
+                     a.check_path.c_str(), summary.contains("steps") ? summary["steps"].dump().c_str() : "no");
+      }
       const std::vector<plan::CheckRow> rows = plan::check_against(p, summary, a.check_path);
       if (a.json) {
         json j;
@@ -287,11 +418,20 @@ int main(int argc, char** argv) {
         j["prediction"] = plan::prediction_json(p);
         std::printf("%s\n", j.dump().c_str());
       } else {
+        // Text: bytes in binary units, seconds and shares as numbers, and the error signed
+        // (predicted / measured - 1: + over-predicted, - under); --json keeps |error| as rel_error.
         std::printf("tiermem-plan --check %s (profile %s)\n%-22s %14s %14s %10s\n", a.check_path.c_str(),
-                    m.name.c_str(), "field", "predicted", "measured", "rel.error");
+                    m.name.c_str(), "field", "predicted", "measured", "error");
         for (const auto& r : rows) {
-          std::printf("%-22s %14.6g %14.6g %9.1f %%\n", r.field.c_str(), r.predicted, r.measured,
-                      100.0 * r.rel_error);
+          const bool bytes = std::string_view(r.field).ends_with("_bytes");
+          auto text = [&](double v) {
+            return bytes ? format_bytes(static_cast<std::uint64_t>(v)) : fmt::format("{:.6g}", v);
+          };
+          const std::string err = r.measured != 0 ? fmt::format("{:+.1f} %", 100.0 * (r.predicted / r.measured - 1.0))
+                                  : r.predicted == 0 ? std::string("0.0 %")
+                                                     : std::string("(0 measured)");
+          std::printf("%-22s %14s %14s %10s\n", r.field.c_str(), text(r.predicted).c_str(), text(r.measured).c_str(),
+                      err.c_str());
         }
       }
       return 0;
@@ -309,8 +449,11 @@ int main(int argc, char** argv) {
     }
     return p.fits ? 0 : 1;
   } catch (const ConfigError& e) {
-    return fail(e.value().empty() ? fmt::format("{}: {}", e.key_path(), e.what())
-                                  : fmt::format("{} = {}: {}", e.key_path(), e.value(), e.what()));
+    // Named by key and value, unless the message already names the key (the config's own errors).
+    const std::string what = e.what();
+    if (e.key_path().empty() || what.find("'" + e.key_path() + "'") != std::string::npos) return fail(what);
+    return fail(e.value().empty() ? fmt::format("{}: {}", e.key_path(), what)
+                                  : fmt::format("{} = {}: {}", e.key_path(), e.value(), what));
   } catch (const std::exception& e) {
     return fail(e.what());
   }

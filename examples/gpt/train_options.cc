@@ -108,7 +108,7 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
       "paging them through pinned host memory and NVMe (ZeRO stage 3 over tiermem).\n"
       "With no arguments: the `mini` model on the fortunes corpus, byte-level tokens, ZeRO-3\n"
       "with parameters and Adam state offloaded to NVMe in ./tiermem-swap, on a device budget\n"
-      "8x smaller than that state (about three minutes on two CPU cores).",
+      "8x smaller than that state (under a minute on two idle CPU cores; README.md).",
       "tiermem-train"};
   app.get_formatter()->column_width(34);
   std::string budget_text, host_budget_text, offload_text;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <sstream>
 #include <vector>
 
@@ -250,6 +251,15 @@ TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
       {"--model gpt2 --host-budget lots", "", "", "lots"},
       {"--model gpt2 --layers 3", "", "", "--layers"},
       {"--model gpt2 --no-such-flag", "", "", "no-such-flag"},
+      // What tiermem-train refuses, the planner refuses too (it plans that run).
+      {"--model mini --device-budget 0", "", "", "--device-budget"},
+      {"--model mini --vocab 100", "", "", "--vocab = 100"},
+      {"--model mini --swap-dir afile/swap", "afile", "x", "'afile' is a file"},
+      {"--model custom --layers 5000 --d-model 64", "", "", "--layers"},
+      {"--model mini --data nonexistent.txt", "", "", "nonexistent.txt"},
+      {"--model mini --config sg.json", "sg.json", R"({"zero_optimization": {"stage": 3, "sub_group_size": 10}})",
+       "'zero_optimization.sub_group_size' = 10 is smaller than the shard alignment of 1024"},
+      {"--model gpt2 --profile .", "", "", "is a directory"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
@@ -259,6 +269,77 @@ TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
     EXPECT_EQ(lines(r.err), 1) << r.err;
     EXPECT_NE(r.err.find(c.names), std::string::npos) << r.err;
   }
+}
+
+// --check plans the run its summary describes, and only that: flags describing another run are
+// refused, and so is a summary whose stage or homes the plan does not reproduce (a run made with a
+// --config the check was not given); measured figures no run produces, a summary line that is not
+// JSON, and a directory are bad input, named; a one-step run is checked with a note.
+TEST_F(PlanTest, CheckHoldsTheSummarysOwnRunAndRefusesBadOnes) {
+  const RunResult t = run("--model tiny --seq-len 16 --batch 2 --steps 2 --eval-every 0 --offload nvme "
+                          "--swap-dir swap --json --data " + corpus());
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  std::ofstream(dir_ / "run.jsonl") << t.out;
+  ASSERT_EQ(plan("--check run.jsonl --profile profile.json").exit_code, 0);
+  const json good = t.summary;
+  ASSERT_TRUE(good.contains("plan_inputs")) << t.out;
+
+  const RunResult flag = plan("--check run.jsonl --profile profile.json --model gpt2");
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_NE(flag.err.find("--model = gpt2: --check reads the run's model"), std::string::npos) << flag.err;
+
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    std::string names;
+  } cases[] = {
+      {"homes", [](json& s) { s["optimizer_offload"] = "host"; }, "give --check the run's own --config"},
+      {"negative step", [](json& s) { s["step_seconds"] = -1.0; }, "summary.step_seconds = -1.0"},
+      {"share", [](json& s) { s["compute_share"] = 2.5; }, "summary.compute_share = 2.5"},
+      {"peak", [](json& s) { s["host_peak_bytes"] = -5; }, "summary.host_peak_bytes = -5"},
+      {"layers", [](json& s) { s["plan_inputs"]["n_layer"] = 1000000000000LL; }, "summary.plan_inputs.n_layer"},
+      {"context", [](json& s) { s["plan_inputs"]["seq_len"] = s["plan_inputs"]["context"].get<int>() + 1; },
+       "exceeds the model's context"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    json s = good;
+    c.edit(s);
+    std::ofstream(dir_ / "edited.jsonl") << json{{"summary", s}}.dump() << "\n";
+    const RunResult r = plan("--check edited.jsonl --profile profile.json");
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(c.names), std::string::npos) << r.err;
+  }
+  std::ofstream(dir_ / "truncated.jsonl") << t.out.substr(0, t.out.size() / 2);
+  const RunResult cut = plan("--check truncated.jsonl --profile profile.json");
+  EXPECT_EQ(cut.exit_code, 2);
+  EXPECT_NE(cut.err.find("truncated.jsonl: line "), std::string::npos) << cut.err;
+  EXPECT_NE(cut.err.find("not valid JSON"), std::string::npos) << cut.err;
+  const RunResult dir = plan("--check . --profile profile.json");
+  EXPECT_EQ(dir.exit_code, 2);
+  EXPECT_NE(dir.err.find("is a directory"), std::string::npos) << dir.err;
+
+  json one = good;
+  one["steps"] = 1;
+  std::ofstream(dir_ / "one.jsonl") << json{{"summary", one}}.dump() << "\n";
+  const RunResult o = plan("--check one.jsonl --profile profile.json");
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.err.find("has 1 step(s)"), std::string::npos) << o.err;
+  // The text table signs the error and gives bytes in binary units.
+  EXPECT_NE(o.out.find("MiB"), std::string::npos) << o.out;
+}
+
+// When the optimizer state and the parameters are on NVMe already, the smallest fix does not
+// say to offload them: the host's working set is what is too big.
+TEST_F(PlanTest, SmallestFixWhenEverythingIsOnNvmeAlready) {
+  const RunResult p = plan("--model custom --layers 2 --d-model 16384 --heads 128 --offload nvme "
+                           "--profile profile.json --json");
+  EXPECT_EQ(p.exit_code, 1) << p.out << p.err;
+  ASSERT_TRUE(p.summary.is_object()) << p.out;
+  const std::string fix = p.summary["fix"].get<std::string>();
+  EXPECT_EQ(fix.find("offload the"), std::string::npos) << fix;
+  EXPECT_NE(fix.find("nothing more can move to NVMe"), std::string::npos) << fix;
 }
 
 TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
