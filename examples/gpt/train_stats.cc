@@ -142,6 +142,15 @@ void Reporter::eval(int step, double loss) {
   std::fflush(out_);
 }
 
+namespace {
+// " (8.0x the device budget)", or for state well inside the budget " (5 % of the device budget)"
+// (was "0.0x" for e.g. mini's 50 MiB in a 1 GiB budget).
+std::string state_vs_budget(double ratio) {
+  if (ratio >= 0.95) return fmt::format(" ({:.1f}x the device budget)", ratio);
+  return fmt::format(" ({:.2g} % of the device budget)", 100.0 * ratio);
+}
+}  // namespace
+
 void Reporter::summary(const Summary& s) {
   if (!out_) return;
   const double tps = s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0;
@@ -222,8 +231,7 @@ void Reporter::summary(const Summary& s) {
   text += fmt::format("state           params {} + optimizer {} = {}{}\n", format_bytes(s.param_bytes),
                       format_bytes(s.optimizer_bytes), format_bytes(s.param_bytes + s.optimizer_bytes),
                       s.device_budget_bytes
-                          ? fmt::format(" ({:.1f}x the device budget)",
-                                        static_cast<double>(s.param_bytes + s.optimizer_bytes) /
+                          ? state_vs_budget(static_cast<double>(s.param_bytes + s.optimizer_bytes) /
                                             static_cast<double>(s.device_budget_bytes))
                           : std::string());
   text += fmt::format("zero            stage {}, params -> {}, optimizer -> {}, device {}\n",
