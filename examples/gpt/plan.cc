@@ -731,7 +731,7 @@ LargestModel largest_model(const train::TrainPlan& run, const MachineProfile& m)
     return p.fits ? p.params : 0;
   };
   int lo = 0, hi = 1;
-  const int kMaxLayers = 1 << 16;
+  const int kMaxLayers = 4096;  // tiermem-train's --layers limit: a deeper model is not a run it makes
   while (hi <= kMaxLayers && try_layers(hi, nullptr) > 0) {
     lo = hi;
     hi *= 2;
@@ -739,7 +739,7 @@ LargestModel largest_model(const train::TrainPlan& run, const MachineProfile& m)
   if (hi > kMaxLayers) {
     out.n_layer = lo;
     out.params = try_layers(lo, nullptr);
-    out.limit = fmt::format("searched up to {} layers", kMaxLayers);
+    out.limit = fmt::format("tiermem-train's limit of {} layers; deeper would fit", kMaxLayers);
     return out;
   }
   while (hi - lo > 1) {

@@ -764,7 +764,14 @@ Config load_config(const std::string& path) {
   }
   std::ostringstream ss;
   ss << in.rdbuf();
-  return parse_config(ss.str(), path);
+  try {
+    return parse_config(ss.str(), path);
+  } catch (const ConfigError& e) {
+    // A key's error names the file it is in (the message of a whole-file error does already).
+    const std::string what = e.what();
+    if (what.find(path) != std::string::npos) throw;
+    throw ConfigError(e.key_path(), e.value(), what + " (in " + path + ")");
+  }
 }
 
 // Keys read but not acted on (Config::inert_keys) are left out: they would say something the run
