@@ -473,6 +473,7 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     t.stall_s += read_wait;
     if (W == 1) t.comm_s += t.adam_s + read_wait;
     t.optimizer_s = publish_s;
+    t.optimizer_deferred = true;
   }
   // On the simulated device the model computes on the host's cores, and each NVMe byte's checksum
   // (hashed on a write, verified on a read, by the engine's threads) takes its CPU time from them:

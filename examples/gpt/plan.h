@@ -125,6 +125,7 @@ struct TimePrediction {
   double h2d_s = 0;            // host->device busy time
   double d2h_s = 0;            // device->host / gradient hand-off busy time
   std::string handoff_from;    // world 1: grad_handoff_basis() of the profile; else empty
+  bool optimizer_deferred = false;  // the overlapped step: AdamW runs inside the forward (in comm_s)
   double comm_s = 0;           // collectives (and, world 1, the gradient hand-off)
   double adam_s = 0;           // CPU Adam over the rank's shard (or the engine's measured step)
   bool adam_measured_step = false;  // adam_s is the profile's optimizer_params_per_s (whole step)

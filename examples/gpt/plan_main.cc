@@ -289,10 +289,13 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
                      format_bytes(p.nvme_read_bytes), format_bytes(p.nvme_write_bytes));
     t += fmt::format("  host->device  {:>10} busy      {}\n", seconds_text(x.h2d_s), format_bytes(p.h2d_bytes));
     t += fmt::format("  communication {:>10} ({:.0f} %)  {}\n", seconds_text(x.comm_s), pct(x.comm_s),
-                     run.world_size == 1 ? "world 1: gradient hand-off (from " + x.handoff_from + ") + the gathers' waits"
+                     run.world_size == 1 ? "world 1: gradient hand-off (from " + x.handoff_from + ") + the gathers' waits (the I/O wait above: shares overlap, as tiermem-train counts them)"
                                          : fmt::format("{} of collectives", format_bytes(p.comm_bytes)));
-    t += fmt::format("  optimizer     {:>10} ({:.0f} %)  {} {}\n", seconds_text(x.optimizer_s), pct(x.optimizer_s),
-                     x.adam_measured_step ? "the engine's step" : "Adam", seconds_text(x.adam_s));
+    t += fmt::format("  optimizer     {:>10} ({:.0f} %)  {} {}{}\n", seconds_text(x.optimizer_s), pct(x.optimizer_s),
+                     x.adam_measured_step ? "the engine's step" : "Adam", seconds_text(x.adam_s),
+                     x.optimizer_deferred ? ", deferred into the forward pass (counted in communication, as "
+                                            "tiermem-train times it)"
+                                          : "");
     t += fmt::format("throughput      {:.0f} tokens/s, {:.3f} TFLOP/s\n", p.tokens_per_s, p.tflops);
   } else {
     t += "step time       - (give --profile, e.g. from tiermem-bench profile --json)\n";

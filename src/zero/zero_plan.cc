@@ -123,7 +123,11 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
   p.host_min_bytes = p.host_home_bytes + step_reserve + 2 * per_elem * A;
   p.host_min_why = fmt::format("{} of host homes + {} for the largest working shard", format_bytes(p.host_home_bytes),
                                format_bytes(step_reserve));
-  if (per_elem > 0) p.host_min_why += fmt::format(" + 2 sub-groups of {} elements x {} B in flight", A, per_elem);
+  // The engine shrinks sub-groups to what the budget leaves (below), so at the minimum they are the
+  // alignment's size, whatever zero_optimization.sub_group_size asks.
+  if (per_elem > 0) {
+    p.host_min_why += fmt::format(" + 2 sub-groups in flight at their smallest ({} elements x {} B)", A, per_elem);
+  }
   if (per_elem == 0) {
     p.piece_elems = sub;
   } else {
