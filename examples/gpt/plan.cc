@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "gpt/backend.h"
 #include "gpt/model.h"
@@ -413,8 +414,7 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
   if (W == 1) {
     // The measured hand-off (what the copies into the partitions add to the backward pass), else
     // one copy at the device->host rate.
-    t.d2h_s = grad_handoff_seconds(m, run.model, grad_bytes, run.grad_accum);
-    t.handoff_from = grad_handoff_basis(m);
+    t.d2h_s = grad_handoff_seconds(m, run.model, grad_bytes, run.grad_accum, &t.handoff_from);
     // tiermem-train times a gather (waiting for its fetch included) and a gradient hand-off as
     // communication, and the same waits also as I/O wait: predicted the same way.
     t.comm_s = t.d2h_s + t.stall_s;
@@ -514,11 +514,14 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
     m.device = j["device"].get<std::string>();
   }
   if (j.contains("cpu_isa") && j["cpu_isa"].is_string()) m.cpu_isa = j["cpu_isa"].get<std::string>();
-  // gpus and threads are counts of at least 1 where given (absent: 1).
-  if (j.contains("gpus") && number(j, "gpus", source, true) < 1) {
-    throw ConfigError(source + ": gpus", j["gpus"].dump(), "must be >= 1 (devices per machine)");
-  }
-  m.gpus = std::max(1, static_cast<int>(number(j, "gpus", source, false)));
+  // gpus and threads: counts of at least 1 where given; absent, 0 (gpus then 1).
+  auto count = [&](const char* key, const char* what) {
+    if (!j.contains(key)) return 0;
+    const double n = number(j, key, source, true);
+    if (n < 1) throw ConfigError(source + ": " + key, j[key].dump(), std::string("must be >= 1 (") + what + ")");
+    return static_cast<int>(n);
+  };
+  m.gpus = std::max(1, count("gpus", "devices per machine"));
   m.compute_gflops = number(j, "compute_gflops", source, true);
   // Figures keyed by a size: {"<size>": rate, ...}, sizes > 0 (widths, module elements).
   // `zero_ok`: a rate of 0 means "no such cost" (else every rate must be > 0).
@@ -545,10 +548,7 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
         m.optimizer_params_per_s_by_module_elems);
   m.grad_handoff_gbps = number(j, "grad_handoff_gbps", source, false);
   m.checksum_gbps = number(j, "checksum_gbps", source, false);
-  if (j.contains("threads") && number(j, "threads", source, true) < 1) {
-    throw ConfigError(source + ": threads", j["threads"].dump(), "must be >= 1 (the OpenMP threads the figures used)");
-  }
-  m.threads = static_cast<int>(number(j, "threads", source, false));
+  m.threads = count("threads", "the OpenMP threads the figures used");
   m.optimizer_params_per_s = number(j, "optimizer_params_per_s", source, false);
   m.cpu_adam_params_per_s = number(j, "cpu_adam_params_per_s", source, true);
   m.h2d_gbps = number(j, "h2d_gbps", source, true);
@@ -591,9 +591,15 @@ double compute_gflops(const MachineProfile& m, int d_model, double tokens) {
   return at128 + f * (at512 - at128);
 }
 
-double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes) {
+double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes,
+                            std::string* from) {
+  auto said = [from](const char* what) {
+    if (from) *from = what;
+  };
   const std::vector<std::size_t> numels = module_numels(model);
   if (!m.grad_handoff_gbps_by_width.empty()) {
+    said(m.grad_handoff_pass_gbps_by_width.empty() ? "grad_handoff_gbps_by_width"
+                                                   : "grad_handoff_gbps_by_width + grad_handoff_pass_gbps_by_width");
     const double per_byte = by_size(m.grad_handoff_gbps_by_width, model.d_model, m.grad_handoff_gbps);
     const double per_pass = by_size(m.grad_handoff_pass_gbps_by_width, model.d_model, 0.0);
     // The last block's and the embedding's hand-offs, exposed at the end of each backward pass.
@@ -603,18 +609,11 @@ double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model
   }
   const double largest = static_cast<double>(*std::max_element(numels.begin(), numels.end()));
   const double rate = by_size(m.grad_handoff_gbps_by_module_elems, largest, m.grad_handoff_gbps);
+  said(!m.grad_handoff_gbps_by_module_elems.empty() ? "grad_handoff_gbps_by_module_elems"
+       : rate > 0                                   ? "grad_handoff_gbps"
+       : m.d2h_gbps > 0 ? "one copy at d2h_gbps (the profile has no grad_handoff_* figure)"
+                        : "one copy at h2d_gbps (the profile has no grad_handoff_* or d2h_gbps figure)");
   return grad_bytes / ((rate > 0 ? rate : m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) * 1e9);
-}
-
-std::string grad_handoff_basis(const MachineProfile& m) {
-  if (!m.grad_handoff_gbps_by_width.empty()) {
-    return m.grad_handoff_pass_gbps_by_width.empty() ? "grad_handoff_gbps_by_width"
-                                                     : "grad_handoff_gbps_by_width + grad_handoff_pass_gbps_by_width";
-  }
-  if (!m.grad_handoff_gbps_by_module_elems.empty()) return "grad_handoff_gbps_by_module_elems";
-  if (m.grad_handoff_gbps > 0) return "grad_handoff_gbps";
-  return m.d2h_gbps > 0 ? "one copy at d2h_gbps (the profile has no grad_handoff_* figure)"
-                        : "one copy at h2d_gbps (the profile has no grad_handoff_* or d2h_gbps figure)";
 }
 
 double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems) {
@@ -666,13 +665,7 @@ std::uint64_t activation_bytes(const gpt::GptConfig& g, int batch, int seq_len) 
 }
 
 Prediction predict(const train::TrainPlan& run, const MachineProfile& m) {
-  // What ZeroEngine refuses at construction (zero_engine.cc), refused here the same way.
-  if (run.config.zero.sub_group_size_elems < kAlignment) {
-    throw ConfigError("zero_optimization.sub_group_size", std::to_string(run.config.zero.sub_group_size_elems),
-                      fmt::format("config key 'zero_optimization.sub_group_size' = {} is smaller than the shard "
-                                  "alignment of {} elements; use a multiple of it",
-                                  run.config.zero.sub_group_size_elems, kAlignment));
-  }
+  check_sub_group_size(run.config.zero, kAlignment);  // what ZeroEngine refuses at construction
   Prediction p;
   std::uint64_t backend = 0;
   bool too_small = false;
@@ -771,10 +764,18 @@ std::vector<CheckRow> check_against(const Prediction& p, const nlohmann::json& s
       throw ConfigError(source + ": summary." + field, s.contains(field) ? s[field].dump() : "(missing)",
                         "a tiermem-train --json summary has this number (is the summary from an older build?)");
     }
+    // A figure a run can produce: finite, not negative; a step above 0, a share of the run at most 1.
+    const double v = s[field].get<double>();
+    const std::string_view f = field;
+    const bool share = f.ends_with("_share"), step = f == "step_seconds";
+    if (!std::isfinite(v) || v < 0 || (step && v == 0) || (share && v > 1.0 + 1e-9)) {
+      throw ConfigError(source + ": summary." + field, s[field].dump(),
+                        step ? "must be > 0 seconds" : share ? "a share of the run's time is in [0, 1]" : "must be >= 0 bytes");
+    }
     CheckRow r;
     r.field = field;
     r.predicted = pred;
-    r.measured = s[field].get<double>();
+    r.measured = v;
     r.rel_error = r.measured != 0 ? std::abs(pred - r.measured) / std::abs(r.measured) : (pred == 0 ? 0 : 1);
     rows.push_back(r);
   }

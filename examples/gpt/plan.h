@@ -104,13 +104,10 @@ double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems)
 // rate (exposed at each backward's end) and the rest at the per-byte rate (a per-pass rate of 0:
 // all per byte); else grad_bytes at the by-module-size rate of the largest module; else one copy
 // at d2h_gbps (h2d_gbps when absent).
-double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes);
-
-// Which of `m`'s figures grad_handoff_seconds() prices the hand-off from, in words for the table
-// and the JSON ("gradient_handoff_from"): the _by_width pair, the by-module-size figure,
-// grad_handoff_gbps, or, when the profile has none of them (written profiles), "one copy at
-// d2h_gbps" (h2d_gbps when that is absent too), said as a fallback.
-std::string grad_handoff_basis(const MachineProfile& m);
+// `from` (optional): which of `m`'s figures priced it, in words for the table and the JSON
+// ("gradient_handoff_from"), a fallback to one copy said as such.
+double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes,
+                            std::string* from = nullptr);
 
 // The host and device budgets a run gets when the config leaves them 0, on `m` (as the engine
 // resolves them on that machine: host 1/16 of memory in [256 MiB, 1 GiB]; device sim 1 GiB,
@@ -124,7 +121,7 @@ struct TimePrediction {
   double nvme_s = 0;           // NVMe busy time (reads + writes of the step)
   double h2d_s = 0;            // host->device busy time
   double d2h_s = 0;            // device->host / gradient hand-off busy time
-  std::string handoff_from;    // world 1: grad_handoff_basis() of the profile; else empty
+  std::string handoff_from;    // world 1: the figures grad_handoff_seconds() priced it from; else empty
   bool optimizer_deferred = false;  // the overlapped step: AdamW runs inside the forward (in comm_s)
   double comm_s = 0;           // collectives (and, world 1, the gradient hand-off)
   double adam_s = 0;           // CPU Adam over the rank's shard (or the engine's measured step)

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fmt/format.h>
@@ -193,38 +192,19 @@ void check_same_run(const json& s, const train::TrainPlan& run, const plan::Pred
   }
 }
 
-// A measured figure must be a number a run can produce: finite, not negative; a step time above 0
-// and a share of the run's time at most 1.
-void check_measured(const json& s, const std::string& path) {
-  for (const char* f : {"step_seconds", "compute_share", "io_wait_share", "communication_share", "optimizer_share",
-                        "device_peak_bytes", "host_peak_bytes", "nvme_peak_bytes"}) {
-    if (!s.contains(f) || !s[f].is_number()) continue;  // check_against names a missing one
-    const double v = s[f].get<double>();
-    const bool share = std::string_view(f).ends_with("_share");
-    const bool step = std::string_view(f) == "step_seconds";
-    if (!std::isfinite(v) || v < 0 || (step && v == 0) || (share && v > 1.0 + 1e-9)) {
-      throw ConfigError(path + ": summary." + f, s[f].dump(),
-                        step ? "must be > 0 seconds" : share ? "a share of the run's time is in [0, 1]" : "must be >= 0 bytes");
-    }
-  }
-}
-
-// The NVMe swap directories the run would make: each must be creatable, which the planner checks
-// without creating anything: the nearest existing ancestor must be a directory (tiermem-train
-// makes the rest and refuses a path under a file).
+// The NVMe swap directories the run would make (train::swap_dirs): each must be creatable, which
+// the planner checks without creating anything: the nearest existing ancestor must be a directory
+// (tiermem-train makes the rest and refuses a path under a file).
 void check_swap_dirs(const train::TrainOptions& o, const Config& cfg) {
-  for (const OffloadConfig* oc : {&cfg.zero.offload_param, &cfg.zero.offload_optimizer}) {
-    if (oc->device != OffloadDevice::kNvme) continue;
-    for (const std::string& d : oc->nvme_path) {
-      std::error_code ec;
-      std::filesystem::path probe = d;
-      while (!probe.empty() && !std::filesystem::exists(probe, ec)) probe = probe.parent_path();
-      if (!probe.empty() && !std::filesystem::is_directory(probe, ec)) {
-        throw ConfigError(o.swap_dir.empty() ? "zero_optimization.offload_*.nvme_path" : "--swap-dir", d,
-                          fmt::format("'{}' is a file, so the swap directory cannot be made under it: give a "
-                                      "directory on the NVMe drive",
-                                      probe.string()));
-      }
+  for (const std::string& d : train::swap_dirs(o, cfg)) {
+    std::error_code ec;
+    std::filesystem::path probe = d;
+    while (!probe.empty() && !std::filesystem::exists(probe, ec)) probe = probe.parent_path();
+    if (!probe.empty() && !std::filesystem::is_directory(probe, ec)) {
+      throw ConfigError(train::swap_dir_key(o), d,
+                        fmt::format("'{}' is a file, so the swap directory cannot be made under it: give a "
+                                    "directory on the NVMe drive",
+                                    probe.string()));
     }
   }
 }
@@ -404,7 +384,6 @@ int main(int argc, char** argv) {
     if (!a.check_path.empty()) {
       if (!timed) throw ConfigError("--profile", "(none)", "--check compares step time too: give --profile");
       check_same_run(summary, run, p, a.check_path);
-      check_measured(summary, a.check_path);
       if (summary.value("steps", 0) < 2) {
         std::fprintf(stderr, "tiermem-plan: note: %s has %s step(s): its step_seconds includes the first step's "
                      "trace recording (a run of several steps gives the median after the first)\n",
@@ -452,11 +431,7 @@ int main(int argc, char** argv) {
     }
     return p.fits ? 0 : 1;
   } catch (const ConfigError& e) {
-    // Named by key and value, unless the message already names the key (the config's own errors).
-    const std::string what = e.what();
-    if (e.key_path().empty() || what.find("'" + e.key_path() + "'") != std::string::npos) return fail(what);
-    return fail(e.value().empty() ? fmt::format("{}: {}", e.key_path(), what)
-                                  : fmt::format("{} = {}: {}", e.key_path(), e.value(), what));
+    return fail(describe(e));
   } catch (const std::exception& e) {
     return fail(e.what());
   }

@@ -615,12 +615,7 @@ int run_training(const TrainOptions& opts) {
   } catch (const UsageError& e) {
     return fail(e.key_path() + ": " + e.what(), 2);
   } catch (const ConfigError& e) {  // a bad --config file or value: bad input, like a bad option
-    // Named by key and value unless the message already names the key (the config's own errors quote it).
-    const std::string what = e.what();
-    if (e.key_path().empty() || what.find("'" + e.key_path() + "'") != std::string::npos) return fail(what, 2);
-    return fail(e.value().empty() ? fmt::format("{}: {}", e.key_path(), what)
-                                  : fmt::format("{} = {}: {}", e.key_path(), e.value(), what),
-                2);
+    return fail(describe(e), 2);
   } catch (const IoError& e) {
     if (!e.corrupt_data()) return fail(e.what(), 1);
     // Swapped state changed on disk (checksum mismatch, also after a re-read): stop before

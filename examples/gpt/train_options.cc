@@ -458,6 +458,21 @@ void check_dir(const std::string& key, const std::string& dir, bool o_direct,
 
 }  // namespace
 
+std::vector<std::string> swap_dirs(const TrainOptions& opts, const Config& cfg) {
+  std::vector<std::string> dirs;
+  if (opts.engine == "resident") return dirs;  // it never swaps
+  for (const OffloadConfig* oc : {&cfg.zero.offload_param, &cfg.zero.offload_optimizer}) {
+    if (oc->device != OffloadDevice::kNvme) continue;
+    for (const std::string& d : oc->nvme_path)
+      if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  }
+  return dirs;
+}
+
+std::string swap_dir_key(const TrainOptions& opts) {
+  return opts.swap_dir.empty() ? "zero_optimization.offload_*.nvme_path" : "--swap-dir";
+}
+
 void check_run_paths(const TrainOptions& opts, const Config& cfg) {
   constexpr std::uint64_t kPiB = std::uint64_t{1} << 50;
   if (cfg.tiermem.device_budget_bytes > kPiB) {
@@ -467,17 +482,8 @@ void check_run_paths(const TrainOptions& opts, const Config& cfg) {
                      fmt::format("device budget {} is absurd: more than 1 PiB",
                                  format_bytes(cfg.tiermem.device_budget_bytes)));
   }
-  std::vector<std::string> swap_dirs;
-  for (const OffloadConfig* oc : {&cfg.zero.offload_param, &cfg.zero.offload_optimizer}) {
-    if (oc->device != OffloadDevice::kNvme) continue;
-    for (const std::string& d : oc->nvme_path)
-      if (std::find(swap_dirs.begin(), swap_dirs.end(), d) == swap_dirs.end())
-        swap_dirs.push_back(d);
-  }
-  if (opts.engine == "resident") swap_dirs.clear();  // it never swaps
-  for (const std::string& d : swap_dirs) {
-    check_dir(opts.swap_dir.empty() ? "zero_optimization.offload_*.nvme_path" : "--swap-dir", d,
-              cfg.tiermem.o_direct, "swap directory", /*private_dir=*/true);
+  for (const std::string& d : swap_dirs(opts, cfg)) {
+    check_dir(swap_dir_key(opts), d, cfg.tiermem.o_direct, "swap directory", /*private_dir=*/true);
   }
   if (!opts.save_dir.empty())
     check_dir("--save", opts.save_dir, false, "checkpoint directory", /*private_dir=*/false);

@@ -116,6 +116,11 @@ std::string vocab_change_note(const TrainOptions& opts);
 // the (empty) directories it created, so a run refused afterwards leaves nothing behind.
 void check_run_paths(const TrainOptions& opts, const Config& cfg);
 
+// The NVMe swap directories the run uses (every nvme_path of an offload to NVMe, once each; none
+// for --engine resident), and the key that names them in errors (--swap-dir when given).
+std::vector<std::string> swap_dirs(const TrainOptions& opts, const Config& cfg);
+std::string swap_dir_key(const TrainOptions& opts);
+
 // The model presets tiermem-train accepts.
 const char* const* model_preset_names();  // nullptr-terminated
 

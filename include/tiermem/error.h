@@ -113,6 +113,11 @@ class CudaError : public Error {
   explicit CudaError(const std::string& message) : Error(message) {}
 };
 
+// A ConfigError as one line for a command's stderr: "<key> = <value>: <what>" ("<key>: <what>"
+// without a value), or <what> alone when it is about no key or already quotes it ('<key>', as the
+// config's own errors do).
+std::string describe(const ConfigError& e);
+
 // Formats "<what>: <strerror(err)> (errno <err>)".
 std::string errno_message(std::string_view what, int err);
 

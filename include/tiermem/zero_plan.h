@@ -143,6 +143,11 @@ inline bool defers_optimizer_step(const ZeroPlan& p, const Config& config, bool 
 // Whether the engine needs a device at all: stage-3 stored shards or device-resident optimizer.
 inline bool needs_device(const ZeroPlan& p) { return p.uses_device || p.optimizer_on_device; }
 
+// Throws ConfigError (naming zero_optimization.sub_group_size) when a sub-group is smaller than
+// the shard alignment `alignment_elems`: what ZeroEngine refuses at construction, and tiermem-plan
+// with it.
+void check_sub_group_size(const ZeroConfig& z, std::size_t alignment_elems);
+
 // Plans `module_numels` (every module's element count, in registration order) under `config`.
 ZeroPlan plan_zero(const Config& config, std::span<const std::size_t> module_numels,
                    const ZeroPlanOptions& options = {});

@@ -69,6 +69,12 @@ OutOfMemoryError::OutOfMemoryError(Tier tier, std::uint64_t requested, std::uint
       requested_(requested),
       available_(available) {}
 
+std::string describe(const ConfigError& e) {
+  const std::string what = e.what();
+  if (e.key_path().empty() || what.find("'" + e.key_path() + "'") != std::string::npos) return what;
+  return e.value().empty() ? e.key_path() + ": " + what : e.key_path() + " = " + e.value() + ": " + what;
+}
+
 std::string errno_message(std::string_view what, int err) {
   return std::string(what) + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")";
 }

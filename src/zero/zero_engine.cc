@@ -90,12 +90,7 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptio
     throw ConfigError("zero_optimization.stage", std::to_string(z.stage), "ZeRO stage must be 0, 1, 2 or 3");
   }
   if (options.alignment_elems == 0) throw Error("ZeroEngineOptions::alignment_elems must be >= 1");
-  if (z.sub_group_size_elems < options.alignment_elems) {
-    throw ConfigError("zero_optimization.sub_group_size", std::to_string(z.sub_group_size_elems),
-                      "config key 'zero_optimization.sub_group_size' = " + std::to_string(z.sub_group_size_elems) +
-                          " is smaller than the shard alignment of " + std::to_string(options.alignment_elems) +
-                          " elements; use a multiple of it");
-  }
+  check_sub_group_size(z, options.alignment_elems);
   std::string opt = lower(config_.optimizer.type);
   if (opt != "adamw" && opt != "adam") {
     throw ConfigError("optimizer.type", config_.optimizer.type,

@@ -32,6 +32,15 @@ std::uint64_t default_host_budget_bytes() {
   return std::clamp<std::uint64_t>(phys / 16 / kMiB * kMiB, 256 * kMiB, 1024 * kMiB);
 }
 
+void check_sub_group_size(const ZeroConfig& z, std::size_t alignment_elems) {
+  if (z.sub_group_size_elems < alignment_elems) {
+    throw ConfigError("zero_optimization.sub_group_size", std::to_string(z.sub_group_size_elems),
+                      fmt::format("config key 'zero_optimization.sub_group_size' = {} is smaller than the shard "
+                                  "alignment of {} elements; use a multiple of it",
+                                  z.sub_group_size_elems, alignment_elems));
+  }
+}
+
 ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const ZeroPlanOptions& o) {
   const ZeroConfig& z = cfg.zero;
   ZeroPlan p;
