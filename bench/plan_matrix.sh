@@ -12,7 +12,8 @@
 # run), OUT_DIR/<run>.jsonl, OUT_DIR/profile-<run>.json (the mean of the profiles just before and
 # just after that run), OUT_DIR/<run>.check.json (tiermem-plan --check --json's last line) and
 # prints one --check line per run; <run> is <model>-<offload>, with .r<round> after it when
-# ROUNDS > 1. With several rounds (the whole matrix again, in the same order) it ends with one
+# ROUNDS > 1. With several rounds (the whole matrix again; round 1 in the order above, each later
+# round in its own fixed shuffle, printed at the round's start) it ends with one
 # line per configuration: the median predicted against the median measured step time over the
 # rounds, and each round's error: the VM's speed moves by tens of percent within minutes, and a
 # median over rounds of interleaved runs is the figure that says how close the model is.
@@ -79,27 +80,40 @@ print('%-22s step %7.3f s predicted, %7.3f s measured (%5.1f %%); peaks device %
     100 * j['device_peak_bytes_rel_error'], 100 * j['host_peak_bytes_rel_error'], 100 * j['nvme_peak_bytes_rel_error'],
     'load ' + open('$O/$1.load').read().strip()))"
 }
-matrix() {
-  for off in nvme cpu none; do
-    run "mini-$off" --model mini --steps 30 --seq-len 64 --batch 4 --offload $off --host-budget 256MiB --device-budget 64MiB
-  done
-  for off in nvme cpu none; do
-    run "gpt2-$off" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload $off --host-budget 4GiB --device-budget 2GiB
-  done
-  run "gpt2-nvme-default" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload nvme
-  for off in nvme cpu none; do
-    run "gpt2-medium-$off" --model gpt2-medium --steps 9 --seq-len 64 --batch 2 --offload $off --host-budget 8GiB --device-budget 3GiB
+ROWS="mini-nvme mini-cpu mini-none gpt2-nvme gpt2-cpu gpt2-none gpt2-nvme-default gpt2-medium-nvme gpt2-medium-cpu gpt2-medium-none"
+row() {  # row name: its tiermem-train run
+  case $1 in
+    mini-*) run "$1" --model mini --steps 30 --seq-len 64 --batch 4 --offload "${1#mini-}" --host-budget 256MiB --device-budget 64MiB ;;
+    gpt2-nvme-default) run "$1" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload nvme ;;
+    gpt2-medium-*) run "$1" --model gpt2-medium --steps 9 --seq-len 64 --batch 2 --offload "${1#gpt2-medium-}" --host-budget 8GiB --device-budget 3GiB ;;
+    gpt2-*) run "$1" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload "${1#gpt2-}" --host-budget 4GiB --device-budget 2GiB ;;
+  esac
+}
+order() {  # round: the rows in the order of ROWS for round 1, then a fixed shuffle per round
+  # (seeded by the round) so that no row keeps its position or the row before it: stop 28's six
+  # rounds always ran gpt2-cpu fifth, after gpt2-nvme, and it was faster than gpt2-none in all six
+  # while alternating runs outside the matrix were not (docs/benchmarks.md, stop 28)
+  python3 -c "
+import random, sys
+rows = sys.argv[2:]
+if int(sys.argv[1]) > 1:
+    random.Random(int(sys.argv[1])).shuffle(rows)
+print(' '.join(rows))" "$1" $ROWS
+}
+matrix() {  # round
+  for name in $(order "$1"); do
+    row "$name"
   done
 }
 SUFFIX=
 if [ "$ROUNDS" -le 1 ]; then
-  matrix
+  matrix 1
   exit 0
 fi
 for r in $(seq 1 "$ROUNDS"); do
-  echo "round $r of $ROUNDS"
+  echo "round $r of $ROUNDS: $(order "$r")"
   SUFFIX=.r$r
-  matrix
+  matrix "$r"
 done
 python3 - "$O" "$ROUNDS" <<'PY'
 import json, statistics, sys
