@@ -385,8 +385,8 @@ int main(int argc, char** argv) {
       if (!timed) throw ConfigError("--profile", "(none)", "--check compares step time too: give --profile");
       check_same_run(summary, run, p, a.check_path);
       if (summary.value("steps", 0) < 2) {
-        std::fprintf(stderr, "tiermem-plan: note: %s has %s step(s): its step_seconds includes the first step's "
-                     "trace recording (a run of several steps gives the median after the first)\n",
+        std::fprintf(stderr, "tiermem-plan: note: %s has %s step(s): its step_seconds and shares include the "
+                     "first step's trace recording (a run of several steps gives those of the steps after the first)\n",
                      a.check_path.c_str(), summary.contains("steps") ? summary["steps"].dump().c_str() : "no");
       }
       const std::vector<plan::CheckRow> rows = plan::check_against(p, summary, a.check_path);

@@ -41,6 +41,21 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The run's time split so far, less `before` (the split at an earlier point): compute from the
+// trainer's timers (seconds, cumulative), the rest from the engine's counters. Waits inside the
+// optimizer step count as optimizer time (it includes its swaps). `other` is what `seconds` (the
+// wall time the split is of) leaves; 0 when seconds is 0.
+TimeSplit time_split(double compute, const EngineStats& st, double seconds,
+                     const TimeSplit& before = {}) {
+  TimeSplit x;
+  x.compute = compute - before.compute;
+  x.io_wait = std::max(0.0, st.stall_seconds - st.optimizer_stall_seconds) - before.io_wait;
+  x.comm = st.comm_seconds - before.comm;
+  x.optimizer = st.optimizer_seconds - before.optimizer;
+  x.other = std::max(0.0, seconds - (x.compute + x.io_wait + x.comm + x.optimizer));
+  return x;
+}
+
 TrainPlan make_plan(const TrainOptions& o, const Config& cfg, int rank, int world) {
   TrainPlan p;
   p.model_name = o.model;
@@ -417,6 +432,10 @@ int run_training(const TrainOptions& opts) {
     const auto t_loop = Clock::now();
     EngineStats prev = engine->stats();
     int steps_run = 0;
+    // The time split at the end of the first step (which records the prefetch trace): the
+    // summary's shares are of the steps after it, the steady state the planner predicts.
+    TimeSplit first_split;
+    double first_seconds = 0;
     std::vector<double> step_seconds;  // wall time of each step run (summary: step_seconds)
     const int last_step = opts.stop_at > 0 ? std::min(opts.stop_at, plan.steps) : plan.steps;
     int stopped_by = 0;  // the signal that ended the loop early
@@ -497,6 +516,10 @@ int run_training(const TrainOptions& opts) {
       const double per_step = seconds_since(t_loop) / steps_run;
       rep.eta_seconds = per_step * (plan.steps - t);
       prev = now;
+      if (steps_run == 1) {
+        first_split = time_split(timers.compute, now, 0);
+        first_seconds = seconds_since(t_loop);
+      }
       const bool eval_now = plan.eval_every > 0 && (t % plan.eval_every == 0 || t == plan.steps);
       reporter.step(rep, eval_now || t == last_step || t == first_step);
       if (!std::isfinite(loss)) {
@@ -592,14 +615,14 @@ int run_training(const TrainOptions& opts) {
     s.moved = st.moved;
     s.stall_seconds = st.stall_seconds;
     s.flops = flops_per_step * steps_run;
-    s.split.compute = timers.compute;
-    // Waits inside the optimizer step count as optimizer time (it includes its swaps).
-    s.split.io_wait = std::max(0.0, st.stall_seconds - st.optimizer_stall_seconds);
-    s.split.comm = st.comm_seconds;
-    s.split.optimizer = st.optimizer_seconds;
-    s.split.other = s.seconds - (timers.compute + s.split.io_wait + st.comm_seconds +
-                                 st.optimizer_seconds);
-    if (s.split.other < 0) s.split.other = 0;
+    s.split = time_split(timers.compute, st, s.seconds);
+    if (steps_run > 1) {
+      s.steady_seconds = s.seconds - first_seconds;
+      s.steady_split = time_split(timers.compute, st, s.steady_seconds, first_split);
+    } else {
+      s.steady_seconds = s.seconds;
+      s.steady_split = s.split;
+    }
     reporter.summary(s);
     if (Trace::global().enabled()) {
       const std::string trace_path = Trace::global().path();

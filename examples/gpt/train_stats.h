@@ -11,7 +11,7 @@
 //    "device_peak_bytes":..,"activation_peak_bytes":..,"activation_checkpointing":..,
 //    "nvme_bytes_read":..,"nvme_bytes_written":..,"stall_seconds":..,"seconds":.., ...,
 //    "step_seconds":..,"step_seconds_mean":..,"compute_share":..,"io_wait_share":..,"communication_share":..,
-//    "optimizer_share":..,"plan_inputs":{"batch","grad_accum","seq_len","n_layer","n_head",
+//    "optimizer_share":..,"shares_of_steps":..,"steady_seconds":..,"plan_inputs":{"batch","grad_accum","seq_len","n_layer","n_head",
 //    "d_model","context","vocab"}}}   (the last three groups: what tiermem-plan --check reads)
 // Losses are printed with enough digits to round-trip a double exactly, so two runs' losses can
 // be compared bitwise from their output.
@@ -86,9 +86,14 @@ struct Summary {
   std::string param_offload, optimizer_offload, device_kind;
   int zero_stage = 0;
   // What tiermem-plan --check compares (plan.h): the steady step time (the median step after
-  // the first; step_seconds_mean: their mean), the time split as shares of `seconds`, and the
+  // the first; step_seconds_mean: their mean), the time split of those steps as shares of their
+  // wall time (steady_split, steady_seconds below), and the
   // run's inputs under "plan_inputs".
   double step_seconds = 0, step_seconds_mean = 0;
+  // The split of the steps after the first (all of them for a one-step run) and their wall time:
+  // the shares are steady_split over steady_seconds (`split` is the whole run's, first step too).
+  TimeSplit steady_split;
+  double steady_seconds = 0;
   int batch = 0, grad_accum = 0, seq_len = 0;
   struct GptDims {
     int n_layer = 0, n_head = 0, d_model = 0, context = 0, vocab = 0;

@@ -6,7 +6,10 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -330,11 +333,58 @@ std::uint64_t parse_size(std::string_view text, std::string_view key_path) {
 
 Config parse_config(std::string_view json_text, std::string_view source) {
   json root;
+  // A key given twice in one object is refused, as DeepSpeed's config loader refuses it: nlohmann
+  // would keep the last value silently, and the user cannot tell which of the two the run took.
+  // The parser callback sees each key in order; `open` holds, per object being read, its key path
+  // and the keys seen in it so far (an array's elements are named '[]').
+  struct Object {
+    std::string path;
+    std::set<std::string> keys;
+    std::string last;
+  };
+  std::vector<Object> open;
+  std::string duplicate;
+  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
+    auto child = [&] {
+      if (open.empty()) return std::string();
+      Object& o = open.back();
+      return o.path.empty() ? o.last : o.path + "." + o.last;
+    };
+    switch (event) {
+      case json::parse_event_t::object_start:
+        open.push_back({child(), {}, "[]"});
+        break;
+      case json::parse_event_t::array_start:  // its elements are named '<path>.[]'
+        open.push_back({child(), {}, "[]"});
+        open.back().keys.insert("[]");
+        break;
+      case json::parse_event_t::key:
+        if (!open.empty()) {
+          Object& o = open.back();
+          o.last = parsed.get<std::string>();
+          if (!o.keys.insert(o.last).second && duplicate.empty()) duplicate = child();
+        }
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  };
   try {
-    root = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/true,
+    root = json::parse(json_text.begin(), json_text.end(), on_event, /*allow_exceptions=*/true,
                        /*ignore_comments=*/true);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for number overflow
     throw ConfigError("", "", std::string(source) + ": not valid JSON: " + e.what());
+  }
+  if (!duplicate.empty()) {
+    throw ConfigError(duplicate, "",
+                      "config key '" + duplicate + "' is given twice in " + std::string(source) +
+                          " (in the same object): keep the one you mean and delete the other; "
+                          "DeepSpeed refuses duplicate keys too");
   }
   Config cfg;
   Section top(root, "", cfg);

@@ -126,6 +126,29 @@ TEST(Config, MalformedJsonIsConfigError) {
   EXPECT_THROW(load_config("/nonexistent/ds_config.json"), ConfigError);
 }
 
+// nlohmann keeps the last of two equal keys; DeepSpeed's loader refuses them, and so does tiermem,
+// naming the key's whole path — at the top, nested, and inside an array's objects — while the
+// same key in two different objects is fine.
+TEST(Config, DuplicateKeysAreRefusedWithTheirPath) {
+  expect_key_error(R"({"train_batch_size": 8, "train_batch_size": 16})", "train_batch_size");
+  expect_key_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                       "stage": 2}})",
+                   "zero_optimization.stage");
+  expect_key_error(R"({"zero_optimization": {"offload_param": {"device": "cpu", "device": "nvme"}}})",
+                   "zero_optimization.offload_param.device");
+  expect_key_error(R"({"x": [{"a": 1, "a": 2}]})", "x.[].a");
+  try {
+    parse_config(R"({"fp16": {"enabled": false}, "fp16": {"enabled": true}})", "ds.json");
+    FAIL() << "no ConfigError for a duplicated section";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "fp16");
+    EXPECT_NE(std::string(e.what()).find("given twice in ds.json"), std::string::npos) << e.what();
+  }
+  const Config c = parse_config(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                                   "offload_optimizer": {"device": "cpu"}}})");
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kCpu);
+}
+
 // Found by tests/fuzz/config_fuzz: a number too large for a double made nlohmann throw
 // out_of_range, which escaped as a non-ConfigError.
 TEST(Config, FuzzFoundNumberOverflowIsConfigError) {

@@ -133,7 +133,7 @@ TEST_F(DataTest, ErrorsNameTheFile) {
   e = error_of((dir_ / "only_index").string());
   EXPECT_NE(e.find("no non-empty text files"), std::string::npos) << e;
 
-  const std::string binary = write("garbage.dat", std::string("ab\0\xff\x01cd", 7));
+  const std::string binary = write("garbage.dat", std::string("ab\0\xff\x01" "cd", 7));
   e = error_of(binary);
   EXPECT_NE(e.find(binary), std::string::npos) << e;
   EXPECT_NE(e.find("does not look like text"), std::string::npos) << e;
