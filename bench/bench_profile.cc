@@ -8,6 +8,8 @@
 //                                     aio block size, queue depth and rings; O_DIRECT unless the
 //                                     filesystem refuses it), --size bytes in pipeline_chunk_bytes
 //                                     requests, all in flight, on a file under --path (removed)
+//   nvme_read_beside_writes_gbps      the same reads (half of --size) while the other half is
+//                                     written, requests submitted alternately: the read's GB/s
 //   h2d_gbps / d2h_gbps               copies of --copy-size through the Device the engine would make
 //                                     (tiermem.device auto: CUDA when visible, else SimDevice)
 //   cpu_adam_params_per_s             tiermem::adam_step (best ISA, all OpenMP threads), 16 M params
@@ -85,9 +87,16 @@ std::unique_ptr<std::byte, AlignedFree> aligned(std::uint64_t bytes) {
   return std::unique_ptr<std::byte, AlignedFree>(static_cast<std::byte*>(p));
 }
 
+struct NvmeRates {
+  double read = 0, write = 0;
+  double read_beside_writes = 0;  // reads while as many bytes of writes are in flight
+};
+
 // NVMe: write then read `bytes` in chunk-sized requests, all submitted at once (the engine splits
-// them into block_size pieces and keeps queue_depth in flight per ring).
-std::pair<double, double> measure_nvme(const ProfileOpts& o, std::uint64_t bytes, std::string* note) {
+// them into block_size pieces and keeps queue_depth in flight per ring); then the first half read
+// while the second half is written, the requests submitted alternately, the read's rate taken when
+// its last request completes (the overlapped optimizer step's reads beside its write-backs).
+NvmeRates measure_nvme(const ProfileOpts& o, std::uint64_t bytes, std::string* note) {
   Config cfg;
   std::filesystem::create_directories(o.path);
   const std::string file = (std::filesystem::path(o.path) / fmt::format("tiermem-profile-{}.dat", ::getpid())).string();
@@ -120,13 +129,27 @@ std::pair<double, double> measure_nvme(const ProfileOpts& o, std::uint64_t bytes
     wait_all(reqs);
     return static_cast<double>(bytes) / (now_s() - t0) / 1e9;
   };
-  std::vector<double> w, r;
+  auto mixed = [&] {
+    const std::uint64_t half = bytes / 2 / chunk * chunk;
+    std::vector<IoRequest> reads, writes;
+    const double t0 = now_s();
+    for (std::uint64_t off = 0; off < half; off += chunk) {
+      reads.push_back(io->submit_read(f, off, chunk, buf.get() + off));
+      writes.push_back(io->submit_write(f, half + off, chunk, buf.get() + half + off));
+    }
+    wait_all(reads);
+    const double read_s = now_s() - t0;
+    wait_all(writes);
+    return static_cast<double>(half) / read_s / 1e9;
+  };
+  std::vector<double> w, r, m;
   for (int i = 0; i < o.reps; ++i) w.push_back(pass(true));
   ::sync();
   for (int i = 0; i < o.reps; ++i) r.push_back(pass(false));
+  for (int i = 0; i < o.reps; ++i) m.push_back(mixed());
   io->close_file(f);
   std::filesystem::remove(file);
-  return {median(r), median(w)};
+  return {median(r), median(w), median(m)};
 }
 
 std::pair<double, double> measure_copies(const ProfileOpts& o, std::uint64_t bytes, std::string* device) {
@@ -422,7 +445,7 @@ int run_profile(const ProfileOpts& o) {
   }
   const double t_start = now_s();
   std::string note, device;
-  const auto [nvme_r, nvme_w] = measure_nvme(o, nvme_bytes, &note);
+  const NvmeRates nvme = measure_nvme(o, nvme_bytes, &note);
   const auto [h2d, d2h] = measure_copies(o, copy_bytes, &device);
   const double adam = measure_adam(o);
   const double gemm = measure_gemm(o);
@@ -471,8 +494,9 @@ int run_profile(const ProfileOpts& o) {
   p["optimizer_params_per_s_by_module_elems"] = optimizer_by;
   p["h2d_gbps"] = h2d;
   p["d2h_gbps"] = d2h;
-  p["nvme_read_gbps"] = nvme_r;
-  p["nvme_write_gbps"] = nvme_w;
+  p["nvme_read_gbps"] = nvme.read;
+  p["nvme_write_gbps"] = nvme.write;
+  p["nvme_read_beside_writes_gbps"] = nvme.read_beside_writes;
   p["nvme_settings"] = {{"block_size", cfg.aio.block_size_bytes}, {"queue_depth", cfg.aio.queue_depth},
                         {"rings", cfg.aio.intra_op_parallelism}, {"request_bytes", cfg.tiermem.pipeline_chunk_bytes},
                         {"o_direct", note.empty()}, {"path", o.path}};
@@ -483,7 +507,8 @@ int run_profile(const ProfileOpts& o) {
   p["seconds"] = now_s() - t_start;
   std::printf("profile: %s, CPU %s, %d threads\n", device.c_str(), p["cpu_isa"].get<std::string>().c_str(),
               omp_get_max_threads());
-  std::printf("  nvme       read %.2f GB/s, write %.2f GB/s (%s)%s\n", nvme_r, nvme_w, o.path.c_str(),
+  std::printf("  nvme       read %.2f GB/s, write %.2f GB/s, read beside writes %.2f GB/s (%s)%s\n", nvme.read,
+              nvme.write, nvme.read_beside_writes, o.path.c_str(),
               note.empty() ? "" : (", " + note).c_str());
   std::printf("  copies     h2d %.2f GB/s, d2h %.2f GB/s\n", h2d, d2h);
   std::printf("  cpu adam   %.3g params/s; checksum (XXH3-64, one thread) %.2f GB/s\n", adam, checksum);

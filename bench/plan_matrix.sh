@@ -80,13 +80,15 @@ print('%-22s step %7.3f s predicted, %7.3f s measured (%5.1f %%); peaks device %
     100 * j['device_peak_bytes_rel_error'], 100 * j['host_peak_bytes_rel_error'], 100 * j['nvme_peak_bytes_rel_error'],
     'load ' + open('$O/$1.load').read().strip()))"
 }
-ROWS="mini-nvme mini-cpu mini-none gpt2-nvme gpt2-cpu gpt2-none gpt2-nvme-default gpt2-medium-nvme gpt2-medium-cpu gpt2-medium-none"
+# ROWS (environment): the rows to run, a subset of these (default all ten).
+ROWS=${ROWS:-"mini-nvme mini-cpu mini-none gpt2-nvme gpt2-cpu gpt2-none gpt2-nvme-default gpt2-medium-nvme gpt2-medium-cpu gpt2-medium-none"}
 row() {  # row name: its tiermem-train run
   case $1 in
     mini-*) run "$1" --model mini --steps 30 --seq-len 64 --batch 4 --offload "${1#mini-}" --host-budget 256MiB --device-budget 64MiB ;;
     gpt2-nvme-default) run "$1" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload nvme ;;
     gpt2-medium-*) run "$1" --model gpt2-medium --steps 9 --seq-len 64 --batch 2 --offload "${1#gpt2-medium-}" --host-budget 8GiB --device-budget 3GiB ;;
-    gpt2-*) run "$1" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload "${1#gpt2-}" --host-budget 4GiB --device-budget 2GiB ;;
+    gpt2-nvme|gpt2-cpu|gpt2-none) run "$1" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload "${1#gpt2-}" --host-budget 4GiB --device-budget 2GiB ;;
+    *) echo "plan_matrix.sh: unknown row '$1' in ROWS" >&2; exit 2 ;;
   esac
 }
 order() {  # round: the rows in the order of ROWS for round 1, then a fixed shuffle per round
@@ -115,11 +117,10 @@ for r in $(seq 1 "$ROUNDS"); do
   SUFFIX=.r$r
   matrix "$r"
 done
-python3 - "$O" "$ROUNDS" <<'PY'
+python3 - "$O" "$ROUNDS" "$ROWS" <<'PY'
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-rows = ['mini-nvme', 'mini-cpu', 'mini-none', 'gpt2-nvme', 'gpt2-cpu', 'gpt2-none', 'gpt2-nvme-default',
-        'gpt2-medium-nvme', 'gpt2-medium-cpu', 'gpt2-medium-none']
+rows = sys.argv[3].split()
 print('medians over %d rounds (predicted / measured step time; each round\'s signed error):' % rounds)
 within = 0
 for row in rows:

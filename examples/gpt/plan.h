@@ -78,6 +78,9 @@ struct MachineProfile {
   int threads = 0;                      // optional: the threads the compute figures used (0: unknown)
   double h2d_gbps = 0, d2h_gbps = 0;    // host <-> device, one rank
   double nvme_read_gbps = 0, nvme_write_gbps = 0;  // all drives together (ranks share them)
+  // Optional: the read rate while as many bytes of writes are in flight (the overlapped optimizer
+  // step's reads beside its write-backs). Absent (0): the planner prices them one after another.
+  double nvme_read_beside_writes_gbps = 0;
   double comm_gbps = 0;                 // per-rank collective bus bandwidth (0: unknown)
   std::uint64_t host_memory_bytes = 0;  // physical host memory (all ranks share it)
   std::uint64_t device_memory_bytes = 0;  // per device (sim: 0, its budget is host memory)
@@ -123,6 +126,9 @@ struct TimePrediction {
   double d2h_s = 0;            // device->host / gradient hand-off busy time
   std::string handoff_from;    // world 1: the figures grad_handoff_seconds() priced it from; else empty
   bool optimizer_deferred = false;  // the overlapped step: AdamW runs inside the forward (in comm_s)
+  // The overlapped step with optimizer state streamed from NVMe: how its reads were priced
+  // (beside the write-backs, or in turn with them); else empty.
+  std::string io_wait_from;
   double comm_s = 0;           // collectives (and, world 1, the gradient hand-off)
   double adam_s = 0;           // CPU Adam over the rank's shard (or the engine's measured step)
   bool adam_measured_step = false;  // adam_s is the profile's optimizer_params_per_s (whole step)

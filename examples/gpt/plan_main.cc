@@ -263,8 +263,9 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
                      plan::compute_gflops(m, run.model.d_model, static_cast<double>(run.batch) * run.seq_len),
                      x.checksum_s > 0 ? " + " + seconds_text(x.checksum_s) + " of NVMe checksums on the same cores" : "");
     t += fmt::format("  I/O wait      {:>10} ({:.0f} %)  parameters not yet on the device, optimizer state not yet in "
-                     "the host pool\n",
-                     seconds_text(x.stall_s), pct(x.stall_s));
+                     "the host pool{}\n",
+                     seconds_text(x.stall_s), pct(x.stall_s),
+                     x.io_wait_from.empty() ? "" : " (" + x.io_wait_from + ")");
     t += fmt::format("  nvme link     {:>10} busy      read {}, write {}\n", seconds_text(x.nvme_s),
                      format_bytes(p.nvme_read_bytes), format_bytes(p.nvme_write_bytes));
     t += fmt::format("  host->device  {:>10} busy      {}\n", seconds_text(x.h2d_s), format_bytes(p.h2d_bytes));

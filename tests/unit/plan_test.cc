@@ -401,6 +401,27 @@ TEST_F(PlanTest, GatedReadsAndChecksumsPriceTheOverlappedNvmeStep) {
   EXPECT_LT(fw.summary["time_seconds"]["io_wait"].get<double>(), t["io_wait"].get<double>());
   EXPECT_GT(fw.summary["time_seconds"]["io_wait"].get<double>(), 0);  // the reads still wait for room
 
+  EXPECT_NE(small.summary.value("optimizer_reads_from", "").find("in turn"), std::string::npos) << small.summary.dump();
+  // A profile that measured the drive's reads beside writes (nvme_read_beside_writes_gbps,
+  // stop 29): the reads stream at that rate and the write-backs take none of their time. At the
+  // read rate alone the wait is below the in-turn one and still above 0 (the room); at a tenth
+  // of it, above.
+  for (const double beside : {1.0, 0.1}) {
+    json b = json::parse(kProfile);
+    b["nvme_read_beside_writes_gbps"] = beside;
+    std::ofstream(dir_ / "beside.json") << b.dump();
+    const RunResult r = plan(args + "--host-budget 1GiB --profile beside.json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.summary.value("optimizer_reads_from", "").find("beside the write-backs"), std::string::npos);
+    const double wait = r.summary["time_seconds"]["io_wait"].get<double>();
+    if (beside == 1.0) {
+      EXPECT_LT(wait, t["io_wait"].get<double>());
+      EXPECT_GT(wait, 0);
+    } else {
+      EXPECT_GT(wait, t["io_wait"].get<double>());
+    }
+  }
+
   const RunResult big = plan(args + "--host-budget 4GiB --profile profile.json");
   ASSERT_EQ(big.exit_code, 0) << big.err;
   EXPECT_EQ(big.summary["traffic_bytes"]["nvme_read"].get<double>(), 0);
