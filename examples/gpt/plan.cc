@@ -466,8 +466,9 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     // The forward's reads share the drive with the write-backs of updated state. A profile that
     // measured reads beside writes (nvme_read_beside_writes_gbps) gives their rate there, and the
     // write-backs then take none of the reads' time; else each write-back is priced between two
-    // reads at the write rate (stop 27's model; stop 29: this VM's drive read at 1.3-1.5 GB/s
-    // beside writes as alone, and that model over-predicted gpt2's wait by ~0.15 s a step).
+    // reads at the write rate (stop 27's model; stop 29: this VM's drive kept reading beside
+    // writes, at 0.9-1.1 GB/s through the IoEngine against 1.4-1.7 alone, and that model
+    // over-predicted gpt2's wait at the default budgets by ~0.15 s a step).
     const bool beside = m.nvme_read_beside_writes_gbps > 0;
     const double stream_read_gbps = beside ? m.nvme_read_beside_writes_gbps : m.nvme_read_gbps;
     t.io_wait_from = beside ? "reads at nvme_read_beside_writes_gbps, beside the write-backs"

@@ -517,8 +517,8 @@ int run_training(const TrainOptions& opts) {
       rep.eta_seconds = per_step * (plan.steps - t);
       prev = now;
       if (steps_run == 1) {
-        first_split = time_split(timers.compute, now, 0);
         first_seconds = seconds_since(t_loop);
+        first_split = time_split(timers.compute, now, first_seconds);
       }
       const bool eval_now = plan.eval_every > 0 && (t % plan.eval_every == 0 || t == plan.steps);
       reporter.step(rep, eval_now || t == last_step || t == first_step);

@@ -352,11 +352,8 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     };
     switch (event) {
       case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:  // an array's elements are named '<path>.[]'
         open.push_back({child(), {}, "[]"});
-        break;
-      case json::parse_event_t::array_start:  // its elements are named '<path>.[]'
-        open.push_back({child(), {}, "[]"});
-        open.back().keys.insert("[]");
         break;
       case json::parse_event_t::key:
         if (!open.empty()) {
