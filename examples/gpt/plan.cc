@@ -471,8 +471,10 @@ void predict_time(const train::TrainPlan& run, const Config& cfg, const MachineP
     // over-predicted gpt2's wait at the default budgets by ~0.15 s a step).
     const bool beside = m.nvme_read_beside_writes_gbps > 0;
     const double stream_read_gbps = beside ? m.nvme_read_beside_writes_gbps : m.nvme_read_gbps;
-    t.io_wait_from = beside ? "reads at nvme_read_beside_writes_gbps, beside the write-backs"
-                            : "reads and write-backs in turn (the profile has no nvme_read_beside_writes_gbps)";
+    if (opt_read > 0) {  // only where optimizer state streams (plan.h: else empty)
+      t.io_wait_from = beside ? "reads at nvme_read_beside_writes_gbps, beside the write-backs"
+                              : "reads and write-backs in turn (the profile has no nvme_read_beside_writes_gbps)";
+    }
     const double read_s = opt_read / (stream_read_gbps * 1e9), write_s = opt_write / (m.nvme_write_gbps * 1e9);
     const double fwd = t.compute_s / 3.0 + t.adam_s, bwd = 2.0 * t.compute_s / 3.0 + (W == 1 ? t.d2h_s : t.comm_s);
     const double pool_grads = stage >= 2 && z.gradient_home == Tier::kNvme ? 4.0 * R : 0.0;
