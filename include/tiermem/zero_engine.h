@@ -150,6 +150,12 @@ struct ZeroEngineOptions {
   std::size_t alignment_elems = 1024;
   // With overlap_comm, at most this many reduce-scatter buckets are in flight; more waits.
   int max_inflight_buckets = 4;
+  // true: step() averages the gradients over the micro-batches handed in since the last step
+  // (tiermem-train's convention: each reduce_gradients() call carries one micro-batch's mean).
+  // false: it sums them (torch's convention: loss.backward() accumulates, and the caller divides
+  // the loss by gradient_accumulation_steps itself, as DeepSpeed's engine.backward does). Both
+  // still divide by the world size (the mean over ranks).
+  bool mean_over_micro_batches = true;
 };
 
 // What this rank holds and moved, in bytes (for tests, logs and the trainer's summary).
@@ -363,6 +369,17 @@ class ZeroEngine {
 
   // The fp16 loss scale (1 unless fp16 is enabled): multiply the loss by it before backward.
   double loss_scale() const;
+
+  // Replaces the module's parameters with `values` (full fp32, numel elements, identical on every
+  // rank): this rank's part of the fp32 master weights is overwritten (Adam moments and step count
+  // are kept) and the working parameters are republished from it exactly as step() publishes them
+  // (to the working dtype; a stored stage-3 shard at its home; stages 1-2 and persistent modules
+  // all-gathered), so the next gather() sees the new values. A pending overlapped update of the
+  // module is applied first. Between steps only: gradients accumulated since the last step are
+  // kept. Collective with several ranks (the all-gather of modules kept whole): call on every
+  // rank. Errors: Error for an unknown module or a wrong element count (nothing changed);
+  // IoError from the swap space / parameter store.
+  void set_module_params(int module, std::span<const float> values);
 
   // The module's full fp32 master weights (numel elements), all-gathered — every rank gets them,
   // rank 0 typically saves them. Reads NVMe-resident state as needed.

@@ -61,5 +61,6 @@ void register_errors(nb::module_& m);
 void bind_aio_handle(nb::module_& m);
 void bind_swap(nb::module_& m);
 void bind_adam(nb::module_& m);
+void bind_zero_engine(nb::module_& m);
 
 }  // namespace tiermem::py

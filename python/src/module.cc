@@ -198,4 +198,5 @@ NB_MODULE(_tiermem, m) {
   py::bind_aio_handle(m);
   py::bind_swap(m);
   py::bind_adam(m);
+  py::bind_zero_engine(m);
 }

@@ -117,6 +117,7 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
     }
   }
   // In fp32 as tiermem-train's loop computes it for its other engines (bitwise-equal runs).
+  if (!opts.mean_over_micro_batches) micro = 1;  // the caller scaled each micro-batch's loss
   double grad_scale = static_cast<float>(1.0 / (static_cast<double>(world) * micro * (scaler ? res.loss_scale : 1.0)));
   if (pre_pass) {
     res.grad_norm = std::sqrt(sumsq) * grad_scale;
@@ -596,6 +597,53 @@ void ZeroEngine::Impl::import_state(const std::function<void(const ZeroStateChun
     to_working(s, working.dest(p), n);
   }
   working.finish();
+}
+
+void ZeroEngine::set_module_params(int module, std::span<const float> values) {
+  Impl& I = *impl_;
+  I.finalize();
+  if (module < 0 || module >= num_modules()) {
+    throw Error("ZeroEngine::set_module_params: unknown module " + std::to_string(module));
+  }
+  detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
+  if (values.size() != m.numel) {
+    throw Error(fmt::format("ZeroEngine::set_module_params(\"{}\"): {} values given, the module has {} elements",
+                            m.name, values.size(), m.numel));
+  }
+  I.sync();
+  if (m.pending) I.apply_pending(module, Phase::kOutsideStep);  // else it would overwrite the new values
+  const ElemRange r = m.shard.range(I.opt_rank);
+  detail::AlignedBuf buf;
+  const ZeroOnExit uncount{I.state_stage_live};
+  Impl::WorkingShardOut working(I);
+  for (int pi : m.pieces) {
+    const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
+    const std::size_t n = p.size();
+    TensorStore::Pin state;
+    float* s = nullptr;
+    if (p.on_device) {
+      s = I.state_stage(buf);
+      I.store->read(p.optim, std::as_writable_bytes(std::span<float>(s, 3 * n)));
+    } else {
+      state = I.store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
+      s = state.as<float>();
+    }
+    // Shard elements [p.begin, p.end) are module elements r.begin + [p.begin, p.end); padding
+    // past the module's end stays 0.
+    const std::size_t lo = std::min(r.begin + p.begin, m.numel), hi = std::min(r.begin + p.end, m.numel);
+    std::copy(values.begin() + static_cast<std::ptrdiff_t>(lo), values.begin() + static_cast<std::ptrdiff_t>(hi), s);
+    if (p.on_device) {
+      I.store->write(p.optim, std::as_bytes(std::span<const float>(s, 3 * n)));
+    } else {
+      state.mark_dirty();
+    }
+    I.to_working(s, working.dest(p), n);
+  }
+  working.finish();
+  if (m.full.p != nullptr && (I.stage == 1 || I.stage == 2 || m.persistent)) {
+    I.comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, I.comm_dtype);
+    ++I.st.all_gather_calls;
+  }
 }
 
 ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(const ZeroStateChunk&)>& sink) {

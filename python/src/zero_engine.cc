@@ -1,0 +1,321 @@
+// python/src/zero_engine.cc — tiermem.torch's bridge to the C++ ZeroEngine:
+//   _tiermem.Config      a parsed ds_config (tiermem::parse_config: the same parser, errors and
+//                        "auto" rules as tiermem-train), as a value; to_json() gives every key.
+//   _tiermem.ZeroEngine  one ZeroEngine over a Communicator: module registration, gathers returned
+//                        as torch tensors that VIEW the engine's memory (DLPack, no copy),
+//                        gradient reduction, the AdamW step, parameter write-back, checkpoint
+//                        export/import one sub-group at a time, statistics.
+//
+// Lifetime: a gathered tensor owns its ZeroEngine::Gathered scope. The scope ends (stage 3: the
+// working shard is unpinned, an all-gathered buffer freed) when torch frees the tensor's storage,
+// i.e. when the last view of it goes; the engine itself lives until the last such tensor and the
+// Python object are gone. So no torch view can ever read memory the engine has given back.
+//
+// Thread-safety: one Python thread drives an engine (as ZeroEngine requires). Every call keeps the
+// GIL, so a tensor freed on another thread (its deleter takes the GIL) cannot end a scope while a
+// call is inside the engine.
+//
+// Errors: as the rest of the extension (tiermem::ConfigError -> ValueError naming the key,
+// IoError -> tiermem.IoError, OutOfMemoryError -> MemoryError, other tiermem::Error ->
+// RuntimeError); argument errors are TypeError/ValueError naming the call and the argument.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "tiermem/communicator.h"
+#include "tiermem/config.h"
+#include "tiermem/device.h"
+#include "tiermem/error.h"
+#include "tiermem/zero_engine.h"
+
+namespace tiermem::py {
+namespace {
+
+struct PyConfig {
+  Config config;
+};
+
+// The engine and the communicator it runs over, shared by the Python object and every gathered
+// tensor's owner.
+struct EngineBox {
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<ZeroEngine> engine;
+  ~EngineBox() {
+    engine.reset();  // before the communicator it uses
+    comm.reset();
+  }
+};
+
+// Owner of one gathered tensor's memory (a DLPack capsule's payload).
+struct GatheredOwner {
+  std::shared_ptr<EngineBox> box;
+  ZeroEngine::Gathered gathered;
+  ~GatheredOwner() {
+    gathered.release();  // never throws; before `box` can go
+  }
+};
+
+nb::dlpack::dtype dlpack_dtype(DType d) {
+  using code = nb::dlpack::dtype_code;
+  if (d == DType::kBF16) return nb::dlpack::dtype{static_cast<std::uint8_t>(code::Bfloat), 16, 1};
+  if (d == DType::kF16) return nb::dlpack::dtype{static_cast<std::uint8_t>(code::Float), 16, 1};
+  return nb::dtype<float>();
+}
+
+const char* phase_error = "phase must be 'forward', 'backward' or 'other'";
+
+Phase phase_of(const std::string& p) {
+  if (p == "forward") return Phase::kForward;
+  if (p == "backward") return Phase::kBackward;
+  if (p == "other") return Phase::kOther;
+  if (p == "outside") return Phase::kOutsideStep;
+  throw nb::value_error((std::string("ZeroEngine.gather: ") + phase_error + ", got '" + p + "'").c_str());
+}
+
+// A contiguous fp32 CPU array of exactly `n` elements (the call and argument named in errors).
+const float* f32_array(nb::handle obj, std::size_t n, const char* fn, const char* arg) {
+  ArrayView v = view_array(obj, fn, arg, /*writable=*/false);
+  if (!is_f32(v.dtype))
+    throw nb::value_error(str_printf("%s: argument '%s' must be float32, got %s", fn, arg,
+                                     dtype_name(v.dtype).c_str()).c_str());
+  if (v.elems != n)
+    throw nb::value_error(str_printf("%s: argument '%s' has %llu elements, expected %zu", fn, arg,
+                                     static_cast<unsigned long long>(v.elems), n).c_str());
+  return static_cast<const float*>(v.data);
+}
+
+class PyZeroEngine {
+ public:
+  PyZeroEngine(const PyConfig& cfg, std::vector<std::size_t> numels, bool mean_over_micro_batches,
+               const std::string& comm_backend)
+      : box_(std::make_shared<EngineBox>()) {
+    CommOptions co;
+    co.backend = comm_backend;
+    box_->comm = comm_backend == "single" ? make_single_communicator() : make_communicator(co);
+    ZeroEngineOptions opts;
+    opts.mean_over_micro_batches = mean_over_micro_batches;
+    box_->engine = std::make_unique<ZeroEngine>(cfg.config, *box_->comm, numels, opts);
+  }
+
+  ZeroEngine& e() {
+    if (!box_ || !box_->engine) throw nb::value_error("ZeroEngine: the engine has been closed");
+    return *box_->engine;
+  }
+
+  int register_module(const std::string& name, nb::handle values, std::size_t numel) {
+    const float* p = f32_array(values, numel, "ZeroEngine.register_module", "values");
+    return e().register_module(name, std::span<const float>(p, numel));
+  }
+
+  nb::object gather(int module, const std::string& phase) {
+    ZeroEngine& en = e();
+    auto owner = std::make_unique<GatheredOwner>();
+    owner->box = box_;
+    owner->gathered = en.gather(module, phase_of(phase));
+    const ZeroEngine::Gathered& g = owner->gathered;
+    if (g.on_device() && en.device() != nullptr && !en.device()->host_addressable())
+      throw nb::value_error("ZeroEngine.gather: the module's parameters are in device memory the CPU cannot "
+                            "address; tiermem.torch computes on CPU tensors here (set tiermem.device to "
+                            "\"sim\")");
+    const std::size_t shape[1] = {g.numel()};
+    void* data = const_cast<void*>(g.data());
+    const DType dt = g.dtype();
+    nb::capsule cap(owner.release(), [](void* p) noexcept { delete static_cast<GatheredOwner*>(p); });
+    return nb::ndarray<nb::pytorch>(data, 1, shape, cap, nullptr, dlpack_dtype(dt)).cast();
+  }
+
+  void reduce_gradients(int module, nb::handle grad) {
+    ZeroEngine& en = e();
+    const std::size_t n = en.module_numel(module);
+    const float* p = f32_array(grad, n, "ZeroEngine.reduce_gradients", "grad");
+    en.reduce_gradients(module, std::span<const float>(p, n));
+  }
+
+  void set_module_params(int module, nb::handle values) {
+    ZeroEngine& en = e();
+    const std::size_t n = en.module_numel(module);
+    const float* p = f32_array(values, n, "ZeroEngine.set_module_params", "values");
+    en.set_module_params(module, std::span<const float>(p, n));
+  }
+
+  nb::dict step() {
+    ZeroEngine::StepResult r = e().step();
+    nb::dict d;
+    d["skipped"] = r.skipped;
+    d["loss_scale"] = r.loss_scale;
+    d["grad_norm"] = r.grad_norm;
+    d["step"] = r.step;
+    return d;
+  }
+
+  // This rank's optimizer state, one sub-group at a time: sink(offset, master, exp_avg,
+  // exp_avg_sq) with three float32 numpy arrays viewing the engine's memory, valid during the
+  // call only. Returns the header (a dict).
+  nb::dict export_state(const nb::callable& sink) {
+    ZeroOptimizerState h = e().export_optimizer_state([&](const ZeroStateChunk& c) {
+      const std::size_t shape[1] = {c.n};
+      auto view = [&](float* p) { return nb::ndarray<nb::numpy, float>(p, 1, shape, nb::handle()).cast(); };
+      sink(c.offset, view(c.master), view(c.exp_avg), view(c.exp_avg_sq));
+    });
+    return header_dict(h);
+  }
+
+  // Replaces this rank's optimizer state: source(offset, master, exp_avg, exp_avg_sq) fills the
+  // three writable float32 arrays (every element). `header` as export_state returned it.
+  void import_state(const nb::dict& header, const nb::callable& source) {
+    ZeroOptimizerState h;
+    h.world_size = nb::cast<int>(header["world_size"]);
+    h.rank = nb::cast<int>(header["rank"]);
+    h.alignment_elems = nb::cast<std::size_t>(header["alignment_elems"]);
+    h.module_numels = nb::cast<std::vector<std::size_t>>(header["module_numels"]);
+    h.steps = nb::cast<std::int64_t>(header["steps"]);
+    h.skipped_steps = nb::cast<std::int64_t>(header["skipped_steps"]);
+    if (header.contains("loss_scale")) {
+      LossScalerState s;
+      s.scale = nb::cast<double>(header["loss_scale"]);
+      s.hysteresis_left = nb::cast<int>(header["loss_scale_hysteresis_left"]);
+      s.iter = nb::cast<std::int64_t>(header["loss_scale_iter"]);
+      s.last_overflow_iter = nb::cast<std::int64_t>(header["loss_scale_last_overflow_iter"]);
+      h.loss_scaler = s;
+    }
+    e().import_optimizer_state(h, [&](const ZeroStateChunk& c) {
+      const std::size_t shape[1] = {c.n};
+      auto view = [&](float* p) { return nb::ndarray<nb::numpy, float>(p, 1, shape, nb::handle()).cast(); };
+      source(c.offset, view(c.master), view(c.exp_avg), view(c.exp_avg_sq));
+    });
+  }
+
+  nb::object export_master(int module) {
+    std::vector<float> v = e().export_master(module);
+    auto* heap = new std::vector<float>(std::move(v));
+    nb::capsule cap(heap, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+    const std::size_t shape[1] = {heap->size()};
+    return nb::ndarray<nb::pytorch, float>(heap->data(), 1, shape, cap).cast();
+  }
+
+  nb::dict stats() {
+    ZeroStats s = e().stats();
+    nb::dict d;
+    d["optimizer_state_bytes"] = s.optimizer_state_bytes;
+    d["gradient_bytes"] = s.gradient_bytes;
+    d["working_param_bytes"] = s.working_param_bytes;
+    d["param_store_bytes"] = s.param_store_bytes;
+    d["param_home"] = std::string(tier_name(s.param_home));
+    d["optimizer_home"] = std::string(tier_name(s.optimizer_home));
+    d["gradient_home"] = std::string(tier_name(s.gradient_home));
+    d["sub_group_elems"] = s.sub_group_elems;
+    d["sub_groups"] = s.sub_groups;
+    d["host_budget_bytes"] = s.host_budget_bytes;
+    d["host_pool_peak_bytes"] = s.host_pool_peak_bytes;
+    d["host_bounce_bytes"] = s.host_bounce_bytes;
+    d["host_engine_peak_bytes"] = s.host_engine_peak_bytes;
+    d["device_budget_bytes"] = s.device_budget_bytes;
+    d["device_peak_bytes"] = s.device_peak_bytes;
+    d["nvme_read_bytes"] = s.nvme_read_bytes;
+    d["nvme_written_bytes"] = s.nvme_written_bytes;
+    d["host_to_device_bytes"] = s.host_to_device_bytes;
+    d["device_to_host_bytes"] = s.device_to_host_bytes;
+    d["store_hits"] = s.store_hits;
+    d["store_misses"] = s.store_misses;
+    d["stall_ns"] = s.stall_ns;
+    d["prefetches_issued"] = s.prefetches_issued;
+    d["all_gather_calls"] = s.all_gather_calls;
+    d["reduce_scatter_calls"] = s.reduce_scatter_calls;
+    d["steps"] = s.steps;
+    d["skipped_steps"] = s.skipped_steps;
+    return d;
+  }
+
+  void close() {
+    if (!box_) return;
+    if (box_->engine) box_->engine->synchronize();
+    box_.reset();  // the engine goes with the last gathered tensor
+  }
+
+  std::shared_ptr<EngineBox> box_;
+
+ private:
+  static nb::dict header_dict(const ZeroOptimizerState& h) {
+    nb::dict d;
+    d["world_size"] = h.world_size;
+    d["rank"] = h.rank;
+    d["alignment_elems"] = h.alignment_elems;
+    d["module_numels"] = h.module_numels;
+    d["steps"] = h.steps;
+    d["skipped_steps"] = h.skipped_steps;
+    if (h.loss_scaler) {
+      d["loss_scale"] = h.loss_scaler->scale;
+      d["loss_scale_hysteresis_left"] = h.loss_scaler->hysteresis_left;
+      d["loss_scale_iter"] = h.loss_scaler->iter;
+      d["loss_scale_last_overflow_iter"] = h.loss_scaler->last_overflow_iter;
+    }
+    return d;
+  }
+};
+
+}  // namespace
+
+void bind_zero_engine(nb::module_& m) {
+  nb::class_<PyConfig>(m, "Config",
+                       "A parsed ds_config (tiermem::parse_config). Made by parse_config(); a plain value.")
+      .def("to_json", [](const PyConfig& c) { return config_to_json(c.config, -1); },
+           "Every key with its resolved value, as a JSON string.")
+      .def("resolve_batch_sizes", [](PyConfig& c, int world) { resolve_batch_sizes(c.config, world); },
+           nb::arg("world_size"),
+           "Derives the missing one of train_batch_size / train_micro_batch_size_per_gpu / "
+           "gradient_accumulation_steps as DeepSpeed does (ValueError naming the keys when they disagree).")
+      .def("auto_resolved_line", [](const PyConfig& c) { return auto_resolved_line(c.config); },
+           "key=value for every key given as \"auto\", with the value it has now ('' when none).")
+      .def_prop_ro("unknown_keys", [](const PyConfig& c) { return c.config.unknown_keys; })
+      .def_prop_ro("auto_keys", [](const PyConfig& c) { return c.config.auto_keys; });
+  m.def(
+      "parse_config",
+      [](const std::string& text, const std::string& source) { return PyConfig{parse_config(text, source)}; },
+      nb::arg("text"), nb::arg("source") = "<dict>",
+      "Parses ds_config JSON text; `source` names it in errors. ValueError names key, value and rule.");
+
+  nb::class_<PyZeroEngine>(m, "ZeroEngine",
+                           "tiermem::ZeroEngine for tiermem.torch (see python/src/zero_engine.cc).")
+      .def(nb::init<const PyConfig&, std::vector<std::size_t>, bool, const std::string&>(),
+           nb::arg("config"), nb::arg("module_numels"), nb::arg("mean_over_micro_batches") = false,
+           nb::arg("comm") = "single",
+           "Plans for the modules' element counts (ValueError naming the budget key and the minimum "
+           "when a budget cannot hold them; nothing is written then). register_module must follow "
+           "for each, in order.")
+      .def("register_module", &PyZeroEngine::register_module, nb::arg("name"), nb::arg("values"),
+           nb::arg("numel"), "Writes the module's initial fp32 parameters (a CPU float32 array of numel) to their homes.")
+      .def("gather", &PyZeroEngine::gather, nb::arg("module"), nb::arg("phase") = "other",
+           "The module's full working parameters as a 1-D torch tensor viewing the engine's memory "
+           "(float32, bfloat16 or float16: the working dtype). Valid while any view of it lives.")
+      .def("reduce_gradients", &PyZeroEngine::reduce_gradients, nb::arg("module"), nb::arg("grad"),
+           "Adds this rank's gradient of the module (float32, numel; copied before the call returns).")
+      .def("set_module_params", &PyZeroEngine::set_module_params, nb::arg("module"), nb::arg("values"),
+           "Replaces the module's master weights and working parameters (float32, numel).")
+      .def("step", &PyZeroEngine::step, "AdamW over every sub-group; returns {skipped, loss_scale, grad_norm, step}.")
+      .def("zero_grad", [](PyZeroEngine& p) { p.e().zero_grad(); })
+      .def("synchronize", [](PyZeroEngine& p) { p.e().synchronize(); })
+      .def("set_learning_rate", [](PyZeroEngine& p, double lr) { p.e().set_learning_rate(lr); }, nb::arg("lr"))
+      .def("loss_scale", [](PyZeroEngine& p) { return p.e().loss_scale(); })
+      .def("module_numel", [](PyZeroEngine& p, int m) { return p.e().module_numel(m); }, nb::arg("module"))
+      .def("num_modules", [](PyZeroEngine& p) { return p.e().num_modules(); })
+      .def("shard_numel", [](PyZeroEngine& p) { return p.e().shard_numel(); })
+      .def("export_master", &PyZeroEngine::export_master, nb::arg("module"),
+           "The module's full fp32 master weights as a new torch tensor.")
+      .def("export_state", &PyZeroEngine::export_state, nb::arg("sink"))
+      .def("import_state", &PyZeroEngine::import_state, nb::arg("header"), nb::arg("source"))
+      .def("stats", &PyZeroEngine::stats)
+      .def("device_name", [](PyZeroEngine& p) { return p.e().device_name(); })
+      .def("rank", [](PyZeroEngine& p) { return p.box_->comm->rank(); })
+      .def("world_size", [](PyZeroEngine& p) { return p.box_->comm->world_size(); })
+      .def("comm_backend", [](PyZeroEngine& p) { return std::string(p.box_->comm->backend()); })
+      .def("working_dtype", [](PyZeroEngine& p) { return std::string(tiermem::dtype_name(p.e().working_dtype())); })
+      .def("close", &PyZeroEngine::close,
+           "Ends the engine (its swap files are removed once the last gathered tensor is freed).");
+}
+
+}  // namespace tiermem::py
