@@ -180,6 +180,9 @@ void register_errors(nb::module_& m) {
 NB_MODULE(_tiermem, m) {
   namespace py = tiermem::py;
   m.doc() = "tiermem's C++ core: the io_uring engine, swap space and CPU AdamW (see tiermem/__init__.py)";
+  // Engines live in reference cycles with the models they hook (model -> hooks -> engine), which
+  // the interpreter may leave uncollected at exit; that is not a leak worth a report.
+  py::nb::set_leak_warnings(false);
   py::register_errors(m);
   m.def(
       "new_locked_array",

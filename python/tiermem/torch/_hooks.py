@@ -1,0 +1,322 @@
+"""The hooks that put a torch model's parameters in tiermem's ZeroEngine (no partitioning, paging
+or optimizer here: those are the engine's).
+
+Units. Each module that directly owns trainable parameters (``module._parameters``) is one engine
+module ("unit"): its parameters flattened, in registration order, into one fp32 vector. A module
+marked as a leaf (``set_z3_leaf_modules``: DeepSpeed's ``_z3_leaf`` attribute) is one unit with
+every parameter of its subtree, and its children get no hooks. A parameter that appears again
+(tied weights: GPT-2's ``lm_head.weight`` is ``wte.weight``) belongs to the first unit that holds
+it; every other module that holds it gathers that unit too. Frozen parameters
+(``requires_grad=False``) are not engine state: they stay where torch put them.
+
+Between uses, a parameter's ``.data`` is a placeholder: a zero-stride expansion of one element, so
+``param.shape`` stays true but the parameter holds no memory. Reading it then gives meaningless
+values, writing it fails.
+
+Forward. A module's pre-forward hook gathers its units (``ZeroEngine.gather``: stage 3 pins the
+shard, or all-gathers it, loading it from its home tier ahead of time by the engine's recorded
+trace) and points each parameter's ``.data`` at its slice of the gathered memory: a view, no copy.
+The post-forward hook puts the placeholders back. The gathered memory itself is freed by torch's
+reference counting (the engine's scope ends when the storage does), so a view that autograd or the
+user kept stays valid, and no view can outlive the memory.
+
+Backward. While a module runs forward with autograd recording, tensors autograd saves are packed
+by ``saved_tensors_hooks``: a parameter, or a view of one (``nn.Linear`` saves ``weight.t()``), is
+saved as (unit, size, stride, offset) instead of its memory, and unpacked when backward needs it
+by gathering the unit again (phase "backward": the engine's trace prefetches it in order). Modules
+run again inside backward (``torch.utils.checkpoint``) gather as in forward; their units are
+released when the backward ends.
+
+Gradients. A hook after each trainable parameter's gradient is accumulated copies it into its
+unit's fp32 gradient buffer and drops ``param.grad``; when every trainable parameter of the unit
+has arrived, the buffer goes to ``ZeroEngine.reduce_gradients`` (the engine's reduce path: the
+reduce-scatter and the accumulation into its gradient partitions), while backward goes on with
+the modules before it. A unit whose parameters did not all get a gradient is reduced when the
+backward ends. The engine sums what it is given (mean_over_micro_batches false): torch's
+convention.
+
+Thread-safety: one thread drives a model (as torch's autograd on CPU tensors does).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Iterable, Optional
+
+import torch
+
+_PLACEHOLDERS: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _placeholder(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    base = _PLACEHOLDERS.get(dtype)
+    if base is None:
+        base = torch.zeros((), dtype=dtype)
+        _PLACEHOLDERS[dtype] = base
+    return base.expand(shape)
+
+
+class Unit:
+    """One engine module: parameters laid out back to back in one flat vector."""
+
+    __slots__ = ("index", "name", "params", "numel", "flat", "active", "n_trainable", "grad", "received",
+                 "bw_flat", "deferred")
+
+    def __init__(self, index: int, name: str) -> None:
+        self.index = index
+        self.name = name
+        self.params: list[tuple[torch.nn.Parameter, int, int]] = []  # (param, offset, numel)
+        self.numel = 0
+        self.flat: Optional[torch.Tensor] = None  # gathered working params while in use
+        self.active = 0                           # modules running that use it
+        self.n_trainable = 0
+        self.grad: Optional[torch.Tensor] = None  # fp32 gradient of the current backward
+        self.received = 0
+        self.bw_flat = None                       # weakref to the last backward gather
+        self.deferred = False                     # gathered inside backward: released at its end
+
+    def add(self, p: torch.nn.Parameter) -> None:
+        n = p.numel()
+        self.params.append((p, self.numel, n))
+        self.numel += n
+        if p.requires_grad:
+            self.n_trainable += 1
+
+
+class _Saved:
+    __slots__ = ("unit", "size", "stride", "offset")
+
+    def __init__(self, unit: Unit, t: torch.Tensor) -> None:
+        self.unit = unit
+        self.size = t.size()
+        self.stride = t.stride()
+        self.offset = t.storage_offset()
+
+
+def _in_backward() -> bool:
+    return torch._C._current_autograd_node() is not None
+
+
+class ParamHooks:
+    """Owns the units of one model and the hooks that drive the engine for it."""
+
+    def __init__(self, model: torch.nn.Module, leaf_types: tuple = ()) -> None:
+        self.model = model
+        self.units: list[Unit] = []
+        self.unit_of: dict[int, tuple[Unit, torch.nn.Parameter]] = {}  # id(param) -> (unit, param)
+        self.module_units: dict[int, list[Unit]] = {}  # id(module) -> units it gathers
+        self.frozen: list[torch.nn.Parameter] = []
+        self.engine = None
+        self.working_dtype = torch.float32
+        self.handles: list = []
+        self.saved_ctx = None
+        self.depth = 0
+        self.backward_pending = False
+        self.on_backward = None  # called once per backward that produced a gradient
+        self._build_units(leaf_types)
+
+    # ------------------------------------------------------------------------------ units
+    def _build_units(self, leaf_types: tuple) -> None:
+        seen: set[int] = set()
+        skip: set[int] = set()  # modules inside a leaf: no hooks of their own
+        for name, module in self.model.named_modules():
+            if id(module) in skip:
+                continue
+            is_leaf = getattr(module, "_z3_leaf", False) or (leaf_types and isinstance(module, leaf_types))
+            if is_leaf:
+                for sub in module.modules():
+                    if sub is not module:
+                        skip.add(id(sub))
+                params = [p for m in module.modules() for p in m._parameters.values() if p is not None]
+            else:
+                params = [p for p in module._parameters.values() if p is not None]
+            unit = None
+            needs: list[Unit] = []
+            for p in params:
+                if id(p) in seen:  # tied: gather the unit that owns it
+                    owner = self.unit_of.get(id(p))
+                    if owner is not None and owner[0] not in needs and owner[0] is not unit:
+                        needs.append(owner[0])
+                    continue
+                seen.add(id(p))
+                if not p.requires_grad:
+                    self.frozen.append(p)
+                    continue
+                if not p.is_floating_point():
+                    raise TypeError(f"tiermem.torch.initialize: parameter '{self._pname(module, p, name)}' is "
+                                    f"{p.dtype}; ZeRO pages floating-point parameters only (make it a buffer, or "
+                                    "set requires_grad=False)")
+                if unit is None:
+                    unit = Unit(len(self.units), name or "<root>")
+                    self.units.append(unit)
+                    needs.insert(0, unit)
+                unit.add(p)
+                self.unit_of[id(p)] = (unit, p)
+            if needs:
+                self.module_units[id(module)] = needs
+
+    @staticmethod
+    def _pname(module, p, prefix: str) -> str:
+        for n, q in module.named_parameters():
+            if q is p:
+                return f"{prefix}.{n}" if prefix else n
+        return prefix
+
+    def numels(self) -> list[int]:
+        return [u.numel for u in self.units]
+
+    def flat_values(self, unit: Unit) -> torch.Tensor:
+        """The unit's current parameter values as one new fp32 vector (for registration)."""
+        out = torch.empty(unit.numel, dtype=torch.float32)
+        for p, off, n in unit.params:
+            out[off:off + n].copy_(p.detach().reshape(-1))
+        return out
+
+    # ------------------------------------------------------------------------------ attach
+    def attach(self, engine, working_dtype: torch.dtype) -> None:
+        self.engine = engine
+        self.working_dtype = working_dtype
+        for u in self.units:
+            self._release(u)
+        for module in self.model.modules():
+            self.handles.append(module.register_forward_pre_hook(self._pre_forward))
+            self.handles.append(module.register_forward_hook(self._post_forward, always_call=True))
+        for u in self.units:
+            for p, _, _ in u.params:
+                if p.requires_grad:
+                    self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    # ------------------------------------------------------------------------------ gather / release
+    def _phase(self) -> str:
+        if _in_backward():
+            return "backward"
+        if torch.is_grad_enabled() and self.model.training:
+            return "forward"
+        return "outside"  # eval, generate(): outside the step's recorded trace
+
+    def gather(self, unit: Unit, phase: Optional[str] = None) -> torch.Tensor:
+        if unit.flat is None:
+            flat = self.engine.gather(unit.index, phase or self._phase())
+            unit.flat = flat
+            for p, off, n in unit.params:
+                p.data = flat[off:off + n].view(p.shape)
+        return unit.flat
+
+    def _release(self, unit: Unit) -> None:
+        unit.flat = None
+        for p, _, _ in unit.params:
+            p.data = _placeholder(p.shape, self.working_dtype)
+
+    def _pre_forward(self, module, args):
+        if self.depth == 0 and torch.is_grad_enabled() and not _in_backward():
+            self.saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self.saved_ctx.__enter__()
+        self.depth += 1
+        units = self.module_units.get(id(module))
+        if units:
+            for u in units:
+                self.gather(u)
+                u.active += 1
+
+    def _post_forward(self, module, args, output):
+        units = self.module_units.get(id(module))
+        if units:
+            inside = _in_backward()
+            for u in units:
+                u.active -= 1
+                if u.active == 0:
+                    if inside:
+                        u.deferred = True  # a recompute's backward still reads .data
+                        self._queue_end_of_backward()
+                    else:
+                        self._release(u)
+        self.depth -= 1
+        if self.depth == 0 and self.saved_ctx is not None:
+            ctx, self.saved_ctx = self.saved_ctx, None
+            ctx.__exit__(None, None, None)
+        return None
+
+    # ------------------------------------------------------------------------------ saved tensors
+    def _pack(self, t: torch.Tensor):
+        hit = self.unit_of.get(id(t))
+        if hit is None or hit[1] is not t:
+            base = t._base
+            if base is None:
+                return t
+            hit = self.unit_of.get(id(base))
+            if hit is None or hit[1] is not base:
+                return t
+        return _Saved(hit[0], t)
+
+    def _unpack(self, s):
+        if not isinstance(s, _Saved):
+            return s
+        u = s.unit
+        flat = u.flat
+        if flat is None:
+            flat = u.bw_flat() if u.bw_flat is not None else None
+            if flat is None:
+                flat = self.engine.gather(u.index, "backward")
+                u.bw_flat = weakref.ref(flat)
+        return flat.as_strided(s.size, s.stride, s.offset)
+
+    # ------------------------------------------------------------------------------ gradients
+    def _on_grad(self, p: torch.nn.Parameter) -> None:
+        unit, _ = self.unit_of[id(p)]
+        g = p.grad
+        p.grad = None
+        if g is None:
+            return
+        self._queue_end_of_backward()
+        if unit.grad is None:
+            unit.grad = torch.zeros(unit.numel, dtype=torch.float32)
+        off, n = self._slot(unit, p)
+        dst = unit.grad[off:off + n]
+        src = g.detach().reshape(-1)
+        if unit.received == 0 and src.dtype == torch.float32:
+            dst.copy_(src)
+        else:
+            dst.add_(src.to(torch.float32))
+        unit.received += 1
+        if unit.received == unit.n_trainable:
+            self._reduce(unit)
+
+    @staticmethod
+    def _slot(unit: Unit, p) -> tuple[int, int]:
+        for q, off, n in unit.params:
+            if q is p:
+                return off, n
+        raise KeyError(p)
+
+    def _reduce(self, unit: Unit) -> None:
+        grad, unit.grad = unit.grad, None
+        unit.received = 0
+        self.engine.reduce_gradients(unit.index, grad)
+
+    def _queue_end_of_backward(self) -> None:
+        if not self.backward_pending:
+            self.backward_pending = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            if self.on_backward is not None:
+                self.on_backward()
+
+    def _end_of_backward(self) -> None:
+        self.backward_pending = False
+        for u in self.units:
+            if u.grad is not None:  # some of its parameters got no gradient: they add zero
+                self._reduce(u)
+            if u.deferred and u.active == 0:
+                u.deferred = False
+                self._release(u)
+            u.bw_flat = None
+
+    # ------------------------------------------------------------------------------ helpers
+    def release_all(self) -> None:
+        for u in self.units:
+            if u.active == 0:
+                self._release(u)

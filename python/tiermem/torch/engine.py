@@ -1,0 +1,401 @@
+"""``tiermem.torch.initialize``: ZeRO-Infinity for any torch model, with DeepSpeed's call shapes.
+
+    engine, optimizer, _, lr_scheduler = tiermem.torch.initialize(
+        model=model, model_parameters=model.parameters(), config="ds_config.json")
+    for batch in data:
+        loss = engine(**batch).loss
+        engine.backward(loss)
+        engine.step()
+
+Under it is the C++ ``tiermem::ZeroEngine`` (the engine tiermem-train runs): parameters, fp32
+gradient partitions, master weights and Adam moments are tensors of its TensorStore, homed on the
+tiers the config's ``zero_optimization`` names, paged by its reuse-distance Prefetcher under its
+budgets, and stepped by its sub-group AdamW. Python only hooks the modules (see ``_hooks.py``).
+
+The model also trains torch-natively after ``initialize``: ``loss.backward()``,
+``optimizer.step()``, ``optimizer.zero_grad()``, with any torch LR scheduler driving
+``optimizer.param_groups[0]["lr"]`` (the HF Trainer given ``optimizers=(optimizer, scheduler)``).
+
+Errors: ValueError for a config the parser or the engine refuses (naming the key, the value and
+the rule, and the file); TypeError/ValueError for a model it cannot take (naming the parameter);
+RuntimeError for calls out of order; MemoryError for a budget that cannot hold what is asked;
+tiermem.IoError for I/O. A refused start writes nothing.
+
+Thread-safety: one thread drives an engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any, Iterable, Optional
+
+import torch
+
+from .. import _tiermem
+from ._hooks import ParamHooks
+
+__all__ = ["initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules"]
+
+
+def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes: Iterable[type]) -> list:
+    """Marks every module of `model` that is an instance of one of `leaf_module_classes` as one
+    engine unit: its whole subtree is gathered and released together (DeepSpeed's function of the
+    same name and its ``_z3_leaf`` attribute). Returns the modules marked."""
+    classes = tuple(leaf_module_classes)
+    marked = []
+    for m in model.modules():
+        if isinstance(m, classes):
+            m._z3_leaf = True
+            marked.append(m)
+    return marked
+
+
+# ---------------------------------------------------------------------------------------- config
+
+_HF_AUTO_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+
+def _hidden_size(model: torch.nn.Module) -> Optional[int]:
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    for key in ("hidden_size", "n_embd", "d_model"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    sizes = getattr(cfg, "hidden_sizes", None)
+    if isinstance(sizes, (list, tuple)) and sizes:
+        return max(sizes)
+    return None
+
+
+def load_config(config: Any, model: Optional[torch.nn.Module] = None, world_size: int = 1, quiet: bool = False):
+    """Parses `config` (a path to a ds_config JSON file, or a dict) with tiermem's parser.
+
+    Where HF's DeepSpeed integration derives an "auto" from the model, the same is done here from
+    ``model.config``'s hidden size H: reduce_bucket_size = H*H, stage3_prefetch_bucket_size =
+    0.9*H*H, stage3_param_persistence_threshold = 10*H (one line says what each became). Every
+    other "auto" takes tiermem's default (listed on one line). Returns (Config, dict of every key)."""
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ValueError(f"tiermem.torch.initialize: cannot read config file {path}: {e.strerror}") from None
+        source = path
+    elif isinstance(config, dict):
+        try:
+            text = json.dumps(config)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"tiermem.torch.initialize: config dict is not JSON-serialisable: {e}") from None
+        source = "<config dict>"
+    else:
+        raise TypeError(f"tiermem.torch.initialize: config must be a path or a dict, got {type(config).__name__}")
+    parsed = _tiermem.parse_config(text, source)  # duplicate keys, types and ranges checked here
+    doc = json.loads(text)
+    zero = doc.get("zero_optimization") if isinstance(doc, dict) else None
+    hidden = _hidden_size(model) if model is not None else None
+    if isinstance(zero, dict) and hidden:
+        derived = {"reduce_bucket_size": hidden * hidden,
+                   "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+                   "stage3_param_persistence_threshold": 10 * hidden}
+        done = []
+        for key in _HF_AUTO_KEYS:
+            if zero.get(key) == "auto":
+                zero[key] = derived[key]
+                done.append(f"zero_optimization.{key}={derived[key]}")
+        if done:
+            if not quiet:
+                print(f"tiermem.torch: \"auto\" from the model (hidden size {hidden}): {', '.join(done)}",
+                      file=sys.stderr)
+            parsed = _tiermem.parse_config(json.dumps(doc), source)
+    parsed.resolve_batch_sizes(world_size)
+    line = parsed.auto_resolved_line()
+    if line and not quiet:
+        print(f"tiermem.torch: \"auto\" resolved: {line}", file=sys.stderr)
+    return parsed, json.loads(parsed.to_json())
+
+
+# ---------------------------------------------------------------------------------------- model checks
+
+def _check_model(model: torch.nn.Module) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"tiermem.torch.initialize: model must be a torch.nn.Module, got {type(model).__name__}")
+    if getattr(model, "_tiermem_engine", None) is not None:
+        raise RuntimeError("tiermem.torch.initialize: this model is already managed by a tiermem engine "
+                           "(initialize was called on it before); build a new model, or keep using the first engine")
+    devices = {}
+    for name, p in model.named_parameters():
+        devices.setdefault(p.device, name)
+    if len(devices) > 1:
+        listed = ", ".join(f"{d} (e.g. '{n}')" for d, n in devices.items())
+        raise ValueError(f"tiermem.torch.initialize: the model's parameters are on several devices: {listed}; "
+                         "move the whole model to one device first (model.to(device))")
+    for d, n in devices.items():
+        if d.type != "cpu":
+            raise NotImplementedError(
+                f"tiermem.torch.initialize: parameter '{n}' is on {d}; this build of tiermem.torch computes on CPU "
+                "tensors (the engine's device tier is memory the CPU addresses); keep the model on the CPU")
+
+
+# ---------------------------------------------------------------------------------------- optimizer
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """The engine's AdamW as a ``torch.optim.Optimizer`` (so torch LR schedulers, the HF Trainer
+    and accelerate can drive it). It holds no state of its own: master weights and moments are in
+    the engine, on their tier. ``param_groups[0]["lr"]`` is the learning rate the next ``step()``
+    uses (a scheduler may change it); betas, eps and weight_decay come from the config and are
+    shown for reference only."""
+
+    def __init__(self, params: list, engine: "TiermemEngine", hparams: dict) -> None:
+        if not params:
+            params = [torch.nn.Parameter(torch.zeros(0))]  # torch refuses an empty list
+        super().__init__(params, dict(hparams))
+        self._tm = engine
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._tm._optimizer_step(float(self.param_groups[0]["lr"]))
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._tm._zero_grad()
+
+    def state_dict(self) -> dict:
+        raise RuntimeError("ZeroOptimizer.state_dict: the optimizer state (fp32 master weights, Adam moments) lives in "
+                           "tiermem's engine on its tier; save it with engine.save_checkpoint(dir) and restore it with "
+                           "engine.load_checkpoint(dir)")
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        raise RuntimeError("ZeroOptimizer.load_state_dict: restore the optimizer state with engine.load_checkpoint(dir)")
+
+
+# ---------------------------------------------------------------------------------------- LR schedule
+
+class DeepSpeedLR(torch.optim.lr_scheduler.LRScheduler):
+    """The config's ``scheduler`` section (WarmupLR, WarmupDecayLR, WarmupCosineLR) as a torch LR
+    scheduler over ``ZeroOptimizer``: optimizer step t (1-based) runs at DeepSpeed's lr of
+    iteration t - 1, computed by tiermem's schedule functions (the ones tiermem-train uses)."""
+
+    def __init__(self, optimizer: ZeroOptimizer, config, peak_lr: float) -> None:
+        self._config = config
+        self._peak = peak_lr
+        super().__init__(optimizer)
+
+    def get_lr(self):
+        t = self.last_epoch + 1  # last_epoch: optimizer steps taken so far
+        return [_tiermem.lr_at(self._config, self._peak, t) for _ in self.optimizer.param_groups]
+
+
+# ---------------------------------------------------------------------------------------- engine
+
+class TiermemEngine:
+    """What ``initialize`` returns first: the model with DeepSpeed's engine calls.
+
+    ``engine(*args, **kwargs)`` runs the model; ``backward(loss)`` scales the loss (fp16 loss
+    scale, 1 / gradient_accumulation_steps) and runs backward; ``step()`` counts the micro-batch
+    and, at the accumulation boundary, clips, steps AdamW (the engine's, on its tier) and the LR
+    scheduler. ``module`` is the user's model."""
+
+    def __init__(self, model: torch.nn.Module, config_obj, config: dict, leaf_types: tuple = (),
+                 lr_scheduler=None, quiet: bool = False) -> None:
+        self.module = model
+        self.config = config
+        self._config_obj = config_obj
+        self.gradient_accumulation_steps = int(config["gradient_accumulation_steps"])
+        self.train_micro_batch_size_per_gpu = int(config["train_micro_batch_size_per_gpu"])
+        self.gradient_clipping = float(config["gradient_clipping"])
+        self.global_steps = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._backwards_since_step = 0
+        self._closed = False
+        self.bf16 = bool(config["bf16"]["enabled"])
+        self.fp16 = bool(config["fp16"]["enabled"])
+        dtype = torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
+
+        self._hooks = ParamHooks(model, leaf_types)
+        numels = self._hooks.numels()
+        if not numels:
+            raise ValueError("tiermem.torch.initialize: the model has no trainable floating-point parameters")
+        # Construction plans for the modules' sizes and checks budgets and directories: a refused
+        # start raises here, before anything is written.
+        self._zero = _tiermem.ZeroEngine(config_obj, numels, mean_over_micro_batches=False)
+        for u in self._hooks.units:
+            self._zero.register_module(u.name, self._hooks.flat_values(u), u.numel)
+            self._hooks._release(u)  # the model's own copy goes as soon as the engine has it
+        if dtype != torch.float32:  # buffers follow the working dtype (as DeepSpeed's engine does)
+            for m in model.modules():
+                for k, b in m._buffers.items():
+                    if b is not None and b.is_floating_point():
+                        m._buffers[k] = b.to(dtype)
+            for p in self._hooks.frozen:
+                p.data = p.data.to(dtype)
+        self._hooks.attach(self._zero, dtype)
+        self._hooks.on_backward = self._note_backward
+        model._tiermem_engine = self
+
+        opt = config["optimizer"]["params"]
+        hparams = dict(lr=float(opt["lr"]), betas=tuple(opt["betas"]), eps=float(opt["eps"]),
+                       weight_decay=float(opt["weight_decay"]))
+        trainable = [p for u in self._hooks.units for p, _, _ in u.params]
+        self.optimizer = ZeroOptimizer(trainable, self, hparams)
+        if lr_scheduler is None and config.get("scheduler", {}).get("type"):
+            lr_scheduler = DeepSpeedLR(self.optimizer, config_obj, hparams["lr"])
+        elif callable(lr_scheduler) and not isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
+            lr_scheduler = lr_scheduler(self.optimizer)
+        self.lr_scheduler = lr_scheduler
+        if not quiet:
+            st = self._zero.stats()
+            print(f"tiermem.torch: {len(numels)} engine modules, {sum(numels)} parameters, stage "
+                  f"{config['zero_optimization']['stage']}: params -> {st['param_home']}, optimizer -> "
+                  f"{st['optimizer_home']}, gradients -> {st['gradient_home']} ({self._zero.working_dtype()} working "
+                  f"params, fp32 master weights)", file=sys.stderr)
+
+    # -------------------------------------------------------------------- DeepSpeed's calls
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
+        self._require_open()
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError("TiermemEngine.backward: loss must be a scalar tensor")
+        scale = self._zero.loss_scale() / self.gradient_accumulation_steps
+        (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        return loss
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps == 0
+
+    def step(self) -> None:
+        self._require_open()
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
+            self.optimizer.step()
+            if self.lr_scheduler is not None and not self._last_skipped:
+                self.lr_scheduler.step()
+        elif self._backwards_since_step == 0 and self.micro_steps % self.gradient_accumulation_steps == 0:
+            raise RuntimeError("TiermemEngine.step: called before any backward(); run engine.backward(loss) first")
+        self.micro_steps += 1
+
+    def zero_grad(self) -> None:
+        self._zero_grad()
+
+    def train(self, mode: bool = True) -> "TiermemEngine":
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> "TiermemEngine":
+        self.module.eval()
+        return self
+
+    def get_lr(self) -> list[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self) -> Optional[float]:
+        return self._last_grad_norm
+
+    def parameters(self, recurse: bool = True):
+        return self.module.parameters(recurse)
+
+    def named_parameters(self, *args, **kwargs):
+        return self.module.named_parameters(*args, **kwargs)
+
+    def stats(self) -> dict:
+        """The engine's counters (bytes per tier, peaks, traffic, prefetches): ZeroStats."""
+        return self._zero.stats()
+
+    def close(self) -> None:
+        """Ends the engine: its swap files go once the last gathered tensor is freed. The model
+        cannot run afterwards."""
+        if not self._closed:
+            self._hooks.detach()
+            self._zero.close()
+            self._closed = True
+            self.module._tiermem_engine = None
+
+    # -------------------------------------------------------------------- internals
+    _last_skipped = False
+    _last_grad_norm: Optional[float] = None
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("TiermemEngine: the engine was closed")
+
+    def _optimizer_step(self, lr: float) -> None:
+        self._require_open()
+        if self._backwards_since_step == 0:
+            raise RuntimeError("tiermem.torch: optimizer step before any backward(); the gradients of this step are "
+                               "all missing (call loss.backward() or engine.backward(loss) first)")
+        self._zero.set_learning_rate(lr)
+        r = self._zero.step()
+        self._backwards_since_step = 0
+        self._last_skipped = bool(r["skipped"])
+        self._last_grad_norm = float(r["grad_norm"])
+        if r["skipped"]:
+            self.skipped_steps += 1
+        else:
+            self.global_steps += 1
+
+    def _zero_grad(self) -> None:
+        self._require_open()
+        self._zero.zero_grad()
+
+    def _note_backward(self) -> None:
+        self._backwards_since_step += 1
+
+
+def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=None, model_parameters=None,
+               training_data=None, lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
+               config=None, config_params=None, leaf_modules: Iterable[type] = ()):
+    """DeepSpeed's ``deepspeed.initialize``: returns ``(engine, optimizer, training_dataloader,
+    lr_scheduler)``.
+
+    - ``config`` (or ``config_params``, or ``args.deepspeed_config``): a ds_config path or dict.
+    - ``optimizer`` must be None: the optimizer is the engine's AdamW from the config's
+      ``optimizer`` section (Adam/AdamW; lr, betas, eps, weight_decay).
+    - ``lr_scheduler``: None (the config's ``scheduler`` section, if any), a torch LR scheduler
+      built over the returned optimizer, or a callable taking the optimizer.
+    - ``training_data``: a torch Dataset, returned as a DataLoader of
+      ``train_micro_batch_size_per_gpu`` (with ``collate_fn``).
+    - ``model_parameters`` is accepted for compatibility: every trainable parameter of ``model``
+      is trained (frozen ones stay frozen).
+    - ``leaf_modules``: classes whose instances are gathered as one unit (set_z3_leaf_modules).
+    """
+    if model is None:
+        raise ValueError("tiermem.torch.initialize: model is required")
+    if optimizer is not None:
+        raise ValueError("tiermem.torch.initialize: pass optimizer=None; tiermem's optimizer is the engine's AdamW on its "
+                         "tier, configured by the config's 'optimizer' section (type, params.lr, betas, eps, weight_decay)")
+    if config is None:
+        config = config_params
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None)
+    if config is None:
+        raise ValueError("tiermem.torch.initialize: no config given (config=ds_config.json or a dict)")
+    _check_model(model)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        raise NotImplementedError(
+            f"tiermem.torch.initialize: WORLD_SIZE={world}: several ranks from PyTorch are not supported by this "
+            "build yet (one process, one rank); tiermem-train shards over MPI ranks today")
+    if leaf_modules:
+        set_z3_leaf_modules(model, leaf_modules)
+    config_obj, cfg = load_config(config, model, world)
+    engine = TiermemEngine(model, config_obj, cfg, lr_scheduler=lr_scheduler)
+    loader = None
+    if training_data is not None:
+        loader = torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu,
+                                             collate_fn=collate_fn, shuffle=False)
+    return engine, engine.optimizer, loader, engine.lr_scheduler
