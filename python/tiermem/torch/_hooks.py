@@ -24,8 +24,9 @@ Backward. While a module runs forward with autograd recording, tensors autograd 
 by ``saved_tensors_hooks``: a parameter, or a view of one (``nn.Linear`` saves ``weight.t()``), is
 saved as (unit, size, stride, offset) instead of its memory, and unpacked when backward needs it
 by gathering the unit again (phase "backward": the engine's trace prefetches it in order). Modules
-run again inside backward (``torch.utils.checkpoint``) gather as in forward; their units are
-released when the backward ends.
+run again inside backward (``torch.utils.checkpoint``'s recompute) gather and release as in
+forward: the reentrant variant's saves are packed the same way, the non-reentrant one keeps its
+own references to what it saves (which hold the gathered memory until its backward is done).
 
 Gradients. A hook after each trainable parameter's gradient is accumulated copies it into its
 unit's fp32 gradient buffer and drops ``param.grad``; when every trainable parameter of the unit
@@ -34,6 +35,11 @@ reduce-scatter and the accumulation into its gradient partitions), while backwar
 the modules before it. A unit whose parameters did not all get a gradient is reduced when the
 backward ends. The engine sums what it is given (mean_over_micro_batches false): torch's
 convention.
+
+Parameters used elsewhere. Each managed parameter's class becomes a subclass of its own with a
+``__torch_function__``: a torch call given a released parameter (a tied head computed in the
+parent's forward, ``model.state_dict()``, user code) gathers its unit for the call and releases it
+after; views the call returns keep the memory alive.
 
 Thread-safety: one thread drives a model (as torch's autograd on CPU tensors does).
 """
@@ -60,7 +66,7 @@ class Unit:
     """One engine module: parameters laid out back to back in one flat vector."""
 
     __slots__ = ("index", "name", "params", "numel", "flat", "active", "n_trainable", "grad", "received",
-                 "bw_flat", "deferred")
+                 "bw_flat")
 
     def __init__(self, index: int, name: str) -> None:
         self.index = index
@@ -73,7 +79,6 @@ class Unit:
         self.grad: Optional[torch.Tensor] = None  # fp32 gradient of the current backward
         self.received = 0
         self.bw_flat = None                       # weakref to the last backward gather
-        self.deferred = False                     # gathered inside backward: released at its end
 
     def add(self, p: torch.nn.Parameter) -> None:
         n = p.numel()
@@ -81,6 +86,81 @@ class Unit:
         self.numel += n
         if p.requires_grad:
             self.n_trainable += 1
+
+
+# Tensor calls that read no parameter values: a released parameter answers them without a gather.
+def _metadata_calls() -> frozenset:
+    T = torch.Tensor
+    names = ["size", "dim", "numel", "nelement", "element_size", "is_floating_point", "is_complex",
+             "stride", "storage_offset", "is_contiguous", "requires_grad_", "register_hook",
+             "register_post_accumulate_grad_hook", "data_ptr", "untyped_storage", "_is_view",
+             "get_device", "type", "__len__"]
+    out = set()
+    for n in names:
+        f = getattr(T, n, None)
+        if f is not None:
+            out.add(f)
+    return frozenset(out)
+
+
+_METADATA = _metadata_calls()
+
+
+def _is_metadata(func) -> bool:
+    # Property accessors (shape, dtype, device, data, grad, requires_grad, _base, ...) read no values.
+    return func in _METADATA or getattr(func, "__name__", "") in ("__get__", "__set__", "__delete__")
+
+
+def _gather_released(args, kwargs) -> list:
+    """Gathers the units of released parameters among the call's arguments (top level and one
+    level of lists/tuples); returns the (hooks, unit) pairs to release after the call."""
+    taken = []
+
+    def visit(a):
+        h = getattr(a, "_tm_hooks", None) if isinstance(a, torch.nn.Parameter) else None
+        if h is not None and h.engine is not None:
+            hit = h.unit_of.get(id(a))
+            if hit is not None and hit[0].flat is None:
+                h.gather(hit[0])
+                taken.append((h, hit[0]))
+
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                visit(b)
+        else:
+            visit(a)
+    for a in kwargs.values():
+        visit(a)
+    return taken
+
+
+def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
+    """A parameter used while released (outside its module's forward: a tied head computed in the
+    parent's forward, ``model.state_dict()``, user code) is gathered for the call and released
+    after it; views the call returns keep the gathered memory alive, and autograd's saves of it
+    are packed as usual."""
+    if kwargs is None:
+        kwargs = {}
+    taken = () if _is_metadata(func) else _gather_released(args, kwargs)
+    try:
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    finally:
+        for h, u in taken:
+            if u.active == 0:
+                h._release(u)
+
+
+_PARAM_CLASSES: dict[type, type] = {}
+
+
+def _zero_param_class(cls: type) -> type:
+    sub = _PARAM_CLASSES.get(cls)
+    if sub is None:
+        sub = type(f"Zero{cls.__name__}", (cls,), {"__torch_function__": classmethod(_zero_param_torch_function)})
+        _PARAM_CLASSES[cls] = sub
+    return sub
 
 
 class _Saved:
@@ -185,17 +265,26 @@ class ParamHooks:
             for p, _, _ in u.params:
                 if p.requires_grad:
                     self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+                p._tm_original_class = type(p)
+                p.__class__ = _zero_param_class(type(p))
+                p._tm_hooks = self
 
     def detach(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
+        for u in self.units:
+            for p, _, _ in u.params:
+                cls = p.__dict__.pop("_tm_original_class", None)
+                if cls is not None:
+                    p.__class__ = cls
+                p.__dict__.pop("_tm_hooks", None)
 
     # ------------------------------------------------------------------------------ gather / release
     def _phase(self) -> str:
         if _in_backward():
             return "backward"
-        if torch.is_grad_enabled() and self.model.training:
+        if self.model.training:
             return "forward"
         return "outside"  # eval, generate(): outside the step's recorded trace
 
@@ -212,34 +301,52 @@ class ParamHooks:
         for p, _, _ in unit.params:
             p.data = _placeholder(p.shape, self.working_dtype)
 
+    def _saved_hooks_wanted(self) -> bool:
+        """Pack parameters for backward unless another saved-tensor hook already owns this region:
+        non-reentrant activation checkpointing's recompute keeps its own (detached) references to
+        what it saves, which hold the gathered memory for as long as its backward needs it."""
+        if not torch.is_grad_enabled():
+            return False
+        if _in_backward():
+            return torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+        return True
+
     def _pre_forward(self, module, args):
-        if self.depth == 0 and torch.is_grad_enabled() and not _in_backward():
+        if self.depth == 0 and self._saved_hooks_wanted():
             self.saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self.saved_ctx.__enter__()
         self.depth += 1
         units = self.module_units.get(id(module))
         if units:
-            for u in units:
-                self.gather(u)
-                u.active += 1
+            done = []
+            try:
+                for u in units:
+                    self.gather(u)
+                    u.active += 1
+                    done.append(u)
+            except BaseException:  # the forward will not run, nor its post-forward hook
+                for u in done:
+                    u.active -= 1
+                    if u.active == 0:
+                        self._release(u)
+                self._leave()
+                raise
 
     def _post_forward(self, module, args, output):
         units = self.module_units.get(id(module))
         if units:
-            inside = _in_backward()
             for u in units:
                 u.active -= 1
                 if u.active == 0:
-                    if inside:
-                        u.deferred = True  # a recompute's backward still reads .data
-                        self._queue_end_of_backward()
-                    else:
-                        self._release(u)
+                    self._release(u)
+        self._leave()
+        return None
+
+    def _leave(self) -> None:
         self.depth -= 1
         if self.depth == 0 and self.saved_ctx is not None:
             ctx, self.saved_ctx = self.saved_ctx, None
             ctx.__exit__(None, None, None)
-        return None
 
     # ------------------------------------------------------------------------------ saved tensors
     def _pack(self, t: torch.Tensor):
@@ -310,9 +417,6 @@ class ParamHooks:
         for u in self.units:
             if u.grad is not None:  # some of its parameters got no gradient: they add zero
                 self._reduce(u)
-            if u.deferred and u.active == 0:
-                u.deferred = False
-                self._release(u)
             u.bw_flat = None
 
     # ------------------------------------------------------------------------------ helpers
