@@ -1,7 +1,9 @@
 # The two commands of the README:
-#   make demo   set up, build, and run the main job (tiermem-train on its embedded default)
-#   make test   set up, build, and run every test
-# Other targets: build, test-quick (main suite only), test-debug (ASan+UBSan), test-tsan,
+#   make demo   set up, build only tiermem-train (and what it links) and run the main job on its
+#               embedded default: the `demo` preset (build/demo), no tests, benches or samples,
+#               CUDA only when a GPU is visible (nvidia-smi -L)
+#   make test   set up, build everything (CUDA too whenever nvcc is there), and run every test
+# Other targets: build, build-cuda (the cuda preset: CUDA required), test-quick (main suite only), test-debug (ASan+UBSan), test-tsan,
 # test-fuzz, test-python (the Python package: pip install . into the cached venv, then pytest),
 # bench, clean.
 JOBS ?= $(shell nproc)
@@ -11,7 +13,7 @@ BUILD := build/$(PRESET)
 TIERMEM_VENV ?= $(HOME)/.cache/tiermem/venv
 export TIERMEM_VENV
 
-.PHONY: setup setup-python build demo test test-quick test-debug test-tsan test-fuzz test-python bench clean
+.PHONY: setup setup-python build build-cuda demo test test-quick test-debug test-tsan test-fuzz test-python bench clean
 
 setup:
 	scripts/setup.sh
@@ -23,8 +25,18 @@ build: setup
 	cmake --preset $(PRESET) >/dev/null
 	cmake --build --preset $(PRESET) -j $(JOBS)
 
-demo: build
-	$(BUILD)/examples/gpt/tiermem-train
+# CUDA in the demo only when a GPU is there to run it (the default preset's AUTO otherwise
+# compiles the kernels whenever nvcc exists).
+DEMO_CUDA = $(shell nvidia-smi -L >/dev/null 2>&1 && echo AUTO || echo OFF)
+
+demo: setup
+	cmake --preset demo -DTIERMEM_WITH_CUDA=$(DEMO_CUDA) >/dev/null
+	cmake --build --preset demo -j $(JOBS)
+	build/demo/bin/tiermem-train
+
+build-cuda: setup
+	cmake --preset cuda >/dev/null
+	cmake --build --preset cuda -j $(JOBS)
 
 # Every test: the whole suite (unit, mpi, fault, soak, crash loop, gpu = skipped without a GPU),
 # then the library tiers under ASan+UBSan, the concurrent tests under ThreadSanitizer, and 30 s of
@@ -59,7 +71,7 @@ test-fuzz: setup
 # The Google Benchmark micro-benches (bench/*_bench.cc: AdamW per ISA, casts, checksum, each with
 # a same-run STREAM triad); tiermem-bench's own subcommands are listed by its --help.
 bench: build
-	$(BUILD)/bench/tiermem-bench --help
+	$(BUILD)/bin/tiermem-bench --help
 	for b in adam cast checksum; do $(BUILD)/bench/tiermem-$$b-bench --benchmark_min_time=0.2 || exit 1; done
 
 clean:

@@ -1,6 +1,6 @@
 // bench/bench.h — what every tiermem-bench subcommand shares: registration, timing statistics and
 // the JSON line. Each subcommand lives in bench/bench_<name>.cc and registers itself with
-// TIERMEM_BENCH_COMMAND; bench/main.cc only dispatches.
+// TIERMEM_BENCH_COMMAND; tools/tiermem-bench/bench_main.cc only dispatches.
 #pragma once
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // the machine's STREAM-triad bandwidth measured in the same run.
 //
 //   cmake --build build --target tiermem-bench
-//   build/bench/tiermem-bench adam --params 64M,128M --reps 5 --json
+//   build/bin/tiermem-bench adam --params 64M,128M --reps 5 --json
 //
 // Bytes counted per parameter: read master, grad, m, v (16) + write master, m, v (12) + bf16 (2)
 // = 30 (28 with --half none: no copy-out). Triad a[i] = b[i] + s*c[i] over fp32 counts 12 bytes

@@ -4,8 +4,8 @@
 // reads the bytes once).
 //
 //   cmake --build --preset cpu --target tiermem-bench
-//   build/cpu/bench/tiermem-bench checksum --size 8M --reps 20
-//   build/cpu/bench/tiermem-bench checksum --size 1M --reps 50 --json
+//   build/cpu/bin/tiermem-bench checksum --size 8M --reps 20
+//   build/cpu/bin/tiermem-bench checksum --size 1M --reps 50 --json
 //
 // Each rep times every kind once, in a rotating order (interleaved, so load on a shared machine
 // hits all kinds alike); it prints the median GB/s (1e9 B/s) per kind and the checksum's cost in

@@ -3,7 +3,7 @@
 // practical ceiling the trainer's TFLOP/s is measured against.
 //
 //   cmake --build build --target tiermem-bench
-//   build/bench/tiermem-bench gemm --rows 8192 --d-model 1600 --reps 20 --json
+//   build/bin/tiermem-bench gemm --rows 8192 --d-model 1600 --reps 20 --json
 //
 // Shape: [rows, d] x [d, 4d] (the MLP's first linear of a d-wide GPT, the model's most common
 // GEMM), every element 1/64 so the check before timing is exact: each output must be d/4096.

@@ -1,7 +1,7 @@
 // tiermem-bench gpt — forward+backward speed of the GPT model on the CPU, against OpenBLAS.
 //
 //   cmake --build build --target tiermem-bench
-//   build/bench/tiermem-bench gpt --model mini --batch 8 --seq 128 --reps 5 --json
+//   build/bin/tiermem-bench gpt --model mini --batch 8 --seq 128 --reps 5 --json
 //
 // Each repetition times one full training step of the model (every forward and backward step,
 // parameters resident) and then, interleaved, an OpenBLAS sgemm of the model's most common GEMM

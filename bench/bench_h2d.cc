@@ -1,8 +1,8 @@
 // tiermem-bench h2d | d2h — host<->device copy bandwidth, pinned vs pageable host memory.
 //
 //   cmake --build build --target tiermem-bench
-//   build/bench/tiermem-bench h2d --device auto --min-size 4K --max-size 256M --json
-//   build/bench/tiermem-bench d2h --device sim
+//   build/bin/tiermem-bench h2d --device auto --min-size 4K --max-size 256M --json
+//   build/bin/tiermem-bench d2h --device sim
 //
 // For each size (powers of 4 from --min-size to --max-size) it times --reps copies of each kind,
 // interleaving pinned and pageable runs, and reports the median GB/s (1e9 bytes/s). "pinned" is

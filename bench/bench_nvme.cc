@@ -1,7 +1,7 @@
 // tiermem-bench nvme — fio-like throughput and latency of the NVMe tier's IoEngine on one file.
 //
 //   cmake --build build-nvme --target tiermem-bench
-//   build-nvme/bench/tiermem-bench nvme --path /mnt/nvme --rw read --bs 1M --qd 16 --size 1G
+//   build-nvme/bin/tiermem-bench nvme --path /mnt/nvme --rw read --bs 1M --qd 16 --size 1G
 //       --runtime 5 --engine uring [--sqpoll] [--fixed-bufs] [--huge-pages on|off]
 //       [--size-to-device on|off] [--json]
 //

@@ -2,7 +2,7 @@
 // device -> NVMe (its write-back path), against each stage measured alone in the same run.
 //
 //   cmake --build build --target tiermem-bench
-//   build/bench/tiermem-bench pipeline --path /mnt/nvme --tensor-size 64M --tensors 4 --json
+//   build/bin/tiermem-bench pipeline --path /mnt/nvme --tensor-size 64M --tensors 4 --json
 //
 // Each repetition (interleaved, --reps, medians reported) times, on --tensors tensors of
 // --tensor-size bytes:

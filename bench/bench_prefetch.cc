@@ -3,8 +3,8 @@
 // stop-at-NVMe prefetch, emulated) and belady (tiermem's Prefetcher). Pure simulation: no I/O.
 //
 //   cmake --build build --target tiermem-bench
-//   build/bench/tiermem-bench prefetch --model gpt2-xl --device-budget-frac 0.25 --json
-//   build/bench/tiermem-bench prefetch --trace my.trace --device-budget 2GiB --home host
+//   build/bin/tiermem-bench prefetch --model gpt2-xl --device-budget-frac 0.25 --json
+//   build/bin/tiermem-bench prefetch --trace my.trace --device-budget 2GiB --home host
 //
 // Trace files: one access per line, `id bytes phase` (see tier_simulator.h). The model of the
 // tiers, the metrics and the efficiency definition are documented in include/tiermem/

@@ -1,7 +1,7 @@
 // tiermem-bench profile — measure this machine into the profile tiermem-plan reads (docs/plan.md).
 //
 //   cmake --build build/default --target tiermem-bench
-//   build/default/bench/tiermem-bench profile --path ./tiermem-swap --json > profiles/this-machine.json
+//   build/default/bin/tiermem-bench profile --path ./tiermem-swap --json > profiles/this-machine.json
 //
 // Measures, in about 40 seconds (each figure the median of --reps repetitions, or more):
 //   nvme_read_gbps / nvme_write_gbps  the IoEngine at the engine's settings (the default config's

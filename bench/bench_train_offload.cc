@@ -16,10 +16,10 @@
 // kernels and the engine's copies and checksums otherwise share the same host cores, which a run on
 // a GPU does not (docs/benchmarks.md, stop 26).
 //
-//   build/default/bench/tiermem-bench train-offload --model gpt2 --json
-//   build/default/bench/tiermem-bench train-offload --model mini --steps 6 --rounds 3
+//   build/default/bin/tiermem-bench train-offload --model gpt2 --json
+//   build/default/bin/tiermem-bench train-offload --model mini --steps 6 --rounds 3
 //
-// It runs the tiermem-train binary next to this one (build/<preset>/examples/gpt/), or --train.
+// It runs the tiermem-train binary next to this one (build/<preset>/bin/), or --train.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,7 +115,7 @@ std::function<int()> setup(CLI::App& sub) {
   return [o]() -> int {
     if (o->train.empty()) {
       const fs::path self = fs::read_symlink("/proc/self/exe");
-      o->train = (self.parent_path().parent_path() / "examples" / "gpt" / "tiermem-train").string();
+      o->train = (self.parent_path() / "tiermem-train").string();
     }
     if (!fs::exists(o->train)) {
       std::cerr << "tiermem-bench train-offload: no tiermem-train at '" << o->train << "' (build it, or --train)\n";

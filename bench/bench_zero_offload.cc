@@ -14,7 +14,7 @@
 // (checked after timing; exit 1 otherwise).
 //
 //   cmake --build build --target tiermem-bench
-//   build/bench/tiermem-bench zero-offload --dir /var/tmp/tm-zo --params 16M --sub-group 2M
+//   build/bin/tiermem-bench zero-offload --dir /var/tmp/tm-zo --params 16M --sub-group 2M
 //     --buffers 4 --reps 5 --json   (one line)
 #include <unistd.h>
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the block layer made of a command's I/O: requests, merges and average request size.
 
-    python3 bench/blk_requests.py --path /var/tmp/tm -- build/default/bench/tiermem-bench nvme \\
+    python3 bench/blk_requests.py --path /var/tmp/tm -- build/default/bin/tiermem-bench nvme \\
         --path /var/tmp/tm --rw read --bs 1M --qd 16 --size 1G --runtime 3
 
 Reads /sys/block/<disk>/stat (the disk holding --path; a partition's parent disk) before and

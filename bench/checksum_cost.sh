@@ -6,7 +6,7 @@
 # its error and left out of the medians.
 #
 #   bench/checksum_cost.sh BIN WORKDIR ROUNDS -- <tiermem-train arguments>
-#   bench/checksum_cost.sh build/cpu/examples/gpt/tiermem-train /tmp/ck 3 -- \
+#   bench/checksum_cost.sh build/cpu/bin/tiermem-train /tmp/ck 3 -- \
 #       --model mini --steps 40 --batch 8 --lr 2e-3        # the demo, 40 steps
 #
 # The arguments must leave --json, --config and --swap-dir to this script, and give --batch and

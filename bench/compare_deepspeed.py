@@ -3,7 +3,7 @@
 
     python3 bench/compare_deepspeed.py                 # 5 rounds, every case (~15 min)
     python3 bench/compare_deepspeed.py --quick --json  # 3 rounds, fewer cases
-    TIERMEM_BENCH=build/default/bench/tiermem-bench python3 bench/compare_deepspeed.py --dir /mnt/nvme
+    TIERMEM_BENCH=build/default/bin/tiermem-bench python3 bench/compare_deepspeed.py --dir /mnt/nvme
 
 Cases (each measured in its own process, so one cannot warm the next):
   nvme  seq read / write, 1 MiB requests, O_DIRECT, on one file of --size bytes in --dir, at

@@ -2,7 +2,7 @@
 # compare_fio.sh — tiermem-bench nvme against fio on the same file, interleaved pairs, medians.
 #
 #   bench/compare_fio.sh DIR [SIZE] [RUNTIME_S] [PAIRS]        (defaults: 1G 5 5)
-#   TIERMEM_BENCH=build/default/bench/tiermem-bench bench/compare_fio.sh /mnt/nvme 512M 3 5
+#   TIERMEM_BENCH=build/default/bin/tiermem-bench bench/compare_fio.sh /mnt/nvme 512M 3 5
 #   SEQ_QD="8 16 64" RANDREAD=0 bench/compare_fio.sh /mnt/nvme 512M 3 5   # a queue-depth sweep
 #
 # Cases: seq read 1 MiB and seq write 1 MiB at each queue depth in SEQ_QD (default 16), and 4 KiB
@@ -16,7 +16,7 @@ DIR=${1:?usage: compare_fio.sh DIR [SIZE] [RUNTIME_S] [PAIRS]}
 SIZE=${2:-1G}
 RT=${3:-5}
 PAIRS=${4:-5}
-BENCH=${TIERMEM_BENCH:-$(dirname "$0")/../build/default/bench/tiermem-bench}
+BENCH=${TIERMEM_BENCH:-$(dirname "$0")/../build/default/bin/tiermem-bench}
 FILE=$DIR/tiermem-bench-nvme.dat
 command -v fio >/dev/null || { echo "compare_fio.sh: fio not found (apt-get install fio)" >&2; exit 2; }
 [ -x "$BENCH" ] || { echo "compare_fio.sh: $BENCH not built (set TIERMEM_BENCH)" >&2; exit 2; }

@@ -31,14 +31,14 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 B=${1:-build/default}
 O=${2:-/tmp/tiermem-plan-matrix}
 ROUNDS=${3:-1}
-T=$B/examples/gpt/tiermem-train
-P=$B/examples/gpt/tiermem-plan
+T=$B/bin/tiermem-train
+P=$B/bin/tiermem-plan
 mkdir -p "$O"
 for i in $(seq 1 400); do echo "the quick brown fox jumps over the lazy dog."; done > "$O/corpus.txt"
 profile() {  # file: measures a profile of this machine into OUT_DIR/<file>.json
   echo "profile $1 (OMP_WAIT_POLICY=$OMP_WAIT_POLICY): load $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf "$O/swap"
-  nice -n 10 "$B/bench/tiermem-bench" profile --path "$O/swap" --json > "$O/$1.json"
+  nice -n 10 "$B/bin/tiermem-bench" profile --path "$O/swap" --json > "$O/$1.json"
   grep -v '^{' "$O/$1.json"
 }
 merge() {  # before after out: OUT_DIR/<out>.json, every figure the mean of the two profiles

@@ -40,3 +40,15 @@ function(tiermem_test)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME})
   set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;${T_LABELS}")
 endfunction()
+
+# tiermem_tool(NAME <program> SOURCES ... DEPS ...)
+#   a program of tools/: written to build/<preset>/bin/, src/ on its include path (private
+#   headers as "train/train_loop.h"), the project's warnings.
+function(tiermem_tool)
+  cmake_parse_arguments(T "" "NAME" "SOURCES;DEPS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS})
+  set_target_properties(${T_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+  tiermem_set_warnings(${T_NAME})
+endfunction()

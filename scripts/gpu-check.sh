@@ -65,8 +65,8 @@ NVME_DIR=${NVME_DIR:-/tmp}
 BUDGET_S=${BUDGET_S:-540}
 OUT_JSON=${OUT_JSON:-gpu-check.json}
 LOG_DIR=${LOG_DIR:-/tmp/gpu-check}
-BENCH=$BUILD_DIR/bench/tiermem-bench
-TRAIN=$BUILD_DIR/examples/gpt/tiermem-train
+BENCH=$BUILD_DIR/bin/tiermem-bench
+TRAIN=$BUILD_DIR/bin/tiermem-train
 DATA=${DATA:-}  # "" = tiermem-train's default corpus
 mkdir -p "$LOG_DIR"
 START=$(date +%s)

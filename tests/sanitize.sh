@@ -2,7 +2,7 @@
 # Sanitizer runs for CI (issue 8). Builds only the test binaries each run needs, then runs them.
 #   tests/sanitize.sh debug   ASan+UBSan (preset debug): every unit test of the library tiers
 #                             (core, cpu, gpu, nvme, prefetch, runtime, comm, zero) and the fault
-#                             tests; not the GPT/trainer tests (examples/, slow at -O0) nor the soak.
+#                             tests; not the GPT/trainer tests (src/gpt, src/train, src/plan, tools/; slow at -O0) nor the soak.
 #   tests/sanitize.sh tsan    ThreadSanitizer (preset tsan): the tests labelled `concurrent`
 #                             (TensorStore, SimDevice, PinnedHostPool, io engine), zero_test and
 #                             a 15 s soak.

@@ -121,7 +121,7 @@ struct TiermemConfig {
 };
 
 // DeepSpeed's `scheduler` section (deepspeed/runtime/lr_schedules.py). tiermem-train maps it onto
-// its learning rate per step (examples/gpt/lr_schedule.h); the library itself has no schedule.
+// its learning rate per step (src/train/lr_schedule.h); the library itself has no schedule.
 // A parameter that is absent or "auto" stays unset here, and the trainer fills it with its own
 // value (peak lr, warm-up steps, total steps); the shape parameters take DeepSpeed's defaults.
 struct SchedulerConfig {
@@ -139,7 +139,7 @@ struct SchedulerConfig {
 // DeepSpeed's `activation_checkpointing` section (deepspeed/runtime/activation_checkpointing/
 // config.py). The library only reads it; tiermem-train's GPT checkpoints every transformer block
 // when the section is present (or with --activation-checkpointing): it keeps each block's input
-// and recomputes the block's forward in its backward step (examples/gpt/model.h).
+// and recomputes the block's forward in its backward step (src/gpt/model.h).
 // partition_activations, contiguous_memory_optimization, number_checkpoints,
 // synchronize_checkpoint_boundary and profile are read and warned (Config::inert_keys).
 struct ActivationCheckpointingConfig {

@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "tiermem/adam.h"
-#include "simd_bf16.h"
+#include "cpu/simd_bf16.h"
 
 namespace tiermem::detail {
 namespace {

@@ -19,7 +19,7 @@
 #include <cstdint>
 
 #include "tiermem/adam.h"
-#include "simd_bf16.h"
+#include "cpu/simd_bf16.h"
 
 namespace tiermem::detail {
 namespace {

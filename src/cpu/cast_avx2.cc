@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "tiermem/cast.h"
-#include "simd_bf16.h"
+#include "cpu/simd_bf16.h"
 
 namespace tiermem::detail {
 namespace {

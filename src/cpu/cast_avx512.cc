@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "tiermem/cast.h"
-#include "simd_bf16.h"
+#include "cpu/simd_bf16.h"
 
 namespace tiermem::detail {
 namespace {

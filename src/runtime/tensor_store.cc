@@ -3,7 +3,7 @@
 // tensor_store_impl.h; see tiermem/tensor_store.h for the contract.
 #include "tiermem/tensor_store.h"
 
-#include "tensor_store_impl.h"
+#include "runtime/tensor_store_impl.h"
 
 namespace tiermem {
 

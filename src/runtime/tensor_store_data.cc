@@ -1,7 +1,7 @@
 // tensor_store_data.cc — TensorStore caller data in and out: read (a consistent copy of the
 // newest bytes), write (replace the contents; NVMe homes write new extents first), flush.
 // See tensor_store_impl.h.
-#include "tensor_store_impl.h"
+#include "runtime/tensor_store_impl.h"
 
 namespace tiermem {
 

@@ -1,6 +1,6 @@
 // tensor_store_residency.cc — TensorStore residency state: which copy is current, budgets and
 // policy-driven eviction, and ensure() (make a tensor resident at a tier). See tensor_store_impl.h.
-#include "tensor_store_impl.h"
+#include "runtime/tensor_store_impl.h"
 
 namespace tiermem {
 

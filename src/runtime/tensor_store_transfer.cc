@@ -1,7 +1,7 @@
 // tensor_store_transfer.cc — TensorStore transfers between tiers: NVMe<->host I/O, the chunked
 // NVMe<->device pipelines through pinned bounce buffers, and the worker pool.
 // See tensor_store_impl.h.
-#include "tensor_store_impl.h"
+#include "runtime/tensor_store_impl.h"
 
 namespace tiermem {
 

@@ -1,5 +1,5 @@
 // Crash loop (issue 8, label "crash"): tiermem-train is killed with SIGKILL again and again —
-// at named points (the test-only TIERMEM_TEST_KILL_AT hook, examples/gpt/kill_point.h: during
+// at named points (the test-only TIERMEM_TEST_KILL_AT hook, src/train/kill_point.h: during
 // swap-out, inside the optimizer step, at every stage of a checkpoint write) and after random
 // delays — and resumed from its checkpoint each time until it finishes. Asserted:
 //   * after every kill the last complete checkpoint loads and every tensor verifies (xxh64), and
@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint.h"
+#include "train/checkpoint.h"
 
 #ifndef TIERMEM_TRAIN_BIN
 #error "TIERMEM_TRAIN_BIN must name the tiermem-train executable"

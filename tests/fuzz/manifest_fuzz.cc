@@ -1,4 +1,4 @@
-// libFuzzer target for tiermem-train's checkpoint manifest parser (examples/gpt/checkpoint.h,
+// libFuzzer target for tiermem-train's checkpoint manifest parser (src/train/checkpoint.h,
 // parse_manifest): any input must give either a valid CheckpointManifest or a CheckpointError
 // naming the key — never a crash, hang, sanitizer report or other exception type. A valid one is
 // checked against the promises the reader relies on (rank < world_size, every tensor inside the
@@ -14,7 +14,7 @@
 #include <set>
 #include <string>
 
-#include "checkpoint.h"
+#include "train/checkpoint.h"
 
 namespace {
 [[noreturn]] void fail(const char* what) {

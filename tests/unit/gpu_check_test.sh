@@ -52,7 +52,7 @@ fi
 #    output is parsed, the table is all ok, the JSON carries the figures, exit 0. Then a CUDA loss
 #    curve that strays from the CPU's fails its row (exit 1).
 FB=$T/fakebuild
-mkdir -p "$FB/bench" "$FB/examples/gpt" "$T/gpu2"
+mkdir -p "$FB/bin" "$T/gpu2"
 cp "$T/gpu/nvidia-smi" "$T/gpu2/"
 printf '#!/bin/sh
 exit 0
@@ -61,7 +61,7 @@ printf '#!/bin/sh
 echo "[       OK ] GptCuda.CudaBackendMatchesCpuBackend (5 ms)"
 echo "100%% tests passed, 0 tests failed out of 3"
 ' >"$T/gpu2/ctest"
-cat >"$FB/bench/tiermem-bench" <<'FAKE'
+cat >"$FB/bin/tiermem-bench" <<'FAKE'
 #!/bin/sh
 case $1 in
   h2d|d2h) echo "{\"bench\":\"$1\",\"gbps\":50.5,\"cudamemcpy_gbps\":52.0,\"ratio_to_cudamemcpy\":0.971}" ;;
@@ -70,7 +70,7 @@ case $1 in
   train-offload) echo '{"bench":"train-offload","resident_step_s":0.05,"io_only_step_s":0.4,"offloaded_step_s":0.42,"overlap_efficiency":0.9523}' ;;
 esac
 FAKE
-cat >"$FB/examples/gpt/tiermem-train" <<'FAKE'
+cat >"$FB/bin/tiermem-train" <<'FAKE'
 #!/bin/sh
 steps=2; shift_=0
 while [ $# -gt 0 ]; do
@@ -84,7 +84,7 @@ while [ $i -le $steps ]; do
 done
 echo '{"summary":{"gflops":123456.0,"tokens_per_s":50000.0,"stall_seconds":1.5,"seconds":10.0}}'
 FAKE
-chmod +x "$T"/gpu2/* "$FB/bench/tiermem-bench" "$FB/examples/gpt/tiermem-train"
+chmod +x "$T"/gpu2/* "$FB/bin/tiermem-bench" "$FB/bin/tiermem-train"
 if command -v bc >/dev/null && command -v python3 >/dev/null; then
   out=$(PATH="$T/gpu2:$PATH" BUILD_DIR="$FB" OUT_JSON="$T/ok.json" LOG_DIR="$T/logs2" NVME_DIR="$T" \
         BUDGET_S=120 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?

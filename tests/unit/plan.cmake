@@ -1,4 +1,4 @@
-# tiermem-plan (examples/gpt/plan*.cc, docs/plan.md): the planner's bytes against tiermem-train's
+# tiermem-plan (src/plan, tools/tiermem-plan, docs/plan.md): the planner's bytes against tiermem-train's
 # own summaries, the engine's refusal against the planner's minimum, and bad input. Runs both
 # binaries on the tiny model; label "train".
 if(TARGET tiermem-plan AND TARGET tiermem-train)

@@ -1,11 +1,11 @@
-// tests/unit/plan_test.cc — tiermem-plan (examples/gpt/plan.h) against what the engine does:
+// tests/unit/plan_test.cc — tiermem-plan (src/plan/plan.h) against what the engine does:
 //   - activation bytes: the planner's formula equals gpt::Model's allocation;
 //   - bytes per tier: tiny and mini runs of tiermem-train (offload none / cpu / nvme) held
 //     against the planner's prediction with --check: the state (NVMe peak; the device peak, the
 //     stored working shards) exactly, the host peak within kHostBound;
 //   - a configuration the planner says cannot fit is refused by the engine with the same minimum;
 //   - bad input: exit 2 and one line naming the key, value or path.
-#include "train_run.h"
+#include "unit/train_run.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gpt/model.h"
-#include "plan.h"
+#include "plan/plan.h"
 #include "tiermem/error.h"
 
 #ifndef TIERMEM_PLAN_BIN

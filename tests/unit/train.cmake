@@ -1,4 +1,4 @@
-# tiermem-train (examples/gpt/train_*, data, checkpoint): unit tests of its pieces, and
+# tiermem-train (src/train: train_*, data, checkpoint): unit tests of its pieces, and
 # end-to-end runs of the binary (tests/unit/train_e2e.sh) with small settings. Label "train".
 if(TARGET tiermem_train)
   tiermem_test(NAME train_unit_test

@@ -1,6 +1,6 @@
-// Tests of tiermem-train's data loading (examples/gpt/data.h): formats, detection, errors that
+// Tests of tiermem-train's data loading (src/train/data.h): formats, detection, errors that
 // name the file, the split, and the deterministic, resumable batch sampler.
-#include "data.h"
+#include "train/data.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

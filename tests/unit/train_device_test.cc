@@ -1,4 +1,4 @@
-// decide_device (examples/gpt/train_device.h): which device tiermem-train computes on, over
+// decide_device (src/train/train_device.h): which device tiermem-train computes on, over
 // every probe outcome, without needing (or touching) a GPU.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "train_device.h"
+#include "train/train_device.h"
 
 namespace tiermem::train {
 namespace {

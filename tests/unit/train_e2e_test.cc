@@ -1,4 +1,4 @@
-// End-to-end tests of the tiermem-train program (examples/gpt/train_main.cc): the binary is run
+// End-to-end tests of the tiermem-train program (tools/tiermem-train/train_main.cc): the binary is run
 // with small settings (the `tiny` model, a few steps) and its --json output is checked.
 //   1. offloaded (params + Adam state on NVMe, small SimDevice budget) vs all-resident: the same
 //      losses, bit for bit, for 20 steps;
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "tiermem/dir_lock.h"
-#include "train_run.h"
+#include "unit/train_run.h"
 
 
 namespace {

@@ -1,11 +1,11 @@
-// parse_manifest (examples/gpt/checkpoint.h) against bad manifests: every input is either a valid
+// parse_manifest (src/train/checkpoint.h) against bad manifests: every input is either a valid
 // manifest or a CheckpointError that names the file and the key. Cases found by
 // tests/fuzz/manifest_fuzz.cc are kept here (and in tests/fuzz/corpus/manifest/crash-*).
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "checkpoint.h"
+#include "train/checkpoint.h"
 
 namespace {
 using tiermem::train::CheckpointError;

@@ -14,7 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "train_run.h"
+#include "unit/train_run.h"
 
 namespace {
 using namespace tiermem_train_test;

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "train_run.h"
+#include "unit/train_run.h"
 
 namespace {
 using namespace tiermem_train_test;

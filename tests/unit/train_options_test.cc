@@ -1,5 +1,5 @@
 // Tests of tiermem-train's command line and effective configuration (train_options.h).
-#include "train_options.h"
+#include "train/train_options.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

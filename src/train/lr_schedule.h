@@ -1,0 +1,36 @@
+// src/train/lr_schedule.h — tiermem-train's learning rate per optimizer step: its own schedule
+// (linear warm-up, cosine decay to lr / 10) or DeepSpeed's `scheduler` section (WarmupLR,
+// WarmupDecayLR, WarmupCosineLR; deepspeed/runtime/lr_schedules.py), as plain functions.
+//
+// Step numbering: the trainer's steps are 1-based; DeepSpeed's schedulers are indexed by
+// last_batch_iteration, 0-based. Optimizer step t uses DeepSpeed's lr at iteration t - 1, so
+// step 1 of WarmupLR runs at warmup_min_lr.
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include "tiermem/config.h"
+
+namespace tiermem::train {
+
+struct LrSchedule {
+  enum class Kind { kTrainer, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+  Kind kind = Kind::kTrainer;
+  double peak_lr = 0;             // the lr after the warm-up
+  double min_lr = 0;              // WarmupLR/WarmupDecayLR: the lr at iteration 0
+  long long warmup_steps = 0;     // trainer: linear warm-up steps; DeepSpeed: warmup_num_steps
+  long long total_steps = 0;      // trainer: --steps; WarmupDecayLR/WarmupCosineLR: total_num_steps
+  bool log_warmup = true;         // DeepSpeed warmup_type "log" (else "linear")
+  double warmup_min_ratio = 0;    // WarmupCosineLR
+  double cos_min_ratio = 0.0001;  // WarmupCosineLR
+};
+
+// The schedule of a run: `scheduler.type` empty = the trainer's own (linear warm-up over `warmup`
+// steps to `lr`, cosine decay to lr / 10 at step `steps`); otherwise DeepSpeed's, with any unset
+// parameter filled from the trainer's values (peak `lr`, `warmup` steps, `steps` total).
+LrSchedule make_lr_schedule(const SchedulerConfig& scheduler, double lr, int warmup, int steps);
+
+// The learning rate of 1-based optimizer step t.
+double lr_at(const LrSchedule& schedule, long long t);
+
+}  // namespace tiermem::train
