@@ -114,7 +114,8 @@ NvmeRates measure_nvme(const ProfileOpts& o, std::uint64_t bytes, std::string* n
   bytes = bytes / chunk * chunk;
   // The buffer comes from a PinnedHostPool in 2 MiB pages, as the engine's are: a request into a
   // heap buffer of 4 KiB pages is split into far more physical segments and read here at about
-  // 40 % of the rate the engine gets (1.19 against 2.8-3.0 GB/s at stop 20).
+  // 40 % of the rate the engine gets (1.19 against 2.8-3.0 GB/s measured;
+  // docs/notes/2026-11-30-planner-traced-step-model.md).
   std::unique_ptr<PinnedHostPool> pool = make_io_buffer_pool(bytes);
   std::unique_ptr<std::byte, PoolFree<std::byte>> buf(static_cast<std::byte*>(pool->allocate(bytes)),
                                                        PoolFree<std::byte>{pool.get()});

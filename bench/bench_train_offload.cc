@@ -14,7 +14,7 @@
 // checksum, gradient and transfer threads are not limited. With N below the core count the model's
 // compute leaves cores to the engine, as a GPU's compute would: on the simulated device the model's
 // kernels and the engine's copies and checksums otherwise share the same host cores, which a run on
-// a GPU does not (docs/benchmarks.md, stop 26).
+// a GPU does not (docs/benchmarks.md, "tiermem-train: overlap of NVMe traffic with compute").
 //
 //   build/default/bin/tiermem-bench train-offload --model gpt2 --json
 //   build/default/bin/tiermem-bench train-offload --model mini --steps 6 --rounds 3

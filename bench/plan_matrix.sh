@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/plan_matrix.sh — the docs/benchmarks.md "tiermem-plan: predicted vs measured" runs:
+# bench/plan_matrix.sh — the docs/benchmarks.md "tiermem-plan: predicted against measured" runs:
 # tiermem-train on mini, gpt2 and gpt2-medium with offload nvme / cpu / none (short sequences;
 # enough steps that the timed ones — every step after the first, whose median the summary's
 # step_seconds is — add up to seconds: mini 30, gpt2 10, gpt2-medium 9), each held against
@@ -24,8 +24,8 @@
 # (docs/benchmarks.md: gpt2 4.7-4.9 s per step against 1.6-1.8 s passive, at the same load).
 # A fresh profile (~35 s) is measured between every two runs, and each run is held to the mean of
 # the two around it (profile-<run>.json): the VM's speed moves by tens of percent from one minute
-# to the next; one profile per model (stop 25: before and after a model's runs) priced a run by
-# minutes it did not run in (docs/benchmarks.md, stop 26).
+# to the next; one profile per model (even one before and one after a model's runs) priced a run
+# by minutes it did not run in (docs/notes/2026-12-01-planner-median-overlap-bracketing.md).
 set -eu
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 B=${1:-build/default}
@@ -92,9 +92,9 @@ row() {  # row name: its tiermem-train run
   esac
 }
 order() {  # round: the rows in the order of ROWS for round 1, then a fixed shuffle per round
-  # (seeded by the round) so that no row keeps its position or the row before it: stop 28's six
-  # rounds always ran gpt2-cpu fifth, after gpt2-nvme, and it was faster than gpt2-none in all six
-  # while alternating runs outside the matrix were not (docs/benchmarks.md, stop 28)
+  # (seeded by the round) so that no row keeps its position or the row before it: six rounds in one
+  # order always ran gpt2-cpu fifth, after gpt2-nvme, and it was faster than gpt2-none in all six
+  # while alternating runs outside the matrix were not (docs/notes/2026-12-02-planner-gpt2-over-prediction.md)
   python3 -c "
 import random, sys
 rows = sys.argv[2:]

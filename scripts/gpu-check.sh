@@ -23,7 +23,8 @@
 #   6. tiermem-bench train-offload --model gpt2 (issue 11's overlap goal, >= 0.9): gpt2 1 x 64
 #      resident, NVMe-offloaded and I/O alone on the GPU, one round; reported, not enforced. On the
 #      CPU-only machines the model's compute shares the host cores with the engine's copies and
-#      checksums, which caps the ratio there (docs/benchmarks.md, stop 26).
+#      checksums, which caps the ratio there (docs/benchmarks.md, "tiermem-train: overlap of NVMe
+#      traffic with compute").
 # Prints one table (also when a step fails or the time runs out) and writes it as JSON.
 #
 #   scripts/gpu-check.sh                 # from anywhere; about 8 minutes on one H200

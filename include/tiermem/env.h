@@ -15,7 +15,7 @@ std::optional<std::string> env_param(std::string_view name);
 // For a program's main(), first thing (argv as main got it): libgomp reads OMP_WAIT_POLICY once,
 // when it is loaded, before main. Its default spins the team's threads after every parallel
 // region, and on a small machine they take the cores from OpenBLAS's threads and tiermem's own
-// (a gpt2 step of tiermem-train 2-3x slower on 2 cores; docs/benchmarks.md "Traced"). Unless the
+// (a gpt2 step of tiermem-train 2-3x slower on 2 cores; docs/benchmarks.md "Threading defaults (OpenMP, OpenBLAS)"). Unless the
 // user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set), this sets OMP_WAIT_POLICY=PASSIVE and
 // starts the program again, once, from its own path (/proc/self/exe resolved, so that ps and top
 // still show its name) with the same arguments; it returns only

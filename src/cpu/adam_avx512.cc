@@ -6,9 +6,9 @@
 //     stores are far slower than plain ones on some cores (AMD Zen 4), so masks are kept for the
 //     tail only;
 //   - four independent 16-lane chains per iteration keep the divider busy while loads are waited
-//     on (stop 22: with the bf16 copy 1230 -> 1359 and, in a second run, 1229 -> 1264 Mparam/s on
+//     on (measured: with the bf16 copy 1230 -> 1359 and, in a second run, 1229 -> 1264 Mparam/s on
 //     2 threads of an Intel Xeon against two chains, without it 1533 -> 1550; 64 M params, 9
-//     interleaved reps, medians);
+//     interleaved reps, medians; docs/notes/2026-11-30-adam-kernels-against-deepspeed.md);
 //   - the bf16/fp16 copy is written with streaming (non-temporal) stores once its address is
 //     32-byte aligned: nothing reads it back in this pass, so it skips the read-for-ownership that
 //     a normal store of a new line costs (2 bytes per element less traffic) and does not evict

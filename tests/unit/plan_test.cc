@@ -392,7 +392,7 @@ TEST_F(PlanTest, GatedReadsAndChecksumsPriceTheOverlappedNvmeStep) {
   EXPECT_LE(t["io_wait"].get<double>(), (read + written) / 1e9 + 1e-9);
   EXPECT_EQ(t["checksum"].get<double>(), 0);  // the profile has no checksum_gbps
   // The updated state's write-backs that make room for the later reads share the drive with
-  // them (stop 27): a drive that writes 100 times faster makes the forward wait less.
+  // them (a trace of gpt2 at the default budgets shows the forward's reads slowed by them): a drive that writes 100 times faster makes the forward wait less.
   json fast_write = json::parse(kProfile);
   fast_write["nvme_write_gbps"] = 100.0;
   std::ofstream(dir_ / "fastwrite.json") << fast_write.dump();
@@ -402,8 +402,8 @@ TEST_F(PlanTest, GatedReadsAndChecksumsPriceTheOverlappedNvmeStep) {
   EXPECT_GT(fw.summary["time_seconds"]["io_wait"].get<double>(), 0);  // the reads still wait for room
 
   EXPECT_NE(small.summary.value("optimizer_reads_from", "").find("in turn"), std::string::npos) << small.summary.dump();
-  // A profile that measured the drive's reads beside writes (nvme_read_beside_writes_gbps,
-  // stop 29): the reads stream at that rate and the write-backs take none of their time. At the
+  // A profile that measured the drive's reads beside writes (nvme_read_beside_writes_gbps; on the
+  // development VM's drive reads go on beside writes rather than stopping for them): the reads stream at that rate and the write-backs take none of their time. At the
   // read rate alone the wait is below the in-turn one and still above 0 (the room); at a tenth
   // of it, above.
   for (const double beside : {1.0, 0.1}) {
@@ -502,7 +502,7 @@ TEST_F(PlanTest, MeasuredEngineRatesPriceTheHandOffAndTheStep) {
   EXPECT_NE(e.err.find("grad_handoff_gbps_by_module_elems.big"), std::string::npos) << e.err;
 }
 
-// The hand-off measured against the model's own backward (tiermem-bench profile since stop 27):
+// The hand-off measured against the model's own backward (what tiermem-bench profile measures):
 // per backward pass (micro-batch), one block's and the embedding's gradient bytes at
 // grad_handoff_pass_gbps_by_width (exposed at the pass's end), the rest at
 // grad_handoff_gbps_by_width, both interpolated in log(d_model); these take precedence over the
