@@ -37,7 +37,7 @@ bool prefer_openblas_core_for_this_cpu();
 // threads (I/O completions and their checksums, the gradient hand-off, the optimizer) on the same
 // cores, the spin takes their time: on 2 vCPUs a gpt2 1 x 64 NVMe-offloaded step spent 0.6 s of
 // system time per step, mostly in sched_yield, against 0.15 s with the timeout at 2^4 (docs/
-// benchmarks.md "OpenBLAS's idle spin"). For a program's main(), before any thread: when
+// benchmarks.md "Threading defaults (OpenMP, OpenBLAS)"). For a program's main(), before any thread: when
 // OPENBLAS_THREAD_TIMEOUT is unset, sets it to kOpenblasThreadTimeoutLog2 and returns true (the
 // caller restarts, as for the core above); false when the user set it (kept) or setenv failed.
 // Thread-safety: not thread-safe (setenv); call it first thing in main().

@@ -275,8 +275,9 @@ void check_fit(const RunShape& run, const Config& cfg, const MachineProfile& m, 
 // request stream in the order the forward needs it: a streamed module's read at the NVMe read
 // rate, and, once its update is done and a later streamed module needs the room, the write-back of
 // its updated optimizer state (write_share of its streamed bytes: the gradient partitions are not
-// written back) at the write rate — stop 27's trace of gpt2 at the default budgets shows those
-// write-backs beside the forward's last reads, not in the backward. A module whose state has not
+// written back) at the write rate — a trace of gpt2 at the default budgets shows those write-backs
+// beside the forward's last reads, not in the backward
+// (docs/notes/2026-12-02-planner-handoff-against-backward.md). A module whose state has not
 // arrived when its update is due waits for it, and where the retired partitions cannot make the
 // room by then, the room is taken at once (the engine writes back updated state in its place).
 // write_gbps 0: the drive reads at read_gbps beside the write-backs (the profile's
@@ -466,9 +467,10 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
     // The forward's reads share the drive with the write-backs of updated state. A profile that
     // measured reads beside writes (nvme_read_beside_writes_gbps) gives their rate there, and the
     // write-backs then take none of the reads' time; else each write-back is priced between two
-    // reads at the write rate (stop 27's model; stop 29: this VM's drive kept reading beside
+    // reads at the write rate (the earlier model; the development VM's drive kept reading beside
     // writes, at 0.9-1.1 GB/s through the IoEngine against 1.4-1.7 alone, and that model
-    // over-predicted gpt2's wait at the default budgets by ~0.15 s a step).
+    // over-predicted gpt2's wait at the default budgets by ~0.15 s a step;
+    // docs/notes/2026-12-02-planner-reads-beside-writes.md).
     const bool beside = m.nvme_read_beside_writes_gbps > 0;
     const double stream_read_gbps = beside ? m.nvme_read_beside_writes_gbps : m.nvme_read_gbps;
     if (opt_read > 0) {  // only where optimizer state streams (plan.h: else empty)
@@ -493,7 +495,7 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   // On the simulated device the model computes on the host's cores, and each NVMe byte's checksum
   // (hashed on a write, verified on a read, by the engine's threads) takes its CPU time from them:
   // spread over the cores, as the offloaded step's CPU time adds up to the resident step's and
-  // the I/O-alone step's (docs/benchmarks.md, stop 26).
+  // the I/O-alone step's (docs/benchmarks.md, "tiermem-train: overlap of NVMe traffic with compute").
   if (cfg.tiermem.checksum && m.checksum_gbps > 0 && device_is_sim(cfg, m)) {
     t.checksum_s = (nvme_read + nvme_write) / (m.checksum_gbps * 1e9) / std::max(1, m.threads);
     t.compute_s += t.checksum_s;

@@ -73,7 +73,8 @@ struct MachineProfile {
   // block's and the embedding's gradient bytes per second added at its end (the last block's
   // and the embedding's hand-offs, which no backward hides; 0: none), and the other modules'
   // bytes per second added (per byte). Interpolated in log(d_model), clamped.
-  // grad_handoff_gbps_by_module_elems (profiles before stop 27): the whole hand-off per byte
+  // grad_handoff_gbps_by_module_elems (profiles written before the hand-off was measured
+  // against the model's own backward): the whole hand-off per byte
   // against one GEMM per module, by module size (elements), interpolated in log(elements) by the
   // run's largest module; used only without the _by_width figures. grad_handoff_gbps: the
   // per-byte figure at the largest size, the fallback of either.
