@@ -62,5 +62,6 @@ void bind_aio_handle(nb::module_& m);
 void bind_swap(nb::module_& m);
 void bind_adam(nb::module_& m);
 void bind_zero_engine(nb::module_& m);
+void bind_train_state(nb::module_& m);
 
 }  // namespace tiermem::py

@@ -202,4 +202,5 @@ NB_MODULE(_tiermem, m) {
   py::bind_swap(m);
   py::bind_adam(m);
   py::bind_zero_engine(m);
+  py::bind_train_state(m);
 }

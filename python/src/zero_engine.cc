@@ -260,6 +260,8 @@ class PyZeroEngine {
 
 }  // namespace
 
+double lr_at_step(const Config& c, double optimizer_lr, long long t);  // train_state.cc
+
 void bind_zero_engine(nb::module_& m) {
   nb::class_<PyConfig>(m, "Config",
                        "A parsed ds_config (tiermem::parse_config). Made by parse_config(); a plain value.")
@@ -273,6 +275,11 @@ void bind_zero_engine(nb::module_& m) {
            "key=value for every key given as \"auto\", with the value it has now ('' when none).")
       .def_prop_ro("unknown_keys", [](const PyConfig& c) { return c.config.unknown_keys; })
       .def_prop_ro("auto_keys", [](const PyConfig& c) { return c.config.auto_keys; });
+  m.def(
+      "lr_at", [](const PyConfig& c, double lr, long long t) { return lr_at_step(c.config, lr, t); },
+      nb::arg("config"), nb::arg("optimizer_lr"), nb::arg("step"),
+      "The learning rate of optimizer step `step` (1-based) under the config's scheduler section; "
+      "the optimizer's lr when there is none. ValueError for a schedule that needs total_num_steps.");
   m.def(
       "parse_config",
       [](const std::string& text, const std::string& source) { return PyConfig{parse_config(text, source)}; },

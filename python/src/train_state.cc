@@ -1,0 +1,149 @@
+// python/src/train_state.cc — tiermem.torch's checkpoints and LR schedules, from the same C++ code
+// tiermem-train uses (src/train: checkpoint.h, lr_schedule.h):
+//   _tiermem.CheckpointWriter / CheckpointReader   one rank's checkpoint: a JSON manifest that
+//       lists every tensor with its XXH64, and one state file written to a temporary name, fsynced
+//       and renamed (the manifest is the commit point); tensors streamed in parts.
+//   _tiermem.lr_at(config, optimizer_lr, t)        the lr of optimizer step t under the config's
+//       `scheduler` section (DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR).
+//
+// Thread-safety: a writer or reader is used by one thread. Errors: CheckpointError (a missing or
+// corrupt manifest, a checksum mismatch naming the tensor, a short file) -> RuntimeError naming the
+// file; IoError -> tiermem.IoError; ConfigError -> ValueError.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "tiermem/config.h"
+#include "tiermem/error.h"
+#include "train/checkpoint.h"
+#include "train/lr_schedule.h"
+
+namespace tiermem::py {
+
+namespace {
+
+Tier tier_of(const std::string& s) {
+  if (s == "device") return Tier::kDevice;
+  if (s == "host") return Tier::kHost;
+  if (s == "nvme") return Tier::kNvme;
+  throw nb::value_error(("tier must be 'device', 'host' or 'nvme', got '" + s + "'").c_str());
+}
+
+std::vector<std::int64_t> shape_of(const std::vector<std::int64_t>& s) { return s; }
+
+class PyWriter {
+ public:
+  PyWriter(const std::string& dir, int rank, int world, int step)
+      : w_(std::make_unique<train::CheckpointWriter>(dir, rank, world, step)) {}
+  int begin_tensor(const std::string& name, const std::string& tier, std::uint64_t bytes,
+                   const std::string& dtype, const std::vector<std::int64_t>& shape) {
+    return live().begin_tensor(name, tier_of(tier), bytes, dtype, shape_of(shape));
+  }
+  void write_part(int handle, nb::handle data) {
+    ArrayView v = view_array(data, "CheckpointWriter.write_part", "data", false);
+    live().write_part(handle, v.data, v.nbytes);
+  }
+  void add_tensor(const std::string& name, const std::string& tier, nb::handle data, const std::string& dtype,
+                  const std::vector<std::int64_t>& shape) {
+    ArrayView v = view_array(data, "CheckpointWriter.add_tensor", "data", false);
+    live().add_tensor(name, tier_of(tier), v.data, v.nbytes, dtype, shape_of(shape));
+  }
+  std::string commit(const std::string& meta_json) {
+    nlohmann::json meta = nlohmann::json::parse(meta_json);
+    std::string path = live().commit(meta);
+    w_.reset();
+    return path;
+  }
+  void abandon() { w_.reset(); }  // the temporary state file is removed
+
+ private:
+  train::CheckpointWriter& live() {
+    if (!w_) throw nb::value_error("CheckpointWriter: already committed or abandoned");
+    return *w_;
+  }
+  std::unique_ptr<train::CheckpointWriter> w_;
+};
+
+class PyReader {
+ public:
+  PyReader(const std::string& dir, int rank) : r_(dir, rank) {}
+  int step() const { return r_.step(); }
+  int world_size() const { return r_.world_size(); }
+  std::string meta() const { return r_.meta().dump(); }
+  std::string manifest_path() const { return r_.manifest_path(); }
+  nb::list tensors() const {
+    nb::list out;
+    for (const auto& t : r_.tensors()) {
+      nb::dict d;
+      d["name"] = t.name;
+      d["dtype"] = t.dtype;
+      d["shape"] = t.shape;
+      d["bytes"] = t.bytes;
+      d["tier"] = std::string(tier_name(t.tier));
+      out.append(d);
+    }
+    return out;
+  }
+  void verify_tensor(const std::string& name, std::uint64_t bytes) { r_.verify_tensor(name, bytes); }
+  void read_part(const std::string& name, std::uint64_t offset, nb::handle dst) {
+    ArrayView v = view_array(dst, "CheckpointReader.read_part", "dst", true);
+    r_.read_part(name, offset, v.data, v.nbytes);
+  }
+  void read_tensor(const std::string& name, nb::handle dst) {
+    ArrayView v = view_array(dst, "CheckpointReader.read_tensor", "dst", true);
+    r_.read_tensor(name, v.data, v.nbytes);
+  }
+
+ private:
+  train::CheckpointReader r_;
+};
+
+}  // namespace
+
+double lr_at_step(const Config& c, double optimizer_lr, long long t) {
+  const SchedulerConfig& sc = c.scheduler;
+  if (sc.type.empty()) return optimizer_lr;
+  if (sc.type != "WarmupLR" && !sc.total_num_steps) {
+    throw ConfigError("scheduler.params.total_num_steps", "",
+                      "config key 'scheduler.params.total_num_steps' is required for " + sc.type +
+                          " (DeepSpeed has no default): give the run's number of optimizer steps");
+  }
+  // DeepSpeed's defaults for what the section leaves out: WarmupLR/WarmupDecayLR peak at
+  // warmup_max_lr = 0.001 over warmup_num_steps = 1000; WarmupCosineLR peaks at the optimizer's lr.
+  const double peak = sc.type == "WarmupCosineLR" ? optimizer_lr : 0.001;
+  train::LrSchedule s = train::make_lr_schedule(sc, peak, 1000, static_cast<int>(sc.total_num_steps.value_or(0)));
+  return train::lr_at(s, t);
+}
+
+void bind_train_state(nb::module_& m) {
+  nb::class_<PyWriter>(m, "CheckpointWriter", "One rank's checkpoint being written (src/train/checkpoint.h).")
+      .def(nb::init<const std::string&, int, int, int>(), nb::arg("dir"), nb::arg("rank"), nb::arg("world_size"),
+           nb::arg("step"), "Creates DIR/rank<rank>/ (umask applies).")
+      .def("begin_tensor", &PyWriter::begin_tensor, nb::arg("name"), nb::arg("tier"), nb::arg("bytes"),
+           nb::arg("dtype") = "f32", nb::arg("shape") = std::vector<std::int64_t>{},
+           "Reserves a tensor of `bytes` written in parts (write_part, in order); returns its handle.")
+      .def("write_part", &PyWriter::write_part, nb::arg("handle"), nb::arg("data"))
+      .def("add_tensor", &PyWriter::add_tensor, nb::arg("name"), nb::arg("tier"), nb::arg("data"),
+           nb::arg("dtype") = "f32", nb::arg("shape") = std::vector<std::int64_t>{})
+      .def("commit", &PyWriter::commit, nb::arg("meta_json"),
+           "Writes the manifest (meta: a JSON object), fsyncs, renames; returns the manifest's path.")
+      .def("abandon", &PyWriter::abandon, "Drops an uncommitted checkpoint (its temporary file is removed).");
+  nb::class_<PyReader>(m, "CheckpointReader", "One rank's checkpoint, manifest validated on opening.")
+      .def(nb::init<const std::string&, int>(), nb::arg("dir"), nb::arg("rank"))
+      .def_prop_ro("step", &PyReader::step)
+      .def_prop_ro("world_size", &PyReader::world_size)
+      .def_prop_ro("manifest_path", &PyReader::manifest_path)
+      .def("meta", &PyReader::meta, "The manifest's meta object as JSON text.")
+      .def("tensors", &PyReader::tensors)
+      .def("verify_tensor", &PyReader::verify_tensor, nb::arg("name"), nb::arg("bytes"),
+           "Checks size and XXH64 (read in bounded chunks).")
+      .def("read_part", &PyReader::read_part, nb::arg("name"), nb::arg("offset"), nb::arg("dst"))
+      .def("read_tensor", &PyReader::read_tensor, nb::arg("name"), nb::arg("dst"));
+  m.def("remove_stale_checkpoint_files", &train::remove_stale_checkpoint_files, nb::arg("dir"), nb::arg("rank"));
+}
+
+}  // namespace tiermem::py
