@@ -159,7 +159,7 @@ class PyZeroEngine {
   nb::dict export_state(const nb::callable& sink) {
     ZeroOptimizerState h = e().export_optimizer_state([&](const ZeroStateChunk& c) {
       const std::size_t shape[1] = {c.n};
-      auto view = [&](float* p) { return nb::ndarray<nb::numpy, float>(p, 1, shape, nb::handle()).cast(); };
+      auto view = [&](float* p) { return nb::ndarray<nb::numpy, float>(p, 1, shape, nb::handle()).cast(nb::rv_policy::reference); };
       sink(c.offset, view(c.master), view(c.exp_avg), view(c.exp_avg_sq));
     });
     return header_dict(h);
@@ -185,7 +185,7 @@ class PyZeroEngine {
     }
     e().import_optimizer_state(h, [&](const ZeroStateChunk& c) {
       const std::size_t shape[1] = {c.n};
-      auto view = [&](float* p) { return nb::ndarray<nb::numpy, float>(p, 1, shape, nb::handle()).cast(); };
+      auto view = [&](float* p) { return nb::ndarray<nb::numpy, float>(p, 1, shape, nb::handle()).cast(nb::rv_policy::reference); };
       source(c.offset, view(c.master), view(c.exp_avg), view(c.exp_avg_sq));
     });
   }

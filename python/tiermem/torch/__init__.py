@@ -16,5 +16,6 @@ And AdamW optimizers over tiermem's SIMD kernel for a model that stays where it 
 
 from .engine import TiermemEngine, ZeroOptimizer, initialize, set_z3_leaf_modules
 from .optim import CPUAdamW, NVMeAdamW
+from . import zero
 
-__all__ = ["initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules", "CPUAdamW", "NVMeAdamW"]
+__all__ = ["zero", "initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules", "CPUAdamW", "NVMeAdamW"]

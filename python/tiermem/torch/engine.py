@@ -194,6 +194,9 @@ class DeepSpeedLR(torch.optim.lr_scheduler.LRScheduler):
         t = self.last_epoch + 1  # last_epoch: optimizer steps taken so far
         return [_tiermem.lr_at(self._config, self._peak, t) for _ in self.optimizer.param_groups]
 
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_config")}
+
 
 # ---------------------------------------------------------------------------------------- engine
 
@@ -311,6 +314,27 @@ class TiermemEngine:
 
     def named_parameters(self, *args, **kwargs):
         return self.module.named_parameters(*args, **kwargs)
+
+    def save_checkpoint(self, save_dir: str, tag: Optional[str] = None, client_state: Optional[dict] = None,
+                        save_latest: bool = True) -> str:
+        """Writes save_dir/tag (default "global_step<N>"): this rank's optimizer state streamed from
+        its tier, checksummed, crash-safe; returns the directory (see checkpoint.py)."""
+        from .checkpoint import save_checkpoint
+        return save_checkpoint(self, save_dir, tag, client_state, save_latest)
+
+    def load_checkpoint(self, load_dir: str, tag: Optional[str] = None, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, load_module_only: bool = False):
+        """Restores a checkpoint of this model (tag default: save_dir/latest); returns
+        (path, client_state). The run then continues bit for bit."""
+        from .checkpoint import load_checkpoint
+        return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
+                               load_module_only)
+
+    def save_fp32_model(self, path: str) -> int:
+        """The consolidated fp32 state dict (DeepSpeed's zero_to_fp32) written to `path`, unit by
+        unit: ``model.load_state_dict(torch.load(path))`` restores the trained weights."""
+        from .checkpoint import save_fp32_state_dict
+        return save_fp32_state_dict(self, path)
 
     def stats(self) -> dict:
         """The engine's counters (bytes per tier, peaks, traffic, prefetches): ZeroStats."""

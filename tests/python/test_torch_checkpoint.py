@@ -1,0 +1,132 @@
+"""tiermem.torch checkpoints: save, load into a fresh model and continue bit for bit; a corrupt
+or foreign checkpoint is refused naming what is wrong; the consolidated fp32 export loads into the
+plain model with torch.load + load_state_dict and equals the trained master weights;
+GatheredParameters shows full parameters and writes changes back."""
+
+import json
+import os
+
+import pytest
+
+from torch_models import batches, build, ds_config, engine_losses, hf_or_skip
+
+
+def _cfg(tmp_path, **kw):
+    sched = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3, "warmup_num_steps": 4}}
+    return ds_config(tmp_path / "swap", "nvme", scheduler=sched,
+                     tiermem={"host_budget_bytes": "1MiB", "device_budget_bytes": "256KiB"}, **kw)
+
+
+def _engine(tt, tmp_path, kind="gpt2", **kw):
+    (tmp_path / "swap").mkdir(exist_ok=True)
+    model = build(kind)
+    engine, *_ = tt.initialize(model=model, config=_cfg(tmp_path, **kw))
+    return model, engine
+
+
+def test_save_load_continue_bit_for_bit(torch_or_skip, tmp_path):
+    hf_or_skip()
+    import tiermem.torch as tt
+    data = batches(12)
+    _, a = _engine(tt, tmp_path)
+    engine_losses(a, data[:6], 6)
+    path = a.save_checkpoint(str(tmp_path / "ckpt"), client_state={"epoch": 3})
+    assert os.path.basename(path) == "global_step6"
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step6"
+    want = engine_losses(a, data[6:], 6)
+    lr_want = a.get_lr()
+    a.close()
+
+    _, b = _engine(tt, tmp_path)
+    _, client = b.load_checkpoint(str(tmp_path / "ckpt"))
+    assert client == {"epoch": 3}
+    assert b.global_steps == 6
+    got = engine_losses(b, data[6:], 6)
+    assert got == want  # bit for bit: the same floats
+    assert b.get_lr() == lr_want
+    b.close()
+
+
+def test_corrupt_and_foreign_checkpoints_are_refused(torch_or_skip, tmp_path):
+    hf_or_skip()
+    import tiermem.torch as tt
+    data = batches(2)
+    _, a = _engine(tt, tmp_path)
+    engine_losses(a, data, 2)
+    d = a.save_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    a.close()
+    rank_dir = os.path.join(d, "rank0")
+    state = [f for f in os.listdir(rank_dir) if f.startswith("state")][0]
+    with open(os.path.join(rank_dir, state), "r+b") as f:  # flip one byte of the master weights
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    _, b = _engine(tt, tmp_path)
+    with pytest.raises(RuntimeError, match="optimizer.master"):
+        b.load_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    with pytest.raises(FileNotFoundError, match="latest"):
+        b.load_checkpoint(str(tmp_path / "nothing"))
+    b.close()
+    # A checkpoint of another model is refused naming the first differing engine module.
+    _, c = _engine(tt, tmp_path, kind="llama")
+    engine_losses(c, data, 1)
+    c.save_checkpoint(str(tmp_path / "other"), tag="t")
+    c.close()
+    _, e = _engine(tt, tmp_path)
+    with pytest.raises(ValueError, match="engine module 0"):
+        e.load_checkpoint(str(tmp_path / "other"), tag="t")
+    e.close()
+
+
+def test_fp32_export_loads_into_the_plain_model(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    hf_or_skip()
+    import tiermem.torch as tt
+    data = batches(4)
+    model, a = _engine(tt, tmp_path)
+    engine_losses(a, data, 4)
+    path = str(tmp_path / "model.pt")
+    written = a.save_fp32_model(path)
+    assert written == 4 * sum(u.numel for u in a._hooks.units)
+    sd = torch.load(path)  # plain torch.load, weights_only default
+    plain = build("gpt2")
+    plain.load_state_dict(sd)
+    # Equal to the engine's master weights, and (fp32 working params) to what the model computes.
+    for name, p in model.named_parameters():
+        assert torch.equal(sd[name], p.detach()), name
+    b = data[0]
+    model.eval()
+    plain.eval()
+    with torch.no_grad():
+        assert torch.equal(plain(input_ids=b, labels=b).loss, model(input_ids=b, labels=b).loss)
+    a.close()
+
+
+def test_gathered_parameters_modify_and_write_back(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    hf_or_skip()
+    import tiermem.torch as tt
+    model, a = _engine(tt, tmp_path)
+    w = model.transformer.h[0].mlp.c_fc.weight
+    assert w.shape == (64, 256)
+    with tt.zero.GatheredParameters([w]):
+        assert float(w.abs().sum()) > 0
+        before = w.detach().clone()
+        w.data.mul_(0.5)
+        w.data[0, 0] = 7.0
+    with tt.zero.GatheredParameters(w):
+        want = before * 0.5
+        want[0, 0] = 7.0
+        assert torch.equal(w.detach(), want)
+    # The master weights changed too: the fp32 export sees the new values.
+    a.save_fp32_model(str(tmp_path / "m.pt"))
+    assert torch.equal(torch.load(str(tmp_path / "m.pt"))["transformer.h.0.mlp.c_fc.weight"], want)
+    # An exception inside writes nothing back.
+    with pytest.raises(KeyError):
+        with tt.zero.GatheredParameters(w):
+            w.data.fill_(1.0)
+            raise KeyError("x")
+    with tt.zero.GatheredParameters(w):
+        assert torch.equal(w.detach(), want)
+    a.close()
