@@ -219,13 +219,13 @@ class ParamHooks:
                         needs.append(owner[0])
                     continue
                 seen.add(id(p))
+                if not p.is_floating_point():
+                    raise TypeError(f"tiermem.torch.initialize: parameter '{self._pname(module, p, name)}' is "
+                                    f"{p.dtype}; ZeRO pages floating-point parameters only: register it as a buffer "
+                                    "(module.register_buffer) instead")
                 if not p.requires_grad:
                     self.frozen.append(p)
                     continue
-                if not p.is_floating_point():
-                    raise TypeError(f"tiermem.torch.initialize: parameter '{self._pname(module, p, name)}' is "
-                                    f"{p.dtype}; ZeRO pages floating-point parameters only (make it a buffer, or "
-                                    "set requires_grad=False)")
                 if unit is None:
                     unit = Unit(len(self.units), name or "<root>")
                     self.units.append(unit)

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from typing import Any, Iterable, Optional
 
 import torch
@@ -170,12 +171,30 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._tm._zero_grad()
 
     def state_dict(self) -> dict:
-        raise RuntimeError("ZeroOptimizer.state_dict: the optimizer state (fp32 master weights, Adam moments) lives in "
-                           "tiermem's engine on its tier; save it with engine.save_checkpoint(dir) and restore it with "
-                           "engine.load_checkpoint(dir)")
+        """torch's layout with the hyper-parameters only: the state itself (master weights, Adam
+        moments) lives in the engine on its tier and is saved by engine.save_checkpoint(dir)."""
+        if not getattr(self, "_warned_state", False):
+            self._warned_state = True
+            warnings.warn("ZeroOptimizer.state_dict() holds the hyper-parameters only: the fp32 master weights and "
+                          "Adam moments live in tiermem's engine; save them with engine.save_checkpoint(dir)",
+                          stacklevel=2)
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        for i, g in enumerate(groups):
+            g["params"] = list(range(sum(len(x["params"]) for x in self.param_groups[:i]),
+                                     sum(len(x["params"]) for x in self.param_groups[:i + 1])))
+        return {"state": {}, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        raise RuntimeError("ZeroOptimizer.load_state_dict: restore the optimizer state with engine.load_checkpoint(dir)")
+        """Restores the hyper-parameters (lr, ...) of a state_dict() of this optimizer; the
+        engine's state is restored by engine.load_checkpoint(dir)."""
+        groups = state_dict.get("param_groups", [])
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"ZeroOptimizer.load_state_dict: {len(groups)} param groups, this optimizer has "
+                             f"{len(self.param_groups)}")
+        for g, saved in zip(self.param_groups, groups):
+            for k, v in saved.items():
+                if k != "params":
+                    g[k] = v
 
 
 # ---------------------------------------------------------------------------------------- LR schedule
