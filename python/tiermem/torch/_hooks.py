@@ -246,10 +246,13 @@ class ParamHooks:
         return [u.numel for u in self.units]
 
     def flat_values(self, unit: Unit) -> torch.Tensor:
-        """The unit's current parameter values as one new fp32 vector (for registration)."""
+        """The unit's current parameter values as one new fp32 vector (for registration): from
+        zero.Init's staging for parameters built under it, else from the parameter itself."""
+        from .zero import take_staged
         out = torch.empty(unit.numel, dtype=torch.float32)
         for p, off, n in unit.params:
-            out[off:off + n].copy_(p.detach().reshape(-1))
+            staged = take_staged(p)
+            out[off:off + n].copy_((staged if staged is not None else p.detach()).reshape(-1))
         return out
 
     # ------------------------------------------------------------------------------ attach

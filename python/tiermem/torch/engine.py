@@ -254,6 +254,8 @@ class TiermemEngine:
         for u in self._hooks.units:
             self._zero.register_module(u.name, self._hooks.flat_values(u), u.numel)
             self._hooks._release(u)  # the model's own copy goes as soon as the engine has it
+        from .zero import release_staging
+        release_staging(model)
         if dtype != torch.float32:  # buffers follow the working dtype (as DeepSpeed's engine does)
             for m in model.modules():
                 for k, b in m._buffers.items():

@@ -8,11 +8,17 @@ Adam moments kept) and released. With one rank ``modifier_rank`` makes no differ
 
 from __future__ import annotations
 
-from typing import Iterable, Union
+import errno
+import functools
+import json
+import os
+import tempfile
+import weakref
+from typing import Iterable, Optional, Union
 
 import torch
 
-__all__ = ["GatheredParameters"]
+__all__ = ["GatheredParameters", "Init"]
 
 
 class GatheredParameters:
@@ -61,3 +67,234 @@ class GatheredParameters:
         for h, unit, values in writes:
             h.engine.set_module_params(unit.index, values)
         return False
+
+
+# ------------------------------------------------------------------------------------- Init
+
+class _Stage:
+    """Where parameters built under Init wait for initialize(): a file under the config's NVMe path
+    (offload_param or offload_optimizer nvme), else host memory (the model then lives in host
+    memory anyway). Values keep their dtype. Single-threaded, as module construction is."""
+
+    def __init__(self, directory: Optional[str]) -> None:
+        self.slots: dict[int, tuple[int, int, torch.dtype, torch.Size]] = {}  # id(p) -> (offset, bytes, dtype, shape)
+        self.mem: dict[int, torch.Tensor] = {}
+        self.fd = -1
+        self.path = None
+        self.end = 0
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+            fd, self.path = tempfile.mkstemp(prefix="tiermem-init-", suffix=".bin", dir=directory)
+            self.fd = fd
+            self._finalizer = weakref.finalize(self, _Stage._remove, fd, self.path)
+
+    @staticmethod
+    def _remove(fd: int, path: str) -> None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    def store(self, p: torch.Tensor, values: torch.Tensor) -> None:
+        values = values.detach().contiguous()
+        if self.fd < 0:
+            self.mem[id(p)] = values.clone() if values.data_ptr() == p.data_ptr() else values
+            self.slots[id(p)] = (0, 0, values.dtype, values.shape)
+            return
+        nbytes = values.numel() * values.element_size()
+        slot = self.slots.get(id(p))
+        if slot is None or slot[1] != nbytes:
+            slot = (self.end, nbytes, values.dtype, values.shape)
+            self.end += (nbytes + 4095) // 4096 * 4096
+            self.slots[id(p)] = slot
+        raw = values.view(torch.uint8).reshape(-1).numpy() if nbytes else b""
+        view = memoryview(raw)
+        done = 0
+        while done < nbytes:  # short writes are retried
+            done += os.pwrite(self.fd, view[done:], slot[0] + done)
+
+    def load(self, p: torch.Tensor) -> torch.Tensor:
+        offset, nbytes, dtype, shape = self.slots[id(p)]
+        if self.fd < 0:
+            return self.mem[id(p)]
+        out = torch.empty(shape, dtype=dtype)
+        buf = memoryview(out.view(torch.uint8).reshape(-1).numpy()) if nbytes else memoryview(b"")
+        done = 0
+        while done < nbytes:
+            n = os.preadv(self.fd, [buf[done:]], offset + done)
+            if n <= 0:
+                raise OSError(errno.EIO, f"zero.Init: staging file {self.path} ended at byte {offset + done} "
+                                         f"(expected {nbytes} bytes at {offset})", self.path)
+            done += n
+        return out
+
+    def drop(self, p: torch.Tensor) -> None:
+        self.slots.pop(id(p), None)
+        self.mem.pop(id(p), None)
+
+
+def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
+    """A parameter staged by Init, used by code that runs after its module was built (HF's
+    post_init weight initialisation, tie_weights, user code): loaded for the call, written back
+    after it (the call may have initialised it in place), released again."""
+    from ._hooks import _is_metadata, _placeholder
+    if kwargs is None:
+        kwargs = {}
+    staged = []
+    if not _is_metadata(func):
+        for a in list(args) + list(kwargs.values()):
+            items = a if isinstance(a, (list, tuple)) else (a,)
+            for x in items:
+                st = getattr(x, "_tm_stage", None) if isinstance(x, torch.nn.Parameter) else None
+                if st is not None and id(x) in st.slots and not any(x is y for y, _ in staged):
+                    x.data = st.load(x)
+                    staged.append((x, st))
+    try:
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    finally:
+        for x, st in staged:
+            st.store(x, x.data)
+            x.data = _placeholder(x.shape, x.dtype)
+
+
+_INIT_CLASSES: dict[type, type] = {}
+
+
+def _init_param_class(cls: type) -> type:
+    sub = _INIT_CLASSES.get(cls)
+    if sub is None:
+        sub = type(f"ZeroInit{cls.__name__}", (cls,), {"__torch_function__": classmethod(_init_param_torch_function)})
+        _INIT_CLASSES[cls] = sub
+    return sub
+
+
+def _all_module_classes() -> list:
+    out, todo = [], [torch.nn.Module]
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo.extend(c.__subclasses__())
+    return out
+
+
+class Init:
+    """``with tiermem.torch.zero.Init(config=ds_config):`` — modules built inside never hold their
+    full parameters in host memory. Each parameter is created and initialised by torch's own code
+    (the same RNG stream as without Init, so losses match), and as soon as its module's
+    ``__init__`` returns it goes to a staging file under the config's NVMe path (host memory when
+    the config offloads nothing to NVMe), its ``.data`` a placeholder of the right shape.
+    Initialisation code that runs later on the whole model (HF's ``post_init``) reaches each
+    parameter through its class's ``__torch_function__``: loaded, changed in place, written back.
+    ``initialize`` then registers each engine unit from the staging, one unit at a time, and the
+    staging file is removed. Built outside Init, a model holds all its parameters in host memory
+    until ``initialize``.
+
+    ``config`` (or DeepSpeed's ``config_dict_or_path``): a ds_config path or dict; only its
+    offload nvme_path is used here (the engine reads the rest at ``initialize``)."""
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
+                 pin_memory=False, config_dict_or_path=None, config=None, enabled: bool = True, dtype=None, mpu=None):
+        self.enabled = enabled
+        self.config = config if config is not None else config_dict_or_path
+        self.stage: Optional[_Stage] = None
+        self._patched: list = []
+        self._depth: dict[int, int] = {}
+
+    def _staging_dir(self) -> Optional[str]:
+        cfg = self.config
+        if cfg is None:
+            return None
+        if not isinstance(cfg, dict):
+            with open(os.fspath(cfg), encoding="utf-8") as f:
+                cfg = json.load(f)
+        z = cfg.get("zero_optimization", {}) or {}
+        for key in ("offload_param", "offload_optimizer"):
+            o = z.get(key) or {}
+            if o.get("device") == "nvme" and o.get("nvme_path"):
+                path = o["nvme_path"]
+                return path[0] if isinstance(path, list) else path
+        return None
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        self.stage = _Stage(self._staging_dir())
+        for cls in _all_module_classes():
+            init = cls.__dict__.get("__init__")
+            if init is None:
+                continue
+            wrapped = self._wrap(init)
+            cls.__init__ = wrapped
+            self._patched.append((cls, init))
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        for cls, init in reversed(self._patched):
+            cls.__init__ = init
+        self._patched = []
+        return False
+
+    def _wrap(self, init):
+        ctx = self
+
+        @functools.wraps(init)
+        def __init__(module, *args, **kwargs):
+            key = id(module)
+            ctx._depth[key] = ctx._depth.get(key, 0) + 1
+            try:
+                init(module, *args, **kwargs)
+            finally:
+                ctx._depth[key] -= 1
+                if ctx._depth[key] == 0:
+                    del ctx._depth[key]
+                    ctx._stage_module(module)
+
+        return __init__
+
+    def _stage_module(self, module) -> None:
+        from ._hooks import _placeholder
+        params = getattr(module, "_parameters", None)
+        if not params:
+            return
+        for p in params.values():
+            if p is None or getattr(p, "_tm_stage", None) is not None or not p.is_floating_point():
+                continue
+            if p.device.type != "cpu":
+                continue
+            self.stage.store(p, p.data)
+            p._tm_stage = self.stage
+            p._tm_init_class = type(p)
+            p.__class__ = _init_param_class(type(p))
+            p.data = _placeholder(p.shape, p.dtype)
+
+
+def take_staged(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
+    """For initialize(): the value Init staged for `p` (None if it was not built under Init). The
+    parameter gets its own class back; the staging copy is dropped (and the staging file removed
+    with its last one)."""
+    st = p.__dict__.get("_tm_stage")
+    if st is None:
+        return None
+    values = st.load(p)
+    st.drop(p)
+    p.__class__ = p.__dict__.pop("_tm_init_class")
+    del p.__dict__["_tm_stage"]
+    if not st.slots and st.fd >= 0:
+        st._finalizer()
+    return values
+
+
+def release_staging(model: torch.nn.Module) -> None:
+    """After initialize: frozen parameters staged by Init come back into memory (they are not
+    engine state), and a staging that holds nothing more is closed and its file removed."""
+    stages = set()
+    for p in model.parameters():
+        st = p.__dict__.get("_tm_stage")
+        if st is not None:
+            p.data = take_staged(p)
+            stages.add(st)
