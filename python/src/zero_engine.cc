@@ -89,14 +89,89 @@ const float* f32_array(nb::handle obj, std::size_t n, const char* fn, const char
   return static_cast<const float*>(v.data);
 }
 
+// Collectives over torch.distributed (gloo on CPU tensors): `ops` is a Python object whose methods
+// all_gather(send, recv), reduce_scatter(send, recv, average), all_reduce(send, recv, average),
+// broadcast(buf, root) and barrier() take 1-D torch tensors viewing the engine's buffers (no copy)
+// and run the collective synchronously (python/tiermem/torch/_dist.py). The engine calls every
+// collective from the thread that drives it, inside an engine call that holds the GIL, so the calls
+// into Python are made with the GIL held; a Python exception becomes a CommError naming the
+// operation. Handles are returned complete.
+class TorchDistCommunicator final : public Communicator {
+ public:
+  TorchDistCommunicator(nb::object ops, int rank, int world) : ops_(std::move(ops)), rank_(rank), world_(world) {}
+  ~TorchDistCommunicator() override {
+    nb::gil_scoped_acquire gil;
+    ops_.reset();
+  }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string_view backend() const override { return "torch.distributed"; }
+  bool device_buffers() const override { return false; }
+
+  CommHandle all_gather_async(const void* send, void* recv, std::size_t count, DType dtype) override {
+    call("all_gather", [&] { ops_.attr("all_gather")(view(send, count, dtype), view(recv, count * world_, dtype)); });
+    return {};
+  }
+  CommHandle reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    call("reduce_scatter", [&] {
+      ops_.attr("reduce_scatter")(view(send, count * world_, dtype), view(recv, count, dtype), op == ReduceOp::kAvg);
+    });
+    return {};
+  }
+  CommHandle all_reduce_async(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    call("all_reduce", [&] {
+      ops_.attr("all_reduce")(view(send, count, dtype), view(recv, count, dtype), op == ReduceOp::kAvg);
+    });
+    return {};
+  }
+  CommHandle broadcast_async(void* buf, std::size_t count, DType dtype, int root) override {
+    call("broadcast", [&] { ops_.attr("broadcast")(view(buf, count, dtype), root); });
+    return {};
+  }
+  void barrier() override {
+    call("barrier", [&] { ops_.attr("barrier")(); });
+  }
+
+ private:
+  static nb::object view(const void* p, std::size_t n, DType dtype) {
+    const std::size_t shape[1] = {n};
+    nb::dlpack::dtype dt;
+    switch (dtype) {
+      case DType::kF32: dt = nb::dtype<float>(); break;
+      case DType::kBF16: case DType::kF16: case DType::kU16: dt = nb::dtype<std::int16_t>(); break;  // bits only
+      default: throw CommError("torch.distributed: dtype " + std::string(dtype_name(dtype)) + " is not supported");
+    }
+    return nb::ndarray<nb::pytorch>(const_cast<void*>(p), 1, shape, nb::handle(), nullptr, dt)
+        .cast(nb::rv_policy::reference);
+  }
+  template <class F>
+  void call(const char* op, F&& f) {
+    nb::gil_scoped_acquire gil;
+    try {
+      f();
+    } catch (nb::python_error& e) {
+      throw CommError(std::string("torch.distributed ") + op + " failed on rank " + std::to_string(rank_) + " of " +
+                      std::to_string(world_) + ": " + e.what());
+    }
+  }
+  nb::object ops_;
+  int rank_, world_;
+};
+
 class PyZeroEngine {
  public:
   PyZeroEngine(const PyConfig& cfg, std::vector<std::size_t> numels, bool mean_over_micro_batches,
-               const std::string& comm_backend)
+               const std::string& comm_backend, nb::object dist_ops)
       : box_(std::make_shared<EngineBox>()) {
     CommOptions co;
     co.backend = comm_backend;
-    box_->comm = comm_backend == "single" ? make_single_communicator() : make_communicator(co);
+    if (comm_backend == "torch") {
+      if (dist_ops.is_none()) throw nb::value_error("ZeroEngine: comm 'torch' needs dist_ops");
+      box_->comm = std::make_unique<TorchDistCommunicator>(dist_ops, nb::cast<int>(dist_ops.attr("rank")),
+                                                           nb::cast<int>(dist_ops.attr("world_size")));
+    } else {
+      box_->comm = comm_backend == "single" ? make_single_communicator() : make_communicator(co);
+    }
     ZeroEngineOptions opts;
     opts.mean_over_micro_batches = mean_over_micro_batches;
     box_->engine = std::make_unique<ZeroEngine>(cfg.config, *box_->comm, numels, opts);
@@ -288,9 +363,9 @@ void bind_zero_engine(nb::module_& m) {
 
   nb::class_<PyZeroEngine>(m, "ZeroEngine",
                            "tiermem::ZeroEngine for tiermem.torch (see python/src/zero_engine.cc).")
-      .def(nb::init<const PyConfig&, std::vector<std::size_t>, bool, const std::string&>(),
+      .def(nb::init<const PyConfig&, std::vector<std::size_t>, bool, const std::string&, nb::object>(),
            nb::arg("config"), nb::arg("module_numels"), nb::arg("mean_over_micro_batches") = false,
-           nb::arg("comm") = "single",
+           nb::arg("comm") = "single", nb::arg("dist_ops") = nb::none(),
            "Plans for the modules' element counts (ValueError naming the budget key and the minimum "
            "when a budget cannot hold them; nothing is written then). register_module must follow "
            "for each, in order.")

@@ -132,8 +132,14 @@ def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_sta
     except BaseException:
         w.abandon()
         raise
+    dist = torch.distributed
+    several = world > 1 and dist.is_available() and dist.is_initialized()
+    if several:
+        dist.barrier()  # every rank's manifest is committed before `latest` names the tag
     if save_latest and rank == 0:
         _write_atomic(os.path.join(save_dir, "latest"), tag)
+    if several:
+        dist.barrier()
     return d
 
 

@@ -250,7 +250,13 @@ class TiermemEngine:
             raise ValueError("tiermem.torch.initialize: the model has no trainable floating-point parameters")
         # Construction plans for the modules' sizes and checks budgets and directories: a refused
         # start raises here, before anything is written.
-        self._zero = _tiermem.ZeroEngine(config_obj, numels, mean_over_micro_batches=False)
+        ops = None
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+                torch.distributed.get_world_size() > 1:
+            from ._dist import DistOps
+            ops = DistOps()
+        self._zero = _tiermem.ZeroEngine(config_obj, numels, mean_over_micro_batches=False,
+                                         comm="torch" if ops is not None else "single", dist_ops=ops)
         for u in self._hooks.units:
             self._zero.register_module(u.name, self._hooks.flat_values(u), u.numel)
             self._hooks._release(u)  # the model's own copy goes as soon as the engine has it
@@ -430,11 +436,10 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     if config is None:
         raise ValueError("tiermem.torch.initialize: no config given (config=ds_config.json or a dict)")
     _check_model(model)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    from . import _dist
+    world = _dist.launched_world_size()
     if world > 1:
-        raise NotImplementedError(
-            f"tiermem.torch.initialize: WORLD_SIZE={world}: several ranks from PyTorch are not supported by this "
-            "build yet (one process, one rank); tiermem-train shards over MPI ranks today")
+        _dist.ensure_process_group()
     if leaf_modules:
         set_z3_leaf_modules(model, leaf_modules)
     config_obj, cfg = load_config(config, model, world)

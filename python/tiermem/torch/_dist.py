@@ -1,0 +1,77 @@
+"""The collectives ZeroEngine runs over torch.distributed when a tiermem.torch run has several
+ranks (torchrun, mpirun, or any launcher setting RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT). The C++
+engine calls these methods with 1-D CPU tensors viewing its own buffers; each runs synchronously on
+the process group (gloo on CPU). No transport is written here: torch.distributed's.
+
+The group is the default one: the caller's, if torch.distributed is already initialised, else one
+made here from the environment (init_method env://) with gloo and a collective timeout of
+``TIERMEM_COLLECTIVE_TIMEOUT_S`` seconds (default 120): a rank that died makes the others fail
+within it, naming the operation, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def launched_world_size() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    for key in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if os.environ.get(key):
+            return int(os.environ[key])
+    return 1
+
+
+def ensure_process_group() -> None:
+    if dist.is_initialized():
+        return
+    env = os.environ
+    # mpirun sets its own variables: map them to torch's (the address and port must be given).
+    if "RANK" not in env and "OMPI_COMM_WORLD_RANK" in env:
+        env["RANK"] = env["OMPI_COMM_WORLD_RANK"]
+        env["WORLD_SIZE"] = env["OMPI_COMM_WORLD_SIZE"]
+        env.setdefault("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise RuntimeError(f"tiermem.torch: several ranks but {' and '.join(missing)} not set; start the ranks with "
+                           "torchrun, or set MASTER_ADDR and MASTER_PORT for mpirun")
+    timeout = float(env.get("TIERMEM_COLLECTIVE_TIMEOUT_S", "120"))
+    dist.init_process_group(backend="gloo", init_method="env://", timeout=datetime.timedelta(seconds=timeout))
+
+
+class DistOps:
+    def __init__(self) -> None:
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+
+    def all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        if send.data_ptr() == recv.data_ptr() + self.rank * send.numel() * send.element_size():
+            send = send.clone()  # in place (the engine's own slot): gloo needs a separate input
+        dist.all_gather_into_tensor(recv, send)
+
+    def reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+        n = recv.numel()
+        full = send.clone()
+        dist.all_reduce(full)  # gloo has no reduce-scatter: the sum everywhere, then this rank's part
+        part = full[self.rank * n:(self.rank + 1) * n]
+        if average:
+            part.div_(self.world_size)
+        recv.copy_(part)
+
+    def all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+        if recv.data_ptr() != send.data_ptr():
+            recv.copy_(send)
+        dist.all_reduce(recv)
+        if average:
+            recv.div_(self.world_size)
+
+    def broadcast(self, buf: torch.Tensor, root: int) -> None:
+        dist.broadcast(buf, root)
+
+    def barrier(self) -> None:
+        dist.barrier()

@@ -1,0 +1,68 @@
+"""One rank of test_torch_dist's runs (started by torchrun, or directly for one rank): a small HF
+model trained through tiermem.torch with the global batch split evenly over the ranks; rank 0
+writes the per-step global losses (the mean of the ranks' losses) as JSON."""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_models import VOCAB, build, ds_config, hf_or_skip  # noqa: E402
+
+import tiermem.torch as tt  # noqa: E402
+
+GLOBAL = 6  # sequences per step: divides by 1, 2 and 3 ranks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", default="gpt2")
+    ap.add_argument("--stage", type=int, default=3)
+    ap.add_argument("--offload", default="nvme")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--swap", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    hf_or_skip()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cfg = ds_config(a.swap, a.offload, stage=a.stage, clip=1.0)
+    cfg["train_micro_batch_size_per_gpu"] = GLOBAL // world
+    if a.offload == "nvme":
+        cfg["tiermem"] = {"host_budget_bytes": "2MiB", "device_budget_bytes": "512KiB"}
+    model = build(a.kind)
+    model.config.resid_pdrop = model.config.embd_pdrop = model.config.attn_pdrop = 0.0  # no RNG across ranks
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    engine, *_ = tt.initialize(model=model, config=cfg)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    g = torch.Generator().manual_seed(7)
+    losses = []
+    kill_at = int(os.environ.get("TIERMEM_TEST_KILL_RANK1_AT_STEP", "0"))
+    for step in range(a.steps):
+        if kill_at and rank == 1 and step + 1 == kill_at:
+            os.kill(os.getpid(), 9)  # as a crashed or OOM-killed rank: no clean-up at all
+        batch = torch.randint(0, VOCAB, (GLOBAL, 16), generator=g)
+        mine = batch.chunk(world)[rank]
+        loss = engine(input_ids=mine, labels=mine).loss
+        engine.backward(loss)
+        engine.step()
+        value = loss.detach().clone()
+        if world > 1:
+            dist.all_reduce(value)
+            value /= world
+        losses.append(float(value))
+    engine.close()
+    if rank == 0:
+        with open(a.out, "w") as f:
+            json.dump({"losses": losses, "world": world}, f)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
