@@ -26,6 +26,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--swap", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--save-at", type=int, default=0, help="save a checkpoint to --ckpt after this step")
+    ap.add_argument("--resume", action="store_true", help="load --ckpt first, then train --steps")
+    ap.add_argument("--ckpt", default="")
     a = ap.parse_args()
     hf_or_skip()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -42,8 +45,14 @@ def main() -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     g = torch.Generator().manual_seed(7)
     losses = []
+    first = 0
+    if a.resume:
+        engine.load_checkpoint(a.ckpt)
+        first = engine.global_steps
+        for _ in range(first):  # the data stream continues where the checkpoint left it
+            torch.randint(0, VOCAB, (GLOBAL, 16), generator=g)
     kill_at = int(os.environ.get("TIERMEM_TEST_KILL_RANK1_AT_STEP", "0"))
-    for step in range(a.steps):
+    for step in range(first, first + a.steps):
         if kill_at and rank == 1 and step + 1 == kill_at:
             os.kill(os.getpid(), 9)  # as a crashed or OOM-killed rank: no clean-up at all
         batch = torch.randint(0, VOCAB, (GLOBAL, 16), generator=g)
@@ -56,6 +65,8 @@ def main() -> None:
             dist.all_reduce(value)
             value /= world
         losses.append(float(value))
+        if a.save_at and step + 1 == a.save_at:
+            engine.save_checkpoint(a.ckpt)
     engine.close()
     if rank == 0:
         with open(a.out, "w") as f:

@@ -13,7 +13,11 @@ the model in memory: the state streams from its tier through one sub-group at a 
 
 ``load_checkpoint`` verifies every checksum, streams the state back into the engine one sub-group
 at a time (the working parameters are republished from the restored master weights), and
-restores buffers, scheduler and step counters: the run continues bit for bit.
+restores buffers, scheduler and step counters: the run continues bit for bit. At another world
+size the state is re-partitioned as it loads: each rank reads the elements of its new shard from
+the old ranks' files that held them (the manifest gives the old world size and module sizes, the
+layout follows tiermem/shard.h), one sub-group at a time; no conversion step, no rank holding the
+model.
 
 ``save_fp32_state_dict(engine, path)`` writes a file plain ``torch.load`` reads and
 ``model.load_state_dict`` accepts (DeepSpeed's zero_to_fp32): every parameter's fp32 master weights
@@ -177,14 +181,15 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
     d = os.path.join(load_dir, tag)
     z = engine._zero
     rank, world = z.rank(), z.world_size()
-    r = _tiermem.CheckpointReader(d, rank)  # parses and validates the manifest
+    r0 = _tiermem.CheckpointReader(d, 0)  # parses and validates the manifest
+    old_world = r0.world_size
+    # This rank's own files when the checkpoint has them (same or smaller world), else rank 0's:
+    # buffers, frozen parameters, scheduler and RNG state are the same on every rank.
+    r = r0 if rank == 0 or rank >= old_world else _tiermem.CheckpointReader(d, rank)
     where = r.manifest_path
     meta = json.loads(r.meta())
     if meta.get("format") != _FORMAT:
         raise ValueError(f"load_checkpoint: {where} is not a tiermem.torch checkpoint (format {meta.get('format')!r})")
-    if r.world_size != world:
-        raise ValueError(f"load_checkpoint: {where} was written by {r.world_size} ranks, this run has {world}; "
-                         "resuming at another world size is not supported by this build")
     units = [[u.name, u.numel] for u in engine._hooks.units]
     if meta["units"] != units:
         for i, (a, b) in enumerate(zip(meta["units"], units)):
@@ -194,8 +199,29 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
         raise ValueError(f"load_checkpoint: {where} has {len(meta['units'])} engine modules, this model {len(units)}")
     header = meta["engine"]
     n = z.shard_numel()
-    for k in _STATE:
-        r.verify_tensor(f"optimizer.{k}", 4 * n)  # every byte checked before any is used
+    # The optimizer state's partition: over every rank at stages 1-3, whole on each at stage 0.
+    old_parts = int(header["world_size"])
+    new_parts = world if int(engine.config["zero_optimization"]["stage"]) > 0 else 1
+    resharded = old_parts != new_parts
+    if resharded:
+        readers = [r0 if k == 0 else r if k == rank else _tiermem.CheckpointReader(d, k) for k in range(old_parts)]
+        old_n = _layout(header["module_numels"], old_parts, header["alignment_elems"])[2]
+        for rd in readers:
+            for k in _STATE:
+                rd.verify_tensor(f"optimizer.{k}", 4 * old_n)
+        new_rank = rank if new_parts > 1 else 0
+        source = _reshard_source(readers, header, new_parts, new_rank, header["alignment_elems"])
+        header = dict(header, world_size=new_parts, rank=new_rank)
+    else:
+        if old_world != world:  # stage 0 both: every rank holds the whole state; read rank 0's
+            r = r0
+            header = dict(header, rank=0)
+        for k in _STATE:
+            r.verify_tensor(f"optimizer.{k}", 4 * n)  # every byte checked before any is used
+
+        def source(offset, master, exp_avg, exp_avg_sq):
+            for k, a in zip(_STATE, (master, exp_avg, exp_avg_sq)):
+                r.read_part(f"optimizer.{k}", 4 * offset, a)
     extras = _extras(engine)
     names = {t["name"] for t in r.tensors()}
     for name, t in extras.items():
@@ -203,17 +229,13 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
             raise ValueError(f"load_checkpoint: {where} has no tensor {name!r} (a buffer or frozen parameter of this "
                              "model)")
 
-    def source(offset, master, exp_avg, exp_avg_sq):
-        for k, a in zip(_STATE, (master, exp_avg, exp_avg_sq)):
-            r.read_part(f"optimizer.{k}", 4 * offset, a)
-
     if load_optimizer_states and not load_module_only:
         z.import_state(header, source)
     else:  # weights only: the master weights, with fresh moments and step count
         fresh = dict(header, steps=0, skipped_steps=0)
 
         def weights_only(offset, master, exp_avg, exp_avg_sq):
-            r.read_part("optimizer.master", 4 * offset, master)
+            source(offset, master, exp_avg, exp_avg_sq)
             exp_avg.fill(0)
             exp_avg_sq.fill(0)
 
@@ -237,6 +259,56 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
         if "rng_state.pt" in names:
             _set_rng_state(_unpickle(r, "rng_state.pt"))
     return d, client_state
+
+
+def _layout(numels, world: int, align: int):
+    """The engine's shard layout (tiermem/shard.h): each module padded to a multiple of
+    world x align and split evenly; a rank's shards back to back. Returns (shard sizes, their
+    rank-flat offsets, the rank-flat total)."""
+    shards, flats, at = [], [], 0
+    for n in numels:
+        unit = world * align
+        shard = (n + unit - 1) // unit * unit // world
+        shards.append(shard)
+        flats.append(at)
+        at += shard
+    return shards, flats, at
+
+
+def _reshard_source(readers, header: dict, world: int, rank: int, align: int):
+    """Fills this rank's optimizer sub-groups under the new world size from the old ranks' files:
+    each element of the new shard is found in the old rank that held it (streamed: one sub-group's
+    pieces at a time, nothing model-sized in memory). Padding elements are zero."""
+    import bisect
+    numels = header["module_numels"]
+    old_world = len(readers)
+    old_shards, old_flats, _ = _layout(numels, old_world, align)
+    new_shards, new_flats, _ = _layout(numels, world, align)
+
+    def source(offset, master, exp_avg, exp_avg_sq):
+        arrays = (master, exp_avg, exp_avg_sq)
+        for a in arrays:
+            a.fill(0)
+        end = offset + len(master)
+        m = max(0, bisect.bisect_right(new_flats, offset) - 1)
+        while m < len(numels) and new_flats[m] < end:
+            lo = max(offset, new_flats[m])
+            hi = min(end, new_flats[m] + new_shards[m])
+            # Module elements of this piece, clipped to the real ones.
+            e0 = rank * new_shards[m] + (lo - new_flats[m])
+            e1 = min(rank * new_shards[m] + (hi - new_flats[m]), numels[m])
+            e = e0
+            while e < e1:
+                k = e // old_shards[m]
+                stop = min(e1, (k + 1) * old_shards[m])
+                src = old_flats[m] + (e - k * old_shards[m])
+                dst = lo - offset + (e - e0)
+                for name, a in zip(_STATE, arrays):
+                    readers[k].read_part(f"optimizer.{name}", 4 * src, a[dst:dst + (stop - e)])
+                e = stop
+            m += 1
+
+    return source
 
 
 def _unpickle(r, name: str):
