@@ -1,116 +1,20 @@
-// tiermem/zero_engine.h — the ZeRO partitioner: shards optimizer state (stage 1), gradients
-// (stage 2) and parameters (stage 3) over the ranks of a Communicator, keeps fp32 master weights
-// and Adam moments in the optimizer tier (host memory, or NVMe through the swap space) and steps
-// them with CPU AdamW in sub-groups — or, with offload_optimizer none on a device that holds them
-// (tiermem.device_optimizer), in device memory with the device's AdamW.
+// tiermem/zero_engine.h — the ZeRO partitioner: optimizer state (stage 1), gradients (stage 2)
+// and parameters (stage 3) sharded over the ranks of a Communicator, every byte of it a tensor of
+// the engine's TensorStore on the tiers the config names, stepped by sub-group AdamW.
+// docs/zero.md describes the stages, the tiers each kind of state lives on, the streamed and the
+// overlapped step, the device-resident optimizer and checkpoints; this header is the contract.
 //
-// Usage (the driver loop; every rank runs the same calls in the same order):
+// Usage: every rank makes the same calls in the same order: register_module for each module
+// (full fp32 values), then per micro-batch gather(m) before module m runs (forward and backward)
+// and reduce_gradients(m, grad) after its backward, then step(). tiermem-train
+// (src/train/train_engine_zero.cc), tiermem.torch (python/tiermem/torch/_hooks.py) and
+// examples/zero_mlp.cc drive it so.
 //
-//   auto comm = make_communicator();
-//   ZeroEngine engine(cfg, *comm);                              // cfg: tiermem::Config
-//   for (int i = 0; i < n_modules; ++i) engine.register_module(name[i], init[i]);  // full fp32
-//   for (int micro = 0; micro < cfg.gradient_accumulation_steps; ++micro) {
-//     for (int m : forward_order) {
-//       ZeroEngine::Gathered p = engine.gather(m);             // stage 3: all-gather now
-//       model.forward(m, p.f32());                              // or p.half() for bf16/fp16
-//     }                                                         // p released: stage 3 frees it
-//     for (int m : backward_order) {
-//       auto p = engine.gather(m);
-//       model.backward(m, p.f32(), grad[m]);                    // grad[m]: full fp32, numel(m)
-//       engine.reduce_gradients(m, grad[m]);                    // reduce-scatter (bucketed)
-//     }
-//   }
-//   ZeroEngine::StepResult r = engine.step();                   // AdamW; r.skipped on fp16 overflow
-//
-// Stages (DeepSpeed's meanings; W = world size):
-//   0  every rank holds everything; gradients are all-reduced at step().
-//   1  each rank steps 1/W of the optimizer state; full gradients accumulate locally over
-//      micro-batches and are reduce-scattered once at step(); full working params on every rank.
-//   2  as 1, but each reduce_gradients() call reduce-scatters at once (buckets of
-//      reduce_bucket_size elements; asynchronous with overlap_comm) and only the fp32 gradient
-//      shard is kept.
-//   3  as 2, and working params are sharded too: gather(m) all-gathers module m (released when
-//      the Gathered scope ends). Modules with fewer than stage3_param_persistence_threshold
-//      elements stay whole on every rank (no gather).
-// After step() the new master weights are written, in the same AdamW pass, as the working dtype
-// (bf16 when cfg.bf16, fp16 when cfg.fp16.enabled, else fp32) into the rank's working shard;
-// stages 0–2 (and persistent stage-3 modules) then all-gather the full working params.
-//
-// Gradient convention: reduce_gradients() takes this rank's gradient of ONE micro-batch (the
-// gradient of the mean loss over its samples; with fp16, of the loss times loss_scale()). The
-// step uses the mean over ranks and micro-batches: (sum over both) / (W × micro-batches) /
-// loss_scale. Optional global-norm clipping (gradient_clipping > 0) applies to that mean.
-//
-// Tiers. Every byte of training state that grows with the model is a tensor of the engine's one
-// TensorStore, under its hard budgets (tiermem.host_budget_bytes: default 1/16 of the machine's
-// memory within [256 MiB, 1 GiB]; tiermem.device_budget_bytes), with the reuse-distance
-// Prefetcher as its policy (it records the first step's accesses — gathers, gradient
-// accumulation, optimizer sub-groups; a step ends at step() — and replays later steps, reading
-// ahead and evicting by furthest next use). Homes (see tiermem/zero_plan.h, which also gives the
-// minimum budgets; a budget below them is a ConfigError at the start):
-//   optimizer state  fp32 [master | m | v] per sub-group ("zero.optim.<module>.<offset>"): a
-//                    module's shard split in sub-groups of at most sub_group_size elements,
-//                    shrunk so that offload_optimizer.buffer_count + 1 of them fit the host
-//                    budget; home nvme (offload_optimizer nvme, under its nvme_path) or host —
-//                    or the device (offload_optimizer none at stages 1-3 with
-//                    tiermem.device_optimizer on, or auto on a GPU when it fits: the
-//                    device-resident optimizer, below). With offload_optimizer.ratio < 1 at
-//                    stage 3 (cpu/nvme: DeepSpeed's partial offload) the last sub-groups, at
-//                    least (1 - ratio) of the elements, are homed on the device instead and
-//                    stepped there as the device-resident optimizer steps (plan().
-//                    device_optimizer_from); the same bits as full offload on SimDevice.
-//   gradients        stages 2-3: one fp32 partition per sub-group ("zero.grad...") that each
-//                    reduce_gradients() call accumulates into as soon as the module's
-//                    reduce-scatter lands; home host, or nvme (with offload_optimizer nvme) when
-//                    the partitions exceed a quarter of the host budget, or the device with a
-//                    device-resident optimizer on a host-addressable device (added in place).
-//                    Stages 0-1 keep full fp32 gradients in engine host buffers (every rank
-//                    accumulates them whole).
-//   working params   stage 3: each module's shard ("zero.param.<module>"), home nvme
-//                    (offload_param nvme, under its own nvme_path), host (cpu) or the device
-//                    (none). gather() pins it at the device tier (the Device tiermem.device names:
-//                    SimDevice without a GPU) — with one rank the Gathered view IS the pinned
-//                    shard, with several the all-gather lands in a device buffer. Stages 0-2 and
-//                    persistent modules: engine host buffers (shard + all-gathered copy).
-//                    On a device the CPU cannot address (CudaDevice; SimDevice with
-//                    tiermem.sim_host_addressable false, its CPU twin) the same tiers are used and
-//                    the engine touches device memory only through the Device's copy API: an
-//                    all-gather is staged through a host buffer (in device memory with NCCL), the
-//                    new working params of a device-homed shard are written by AdamW into host
-//                    staging sub-groups and copied up, and gradients may be handed over from
-//                    device memory (reduce_gradients_from_device).
-// step() streams sub-groups: it acquires sub-group i's state and gradient at the host tier while
-// the next buffer_count - 1 are prefetched, runs AdamW writing the new working shard in the same
-// pass (into the module's shard acquired for overwrite: no read of the old one; at the device
-// tier when every stored shard fits half the device budget and the device is host-addressable —
-// zero_plan.h publishes_working_on_device — else the host tier), releases them, and discards the
-// consumed gradient partition (TensorStore::discard: it is never written to NVMe). Dirty state
-// goes back to NVMe when the pool needs its room.
-// Device-resident optimizer (plan().optimizer_on_device; the engine then has a device at every
-// stage 1-3, device() is not null): step() pins each sub-group's state at the device tier and
-// runs Device::adam_step_async on it (gpu_adam_step on CUDA; on SimDevice the host optimizer's
-// CPU kernel on the device's memory, so the results are bit for bit the host optimizer's, in both
-// addressing modes). Its gradient is the device-homed partition, or (stage 1; an opaque device)
-// the host one copied up into a device scratch sub-group; the new working params go, in the same
-// pass, straight into the working shard when that is pinned at the device tier (bf16/fp16: the
-// kernel's copy-out; fp32: a device-to-device copy of the master), else (stages 1-2 engine
-// buffers, shards published at the host tier) through a device scratch sub-group copied down. No
-// optimizer-state byte crosses device <-> host in a step. Checkpoint export/import of the state
-// go through TensorStore::read/write and one host sub-group of staging.
-// Overlapped step (tiermem.overlap_optimizer_step; default "auto": on when the optimizer state is
-// on NVMe and the working params are published on the device; stage 3, no fp16, the global
-// norm folded into gradient accumulation): step() computes the norm and the step's scalars and
-// leaves each stored module's sub-groups pending; the update runs at the module's next gather
-// (or reduce_gradients, step, zero_grad, export_*, when those come first), so the optimizer
-// state's NVMe reads and write-backs overlap the next forward pass while the Prefetcher reads
-// ahead. Results are bit for bit those of the eager step (false).
-//
-// Checkpoints (as DeepSpeed's per-rank ZeRO checkpoints: each rank saves and loads only its own
-// optimizer partition): export_optimizer_state() copies this rank's shard of fp32 master weights
-// and Adam moments, the step count and the fp16 loss-scaler state out; import_optimizer_state()
-// puts them back into an engine with the same modules and world size and republishes the working
-// params, after which training continues bit for bit. export_master() gives one module's full
-// master weights on every rank.
+// Gradient convention: reduce_gradients() takes this rank's gradient of ONE micro-batch (with
+// fp16, of the loss times loss_scale()). step() uses (sum over ranks and micro-batches) /
+// (world size x micro-batches) / loss_scale, or the sum over micro-batches when
+// ZeroEngineOptions::mean_over_micro_batches is false (torch's convention); optional global-norm
+// clipping (gradient_clipping > 0) applies to that.
 //
 // Units: counts are ELEMENTS; *_bytes are bytes. Ownership: the engine owns every buffer it
 // allocates; a Gathered view is valid until it is destroyed, and the engine must outlive it.
@@ -118,10 +22,10 @@
 // same order on every rank). The Communicator must outlive the engine.
 // Errors: ConfigError (key path named) for configs the engine cannot run — sub_group_size below
 // the alignment, an unsupported optimizer type, offload_param nvme without stage 3,
-// tiermem.device_optimizer on with an offloaded optimizer or stage 0, a device budget below the
-// device-resident state's minimum (tiermem.device_budget_bytes, naming it); Error for
-// API misuse (registering after the first gather, wrong gradient size, unknown module); CommError
-// and IoError from collectives and swap I/O.
+// tiermem.device_optimizer on with an offloaded optimizer or stage 0, a budget below the minimum
+// (the key, its value and the minimum), an NVMe directory without room; Error for API misuse
+// (registering after the first gather, wrong gradient size, unknown module); CommError and
+// IoError from collectives and swap I/O; OutOfMemoryError when a tier cannot make room in time.
 #pragma once
 
 #include <cstddef>
