@@ -1,6 +1,10 @@
 // src/train/train_options.cc — command line and effective configuration (train_options.h).
 #include "train/train_options.h"
 
+#include <charconv>
+
+#include "tiermem/env.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -236,6 +240,16 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
       throw CLI::ValidationError("--save-every", "needs --save DIR");
     if (o.stop_at > 0 && app.count("--steps") > 0 && o.stop_at > o.steps)
       throw CLI::ValidationError("--stop-at", fmt::format("step {} is past --steps {}", o.stop_at, o.steps));
+    // TIERMEM_STOP_AT=N: the documented commands run as printed but stop after step N (the README
+    // doc test, tests/doc/run_doc_commands.py); as --stop-at, the schedule still spans --steps.
+    if (auto v = env_param("TIERMEM_STOP_AT"); v && o.stop_at == 0) {
+      int n = 0;
+      const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+      if (ec != std::errc() || end != v->data() + v->size() || n < 1)
+        throw CLI::ValidationError("TIERMEM_STOP_AT", "must be a whole number >= 1, got '" + *v + "'");
+      o.stop_at = n;
+      std::fprintf(stderr, "tiermem-train: TIERMEM_STOP_AT=%d: stopping after step %d\n", n, n);
+    }
   } catch (const CLI::CallForHelp&) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
