@@ -17,8 +17,9 @@ Contenders, each in its own fresh process (so one cannot warm the next, and ru_m
   tiermem       tiermem.torch.initialize with the same ds_config (tiermem's default budgets)
   torch         the plain resident loop: model(...).loss.backward(), clip_grad_norm_,
                 torch.optim.AdamW (torch's default implementation for CPU tensors)
-  tiermem_none  tiermem.torch at stage 3 with offload none and default budgets: the hooks' cost
-                against the plain loop
+  tiermem_none  tiermem.torch at stage 3 with offload none: the hooks' cost against the plain
+                loop. Default budgets except tiermem.host_budget_bytes (--none-host-budget,
+                default 6 GiB): the default (1/16 of RAM, at most 1 GiB) refuses GPT-2 124 M there
 Every contender runs with OMP_NUM_THREADS=--threads (default 2) and OMP_WAIT_POLICY=PASSIVE.
 
 Per run: step time = the median wall time of steps 3..--steps (default 10) of forward + backward +
@@ -131,7 +132,12 @@ def run_worker(a):
                 return loss
         elif a.worker in ("tiermem", "tiermem_none"):
             import tiermem.torch as tt
-            engine, *_ = tt.initialize(model=model, config=ds_config(a, nvme_dir, offload=a.worker == "tiermem"))
+            cfg = ds_config(a, nvme_dir, offload=a.worker == "tiermem")
+            if a.worker == "tiermem_none" and a.none_host_budget:
+                # tiermem's default host budget (1/16 of RAM, at most 1 GiB) refuses a resident 124 M
+                # model (1.9 GiB of host homes) at offload none: the budget is raised, nothing else.
+                cfg["tiermem"] = {"host_budget_bytes": a.none_host_budget}
+            engine, *_ = tt.initialize(model=model, config=cfg)
 
             def step():
                 loss = engine(input_ids=data, labels=data).loss
@@ -223,7 +229,7 @@ def spawn(a, who, profile=False):
                TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--model", a.model, "--seq", str(a.seq),
            "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir, "--ds-buffer-size",
-           str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size)]
+           str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget]
     if profile:
         cmd.append("--profile")
     t0 = time.perf_counter()
@@ -253,6 +259,8 @@ def main():
     p.add_argument("--ds-buffer-size", type=float, default=4e7)
     p.add_argument("--sub-group-size", type=float, default=1e8)
     p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--none-host-budget", default="6GiB",
+                   help="tiermem.host_budget_bytes for tiermem_none ('' for tiermem's default, which refuses 124 M)")
     p.add_argument("--profile", nargs="?", const="tiermem", default=None,
                    help="run CONTENDER (default tiermem) once under cProfile and torch.profiler")
     p.add_argument("--worker", help=argparse.SUPPRESS)
