@@ -7,6 +7,7 @@
 #
 #   ~/.cache/tiermem/venv/bin/python examples/torch/train_hf.py --model llama --steps 20
 #   ~/.cache/tiermem/venv/bin/python examples/torch/train_hf.py --config examples/torch/ds_config.json
+#   ~/.cache/tiermem/venv/bin/torchrun --nproc-per-node 2 examples/torch/train_hf.py   # 2 ranks (gloo)
 #
 # The model is built from a transformers config (nothing is downloaded) and trained on the text of
 # Debian's `fortunes` package (/usr/share/games/fortunes) as byte-level tokens. Without --config
@@ -158,7 +159,7 @@ def main() -> None:
     batch, n_params = engine.train_micro_batch_size_per_gpu, sum(p.numel() for p in engine.parameters())
     print(f"{args.model}: {n_params:,} parameters; corpus {args.data}: {len(tokens):,} tokens; "
           f"{args.steps} steps of {engine.gradient_accumulation_steps} x {batch} x {args.seq_len} tokens")
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed + int(os.environ.get("RANK", "0")))  # each rank its own batches
     engine.train()
     losses, seen, t_start = [], 0, time.perf_counter()
     st = engine.stats()
