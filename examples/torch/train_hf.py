@@ -53,7 +53,7 @@ def load_config(args) -> dict:
         except OSError as e:
             sys.exit(f"train_hf.py: error: cannot read --config {args.config}: {e.strerror}")
         except ValueError as e:
-            sys.exit(f"train_hf.py: error: --config {args.config} is not valid JSON: {e}")
+            sys.exit(f"train_hf.py: error: --config {args.config} is not plain JSON (no comments): {e}")
         if not isinstance(cfg, dict):
             sys.exit(f"train_hf.py: error: --config {args.config} must hold a JSON object")
     for key in ("offload_param", "offload_optimizer"):  # an explicit --nvme-dir replaces the config's nvme_path
