@@ -9,6 +9,7 @@
 // Thread-safety: a writer or reader is used by one thread. Errors: CheckpointError (a missing or
 // corrupt manifest, a checksum mismatch naming the tensor, a short file) -> RuntimeError naming the
 // file; IoError -> tiermem.IoError; ConfigError -> ValueError.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,7 +117,11 @@ double lr_at_step(const Config& c, double optimizer_lr, long long t) {
   // warmup_max_lr = 0.001 over warmup_num_steps = 1000; WarmupCosineLR peaks at the optimizer's lr.
   const double peak = sc.type == "WarmupCosineLR" ? optimizer_lr : 0.001;
   train::LrSchedule s = train::make_lr_schedule(sc, peak, 1000, static_cast<int>(sc.total_num_steps.value_or(0)));
-  return train::lr_at(s, t);
+  // DeepSpeed's engine: the scheduler's constructor sets the lr of iteration -1 (warmup_min_lr, as
+  // iteration 0's) and it is stepped after each optimizer step, so optimizer step t runs at
+  // iteration t - 2 (steps 1 and 2 both at the start of the warm-up). lr_at(s, u) gives iteration
+  // u - 1 (tiermem-train's convention), hence u = t - 1, clamped at iteration 0.
+  return train::lr_at(s, std::max<long long>(1, t - 1));
 }
 
 void bind_train_state(nb::module_& m) {

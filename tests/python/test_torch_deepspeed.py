@@ -8,8 +8,8 @@ Two runs: a constant learning rate (no ``scheduler`` section), and DeepSpeed's W
 (warmup_num_steps 5, warmup_max_lr 1e-3). For the second, the learning rate each optimizer step
 used is compared first (DeepSpeed's ``engine.get_lr()`` read just before ``engine.step()``,
 tiermem's the same way), so a schedule that is off by one iteration is named as such rather than
-surfacing as a loss mismatch two steps later. It is, today: that test is a strict xfail (see the
-comment above it); the constant-lr one passes. tiermem's run adds its own budgets
+surfacing as a loss mismatch two steps later (DeepSpeed's optimizer step t runs at the lr of
+iteration t - 2, iteration -1 being warmup_min_lr; tiermem.torch's DeepSpeedLR does the same). tiermem's run adds its own budgets
 (``tiermem.host_budget_bytes`` 1 MiB, ``device_budget_bytes`` 256 KiB) so that it really pages
 through NVMe; DeepSpeed does not read that key.
 
@@ -199,17 +199,6 @@ def test_losses_equal_deepspeed_constant_lr(torch_or_skip, tmp_path):
     _compare(want, got_losses, got_lrs)
 
 
-# Measured with DeepSpeed 0.19.8: WarmupLR's constructor sets the lr of iteration -1 (warmup_min_lr)
-# and DeepSpeed's engine steps the scheduler only after each optimizer step, so DeepSpeed's
-# optimizer step t uses the lr of iteration t - 2 (steps 1 and 2 both run at warmup_min_lr);
-# tiermem.torch's DeepSpeedLR gives step t the lr of iteration t - 1, one iteration ahead:
-# lrs per step, tiermem [0, 4.307e-4, 6.826e-4, 8.614e-4, 1e-3, ...] against DeepSpeed
-# [0, 0, 4.307e-4, 6.826e-4, 8.614e-4, 1e-3, ...] (warmup 5, max 1e-3, log warm-up), and the
-# losses part from step 3 on. strict: once the schedule is fixed this XPASSes and fails, so the
-# marker goes with the fix.
-@pytest.mark.xfail(strict=True, reason="tiermem.torch's WarmupLR runs one iteration ahead of DeepSpeed's: "
-                   "DeepSpeed's optimizer step t uses the lr of iteration t-2 (iteration -1 = warmup_min_lr), "
-                   "tiermem's uses iteration t-1")
 def test_losses_equal_deepspeed_warmup_lr(torch_or_skip, tmp_path):
     from torch_models import hf_or_skip
     hf_or_skip()

@@ -66,7 +66,7 @@ class Unit:
     """One engine module: parameters laid out back to back in one flat vector."""
 
     __slots__ = ("index", "name", "params", "numel", "flat", "active", "n_trainable", "grad", "received",
-                 "bw_flat")
+                 "got", "bw_flat")
 
     def __init__(self, index: int, name: str) -> None:
         self.index = index
@@ -78,6 +78,7 @@ class Unit:
         self.n_trainable = 0
         self.grad: Optional[torch.Tensor] = None  # fp32 gradient of the current backward
         self.received = 0
+        self.got: set[int] = set()                # indices of params whose gradient arrived
         self.bw_flat = None                       # weakref to the last backward gather
 
     def add(self, p: torch.nn.Parameter) -> None:
@@ -384,12 +385,16 @@ class ParamHooks:
             return
         self._queue_end_of_backward()
         if unit.grad is None:
-            unit.grad = torch.zeros(unit.numel, dtype=torch.float32)
-        off, n = self._slot(unit, p)
+            # Not zeroed: each parameter's slice is written by its first gradient, and the slices
+            # of parameters that got none are zeroed when the unit is reduced without them.
+            unit.grad = torch.empty(unit.numel, dtype=torch.float32)
+            unit.got = set()
+        i, off, n = self._slot(unit, p)
         dst = unit.grad[off:off + n]
         src = g.detach().reshape(-1)
-        if unit.received == 0 and src.dtype == torch.float32:
-            dst.copy_(src)
+        if i not in unit.got:
+            dst.copy_(src)  # converts bf16/fp16 gradients to fp32 in the same pass
+            unit.got.add(i)
         else:
             dst.add_(src.to(torch.float32))
         unit.received += 1
@@ -397,15 +402,20 @@ class ParamHooks:
             self._reduce(unit)
 
     @staticmethod
-    def _slot(unit: Unit, p) -> tuple[int, int]:
-        for q, off, n in unit.params:
+    def _slot(unit: Unit, p) -> tuple[int, int, int]:
+        for i, (q, off, n) in enumerate(unit.params):
             if q is p:
-                return off, n
+                return i, off, n
         raise KeyError(p)
 
     def _reduce(self, unit: Unit) -> None:
         grad, unit.grad = unit.grad, None
+        if len(unit.got) < len(unit.params):
+            for i, (_, off, n) in enumerate(unit.params):
+                if i not in unit.got:
+                    grad[off:off + n].zero_()
         unit.received = 0
+        unit.got = set()
         self.engine.reduce_gradients(unit.index, grad)
 
     def _queue_end_of_backward(self) -> None:
