@@ -142,3 +142,42 @@ def test_bf16_within_tolerance_of_a_bf16_reference(torch_or_skip, tmp_path):
     print(f"bf16: worst relative loss difference {worst:.3g}")
     assert worst <= 2e-3, (got, want)
     engine.close()
+
+
+def test_misuse_after_initialize_is_named(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    import copy
+    import tiermem.torch as tt
+    m = _small(torch)
+    engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path / "swap", "nvme"))
+    w = m[0].weight
+    # An optimizer step inside GatheredParameters (its parameters are a copy the step would miss).
+    with tt.zero.GatheredParameters(list(m.parameters())):
+        engine.backward(m(torch.ones(4, 8)).sum())
+        with pytest.raises(RuntimeError, match="inside zero.GatheredParameters"):
+            engine.step()
+    engine.step()  # outside it works
+    # Nested scopes write the change back once.
+    with tt.zero.GatheredParameters(w):
+        with tt.zero.GatheredParameters(w):
+            w.data.mul_(0)
+    with tt.zero.GatheredParameters(w):
+        assert float(w.detach().abs().sum()) == 0.0
+    with pytest.raises(TypeError, match="cannot be pickled or deep-copied"):
+        copy.deepcopy(m)
+    engine.close()
+    with pytest.raises(RuntimeError, match="engine that has been closed"):
+        m(torch.ones(4, 8))
+
+
+def test_failed_initialize_leaves_the_model_as_it_was(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    m = _small(torch)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    # Room for the first modules' state only: registration fails part-way.
+    cfg = ds_config(tmp_path / "swap", "nvme", tiermem={"swap_initial_bytes": "4KiB", "swap_max_bytes": "8KiB"})
+    with pytest.raises((MemoryError, ValueError)):
+        tt.initialize(model=m, config=cfg)
+    for n, p in m.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n

@@ -194,7 +194,13 @@ class ParamHooks:
         self.depth = 0
         self.backward_pending = False
         self.on_backward = None  # called once per backward that produced a gradient
+        self.gathered_params_open = 0  # zero.GatheredParameters scopes now open
         self._build_units(leaf_types)
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a model trained by a tiermem engine cannot be pickled or deep-copied whole: its parameters "
+                        "live in the engine; save them with engine.save_fp32_model(path) (or model.state_dict()) "
+                        "and checkpoints with engine.save_checkpoint(dir)")
 
     # ------------------------------------------------------------------------------ units
     def _build_units(self, leaf_types: tuple) -> None:
@@ -292,9 +298,11 @@ class ParamHooks:
             return "forward"
         return "outside"  # eval, generate(): outside the step's recorded trace
 
-    def gather(self, unit: Unit, phase: Optional[str] = None) -> torch.Tensor:
+    def gather(self, unit: Unit, phase: Optional[str] = None, copy: bool = False) -> torch.Tensor:
         if unit.flat is None:
             flat = self.engine.gather(unit.index, phase or self._phase())
+            if copy:
+                flat = flat.clone()
             unit.flat = flat
             for p, off, n in unit.params:
                 p.data = flat[off:off + n].view(p.shape)

@@ -99,6 +99,8 @@ def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_sta
     z = engine._zero
     rank, world = z.rank(), z.world_size()
     d = os.path.join(save_dir, tag)
+    if os.path.exists(save_dir) and not os.path.isdir(save_dir):
+        raise NotADirectoryError(f"save_checkpoint: save_dir '{save_dir}' is a file, not a directory")
     os.makedirs(save_dir, exist_ok=True)
     _tiermem.remove_stale_checkpoint_files(d, rank) if os.path.isdir(d) else None
     w = _tiermem.CheckpointWriter(d, rank, world, engine.global_steps)

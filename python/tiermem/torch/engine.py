@@ -259,9 +259,12 @@ class TiermemEngine:
                                          comm="torch" if ops is not None else "single", dist_ops=ops)
         for u in self._hooks.units:
             self._zero.register_module(u.name, self._hooks.flat_values(u), u.numel)
-            self._hooks._release(u)  # the model's own copy goes as soon as the engine has it
+        # Only now, with every unit in the engine, does the model give up its own copies: an
+        # initialize that fails above leaves the model as it was.
+        for u in self._hooks.units:
+            self._hooks._release(u)
         from .zero import release_staging
-        release_staging(model)
+        release_staging(model, self._hooks.frozen)
         if dtype != torch.float32:  # buffers follow the working dtype (as DeepSpeed's engine does)
             for m in model.modules():
                 for k, b in m._buffers.items():
@@ -375,6 +378,10 @@ class TiermemEngine:
             self._zero.close()
             self._closed = True
             self.module._tiermem_engine = None
+            self.module.register_forward_pre_hook(_closed_model)
+
+    def __reduce_ex__(self, protocol):
+        return self._hooks.__reduce_ex__(protocol)  # the same TypeError
 
     # -------------------------------------------------------------------- internals
     _last_skipped = False
@@ -386,6 +393,9 @@ class TiermemEngine:
 
     def _optimizer_step(self, lr: float) -> None:
         self._require_open()
+        if self._hooks.gathered_params_open:
+            raise RuntimeError("tiermem.torch: optimizer step inside zero.GatheredParameters: the parameters shown there "
+                               "are a copy the step would not update; leave the with-block first")
         if self._backwards_since_step == 0:
             raise RuntimeError("tiermem.torch: optimizer step before any backward(); the gradients of this step are "
                                "all missing (call loss.backward() or engine.backward(loss) first)")
@@ -405,6 +415,11 @@ class TiermemEngine:
 
     def _note_backward(self) -> None:
         self._backwards_since_step += 1
+
+
+def _closed_model(module, args):
+    raise RuntimeError("this model's parameters were in a tiermem engine that has been closed; build the model again "
+                       "(or load a checkpoint / save_fp32_model file into a new one)")
 
 
 def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=None, model_parameters=None,

@@ -42,8 +42,12 @@ class GatheredParameters:
             unit, _ = h.unit_of[id(p)]
             by_unit.setdefault((id(h), unit.index), (h, unit))
         for h, unit in by_unit.values():
-            h.gather(unit, "outside")
+            if unit.flat is None:
+                # A copy: the engine keeps no pin while the parameters are shown, so its own calls
+                # (a write-back, a pending update) never meet one; changes go back at exit.
+                h.gather(unit, "outside", copy=True)
             unit.active += 1
+            h.gathered_params_open += 1
             snaps = [(q, q.data.clone()) for q, _, _ in unit.params]
             self._held.append((h, unit, snaps))
         return self
@@ -62,6 +66,7 @@ class GatheredParameters:
                 writes.append((h, unit, values))
         for h, unit, _ in held:  # the gathered copy goes first: the write-back replaces it
             unit.active -= 1
+            h.gathered_params_open -= 1
             if unit.active == 0:
                 h._release(unit)
         for h, unit, values in writes:
@@ -206,18 +211,18 @@ class Init:
         self._depth: dict[int, int] = {}
 
     def _staging_dir(self) -> Optional[str]:
-        cfg = self.config
-        if cfg is None:
+        if self.config is None:
             return None
-        if not isinstance(cfg, dict):
-            with open(os.fspath(cfg), encoding="utf-8") as f:
-                cfg = json.load(f)
-        z = cfg.get("zero_optimization", {}) or {}
+        from .engine import load_config
+        _, cfg = load_config(self.config, quiet=True)  # the same parser and errors as initialize
+        z = cfg["zero_optimization"]
         for key in ("offload_param", "offload_optimizer"):
-            o = z.get(key) or {}
-            if o.get("device") == "nvme" and o.get("nvme_path"):
-                path = o["nvme_path"]
-                return path[0] if isinstance(path, list) else path
+            o = z[key]
+            if o["device"] == "nvme" and o["nvme_path"]:
+                path = o["nvme_path"][0]
+                if os.path.exists(path) and not os.path.isdir(path):
+                    raise ValueError(f"zero.Init: zero_optimization.{key}.nvme_path '{path}' is not a directory")
+                return path
         return None
 
     def __enter__(self):
@@ -275,26 +280,33 @@ class Init:
 
 def take_staged(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
     """For initialize(): the value Init staged for `p` (None if it was not built under Init). The
-    parameter gets its own class back; the staging copy is dropped (and the staging file removed
-    with its last one)."""
+    staging keeps it until drop_staged (an initialize that fails leaves the model as it was)."""
     st = p.__dict__.get("_tm_stage")
     if st is None:
         return None
-    values = st.load(p)
+    return st.load(p)
+
+
+def drop_staged(p: torch.nn.Parameter) -> None:
+    """After a successful initialize: the parameter gets its own class back and its staging copy
+    is dropped (the staging file goes with its last one)."""
+    st = p.__dict__.get("_tm_stage")
+    if st is None:
+        return
     st.drop(p)
     p.__class__ = p.__dict__.pop("_tm_init_class")
     del p.__dict__["_tm_stage"]
     if not st.slots and st.fd >= 0:
         st._finalizer()
-    return values
 
 
-def release_staging(model: torch.nn.Module) -> None:
+def release_staging(model: torch.nn.Module, frozen: Iterable[torch.nn.Parameter] = ()) -> None:
     """After initialize: frozen parameters staged by Init come back into memory (they are not
     engine state), and a staging that holds nothing more is closed and its file removed."""
-    stages = set()
+    frozen_ids = {id(p) for p in frozen}
     for p in model.parameters():
-        st = p.__dict__.get("_tm_stage")
-        if st is not None:
-            p.data = take_staged(p)
-            stages.add(st)
+        if p.__dict__.get("_tm_stage") is not None:
+            values = take_staged(p)
+            drop_staged(p)
+            if id(p) in frozen_ids:  # not engine state: back in memory
+                p.data = values
