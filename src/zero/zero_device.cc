@@ -15,7 +15,7 @@
 #include <algorithm>
 
 #include "tiermem/log.h"
-#include "zero_impl.h"
+#include "zero/zero_impl.h"
 
 namespace tiermem {
 

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "tiermem/log.h"
-#include "zero_impl.h"
+#include "zero/zero_impl.h"
 
 namespace tiermem {
 namespace {

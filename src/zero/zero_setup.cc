@@ -13,7 +13,7 @@
 
 #include "tiermem/log.h"
 #include "tiermem/prefetcher.h"
-#include "zero_impl.h"
+#include "zero/zero_impl.h"
 
 namespace tiermem {
 namespace {

@@ -1,0 +1,283 @@
+// src/zero/zero_state.cc — ZeroEngine's state in and out, one optimizer sub-group at a time: the
+// per-rank checkpoint export/import (ZeroOptimizerState, streamed or as vectors), export_master,
+// and set_module_params (a module's parameters written back). See include/tiermem/zero_engine.h.
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "zero/zero_impl.h"
+
+namespace tiermem {
+
+// --------------------------------------------------------------------------------- export
+
+std::vector<float> ZeroEngine::export_master(int module) {
+  Impl& I = *impl_;
+  I.finalize();
+  if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::export_master: unknown module " + std::to_string(module));
+  I.sync();
+  I.apply_pending(module, Phase::kOutsideStep);
+  const detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
+  std::vector<float> full(m.shard.padded);
+  float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
+  std::vector<float> tmp;
+  for (int pi : m.pieces) {
+    const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
+    tmp.resize(3 * p.size());
+    I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
+    std::copy(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(p.size()), mine + p.begin);
+  }
+  if (I.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
+  full.resize(m.numel);
+  return full;
+}
+
+ZeroOptimizerState ZeroEngine::Impl::state_header() const {
+  ZeroOptimizerState out;
+  out.world_size = opt_world;
+  out.rank = opt_rank;
+  out.alignment_elems = opts.alignment_elems;
+  for (const auto& m : mods) out.module_numels.push_back(m.numel);
+  out.steps = st.steps;
+  out.skipped_steps = st.skipped_steps;
+  if (scaler) out.loss_scaler = scaler->state();
+  return out;
+}
+
+// Everything import checks before it changes anything. `vectors`: the vector form (each vector
+// holds the whole shard) or the streamed one (they must be empty).
+void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vectors) const {
+  const std::size_t R = plan.rank_flat_elems;
+  auto mismatch = [](const std::string& what, const std::string& got, const std::string& want) {
+    return Error("ZeroEngine::import_optimizer_state: " + what + " is " + got + " in the imported state but " +
+                 want + " in this engine (import the shard this rank exported, with the same world size, "
+                 "modules and alignment)");
+  };
+  if (state.world_size != opt_world) {
+    throw mismatch("the optimizer partition's world size", std::to_string(state.world_size),
+                   std::to_string(opt_world));
+  }
+  if (state.rank != opt_rank) {
+    throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(opt_rank));
+  }
+  if (state.alignment_elems != opts.alignment_elems) {
+    throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(opts.alignment_elems));
+  }
+  if (state.module_numels.size() != mods.size()) {
+    throw mismatch("the module count", std::to_string(state.module_numels.size()), std::to_string(mods.size()));
+  }
+  for (std::size_t i = 0; i < mods.size(); ++i) {
+    if (state.module_numels[i] != mods[i].numel) {
+      throw mismatch("module " + std::to_string(i) + " (" + mods[i].name + ")'s numel",
+                     std::to_string(state.module_numels[i]), std::to_string(mods[i].numel));
+    }
+  }
+  for (const auto& [name, vec] : {std::pair<const char*, const std::vector<float>*>{"master", &state.master},
+                                  {"exp_avg", &state.exp_avg},
+                                  {"exp_avg_sq", &state.exp_avg_sq}}) {
+    if (vectors && vec->size() != R) {
+      throw mismatch(std::string(name) + "'s length (elements)", std::to_string(vec->size()), std::to_string(R));
+    }
+    if (!vectors && !vec->empty()) {
+      throw Error("ZeroEngine::import_optimizer_state: the streamed import takes the state from its source; the "
+                  "header's " + std::string(name) + " must be empty (it has " + std::to_string(vec->size()) +
+                  " elements)");
+    }
+  }
+  if (state.steps < 0 || state.skipped_steps < 0) {
+    throw Error("ZeroEngine::import_optimizer_state: step counts must be >= 0 (steps " + std::to_string(state.steps) +
+                ", skipped_steps " + std::to_string(state.skipped_steps) + ")");
+  }
+  if (state.loss_scaler.has_value() != (scaler != nullptr)) {
+    throw mismatch("fp16 loss-scaler state", state.loss_scaler ? "present" : "absent",
+                   scaler ? "expected (fp16.enabled)" : "not expected (fp16 disabled)");
+  }
+  if (state.loss_scaler) {
+    DynamicLossScaler probe = *scaler;
+    probe.restore(*state.loss_scaler);  // throws on an impossible state, before anything changes
+  }
+}
+
+namespace {
+// Sets a byte count back to 0 however the scope ends (a checkpoint's staging, uncounted).
+struct ZeroOnExit {
+  std::uint64_t& bytes;
+  ~ZeroOnExit() { bytes = 0; }
+};
+}  // namespace
+
+float* ZeroEngine::Impl::state_stage(detail::AlignedBuf& buf) {
+  if (buf.p == nullptr) {
+    buf = detail::AlignedBuf(12 * plan.piece_elems);
+    state_stage_live = buf.bytes;
+    st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
+  }
+  return buf.f();
+}
+
+void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChunk&)>& sink) {
+  detail::AlignedBuf buf;
+  const ZeroOnExit uncount{state_stage_live};
+  const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const detail::Piece& p = pieces[k];
+    const std::size_t n = p.size();
+    if (p.on_device) {
+      float* f = state_stage(buf);
+      store->read(p.optim, std::as_writable_bytes(std::span<float>(f, 3 * n)));
+      sink(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
+      continue;
+    }
+    std::vector<TensorId> ahead;
+    for (std::size_t j = k + 1; j < pieces.size() && j < k + B; ++j) {
+      if (!pieces[j].on_device) ahead.push_back(pieces[j].optim);
+    }
+    if (!ahead.empty()) store->prefetch(ahead, Tier::kHost);
+    TensorStore::Pin pin = store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
+    float* s = pin.as<float>();  // [master | m | v]
+    sink(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+  }
+}
+
+void ZeroEngine::Impl::import_state(const std::function<void(const ZeroStateChunk&)>& source) {
+  detail::AlignedBuf buf;
+  const ZeroOnExit uncount{state_stage_live};
+  WorkingShardOut working(*this);
+  for (const detail::Piece& p : pieces) {
+    const std::size_t n = p.size();
+    TensorStore::Pin state;  // host-tier pin, acquired for overwrite (the old state is never read)
+    float* s = nullptr;
+    if (p.on_device) {
+      s = state_stage(buf);
+    } else {
+      state = store->acquire_for_overwrite(p.optim, Tier::kHost);
+      s = state.as<float>();
+    }
+    source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+    if (p.on_device) {
+      store->write(p.optim, std::as_bytes(std::span<const float>(s, 3 * n)));
+    } else {
+      state.mark_dirty();  // written back to its home by the store
+    }
+    to_working(s, working.dest(p), n);
+  }
+  working.finish();
+}
+
+void ZeroEngine::set_module_params(int module, std::span<const float> values) {
+  Impl& I = *impl_;
+  I.finalize();
+  if (module < 0 || module >= num_modules()) {
+    throw Error("ZeroEngine::set_module_params: unknown module " + std::to_string(module));
+  }
+  detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
+  if (values.size() != m.numel) {
+    throw Error(fmt::format("ZeroEngine::set_module_params(\"{}\"): {} values given, the module has {} elements",
+                            m.name, values.size(), m.numel));
+  }
+  I.sync();
+  if (m.pending) I.apply_pending(module, Phase::kOutsideStep);  // else it would overwrite the new values
+  const ElemRange r = m.shard.range(I.opt_rank);
+  detail::AlignedBuf buf;
+  const ZeroOnExit uncount{I.state_stage_live};
+  Impl::WorkingShardOut working(I);
+  for (int pi : m.pieces) {
+    const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
+    const std::size_t n = p.size();
+    TensorStore::Pin state;
+    float* s = nullptr;
+    if (p.on_device) {
+      s = I.state_stage(buf);
+      I.store->read(p.optim, std::as_writable_bytes(std::span<float>(s, 3 * n)));
+    } else {
+      state = I.store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
+      s = state.as<float>();
+    }
+    // Shard elements [p.begin, p.end) are module elements r.begin + [p.begin, p.end); padding
+    // past the module's end stays 0.
+    const std::size_t lo = std::min(r.begin + p.begin, m.numel), hi = std::min(r.begin + p.end, m.numel);
+    std::copy(values.begin() + static_cast<std::ptrdiff_t>(lo), values.begin() + static_cast<std::ptrdiff_t>(hi), s);
+    if (p.on_device) {
+      I.store->write(p.optim, std::as_bytes(std::span<const float>(s, 3 * n)));
+    } else {
+      state.mark_dirty();
+    }
+    I.to_working(s, working.dest(p), n);
+  }
+  working.finish();
+  if (m.full.p != nullptr && (I.stage == 1 || I.stage == 2 || m.persistent)) {
+    I.comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, I.comm_dtype);
+    ++I.st.all_gather_calls;
+  }
+}
+
+ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(const ZeroStateChunk&)>& sink) {
+  Impl& I = *impl_;
+  I.finalize();
+  I.sync();
+  I.apply_all_pending(Phase::kOutsideStep);
+  I.export_state(sink);
+  return I.state_header();
+}
+
+ZeroOptimizerState ZeroEngine::export_optimizer_state() {
+  const std::size_t R = shard_numel();
+  std::vector<float> master(R), exp_avg(R), exp_avg_sq(R);
+  ZeroOptimizerState out = export_optimizer_state([&](const ZeroStateChunk& c) {
+    std::copy(c.master, c.master + c.n, master.begin() + static_cast<std::ptrdiff_t>(c.offset));
+    std::copy(c.exp_avg, c.exp_avg + c.n, exp_avg.begin() + static_cast<std::ptrdiff_t>(c.offset));
+    std::copy(c.exp_avg_sq, c.exp_avg_sq + c.n, exp_avg_sq.begin() + static_cast<std::ptrdiff_t>(c.offset));
+  });
+  out.master = std::move(master);
+  out.exp_avg = std::move(exp_avg);
+  out.exp_avg_sq = std::move(exp_avg_sq);
+  return out;
+}
+
+void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
+                                        const std::function<void(const ZeroStateChunk&)>& source) {
+  Impl& I = *impl_;
+  I.finalize();
+  I.validate_import(header, /*vectors=*/false);
+  I.sync();
+  for (auto& m : I.mods) {  // a pending update is overwritten by the imported state: dropped
+    m.pending = false;
+    m.replay.clear();
+  }
+  I.pending_modules = 0;
+  I.zero_grad();
+
+  // Each sub-group in order: filled in place at the host tier by `source` (acquired for
+  // overwrite: the old state is never read) and written back to its home by the store — or, homed
+  // on the device, filled in host staging and written there; the working shard of its module is
+  // rewritten from the new master in the same pass, as step() publishes it.
+  I.import_state(source);
+  I.st.steps = header.steps;
+  I.st.skipped_steps = header.skipped_steps;
+  if (I.scaler) I.scaler->restore(*header.loss_scaler);
+
+  // The modules kept whole: all-gather their new working params.
+  for (auto& m : I.mods) {
+    if (m.full.p != nullptr && (I.stage == 1 || I.stage == 2 || m.persistent)) {
+      I.comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, I.comm_dtype);
+      ++I.st.all_gather_calls;
+    }
+  }
+}
+
+void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& state) {
+  Impl& I = *impl_;
+  I.finalize();
+  I.validate_import(state, /*vectors=*/true);
+  ZeroOptimizerState header = state;
+  header.master.clear();
+  header.exp_avg.clear();
+  header.exp_avg_sq.clear();
+  import_optimizer_state(header, [&](const ZeroStateChunk& c) {
+    const auto b = static_cast<std::ptrdiff_t>(c.offset), e = static_cast<std::ptrdiff_t>(c.offset + c.n);
+    std::copy(state.master.begin() + b, state.master.begin() + e, c.master);
+    std::copy(state.exp_avg.begin() + b, state.exp_avg.begin() + e, c.exp_avg);
+    std::copy(state.exp_avg_sq.begin() + b, state.exp_avg_sq.begin() + e, c.exp_avg_sq);
+  });
+}
+
+}  // namespace tiermem
