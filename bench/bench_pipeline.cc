@@ -104,6 +104,7 @@ int run_pipeline(const PipeOptions& o) {
   std::vector<std::vector<SwapExtent>> ext(static_cast<std::size_t>(o.tensors));
   PinnedHostPoolOptions po;
   po.budget_bytes = PinnedHostPool::allocation_size(tbytes);
+  po.verify_huge_pages = true;  // the pool's 2 MiB pages are then known to the engine (piece sizing)
   PinnedHostPool pool(po);
   char* host = static_cast<char*>(pool.allocate(tbytes));
   std::memset(host, 7, tbytes);

@@ -26,14 +26,14 @@
 //     alone fit.
 //   - Registration follows the slots. set_region_listener() is told each committed slot (base,
 //     bytes, page layout) when it is committed or resized and before it is released, so the NVMe
-//     engine registers it as io_uring fixed buffers and unregisters it before its pages go.
+//     engine can register it as io_uring fixed buffers and unregister it before its pages go.
 //
 // Huge pages (huge_pages, default on): classes of 2 MiB slots and up are 2 MiB-aligned and
 // madvise(MADV_HUGEPAGE)'d when transparent huge pages are "always" or "madvise", so the kernel
 // backs them with 2 MiB pages where it can, which an I/O request then sees as few physical
-// segments. After a commit the pool reads /proc/self/smaps for how much of the slot the kernel
-// gave 2 MiB pages; HostRegion::contiguous_bytes says 2 MiB only when all of its 2 MiB-aligned part
-// is huge, so I/O sizing built on it is never optimistic. Otherwise 4 KiB pages, logged once
+// segments. With verify_huge_pages, after a commit the pool reads /proc/self/smaps for how much of
+// the slot the kernel gave 2 MiB pages; HostRegion::contiguous_bytes says 2 MiB only when all of
+// its 2 MiB-aligned part is huge (without it, 4096), so I/O sizing built on it is never optimistic. Otherwise 4 KiB pages, logged once
 // (HOST tag). (Reserved hugetlbfs pages are not used: MAP_HUGETLB reserves the whole mapping.)
 //
 // Pinning: with pin_memory true the constructor refuses a budget above a finite RLIMIT_MEMLOCK
@@ -64,6 +64,11 @@ struct PinnedHostPoolOptions {
   int numa_node = -1;                         // -1: the node of the calling thread
   bool cuda_register = true;                  // cudaHostRegister when CUDA is present
   bool huge_pages = true;  // 2 MiB pages when the system allows (see the top of the file)
+  // After committing a slot of 2 MiB or more, read /proc/self/smaps for its huge-page backing
+  // (HostRegion::contiguous_bytes; else 4096 is claimed). The kernel walks every mapping of the
+  // process for that (~1-10 ms): for pools whose slots are committed once (bounce chunks, benches'
+  // buffers), not for a cache whose slots are committed and released as its contents change.
+  bool verify_huge_pages = false;
 };
 
 // How a mapping's pages were obtained.

@@ -239,7 +239,7 @@ void PinnedHostPool::resize_slot_locked(int k, std::uint32_t i, std::uint64_t by
   s.huge_bytes = 0;
   s.contiguous_bytes = kAlignment;
   if (s.committed == 0) return;
-  if (thp_ && classes_[k].slot_bytes >= kHuge && s.committed >= kHuge) {
+  if (options_.verify_huge_pages && thp_ && classes_[k].slot_bytes >= kHuge && s.committed >= kHuge) {
     s.huge_bytes = smaps_huge_bytes(base, s.committed);
     if (s.huge_bytes >= s.committed / kHuge * kHuge) s.contiguous_bytes = kHuge;
   }

@@ -26,7 +26,7 @@ struct IoEngine::AtomicStats {
 namespace detail {
 
 inline constexpr std::uint32_t kMaxFiles = 256;
-inline constexpr int kMaxBufferSlots = 256;
+inline constexpr int kMaxBufferSlots = 64;
 inline constexpr int kMaxRetries = 1000;   // EINTR/EAGAIN per piece before giving up
 
 struct FreeDeleter {

@@ -37,7 +37,9 @@ std::string thp_mode() {
 
 TEST(PinnedHostPool, HugePagesGiveAlignedSlotsAndAnHonestLayout) {
   constexpr std::uint64_t k2M = PinnedHostPool::kHugePageBytes;
-  PinnedHostPool pool(small(8 * k2M));
+  PinnedHostPoolOptions o = small(8 * k2M);
+  o.verify_huge_pages = true;
+  PinnedHostPool pool(o);
   EXPECT_TRUE(pool.regions().empty()) << "nothing is committed before it is used";
   char* a = static_cast<char*>(pool.allocate(8 * k2M));
   ASSERT_EQ(pool.regions().size(), 1u);
