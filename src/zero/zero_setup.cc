@@ -20,7 +20,9 @@ namespace {
 
 // <path>/rank<r> for each path; the swap directory and its rank directory are created 0700 when
 // missing (only this user may read or plant files there; missing parents as the umask says).
-// `created`: the directories made here, innermost first (removed with the swap files, when empty).
+// `created`: the rank directories made here (removed with the swap files, when empty). The
+// <path> itself stays, even when made here: other ranks and engines share it, and may be about to
+// make their own rank directory in it.
 std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int rank,
                                    std::vector<std::string>* created) {
   std::vector<std::string> out;
@@ -32,7 +34,7 @@ std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int ra
     for (const std::filesystem::path& x : {base, d}) {
       if (ec) break;
       if (::mkdir(x.c_str(), 0700) == 0) {
-        created->insert(created->begin(), x.string());
+        if (x == d) created->push_back(x.string());
       } else if (errno != EEXIST) {
         ec = std::error_code(errno, std::generic_category());
       }
