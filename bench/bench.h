@@ -24,10 +24,8 @@ namespace tiermem::bench {
 inline std::unique_ptr<PinnedHostPool> make_io_buffer_pool(std::uint64_t bytes, bool huge_pages = true) {
   PinnedHostPoolOptions po;
   po.budget_bytes = PinnedHostPool::allocation_size(bytes);
-  po.mapping_bytes = po.budget_bytes;
   po.huge_pages = huge_pages;
-  po.populate = true;
-  po.map_now = true;
+  po.verify_huge_pages = true;  // one slot, committed once: its 2 MiB pages are known to the engine
   po.pin_memory = true;
   try {
     return std::make_unique<PinnedHostPool>(po);

@@ -91,9 +91,7 @@ int run_copy(const CopyOptions& o, bool h2d) {
 
   PinnedHostPoolOptions po;
   po.budget_bytes = PinnedHostPool::allocation_size(hi);
-  po.mapping_bytes = po.budget_bytes;
   po.pin_memory = false;
-  po.map_now = true;
   PinnedHostPool pool(po);
   void* pinned = pool.allocate(hi);
   std::memset(pinned, 1, hi);  // prefault

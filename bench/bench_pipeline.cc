@@ -104,9 +104,7 @@ int run_pipeline(const PipeOptions& o) {
   std::vector<std::vector<SwapExtent>> ext(static_cast<std::size_t>(o.tensors));
   PinnedHostPoolOptions po;
   po.budget_bytes = PinnedHostPool::allocation_size(tbytes);
-  po.mapping_bytes = po.budget_bytes;
-  po.map_now = true;
-  po.populate = true;  // the pool's 2 MiB pages are then known to the engine (piece sizing)
+  po.verify_huge_pages = true;  // the pool's 2 MiB pages are then known to the engine (piece sizing)
   PinnedHostPool pool(po);
   char* host = static_cast<char*>(pool.allocate(tbytes));
   std::memset(host, 7, tbytes);

@@ -125,10 +125,8 @@ int run(const ZoOpts& o) {
   }
   PinnedHostPoolOptions po;
   po.budget_bytes = static_cast<std::uint64_t>(o.buffers) * PinnedHostPool::allocation_size(max_bytes);
-  po.mapping_bytes = po.budget_bytes;
   po.pin_memory = o.pin;
-  po.map_now = true;
-  po.populate = true;  // the pool's 2 MiB pages are then known to the engine (piece sizing)
+  po.verify_huge_pages = true;  // the pool's 2 MiB pages are then known to the engine (piece sizing)
   PinnedHostPool pool(po);
   std::vector<void*> bufs;
   for (int b = 0; b < o.buffers; ++b) {

@@ -45,6 +45,9 @@ struct AioConfig {
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::vector<std::string> nvme_path;  // one swap file per path; string or list in JSON
+  // Where nvme_path came from when not this section's key (a program's flag, e.g. "--swap-dir"):
+  // errors about the directories name it. Not read from JSON.
+  std::string nvme_path_from;
   bool pin_memory = false;             // DeepSpeed default false; tiermem falls back with a warning
   int buffer_count = 5;                // pinned staging buffers (param default 5, optimizer 4)
   std::uint64_t buffer_size_elems = 100'000'000;  // offload_param.buffer_size (elements)

@@ -1,83 +1,90 @@
-// tiermem/pinned_host_pool.h — the host tier's allocator: page-locked, 4 KiB-aligned blocks carved
-// out of a few large anonymous mappings, within a byte budget.
+// tiermem/pinned_host_pool.h — the host tier's allocator: page-locked, 4 KiB-aligned blocks within
+// a byte budget, where any block fits as long as the budget holds its bytes.
 //
 //   PinnedHostPool pool({.budget_bytes = 1ull << 30, .pin_memory = true});
-//   void* p = pool.allocate(64 << 20);   // 4096-aligned; OutOfMemoryError(kHost) when full
-//   ...
+//   void* p = pool.allocate(64 << 20);   // 4096-aligned; OutOfMemoryError(kHost) only when the
+//   ...                                  // budget's free bytes are fewer than the request's
 //   pool.free(p);
 //
-// Mappings: the pool maps `mapping_bytes` regions lazily (at most budget_bytes in total), each
-// mmap'ed, bound to the NUMA node (libnuma mbind; `numa_node` -1 = the calling thread's node),
-// mlock'ed when pin_memory, and cudaHostRegister'ed when the build has CUDA and a GPU is visible.
-// regions() lists them so the NVMe engine can register them as io_uring fixed buffers (do that
-// with IoEngine::register_buffers; the pool does not know the engine). A mapping is never unmapped
-// before the pool is destroyed, so registered regions stay valid.
+// Why this design (see docs/architecture.md, "The host pool"): a best-fit allocator over mappings
+// the size of the budget can fail a request while the budget holds its bytes in pieces (a
+// TensorStore then waits for a release that never comes). Here the budget counts physical bytes
+// only, and address space is cheap, so the pool separates them:
+//   - Size classes over reserved address space. A block of r bytes (r rounded to 4096) lives in a
+//     slot of class k, the smallest power of two times 4096 that holds it; each class reserves
+//     (mmap, MAP_NORESERVE, no memory behind it) ceil(2 * budget / slot) slots when first used.
+//     Every block of class k > 0 is more than half its slot, so while allocated bytes stay within
+//     the budget at most 2 * budget / slot - 1 blocks of the class are live, and a free slot
+//     always exists. Hence: allocate(r) succeeds exactly when allocated_bytes() + r <= budget —
+//     no fragmentation, no compaction, nothing to wait for that is not already free.
+//   - Memory follows use. Only a slot's first r bytes are committed (faulted in, bound to the
+//     NUMA node, mlock'ed with pin_memory, CUDA-registered when a GPU is visible), so RSS tracks
+//     the bytes in use, not the budget. A freed slot stays committed ("warm") so the next block
+//     of the same size costs no system call (the NVMe path cycles the same sizes every step);
+//     committed bytes never exceed the budget: when a commit would pass it, warm slots are
+//     released (munlock + MADV_DONTNEED) first, which always makes room since allocated bytes
+//     alone fit.
+//   - Registration follows the slots. set_region_listener() is told each committed slot (base,
+//     bytes, page layout) when it is committed or resized and before it is released, so the NVMe
+//     engine can register it as io_uring fixed buffers and unregister it before its pages go.
 //
-// Huge pages (huge_pages, default on): each mapping gets a 2 MiB-aligned base so its memory can
-// be backed by 2 MiB pages, which an I/O request then sees as few physical segments (a 1 MiB
-// request over 4 KiB pages can need 256 scatter-gather segments, over 2 MiB pages 1 or 2). The
-// pool uses hugetlbfs pages (MAP_HUGETLB) when the system has enough reserved and free
-// (HugePages_Free) for a mapping whose size is a multiple of 2 MiB, else transparent huge pages
-// (madvise(MADV_HUGEPAGE); THP "always" or "madvise" mode). When neither is possible (THP "never",
-// no reserved pages) it uses 4 KiB pages and logs one line (HOST tag, once per process).
-// With populate (or pin_memory, since mlock faults every page in) a mapping is faulted in when
-// it is made, and the pool then checks /proc/self/smaps for how much of it the kernel really gave
-// 2 MiB pages; HostRegion::contiguous_bytes says 2 MiB only when all of its 2 MiB-aligned part is
-// huge, so I/O sizing built on it is never optimistic.
+// Huge pages (huge_pages, default on): classes of 2 MiB slots and up are 2 MiB-aligned and
+// madvise(MADV_HUGEPAGE)'d when transparent huge pages are "always" or "madvise", so the kernel
+// backs them with 2 MiB pages where it can, which an I/O request then sees as few physical
+// segments. With verify_huge_pages, after a commit the pool reads /proc/self/smaps for how much of
+// the slot the kernel gave 2 MiB pages; HostRegion::contiguous_bytes says 2 MiB only when all of
+// its 2 MiB-aligned part is huge (without it, 4096), so I/O sizing built on it is never optimistic. Otherwise 4 KiB pages, logged once
+// (HOST tag). (Reserved hugetlbfs pages are not used: MAP_HUGETLB reserves the whole mapping.)
 //
-// Sub-allocation: best-fit over free extents (a size-ordered index of address-ordered free
-// extents, coalesced on free), 4096-byte granularity. The budget counts allocated (rounded) bytes;
-// fragmentation can make allocate() fail below the budget (it then throws like a full pool).
+// Pinning: with pin_memory true the constructor refuses a budget above a finite RLIMIT_MEMLOCK
+// (unless root, who may lock past it), and a commit whose mlock fails throws Error naming the
+// limit and how to raise it (`ulimit -l unlimited`, memlock in /etc/security/limits.conf,
+// LimitMEMLOCK= for systemd); with pin_memory false the memory is unlocked and one warning says so.
 //
-// Pinning: with pin_memory true and RLIMIT_MEMLOCK too low for a mapping, the constructor (first
-// mapping) or allocate() throws Error naming the limit and how to raise it (`ulimit -l unlimited`,
-// or memlock in /etc/security/limits.conf, or LimitMEMLOCK= for systemd); with pin_memory false
-// the memory is unlocked and one warning says so (HOST tag).
+// Limits: reserved address space is about 2 x budget per size class used (a 1 GiB budget: at most
+// 38 GiB of address space, no memory); budgets beyond ~2 TiB may not find the address space.
 //
-// Thread-safety: all methods are thread-safe (one internal mutex, a leaf lock).
+// Thread-safety: all methods are thread-safe (one internal mutex). The region listener is called
+// with that mutex held: it must not call back into the pool.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
-#include <set>
-#include <utility>
 #include <vector>
 
 namespace tiermem {
 
 struct PinnedHostPoolOptions {
-  std::uint64_t budget_bytes = 256ull << 20;   // max allocated bytes (rounded to 4096)
-  std::uint64_t mapping_bytes = 256ull << 20;  // size of each mapping (the last may be smaller)
-  bool pin_memory = false;                     // mlock (see the top of the file)
-  int numa_node = -1;                          // -1: the node of the calling thread
-  bool cuda_register = true;                   // cudaHostRegister when CUDA is present
-  // Map (and lock) the first mapping in the constructor, so regions() is complete from the start
-  // when mapping_bytes >= budget_bytes (what TensorStore does before registering with io_uring).
-  bool map_now = false;
+  std::uint64_t budget_bytes = 256ull << 20;  // max allocated bytes (rounded down to 4096)
+  bool pin_memory = false;                    // mlock (see the top of the file)
+  int numa_node = -1;                         // -1: the node of the calling thread
+  bool cuda_register = true;                  // cudaHostRegister when CUDA is present
   bool huge_pages = true;  // 2 MiB pages when the system allows (see the top of the file)
-  // Fault every page in when a mapping is made (pin_memory does so anyway): RSS grows by the
-  // mapping at once, and huge-page backing is known (HostRegion::contiguous_bytes).
-  bool populate = false;
+  // After committing a slot of 2 MiB or more, read /proc/self/smaps for its huge-page backing
+  // (HostRegion::contiguous_bytes; else 4096 is claimed). The kernel walks every mapping of the
+  // process for that (~1-10 ms): for pools whose slots are committed once (bounce chunks, benches'
+  // buffers), not for a cache whose slots are committed and released as its contents change.
+  bool verify_huge_pages = false;
 };
 
 // How a mapping's pages were obtained.
 enum class HostPageKind : std::uint8_t {
   kSmall,        // 4 KiB pages (huge pages off or unavailable)
   kTransparent,  // madvise(MADV_HUGEPAGE): 2 MiB where the kernel could (see huge_bytes)
-  kHugetlb,      // MAP_HUGETLB: reserved 2 MiB pages, all of it
+  kHugetlb,      // MAP_HUGETLB: reserved 2 MiB pages (not made by this pool any more)
 };
 
-// One mapping of the pool, for io_uring buffer registration.
+// One committed slot of the pool, for io_uring buffer registration.
 struct HostRegion {
   void* base;
   std::uint64_t bytes;
   // The region is physically contiguous at least in naturally aligned units of this many bytes:
   // 2 MiB (kHugePageBytes) when all of its 2 MiB-aligned part is backed by huge pages as far as
-  // the kernel reported when it was populated, else 4096 (nothing known beyond the base page).
+  // the kernel reported when it was committed, else 4096 (nothing known beyond the base page).
   std::uint64_t contiguous_bytes = 4096;
 };
 
@@ -86,8 +93,8 @@ class PinnedHostPool {
   static constexpr std::uint64_t kAlignment = 4096;
   static constexpr std::uint64_t kHugePageBytes = 2ull << 20;
 
-  // Maps nothing yet except, when pin_memory or map_now, the first mapping (with pin_memory this is
-  // the probe of RLIMIT_MEMLOCK: throws Error with the ulimit advice when it is too low).
+  // Reserves and commits nothing. With pin_memory and a finite RLIMIT_MEMLOCK below the budget
+  // (and not root), throws Error with the ulimit advice.
   explicit PinnedHostPool(PinnedHostPoolOptions options);
   ~PinnedHostPool();  // unmaps everything; outstanding blocks become invalid
   PinnedHostPool(const PinnedHostPool&) = delete;
@@ -100,14 +107,13 @@ class PinnedHostPool {
   }
 
   // A 4096-aligned block of at least `bytes` bytes (contents undefined), owned by the caller until
-  // free(). Throws OutOfMemoryError(Tier::kHost, requested, available) when it does not fit;
-  // Error when a mapping cannot be made or locked.
+  // free(). Throws OutOfMemoryError(Tier::kHost, requested, available) when allocated_bytes() plus
+  // its rounded size passes the budget; Error when memory cannot be committed or locked.
   void* allocate(std::uint64_t bytes);
-  // Like allocate() but returns nullptr when it does not fit (mapping/lock failures still throw).
+  // Like allocate() but returns nullptr when it does not fit (commit/lock failures still throw).
   void* try_allocate(std::uint64_t bytes);
-  // As try_allocate, but carved from the END of the highest-addressed free block that fits: for
-  // long-lived blocks (a TensorStore's host-homed tensors), which then pack at the top of the
-  // pool instead of splitting the space that short-lived blocks (caches, staging) reuse.
+  // Same as try_allocate (kept for callers that mark long-lived blocks; placement no longer
+  // matters, as no block's place can keep another from fitting).
   void* try_allocate_high(std::uint64_t bytes);
   // Backpressure for async callers: waits until the block fits or `timeout` passes; then throws
   // OutOfMemoryError like allocate(). A request larger than the budget throws at once.
@@ -115,42 +121,67 @@ class PinnedHostPool {
   // Returns a block. nullptr is ignored; an unknown pointer is logged and ignored. Never throws.
   void free(void* ptr) noexcept;
 
+  // Told every committed slot: on_map after it is committed or resized (its new extent), on_unmap
+  // before its pages are released or resized. Setting replays on_map for the slots committed now;
+  // clear_region_listener() calls on_unmap for each and forgets the pair. Called under the pool's
+  // lock; the callbacks must not throw (a throw is logged and ignored) nor call the pool.
+  void set_region_listener(std::function<void(const HostRegion&)> on_map,
+                           std::function<void(void*)> on_unmap);
+  void clear_region_listener();
+
   std::uint64_t budget_bytes() const noexcept { return options_.budget_bytes; }
   std::uint64_t allocated_bytes() const;
   std::uint64_t peak_allocated_bytes() const;
+  // Bytes committed (faulted in; locked with pin_memory): allocated plus warm free slots,
+  // never above the budget.
   std::uint64_t mapped_bytes() const;
-  // True when every mapping is page-locked (mlock succeeded).
+  std::uint64_t peak_mapped_bytes() const;
+  // True when pin_memory and every committed slot is page-locked (mlock succeeded).
   bool pinned() const;
-  // Bytes of the mappings backed by 2 MiB pages, as /proc/self/smaps reported when each was
-  // populated (0 for mappings not populated yet or made with 4 KiB pages).
+  // Bytes of the committed slots backed by 2 MiB pages, as /proc/self/smaps reported at commit.
   std::uint64_t huge_bytes() const;
-  // The kind of the first mapping (kSmall when none is mapped yet).
+  // kTransparent when 2 MiB-slot classes are madvise'd for huge pages, else kSmall.
   HostPageKind page_kind() const;
+  // The committed slots (live blocks and warm free ones).
   std::vector<HostRegion> regions() const;
   const PinnedHostPoolOptions& options() const noexcept { return options_; }
 
  private:
-  struct Mapping {
-    char* base;
-    std::uint64_t bytes;
-    bool locked;
-    bool cuda_registered;
-    HostPageKind kind = HostPageKind::kSmall;
-    std::uint64_t huge_bytes = 0;        // as smaps reported after population
+  struct Slot {
+    std::uint64_t committed = 0;  // bytes faulted in from the slot's base
+    std::uint64_t huge_bytes = 0;
     std::uint64_t contiguous_bytes = kAlignment;
+    bool live = false;
+    bool locked = false;
+    bool cuda_registered = false;
+  };
+  struct SizeClass {
+    char* base = nullptr;            // reserved lazily
+    std::uint64_t slot_bytes = 0;
+    std::uint64_t nslots = 0;
+    std::uint64_t reserved_bytes = 0;
+    std::vector<Slot> slots;          // slots[0, slots.size()) have been used once
+    std::vector<std::uint32_t> warm;  // free, committed > 0
+    std::vector<std::uint32_t> cold;  // free, committed == 0
   };
   void* try_allocate_locked(std::uint64_t rounded);  // needs mu_
-  bool add_mapping_locked(std::uint64_t at_least);   // needs mu_
-  void insert_free_locked(char* p, std::uint64_t bytes);  // needs mu_; coalesces
+  void reserve_class_locked(int k);                  // needs mu_
+  // Sets slot i of class k to exactly `bytes` committed (0: released). Needs mu_.
+  void resize_slot_locked(int k, std::uint32_t i, std::uint64_t bytes);
+  bool release_one_warm_locked(int skip_k, std::uint32_t skip_i);  // needs mu_
+  char* slot_base(int k, std::uint32_t i) const { return classes_[k].base + i * classes_[k].slot_bytes; }
+  void notify_map_locked(int k, std::uint32_t i);    // needs mu_
+  void notify_unmap_locked(int k, std::uint32_t i);  // needs mu_
 
   PinnedHostPoolOptions options_;
+  bool thp_ = false;  // 2 MiB classes get MADV_HUGEPAGE
   mutable std::mutex mu_;
   std::condition_variable freed_;
-  std::vector<Mapping> mappings_;                          // guarded by mu_
-  std::map<char*, std::uint64_t> free_by_addr_;            // guarded by mu_
-  std::set<std::pair<std::uint64_t, char*>> free_by_size_; // guarded by mu_
-  std::map<char*, std::uint64_t> used_;                    // guarded by mu_
-  std::uint64_t allocated_ = 0, peak_ = 0, mapped_ = 0;    // guarded by mu_
+  std::vector<SizeClass> classes_;                         // guarded by mu_
+  std::function<void(const HostRegion&)> on_map_;          // guarded by mu_
+  std::function<void(void*)> on_unmap_;                    // guarded by mu_
+  std::uint64_t allocated_ = 0, peak_ = 0;                 // guarded by mu_
+  std::uint64_t committed_ = 0, peak_committed_ = 0;       // guarded by mu_
 };
 
 }  // namespace tiermem

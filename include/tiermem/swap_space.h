@@ -142,8 +142,12 @@ class SwapSpace {
   std::uint64_t alignment_bytes() const noexcept { return align_; }
   IoEngine& engine() noexcept { return engine_; }
   SwapStats stats() const;
+  // Directories the caller created for this swap space (innermost first): the destructor removes
+  // each that is empty once the swap files and locks are gone (rmdir; a non-empty one stays).
+  void remove_when_done(std::vector<std::string> created_dirs) { created_dirs_ = std::move(created_dirs); }
 
  private:
+  std::vector<std::string> created_dirs_;
   struct PathState;
   SwapSpaceOptions options_;
   std::vector<std::string> dirs_;

@@ -1,10 +1,14 @@
-// pinned_host_pool.cc — mmap'ed, NUMA-bound, mlock'ed mappings with a best-fit sub-allocator.
+// pinned_host_pool.cc — size-class slots over reserved address space, committed (faulted in,
+// NUMA-bound, mlock'ed) as they are used. Why: see the top of include/tiermem/pinned_host_pool.h.
 #include "tiermem/pinned_host_pool.h"
 
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +28,9 @@
 namespace tiermem {
 namespace {
 
+constexpr std::uint64_t kHuge = PinnedHostPool::kHugePageBytes;
+constexpr std::uint64_t kPage = PinnedHostPool::kAlignment;
+
 std::string memlock_advice(std::uint64_t wanted) {
   struct rlimit rl {};
   std::string limit = "unknown";
@@ -36,8 +43,6 @@ std::string memlock_advice(std::uint64_t wanted) {
          "`--ulimit memlock=-1` for docker; or set pin_memory: false to use unlocked memory";
 }
 
-constexpr std::uint64_t kHuge = PinnedHostPool::kHugePageBytes;
-
 // The bracketed word of /sys/kernel/mm/transparent_hugepage/enabled ("always", "madvise",
 // "never"); "" when the file is absent (no THP in the kernel, or no sysfs).
 std::string thp_mode() {
@@ -46,21 +51,6 @@ std::string thp_mode() {
   if (!std::getline(f, line)) return "";
   auto a = line.find('['), b = line.find(']');
   return a == std::string::npos || b == std::string::npos || b < a ? "" : line.substr(a + 1, b - a - 1);
-}
-
-// Free reserved hugetlbfs pages of 2 MiB (HugePages_Free when Hugepagesize is 2048 kB), else 0.
-std::uint64_t hugetlb_free_pages() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  std::uint64_t value = 0, free_pages = 0, page_kb = 0;
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream in(line);
-    if (!(in >> key >> value)) continue;
-    if (key == "HugePages_Free:") free_pages = value;
-    if (key == "Hugepagesize:") page_kb = value;
-  }
-  return page_kb == kHuge / 1024 ? free_pages : 0;
 }
 
 // Bytes of [base, base + bytes) that /proc/self/smaps reports as AnonHugePages (the VMAs that
@@ -90,22 +80,26 @@ void populate_range(char* p, std::uint64_t bytes) {
 #define MADV_POPULATE_WRITE 23
 #endif
   if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
-  for (std::uint64_t off = 0; off < bytes; off += PinnedHostPool::kAlignment) {
-    static_cast<volatile char*>(p)[off] = 0;
-  }
+  for (std::uint64_t off = 0; off < bytes; off += kPage) static_cast<volatile char*>(p)[off] = 0;
 }
 
-// Anonymous read-write memory of `bytes` whose base is 2 MiB-aligned (maps 2 MiB more, trims).
-char* map_huge_aligned(std::uint64_t bytes) {
-  const std::uint64_t span = bytes + kHuge;
-  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+// Address space of `bytes` (no memory behind it), `align`-aligned (maps `align` more, trims).
+char* reserve_aligned(std::uint64_t bytes, std::uint64_t align) {
+  const std::uint64_t span = bytes + align;
+  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   const auto r = reinterpret_cast<std::uintptr_t>(raw);
-  const std::uintptr_t a = (r + kHuge - 1) / kHuge * kHuge;
+  const std::uintptr_t a = (r + align - 1) / align * align;
   if (a > r) munmap(raw, a - r);
   const std::uintptr_t end = r + span, used_end = a + bytes;
   if (end > used_end) munmap(reinterpret_cast<void*>(used_end), end - used_end);
   return reinterpret_cast<char*>(a);
+}
+
+// Class of a rounded size: the smallest k with 4096 << k >= rounded.
+int class_of(std::uint64_t rounded) {
+  const std::uint64_t pages = rounded / kPage;
+  return pages <= 1 ? 0 : static_cast<int>(std::bit_width(pages - 1));
 }
 
 std::atomic<bool> g_logged_small_pages{false};
@@ -123,73 +117,26 @@ bool cuda_visible() {
 }  // namespace
 
 PinnedHostPool::PinnedHostPool(PinnedHostPoolOptions options) : options_(options) {
-  if (options_.mapping_bytes < kAlignment) options_.mapping_bytes = kAlignment;
-  options_.mapping_bytes = allocation_size(options_.mapping_bytes);
   options_.budget_bytes = options_.budget_bytes / kAlignment * kAlignment;
   if (options_.numa_node < 0) options_.numa_node = current_numa_node();
-  if ((options_.pin_memory || options_.map_now) && options_.budget_bytes > 0) {
-    std::lock_guard lock(mu_);
-    add_mapping_locked(std::min(options_.mapping_bytes, options_.budget_bytes));
-  }
-}
-
-PinnedHostPool::~PinnedHostPool() {
-  for (const Mapping& m : mappings_) {
-#if TIERMEM_HAVE_CUDA
-    if (m.cuda_registered) cudaHostUnregister(m.base);
-#endif
-    if (m.locked) munlock(m.base, m.bytes);
-    munmap(m.base, m.bytes);
-  }
-}
-
-bool PinnedHostPool::add_mapping_locked(std::uint64_t at_least) {
-  if (mapped_ >= options_.budget_bytes) return false;
-  std::uint64_t room = options_.budget_bytes - mapped_;
-  std::uint64_t bytes = std::max(at_least, std::min(options_.mapping_bytes, room));
-  if (bytes > room) return false;
-  Mapping m{nullptr, bytes, false, false};
-  if (options_.huge_pages && bytes % kHuge == 0 && hugetlb_free_pages() >= bytes / kHuge) {
-    // Reserved pages: MAP_HUGETLB reserves them at mmap time, so a later fault cannot fail.
-    void* h = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB,
-                   -1, 0);
-    if (h != MAP_FAILED) {
-      m.base = static_cast<char*>(h);
-      m.kind = HostPageKind::kHugetlb;
+  classes_.resize(64 - 12);
+  for (std::size_t k = 0; k < classes_.size(); ++k) classes_[k].slot_bytes = kAlignment << k;
+  if (options_.huge_pages) {
+    const std::string thp = thp_mode();
+    thp_ = thp == "always" || thp == "madvise";
+    if (!thp_ && !g_logged_small_pages.exchange(true)) {
+      TM_LOG_INFO("HOST",
+                  "host pool uses 4 KiB pages: transparent huge pages are '{}'; I/O requests will "
+                  "carry more segments (logged once)",
+                  thp.empty() ? std::string("unavailable") : thp);
     }
   }
-  const std::string thp = options_.huge_pages && m.base == nullptr ? thp_mode() : std::string();
-  if (m.base == nullptr && (thp == "always" || thp == "madvise")) {
-    m.base = map_huge_aligned(bytes);
-    if (m.base != nullptr && (thp == "always" || madvise(m.base, bytes, MADV_HUGEPAGE) == 0)) {
-      m.kind = HostPageKind::kTransparent;
-    }
-  }
-  if (m.base == nullptr) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      throw OutOfMemoryError(Tier::kHost, bytes, room,
-                             errno_message("mmap of a host pool mapping", errno));
-    }
-    m.base = static_cast<char*>(p);
-  }
-  if (options_.huge_pages && m.kind == HostPageKind::kSmall &&
-      !g_logged_small_pages.exchange(true)) {
-    TM_LOG_INFO("HOST",
-                "host pool uses 4 KiB pages: transparent huge pages are '{}' and {} hugetlbfs pages "
-                "are free; I/O requests will carry more segments (logged once)",
-                thp.empty() ? std::string("unavailable") : thp, hugetlb_free_pages());
-  }
-  void* p = m.base;
-  bind_to_numa_node(p, bytes, options_.numa_node);
-  if (options_.populate) populate_range(m.base, bytes);
   if (options_.pin_memory) {
-    if (mlock(p, bytes) != 0) {
-      int err = errno;
-      munmap(p, bytes);
-      throw Error(memlock_advice(mapped_ + bytes) + " (" + errno_message("mlock", err) + ")");
+    struct rlimit rl {};
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < options_.budget_bytes && geteuid() != 0) {
+      throw Error(memlock_advice(options_.budget_bytes) + " (the host budget may be locked in full)");
     }
-    m.locked = true;
   } else {
     // Every pool of the process (the store's, the bounce chunks', ...) and every rank would say
     // the same: once per job.
@@ -197,71 +144,187 @@ bool PinnedHostPool::add_mapping_locked(std::uint64_t at_least) {
                            "host pool memory is not page-locked (pin_memory: false); NVMe and "
                            "device copies from it may be slower");
   }
+}
+
+PinnedHostPool::~PinnedHostPool() {
+  std::lock_guard lock(mu_);
+  for (std::size_t k = 0; k < classes_.size(); ++k) {
+    SizeClass& c = classes_[k];
+    if (c.base == nullptr) continue;
+    for (std::uint32_t i = 0; i < c.slots.size(); ++i) {
+      if (c.slots[i].committed == 0) continue;
+      notify_unmap_locked(static_cast<int>(k), i);
+#if TIERMEM_HAVE_CUDA
+      if (c.slots[i].cuda_registered) cudaHostUnregister(slot_base(static_cast<int>(k), i));
+#endif
+    }
+    munmap(c.base, c.reserved_bytes);  // unlocks what was locked
+  }
+}
+
+void PinnedHostPool::reserve_class_locked(int k) {
+  SizeClass& c = classes_[k];
+  // At most 2 * budget / slot - 1 blocks of this class are live at once (each is more than half
+  // a slot, class 0's exactly one), so this many slots never run out.
+  c.nslots = std::max<std::uint64_t>(1, (2 * options_.budget_bytes + c.slot_bytes - 1) / c.slot_bytes);
+  c.reserved_bytes = c.nslots * c.slot_bytes;
+  const bool huge = thp_ && c.slot_bytes >= kHuge;
+  c.base = reserve_aligned(c.reserved_bytes, huge ? kHuge : kAlignment);
+  if (c.base == nullptr) {
+    throw OutOfMemoryError(Tier::kHost, c.slot_bytes, options_.budget_bytes - allocated_,
+                           errno_message("reserving " + format_bytes(c.reserved_bytes) +
+                                             " of address space for the host pool's " +
+                                             format_bytes(c.slot_bytes) + " slots",
+                                         errno));
+  }
+  if (huge) madvise(c.base, c.reserved_bytes, MADV_HUGEPAGE);
+}
+
+void PinnedHostPool::notify_map_locked(int k, std::uint32_t i) {
+  if (!on_map_) return;
+  const Slot& s = classes_[k].slots[i];
+  try {
+    on_map_(HostRegion{slot_base(k, i), s.committed, s.contiguous_bytes});
+  } catch (const std::exception& e) {
+    TM_LOG_ERROR("HOST", "host pool region listener (map) threw: {}", e.what());
+  }
+}
+
+void PinnedHostPool::notify_unmap_locked(int k, std::uint32_t i) {
+  if (!on_unmap_) return;
+  try {
+    on_unmap_(slot_base(k, i));
+  } catch (const std::exception& e) {
+    TM_LOG_ERROR("HOST", "host pool region listener (unmap) threw: {}", e.what());
+  }
+}
+
+void PinnedHostPool::resize_slot_locked(int k, std::uint32_t i, std::uint64_t bytes) {
+  Slot& s = classes_[k].slots[i];
+  if (s.committed == bytes) return;
+  char* base = slot_base(k, i);
+  if (s.committed > 0) notify_unmap_locked(k, i);
+#if TIERMEM_HAVE_CUDA
+  if (s.cuda_registered) {
+    cudaHostUnregister(base);
+    s.cuda_registered = false;
+  }
+#endif
+  if (bytes < s.committed) {  // release the tail (all of it when bytes is 0)
+    char* tail = base + bytes;
+    const std::uint64_t n = s.committed - bytes;
+    if (s.locked) munlock(tail, n);
+    madvise(tail, n, MADV_DONTNEED);
+    committed_ -= n;
+    s.committed = bytes;
+    if (bytes == 0) s.locked = false;
+  } else {  // commit [committed, bytes)
+    char* head = base + s.committed;
+    const std::uint64_t n = bytes - s.committed;
+    bind_to_numa_node(head, n, options_.numa_node);
+    populate_range(head, n);
+    if (options_.pin_memory) {
+      if (mlock(head, n) != 0) {
+        const int err = errno;
+        madvise(head, n, MADV_DONTNEED);
+        if (s.committed > 0) notify_map_locked(k, i);  // back as it was
+        throw Error(memlock_advice(committed_ + n) + " (" + errno_message("mlock", err) + ")");
+      }
+      s.locked = true;
+    }
+    committed_ += n;
+    peak_committed_ = std::max(peak_committed_, committed_);
+    s.committed = bytes;
+  }
+  s.huge_bytes = 0;
+  s.contiguous_bytes = kAlignment;
+  if (s.committed == 0) return;
+  if (options_.verify_huge_pages && thp_ && classes_[k].slot_bytes >= kHuge && s.committed >= kHuge) {
+    s.huge_bytes = smaps_huge_bytes(base, s.committed);
+    if (s.huge_bytes >= s.committed / kHuge * kHuge) s.contiguous_bytes = kHuge;
+  }
 #if TIERMEM_HAVE_CUDA
   if (options_.cuda_register && cuda_visible()) {
-    m.cuda_registered = cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess;
-    if (!m.cuda_registered) {
+    s.cuda_registered = cudaHostRegister(base, s.committed, cudaHostRegisterDefault) == cudaSuccess;
+    if (!s.cuda_registered) {
       cudaGetLastError();
-      TM_LOG_DEBUG("HOST", "cudaHostRegister of {} failed; copies will be staged", format_bytes(bytes));
+      TM_LOG_DEBUG("HOST", "cudaHostRegister of {} failed; copies will be staged",
+                   format_bytes(s.committed));
     }
   }
 #endif
-  const std::uint64_t aligned_part = bytes / kHuge * kHuge;
-  if (m.kind == HostPageKind::kHugetlb) {
-    m.huge_bytes = bytes;
-  } else if (m.kind == HostPageKind::kTransparent && (options_.populate || m.locked)) {
-    m.huge_bytes = smaps_huge_bytes(m.base, bytes);
-  }
-  if (aligned_part > 0 && m.huge_bytes >= aligned_part) m.contiguous_bytes = kHuge;
-  mappings_.push_back(m);
-  mapped_ += bytes;
-  insert_free_locked(m.base, bytes);
-  TM_LOG_DEBUG("HOST", "mapped {} on NUMA node {} ({}; {} in 2 MiB pages)", format_bytes(bytes),
-               options_.numa_node, m.locked ? "locked" : "unlocked", format_bytes(m.huge_bytes));
-  return true;
+  notify_map_locked(k, i);
 }
 
-void PinnedHostPool::insert_free_locked(char* p, std::uint64_t bytes) {
-  // Coalesce with the neighbours inside the same mapping (mappings are not contiguous in general,
-  // and when they are, merging across them is still correct: both are ours and mapped).
-  auto next = free_by_addr_.lower_bound(p);
-  if (next != free_by_addr_.end() && p + bytes == next->first) {
-    free_by_size_.erase({next->second, next->first});
-    bytes += next->second;
-    next = free_by_addr_.erase(next);
-  }
-  if (next != free_by_addr_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == p) {
-      free_by_size_.erase({prev->second, prev->first});
-      p = prev->first;
-      bytes += prev->second;
-      free_by_addr_.erase(prev);
+bool PinnedHostPool::release_one_warm_locked(int skip_k, std::uint32_t skip_i) {
+  // Largest slots first: fewest system calls for the bytes released.
+  for (int k = static_cast<int>(classes_.size()) - 1; k >= 0; --k) {
+    SizeClass& c = classes_[k];
+    for (std::size_t w = 0; w < c.warm.size(); ++w) {
+      const std::uint32_t i = c.warm[w];
+      if (k == skip_k && i == skip_i) continue;
+      c.warm.erase(c.warm.begin() + static_cast<std::ptrdiff_t>(w));
+      resize_slot_locked(k, i, 0);
+      c.cold.push_back(i);
+      return true;
     }
   }
-  free_by_addr_[p] = bytes;
-  free_by_size_.insert({bytes, p});
+  return false;
 }
 
 void* PinnedHostPool::try_allocate_locked(std::uint64_t rounded) {
   if (allocated_ + rounded > options_.budget_bytes) return nullptr;
-  auto it = free_by_size_.lower_bound({rounded, nullptr});
-  if (it == free_by_size_.end()) {
-    if (!add_mapping_locked(rounded)) return nullptr;
-    it = free_by_size_.lower_bound({rounded, nullptr});
-    if (it == free_by_size_.end()) return nullptr;
+  const int k = class_of(rounded);
+  SizeClass& c = classes_[k];
+  if (c.base == nullptr) reserve_class_locked(k);
+  // A warm slot of exactly this size first (no system call), else the warm one closest to it,
+  // else a released one, else one never used.
+  std::uint32_t i = 0;
+  bool found = false;
+  auto distance = [&](std::uint32_t w) {
+    const std::uint64_t have = c.slots[w].committed;
+    return have > rounded ? have - rounded : rounded - have;
+  };
+  std::size_t best = c.warm.size();
+  for (std::size_t w = 0; w < c.warm.size(); ++w) {
+    if (best == c.warm.size() || distance(c.warm[w]) < distance(c.warm[best])) best = w;
+    if (distance(c.warm[best]) == 0) break;
   }
-  auto [size, p] = *it;
-  free_by_size_.erase(it);
-  free_by_addr_.erase(p);
-  if (size > rounded) {
-    free_by_addr_[p + rounded] = size - rounded;
-    free_by_size_.insert({size - rounded, p + rounded});
+  if (best < c.warm.size()) {
+    i = c.warm[best];
+    c.warm.erase(c.warm.begin() + static_cast<std::ptrdiff_t>(best));
+    found = true;
+  } else if (!c.cold.empty()) {
+    i = c.cold.back();
+    c.cold.pop_back();
+    found = true;
+  } else if (c.slots.size() < c.nslots) {
+    i = static_cast<std::uint32_t>(c.slots.size());
+    c.slots.emplace_back();
+    found = true;
   }
-  used_[p] = rounded;
+  if (!found) {  // cannot happen while allocated_ <= budget (see reserve_class_locked)
+    TM_LOG_ERROR("HOST", "host pool: no free {} slot with {} of {} allocated", format_bytes(c.slot_bytes),
+                 format_bytes(allocated_), format_bytes(options_.budget_bytes));
+    return nullptr;
+  }
+  Slot& s = c.slots[i];
+  s.live = true;  // not a release candidate while the room is made
+  // Committed bytes stay within the budget: release warm slots until this one's growth fits.
+  // Allocated bytes alone fit, so this ends.
+  const std::uint64_t grow = rounded > s.committed ? rounded - s.committed : 0;
+  while (committed_ + grow > options_.budget_bytes && release_one_warm_locked(k, i)) {
+  }
+  try {
+    resize_slot_locked(k, i, rounded);
+  } catch (...) {
+    s.live = false;
+    (s.committed > 0 ? c.warm : c.cold).push_back(i);
+    throw;
+  }
   allocated_ += rounded;
   peak_ = std::max(peak_, allocated_);
-  return p;
+  return slot_base(k, i);
 }
 
 void* PinnedHostPool::try_allocate(std::uint64_t bytes) {
@@ -269,31 +332,7 @@ void* PinnedHostPool::try_allocate(std::uint64_t bytes) {
   return try_allocate_locked(allocation_size(bytes));
 }
 
-void* PinnedHostPool::try_allocate_high(std::uint64_t bytes) {
-  const std::uint64_t rounded = allocation_size(bytes);
-  std::lock_guard lock(mu_);
-  if (allocated_ + rounded > options_.budget_bytes) return nullptr;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    for (auto it = free_by_addr_.rbegin(); it != free_by_addr_.rend(); ++it) {
-      auto [base, size] = *it;
-      if (size < rounded) continue;
-      free_by_size_.erase({size, base});
-      char* p = base + (size - rounded);
-      if (size > rounded) {
-        it->second = size - rounded;  // the block keeps its start, shrinks from the top
-        free_by_size_.insert({size - rounded, base});
-      } else {
-        free_by_addr_.erase(base);
-      }
-      used_[p] = rounded;
-      allocated_ += rounded;
-      peak_ = std::max(peak_, allocated_);
-      return p;
-    }
-    if (attempt == 0 && !add_mapping_locked(rounded)) return nullptr;
-  }
-  return nullptr;
-}
+void* PinnedHostPool::try_allocate_high(std::uint64_t bytes) { return try_allocate(bytes); }
 
 void* PinnedHostPool::allocate(std::uint64_t bytes) {
   std::uint64_t rounded = allocation_size(bytes);
@@ -319,7 +358,9 @@ void* PinnedHostPool::allocate_wait(std::uint64_t bytes, std::chrono::duration<d
     if (freed_.wait_until(lock, deadline) == std::cv_status::timeout) {
       if (void* p = try_allocate_locked(rounded)) return p;
       throw OutOfMemoryError(Tier::kHost, rounded, options_.budget_bytes - allocated_,
-                             "host pool still full after waiting for a free");
+                             "host pool still full after waiting for a free (budget " +
+                                 format_bytes(options_.budget_bytes) + ", allocated " +
+                                 format_bytes(allocated_) + ")");
     }
   }
 }
@@ -328,16 +369,48 @@ void PinnedHostPool::free(void* ptr) noexcept {
   if (ptr == nullptr) return;
   {
     std::lock_guard lock(mu_);
-    auto it = used_.find(static_cast<char*>(ptr));
-    if (it == used_.end()) {
+    char* p = static_cast<char*>(ptr);
+    bool done = false;
+    for (std::size_t k = 0; k < classes_.size() && !done; ++k) {
+      SizeClass& c = classes_[k];
+      if (c.base == nullptr || p < c.base || p >= c.base + c.reserved_bytes) continue;
+      const std::uint64_t off = static_cast<std::uint64_t>(p - c.base);
+      const auto i = static_cast<std::uint32_t>(off / c.slot_bytes);
+      if (off % c.slot_bytes != 0 || i >= c.slots.size() || !c.slots[i].live) break;
+      c.slots[i].live = false;
+      allocated_ -= c.slots[i].committed;
+      c.warm.push_back(i);
+      done = true;
+    }
+    if (!done) {
       TM_LOG_ERROR("HOST", "free of a pointer the pool did not allocate ({})", ptr);
       return;
     }
-    allocated_ -= it->second;
-    insert_free_locked(it->first, it->second);
-    used_.erase(it);
   }
   freed_.notify_all();
+}
+
+void PinnedHostPool::set_region_listener(std::function<void(const HostRegion&)> on_map,
+                                         std::function<void(void*)> on_unmap) {
+  std::lock_guard lock(mu_);
+  on_map_ = std::move(on_map);
+  on_unmap_ = std::move(on_unmap);
+  for (std::size_t k = 0; k < classes_.size(); ++k) {
+    for (std::uint32_t i = 0; i < classes_[k].slots.size(); ++i) {
+      if (classes_[k].slots[i].committed > 0) notify_map_locked(static_cast<int>(k), i);
+    }
+  }
+}
+
+void PinnedHostPool::clear_region_listener() {
+  std::lock_guard lock(mu_);
+  for (std::size_t k = 0; k < classes_.size(); ++k) {
+    for (std::uint32_t i = 0; i < classes_[k].slots.size(); ++i) {
+      if (classes_[k].slots[i].committed > 0) notify_unmap_locked(static_cast<int>(k), i);
+    }
+  }
+  on_map_ = nullptr;
+  on_unmap_ = nullptr;
 }
 
 std::uint64_t PinnedHostPool::allocated_bytes() const {
@@ -350,30 +423,43 @@ std::uint64_t PinnedHostPool::peak_allocated_bytes() const {
 }
 std::uint64_t PinnedHostPool::mapped_bytes() const {
   std::lock_guard lock(mu_);
-  return mapped_;
+  return committed_;
+}
+std::uint64_t PinnedHostPool::peak_mapped_bytes() const {
+  std::lock_guard lock(mu_);
+  return peak_committed_;
 }
 bool PinnedHostPool::pinned() const {
   std::lock_guard lock(mu_);
-  for (const Mapping& m : mappings_) {
-    if (!m.locked) return false;
+  if (!options_.pin_memory) return false;
+  for (const SizeClass& c : classes_) {
+    for (const Slot& s : c.slots) {
+      if (s.committed > 0 && !s.locked) return false;
+    }
   }
   return true;
 }
 std::vector<HostRegion> PinnedHostPool::regions() const {
   std::lock_guard lock(mu_);
   std::vector<HostRegion> out;
-  for (const Mapping& m : mappings_) out.push_back({m.base, m.bytes, m.contiguous_bytes});
+  for (std::size_t k = 0; k < classes_.size(); ++k) {
+    for (std::uint32_t i = 0; i < classes_[k].slots.size(); ++i) {
+      const Slot& s = classes_[k].slots[i];
+      if (s.committed > 0) out.push_back({slot_base(static_cast<int>(k), i), s.committed, s.contiguous_bytes});
+    }
+  }
   return out;
 }
 std::uint64_t PinnedHostPool::huge_bytes() const {
   std::lock_guard lock(mu_);
   std::uint64_t n = 0;
-  for (const Mapping& m : mappings_) n += m.huge_bytes;
+  for (const SizeClass& c : classes_) {
+    for (const Slot& s : c.slots) n += s.huge_bytes;
+  }
   return n;
 }
 HostPageKind PinnedHostPool::page_kind() const {
-  std::lock_guard lock(mu_);
-  return mappings_.empty() ? HostPageKind::kSmall : mappings_.front().kind;
+  return thp_ ? HostPageKind::kTransparent : HostPageKind::kSmall;
 }
 
 }  // namespace tiermem

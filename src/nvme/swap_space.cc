@@ -144,6 +144,11 @@ SwapSpace::~SwapSpace() {
       TM_LOG_WARN("NVME", "{}", errno_message("removing swap file " + p->file_path, errno));
     p->lock.reset();  // removes the lock file, releases the flock
   }
+  for (const std::string& d : created_dirs_) {
+    if (::rmdir(d.c_str()) != 0 && errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT) {
+      TM_LOG_DEBUG("NVME", "{}", errno_message("removing swap directory " + d, errno));
+    }
+  }
 }
 
 const std::string& SwapSpace::file_path(std::uint32_t path_index) const {

@@ -31,6 +31,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -133,11 +134,13 @@ struct TensorStore::Impl {
   TensorStoreOptions opts;
   std::shared_ptr<Device> device;
   std::shared_ptr<SwapSpace> swap;
+  // Pool slots registered with the device (the pools' region listeners; unregistered with them;
+  // declared before the pools, whose destructors call the listeners).
+  std::mutex registered_mu;
+  std::unordered_set<void*> registered_host;  // guarded by registered_mu
   std::unique_ptr<PinnedHostPool> host_pool;
   std::unique_ptr<PinnedHostPool> bounce_pool_mem;
   std::unique_ptr<BouncePool> bounce;
-  std::vector<void*> registered_host;  // registered with the device (unregister at exit)
-  std::vector<void*> registered_io;    // registered with the swap's engine
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -214,6 +217,10 @@ struct TensorStore::Impl {
   }
 
   std::uint64_t pinned_bytes(Tier t, int* count = nullptr) const;
+  // For the timeout message: the largest pinned or homed tensors at `t` by name, and the
+  // transfers in flight there.
+  std::string holders(Tier t, std::uint64_t pinned, int count) const;
+  std::string in_flight(Tier t) const;
 
   // True when the copy at `t` holds the only newest bytes above home (must be written down).
   bool needs_writeback(const Entry& e, Tier t) const;

@@ -18,6 +18,40 @@ std::uint64_t TensorStore::Impl::pinned_bytes(Tier t, int* count) const {
   return b;
 }
 
+std::string TensorStore::Impl::holders(Tier t, std::uint64_t pinned, int count) const {
+  std::vector<std::pair<std::uint64_t, const Entry*>> held;
+  for (const auto& e : entries_) {
+    const Copy& c = e->copy[idx(t)];
+    if (c.state != State::kAbsent && (c.pins > 0 || e->info.home == t)) held.push_back({c.alloc_bytes, e.get()});
+  }
+  std::sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string out = fmt::format("{} pinned or homed tensors, {}", count, format_bytes(pinned));
+  const std::size_t shown = std::min<std::size_t>(held.size(), 8);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const Copy& c = held[i].second->copy[idx(t)];
+    out += fmt::format("{}'{}' {} ({})", i == 0 ? ": " : ", ", held[i].second->info.name, format_bytes(held[i].first),
+                       c.pins > 0 ? fmt::format("{} pins", c.pins) : std::string("home"));
+  }
+  if (held.size() > shown) out += fmt::format(", and {} more", held.size() - shown);
+  return out;
+}
+
+std::string TensorStore::Impl::in_flight(Tier t) const {
+  int n = 0;
+  std::uint64_t bytes = 0;
+  std::string names;
+  for (const auto& e : entries_) {
+    const Copy& c = e->copy[idx(t)];
+    if (c.state == State::kLoading || c.state == State::kEvicting || c.writing || c.readers > 0) {
+      if (n < 4) names += fmt::format("{}'{}'", n == 0 ? ": " : ", ", e->info.name);
+      ++n;
+      bytes += c.alloc_bytes;
+    }
+  }
+  return n == 0 ? std::string("no transfers in flight")
+                : fmt::format("{} transfers in flight ({}){}", n, format_bytes(bytes), names);
+}
+
 bool TensorStore::Impl::needs_writeback(const Entry& e, Tier t) const {
   const Copy& c = e.copy[idx(t)];
   if (c.version != e.latest || t == e.info.home) return false;
@@ -144,13 +178,19 @@ void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, s
       int n = 0;
       std::uint64_t pinned = pinned_bytes(t, &n);
       ++stats_.oom_errors;
+      // Any block fits while the budget holds its bytes (the pools cannot fragment), so this is
+      // memory really held past the timeout: a budget below what the work needs, or a bug.
+      const char* key = t == Tier::kHost ? "tiermem.host_budget_bytes (--host-budget)"
+                                         : "tiermem.device_budget_bytes (--device-budget)";
       throw OutOfMemoryError(
           t, size, budget_[idx(t)] - used_[idx(t)],
-          fmt::format("{} tier full after waiting {:.1f} s for a release: budget {}, resident {}, "
-                      "pinned {} in {} tensors (pins and home copies cannot be evicted); release "
-                      "pins sooner, raise the {} budget or tiermem.acquire_timeout_s",
-                      tier_name(t), opts.acquire_timeout.count(), format_bytes(budget_[idx(t)]),
-                      format_bytes(used_[idx(t)]), format_bytes(pinned), n, tier_name(t)));
+          fmt::format("{} tier full after waiting {:.1f} s for a release: the {} budget {} ({} bytes, {}) "
+                      "holds {} resident; held by {} (pins and home copies cannot be evicted); {}. "
+                      "The start check accepted this budget, so the engine needs more than its minimum "
+                      "says (a bug: please report this message) or something holds pins too long; "
+                      "raise {} to work around it",
+                      tier_name(t), opts.acquire_timeout.count(), tier_name(t), format_bytes(budget_[idx(t)]),
+                      budget_[idx(t)], key, format_bytes(used_[idx(t)]), holders(t, pinned, n), in_flight(t), key));
     }
   }
 }

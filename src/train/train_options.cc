@@ -377,6 +377,7 @@ Config effective_config(const TrainOptions& opts, int rank, int world_size) {
     if (oc->device != OffloadDevice::kNvme) continue;
     if (!opts.swap_dir.empty()) {
       oc->nvme_path = {opts.swap_dir};
+      oc->nvme_path_from = "--swap-dir";
     } else if (oc->nvme_path.empty()) {
       oc->nvme_path = {"./tiermem-swap"};
     }

@@ -286,8 +286,13 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
 
   if (p.host_budget_bytes < p.host_min_bytes) {
     p.fits = false;
-    p.why = fmt::format("host budget {} (tiermem.host_budget_bytes) is below the {} this model needs: {}",
-                        format_bytes(p.host_budget_bytes), format_bytes(p.host_min_bytes), p.host_min_why);
+    // The minimum is exact (a budget of it runs): give it in bytes too, and the budget as well
+    // when the two read the same rounded.
+    const bool same = format_bytes(p.host_budget_bytes) == format_bytes(p.host_min_bytes);
+    p.why = fmt::format("host budget {}{} (tiermem.host_budget_bytes) is below the {} ({} bytes) this model needs: {}",
+                        format_bytes(p.host_budget_bytes),
+                        same ? fmt::format(" ({} bytes)", p.host_budget_bytes) : std::string(),
+                        format_bytes(p.host_min_bytes), p.host_min_bytes, p.host_min_why);
   } else if (needs_device(p) && p.device_budget_bytes != 0 && p.device_budget_bytes < p.device_min_bytes) {
     p.fits = false;
     p.why = fmt::format("device budget {} (tiermem.device_budget_bytes) is below the {} this model needs: {}",

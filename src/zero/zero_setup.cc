@@ -20,7 +20,11 @@ namespace {
 
 // <path>/rank<r> for each path; the swap directory and its rank directory are created 0700 when
 // missing (only this user may read or plant files there; missing parents as the umask says).
-std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int rank) {
+// `created`: the rank directories made here (removed with the swap files, when empty). The
+// <path> itself stays, even when made here: other ranks and engines share it, and may be about to
+// make their own rank directory in it.
+std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int rank,
+                                   std::vector<std::string>* created) {
   std::vector<std::string> out;
   for (const auto& p : paths) {
     const std::filesystem::path base = std::filesystem::path(p).lexically_normal();
@@ -28,7 +32,12 @@ std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int ra
     std::error_code ec;
     if (base.has_parent_path()) std::filesystem::create_directories(base.parent_path(), ec);
     for (const std::filesystem::path& x : {base, d}) {
-      if (!ec && ::mkdir(x.c_str(), 0700) != 0 && errno != EEXIST) ec = std::error_code(errno, std::generic_category());
+      if (ec) break;
+      if (::mkdir(x.c_str(), 0700) == 0) {
+        if (x == d) created->push_back(x.string());
+      } else if (errno != EEXIST) {
+        ec = std::error_code(errno, std::generic_category());
+      }
     }
     if (ec) throw IoError(d.string(), 0, 0, ec.value(), "mkdir", "ZeroEngine swap directory: " + ec.message());
     out.push_back(d.string());
@@ -128,20 +137,34 @@ void ZeroEngine::Impl::make_tiers() {
     const auto& ppaths = z.offload_param.nvme_path.empty() ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path;
     const auto& opaths = z.offload_optimizer.nvme_path.empty() ? z.offload_param.nvme_path : z.offload_optimizer.nvme_path;
     const bool same = !nvme_param || !nvme_opt || ppaths == opaths;
+    // The key (or flag, OffloadConfig::nvme_path_from) that gave each path list.
+    auto key = [&](bool optimizer) {
+      const OffloadConfig& own = optimizer ? z.offload_optimizer : z.offload_param;
+      const OffloadConfig& other = optimizer ? z.offload_param : z.offload_optimizer;
+      const OffloadConfig& from = own.nvme_path.empty() ? other : own;
+      if (!from.nvme_path_from.empty()) return from.nvme_path_from;
+      return std::string(&from == &z.offload_optimizer ? "zero_optimization.offload_optimizer.nvme_path"
+                                                       : "zero_optimization.offload_param.nvme_path");
+    };
     if (same) {
       const auto& paths = nvme_opt ? opaths : ppaths;
-      check_free_space(paths, plan.nvme_bytes,
-                       nvme_opt ? "zero_optimization.offload_optimizer.nvme_path" : "zero_optimization.offload_param.nvme_path");
+      check_free_space(paths, plan.nvme_bytes, key(nvme_opt).c_str());
     } else {
-      check_free_space(ppaths, plan.nvme_param_bytes, "zero_optimization.offload_param.nvme_path");
-      check_free_space(opaths, plan.nvme_optimizer_bytes, "zero_optimization.offload_optimizer.nvme_path");
+      check_free_space(ppaths, plan.nvme_param_bytes, key(false).c_str());
+      check_free_space(opaths, plan.nvme_optimizer_bytes, key(true).c_str());
     }
     io = make_io_engine(cfg);
+    auto make_swap = [&](const std::vector<std::string>& paths) {
+      std::vector<std::string> created;
+      auto s = std::make_shared<SwapSpace>(cfg, rank_dirs(paths, rank, &created), *io);
+      s->remove_when_done(std::move(created));
+      return s;
+    };
     if (same) {
-      param_swap = optim_swap = std::make_shared<SwapSpace>(cfg, rank_dirs(nvme_opt ? opaths : ppaths, rank), *io);
+      param_swap = optim_swap = make_swap(nvme_opt ? opaths : ppaths);
     } else {
-      param_swap = std::make_shared<SwapSpace>(cfg, rank_dirs(ppaths, rank), *io);
-      optim_swap = std::make_shared<SwapSpace>(cfg, rank_dirs(opaths, rank), *io);
+      param_swap = make_swap(ppaths);
+      optim_swap = make_swap(opaths);
     }
   }
   if (needs_device(plan)) {

@@ -1,4 +1,5 @@
-// PinnedHostPool: alignment, budget, coalescing, backpressure, the memlock error.
+// PinnedHostPool: alignment, budget, no fragmentation (issue 32), memory and registration that
+// follow use, backpressure, the memlock error.
 #include "tiermem/pinned_host_pool.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
 #include <random>
 #include <thread>
@@ -17,10 +19,9 @@
 namespace tiermem {
 namespace {
 
-PinnedHostPoolOptions small(std::uint64_t budget, std::uint64_t mapping = 1 << 20) {
+PinnedHostPoolOptions small(std::uint64_t budget) {
   PinnedHostPoolOptions o;
   o.budget_bytes = budget;
-  o.mapping_bytes = mapping;
   o.pin_memory = false;
   return o;
 }
@@ -34,14 +35,16 @@ std::string thp_mode() {
   return a == std::string::npos || b == std::string::npos ? "" : line.substr(a + 1, b - a - 1);
 }
 
-TEST(PinnedHostPool, HugePagesGiveAlignedMappingsAndAnHonestLayout) {
+TEST(PinnedHostPool, HugePagesGiveAlignedSlotsAndAnHonestLayout) {
   constexpr std::uint64_t k2M = PinnedHostPool::kHugePageBytes;
-  PinnedHostPoolOptions o = small(8 * k2M, 8 * k2M);
-  o.populate = true;
-  o.map_now = true;
+  PinnedHostPoolOptions o = small(8 * k2M);
+  o.verify_huge_pages = true;
   PinnedHostPool pool(o);
+  EXPECT_TRUE(pool.regions().empty()) << "nothing is committed before it is used";
+  char* a = static_cast<char*>(pool.allocate(8 * k2M));
   ASSERT_EQ(pool.regions().size(), 1u);
   const HostRegion r = pool.regions().front();
+  EXPECT_EQ(r.base, a);
   EXPECT_EQ(r.bytes, 8 * k2M);
   EXPECT_LE(pool.huge_bytes(), r.bytes);
   // The layout claimed is never better than what the kernel reported.
@@ -51,43 +54,133 @@ TEST(PinnedHostPool, HugePagesGiveAlignedMappingsAndAnHonestLayout) {
     EXPECT_EQ(r.contiguous_bytes, 4096u);
     EXPECT_LT(pool.huge_bytes(), r.bytes);
   }
+  std::memset(a, 0x5a, 8 * k2M);
+  EXPECT_EQ(a[3 * k2M], 0x5a);
+  pool.free(a);
   const std::string thp = thp_mode();
   if (pool.page_kind() == HostPageKind::kSmall) {
     EXPECT_TRUE(thp != "always" && thp != "madvise") << "THP is '" << thp << "' but 4 KiB pages";
     EXPECT_EQ(pool.huge_bytes(), 0u);
-    GTEST_SKIP() << "no huge pages here (THP '" << thp << "', no hugetlbfs pages): fallback checked";
+    GTEST_SKIP() << "no huge pages here (THP '" << thp << "'): fallback checked";
   }
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(r.base) % k2M, 0u);
-  // Blocks are still 4096-aligned pieces of it, writable end to end.
-  char* a = static_cast<char*>(pool.allocate(3 * k2M + 4096));
-  std::memset(a, 0x5a, 3 * k2M + 4096);
-  EXPECT_EQ(a[3 * k2M], 0x5a);
-  pool.free(a);
 }
 
 TEST(PinnedHostPool, HugePagesOffIsSmallPagesAndClaimsNothing) {
-  PinnedHostPoolOptions o = small(4 << 20, 4 << 20);
+  PinnedHostPoolOptions o = small(4 << 20);
   o.huge_pages = false;
-  o.populate = true;
-  o.map_now = true;
   PinnedHostPool pool(o);
   EXPECT_EQ(pool.page_kind(), HostPageKind::kSmall);
+  void* p = pool.allocate(2 << 20);
+  std::memset(p, 1, 2 << 20);
   EXPECT_EQ(pool.huge_bytes(), 0u);
   ASSERT_EQ(pool.regions().size(), 1u);
   EXPECT_EQ(pool.regions().front().contiguous_bytes, 4096u);
-  void* p = pool.allocate(1 << 20);
-  std::memset(p, 1, 1 << 20);
   pool.free(p);
 }
 
-TEST(PinnedHostPool, UnpopulatedMappingClaimsNoHugeLayout) {
-  // Not faulted in yet: the kernel has not decided the pages, so nothing is claimed.
-  PinnedHostPoolOptions o = small(4 << 20, 4 << 20);
-  o.map_now = true;
-  PinnedHostPool pool(o);
-  ASSERT_EQ(pool.regions().size(), 1u);
-  EXPECT_EQ(pool.regions().front().contiguous_bytes, 4096u);
-  EXPECT_EQ(pool.huge_bytes(), 0u);
+// The pattern that failed before (issue 32): blocks of many sizes freed in an order that left the
+// free bytes of a best-fit pool in pieces, then a block as large as all of them. Here any block
+// fits while allocated + its size <= budget, whatever came before.
+TEST(PinnedHostPool, AnyBlockFitsWhileTheBudgetHoldsItsBytes) {
+  constexpr std::uint64_t kBudget = 4 << 20;
+  PinnedHostPool pool(small(kBudget));
+  std::mt19937 rng(32);
+  std::vector<std::pair<void*, std::uint64_t>> live;
+  for (int round = 0; round < 200; ++round) {
+    // Fill with random sizes, free every other one: the classic checkerboard.
+    while (true) {
+      const std::uint64_t n = PinnedHostPool::allocation_size(1 + rng() % (700 << 10));
+      void* p = pool.try_allocate(n);
+      if (p == nullptr) {
+        ASSERT_GT(pool.allocated_bytes() + n, kBudget) << "refused with room in the budget";
+        break;
+      }
+      live.push_back({p, n});
+    }
+    for (std::size_t i = round % 2; i < live.size(); i += 2) {
+      pool.free(live[i].first);
+      live[i].first = nullptr;
+    }
+    std::erase_if(live, [](const auto& b) { return b.first == nullptr; });
+    // A block of all the free bytes fits.
+    const std::uint64_t room = kBudget - pool.allocated_bytes();
+    void* big = pool.try_allocate(room);
+    ASSERT_NE(big, nullptr) << "round " << round << ": " << room << " bytes free but no block of them";
+    EXPECT_EQ(pool.allocated_bytes(), kBudget);
+    std::memset(big, 0x3c, room);
+    pool.free(big);
+    EXPECT_LE(pool.mapped_bytes(), kBudget) << "committed memory stays within the budget";
+  }
+  for (auto& [p, n] : live) pool.free(p);
+  EXPECT_EQ(pool.allocated_bytes(), 0u);
+}
+
+// Memory follows use: nothing committed at start, a freed block stays warm for the next of its
+// size (no system call), and warm blocks are released when a commit would pass the budget.
+TEST(PinnedHostPool, CommitsWhatIsUsedAndReleasesWarmSlotsForRoom) {
+  constexpr std::uint64_t kMiB = 1 << 20;
+  PinnedHostPool pool(small(64 * kMiB));
+  EXPECT_EQ(pool.mapped_bytes(), 0u);
+  void* a = pool.allocate(3 * kMiB);
+  EXPECT_EQ(pool.mapped_bytes(), 3 * kMiB);
+  pool.free(a);
+  EXPECT_EQ(pool.mapped_bytes(), 3 * kMiB) << "a freed slot stays warm";
+  void* b = pool.allocate(3 * kMiB);
+  EXPECT_EQ(b, a) << "the warm slot of the same size is reused";
+  EXPECT_EQ(pool.mapped_bytes(), 3 * kMiB);
+  pool.free(b);
+  // 61 MiB and the warm 3 MiB slot reused fill the budget; then 64 MiB needs both released.
+  void* c = pool.allocate(61 * kMiB);
+  void* d = pool.allocate(3 * kMiB);
+  EXPECT_EQ(pool.mapped_bytes(), 64 * kMiB);
+  EXPECT_EQ(pool.peak_mapped_bytes(), 64 * kMiB);
+  pool.free(c);
+  pool.free(d);
+  void* e = pool.allocate(64 * kMiB);
+  EXPECT_LE(pool.mapped_bytes(), 64 * kMiB);
+  std::memset(e, 1, 64 * kMiB);
+  pool.free(e);
+}
+
+// Registration follows the slots: the listener sees each committed slot mapped, and unmapped
+// before its pages go; every block handed out lies inside a region mapped at that time.
+TEST(PinnedHostPool, RegionListenerFollowsCommittedSlots) {
+  constexpr std::uint64_t kMiB = 1 << 20;
+  PinnedHostPool pool(small(8 * kMiB));
+  void* early = pool.allocate(kMiB);
+  std::map<char*, std::uint64_t> mapped;
+  pool.set_region_listener([&](const HostRegion& r) { mapped[static_cast<char*>(r.base)] = r.bytes; },
+                           [&](void* base) { ASSERT_EQ(mapped.erase(static_cast<char*>(base)), 1u); });
+  EXPECT_EQ(mapped.size(), 1u) << "setting the listener replays what is committed";
+  auto inside = [&](void* p, std::uint64_t n) {
+    auto it = mapped.upper_bound(static_cast<char*>(p));
+    if (it == mapped.begin()) return false;
+    --it;
+    return static_cast<char*>(p) + n <= it->first + it->second;
+  };
+  std::mt19937 rng(5);
+  std::vector<std::pair<void*, std::uint64_t>> live;
+  for (int i = 0; i < 2000; ++i) {
+    if (!live.empty() && rng() % 2 == 0) {
+      const std::size_t k = rng() % live.size();
+      pool.free(live[k].first);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    } else {
+      const std::uint64_t n = 1 + rng() % (3 * kMiB);
+      void* p = pool.try_allocate(n);
+      if (p == nullptr) continue;
+      ASSERT_TRUE(inside(p, n)) << "a block outside every mapped region";
+      live.push_back({p, n});
+    }
+    std::uint64_t total = 0;
+    for (auto& [b, n] : mapped) total += n;
+    ASSERT_EQ(total, pool.mapped_bytes());
+  }
+  for (auto& [p, n] : live) pool.free(p);
+  pool.free(early);
+  pool.clear_region_listener();
+  EXPECT_TRUE(mapped.empty()) << "clearing unmaps every region";
 }
 
 TEST(PinnedHostPool, AlignedAndWritable) {
@@ -105,36 +198,8 @@ TEST(PinnedHostPool, AlignedAndWritable) {
   EXPECT_EQ(pool.peak_allocated_bytes(), 4096u + 8192u);
 }
 
-// Long-lived blocks from try_allocate_high pack at the top of the mapping, interleaved with
-// short-lived ones, so the short-lived ones' space stays one contiguous run once they are freed
-// (the fragmentation a TensorStore's host homes caused between its caches).
-TEST(PinnedHostPool, HighAllocationsKeepTheLowSpaceContiguous) {
-  constexpr std::uint64_t kMiB = 1 << 20;
-  PinnedHostPoolOptions o = small(16 * kMiB, 16 * kMiB);
-  o.map_now = true;
-  PinnedHostPool pool(o);
-  std::vector<void*> homes, caches;
-  for (int i = 0; i < 7; ++i) {
-    caches.push_back(pool.allocate(kMiB + 4096 * i));
-    homes.push_back(pool.try_allocate_high(128 << 10));
-    ASSERT_NE(homes.back(), nullptr);
-  }
-  for (std::size_t i = 1; i < homes.size(); ++i) {
-    EXPECT_LT(homes[i], homes[i - 1]) << "homes grow down from the top";
-    EXPECT_GT(homes[i], caches.back()) << "homes stay above every short-lived block";
-  }
-  for (void* c : caches) pool.free(c);
-  // Everything but the 7 x 128 KiB homes is one free run: a block of all of it fits.
-  void* big = pool.try_allocate(16 * kMiB - 7 * (128 << 10));
-  EXPECT_NE(big, nullptr);
-  pool.free(big);
-  for (void* h : homes) pool.free(h);
-  EXPECT_EQ(pool.allocated_bytes(), 0u);
-  EXPECT_EQ(pool.try_allocate_high(17 * kMiB), nullptr);  // over the budget
-}
-
 TEST(PinnedHostPool, BudgetIsHardAndErrorHasNumbers) {
-  PinnedHostPool pool(small(1 << 20, 1 << 20));
+  PinnedHostPool pool(small(1 << 20));
   void* a = pool.allocate(768 << 10);
   try {
     pool.allocate(512 << 10);
@@ -153,7 +218,7 @@ TEST(PinnedHostPool, BudgetIsHardAndErrorHasNumbers) {
 }
 
 TEST(PinnedHostPool, FreeCoalescesNeighbours) {
-  PinnedHostPool pool(small(64 << 10, 64 << 10));
+  PinnedHostPool pool(small(64 << 10));
   std::vector<void*> blocks;
   for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(4096));
   EXPECT_EQ(pool.try_allocate(1), nullptr);
@@ -166,7 +231,7 @@ TEST(PinnedHostPool, FreeCoalescesNeighbours) {
 }
 
 TEST(PinnedHostPool, RandomAllocFreeKeepsBlocksDisjoint) {
-  PinnedHostPool pool(small(8 << 20, 2 << 20));
+  PinnedHostPool pool(small(8 << 20));
   std::mt19937 rng(7);
   std::vector<std::pair<unsigned char*, std::uint64_t>> live;
   for (int it = 0; it < 3000; ++it) {
@@ -191,7 +256,7 @@ TEST(PinnedHostPool, RandomAllocFreeKeepsBlocksDisjoint) {
 }
 
 TEST(PinnedHostPool, AllocateWaitGetsBlockFreedByAnotherThread) {
-  PinnedHostPool pool(small(1 << 20, 1 << 20));
+  PinnedHostPool pool(small(1 << 20));
   void* a = pool.allocate(1 << 20);
   std::thread t([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -212,7 +277,7 @@ TEST(PinnedHostPool, PinMemoryOverMemlockLimitSaysHowToRaiseIt) {
   if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (1ull << 40)) {
     GTEST_SKIP() << "RLIMIT_MEMLOCK is unlimited here; the error path cannot be provoked";
   }
-  PinnedHostPoolOptions o = small(rl.rlim_cur * 4 + (64 << 20), rl.rlim_cur * 4 + (64 << 20));
+  PinnedHostPoolOptions o = small(rl.rlim_cur * 4 + (64 << 20));
   o.pin_memory = true;
   try {
     PinnedHostPool pool(o);
@@ -230,12 +295,14 @@ TEST(PinnedHostPool, SmallPinnedPoolWithinLimitIsLocked) {
   if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (2 << 20)) {
     GTEST_SKIP() << "RLIMIT_MEMLOCK below 2 MiB";
   }
-  PinnedHostPoolOptions o = small(1 << 20, 1 << 20);
+  PinnedHostPoolOptions o = small(1 << 20);
   o.pin_memory = true;
   PinnedHostPool pool(o);
+  void* p = pool.allocate(1 << 20);
   EXPECT_TRUE(pool.pinned());
   ASSERT_EQ(pool.regions().size(), 1u);
   EXPECT_EQ(pool.regions()[0].bytes, 1u << 20);
+  pool.free(p);
 }
 
 }  // namespace

@@ -25,3 +25,11 @@ if(TARGET tiermem_train AND TARGET tiermem_zero)
   target_compile_definitions(train_memory_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
   add_dependencies(train_memory_test tiermem-train)
 endif()
+if(TARGET tiermem_train AND TARGET tiermem_zero)
+  # Issue 32: every host budget from the named minimum to 4x it finishes (1 and 2 ranks, with and
+  # without a CPU hog); a pinned pool pins what it uses.
+  tiermem_test(NAME train_budget_test SOURCES train_budget_test.cc
+               DEPS nlohmann_json::nlohmann_json LABELS train TIMEOUT 600)
+  target_compile_definitions(train_budget_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
+  add_dependencies(train_budget_test tiermem-train)
+endif()
