@@ -29,10 +29,16 @@ build: setup
 # compiles the kernels whenever nvcc exists).
 DEMO_CUDA = $(shell nvidia-smi -L >/dev/null 2>&1 && echo AUTO || echo OFF)
 
+# A tree that already has the full build (make test made it) builds the demo's one target there
+# instead of configuring a second build.
 demo: setup
-	cmake --preset demo -DTIERMEM_WITH_CUDA=$(DEMO_CUDA) >/dev/null
-	cmake --build --preset demo -j $(JOBS)
-	build/demo/bin/tiermem-train
+	@if [ -f build/default/CMakeCache.txt ]; then \
+	  echo "demo: building tiermem-train in the existing build/default"; \
+	  cmake --build build/default -j $(JOBS) --target tiermem-train && build/default/bin/tiermem-train; \
+	else \
+	  cmake --preset demo -DTIERMEM_WITH_CUDA=$(DEMO_CUDA) >/dev/null && \
+	  cmake --build --preset demo -j $(JOBS) && build/demo/bin/tiermem-train; \
+	fi
 
 build-cuda: setup
 	cmake --preset cuda >/dev/null
