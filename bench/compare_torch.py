@@ -20,6 +20,9 @@ Contenders, each in its own fresh process (so one cannot warm the next, and ru_m
   tiermem_none  tiermem.torch at stage 3 with offload none: the hooks' cost against the plain
                 loop. Default budgets except tiermem.host_budget_bytes (--none-host-budget,
                 default 6 GiB): the default (1/16 of RAM, at most 1 GiB) refuses GPT-2 124 M there
+  tiermem_init  tiermem as a user short of memory runs it: the model built under
+                tiermem.torch.zero.Init, host and device budgets --init-host-budget (384 MiB) and
+                --init-device-budget (512 MiB), otherwise the same ds_config
 Every contender runs with OMP_NUM_THREADS=--threads (default 2) and OMP_WAIT_POLICY=PASSIVE.
 
 Per run: step time = the median wall time of steps 3..--steps (default 10) of forward + backward +
@@ -58,7 +61,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONTENDERS = ("deepspeed", "tiermem", "torch", "tiermem_none")
+CONTENDERS = ("deepspeed", "tiermem", "torch", "tiermem_none", "tiermem_init")
 SHAPES = {"small": dict(n_layer=12, n_embd=768, n_head=12), "medium": dict(n_layer=24, n_embd=1024, n_head=16)}
 
 
@@ -107,7 +110,16 @@ def run_worker(a):
     info = {}
     try:
         t_init = time.perf_counter()
-        model = build_model(a)
+        if a.worker == "tiermem_init":
+            # As a user short of memory runs it: the model built under zero.Init (its parameters go
+            # to the NVMe staging module by module) and smaller host/device budgets.
+            import tiermem.torch as tt
+            cfg = ds_config(a, nvme_dir)
+            cfg["tiermem"] = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
+            with tt.zero.Init(config=cfg):
+                model = build_model(a)
+        else:
+            model = build_model(a)
         if a.worker == "deepspeed":
             import logging
             import socket
@@ -130,9 +142,10 @@ def run_worker(a):
                 engine.backward(loss)
                 engine.step()
                 return loss
-        elif a.worker in ("tiermem", "tiermem_none"):
+        elif a.worker in ("tiermem", "tiermem_none", "tiermem_init"):
             import tiermem.torch as tt
-            cfg = ds_config(a, nvme_dir, offload=a.worker == "tiermem")
+            if a.worker != "tiermem_init":
+                cfg = ds_config(a, nvme_dir, offload=a.worker == "tiermem")
             if a.worker == "tiermem_none" and a.none_host_budget:
                 # tiermem's default host budget (1/16 of RAM, at most 1 GiB) refuses a resident 124 M
                 # model (1.9 GiB of host homes) at offload none: the budget is raised, nothing else.
@@ -229,7 +242,8 @@ def spawn(a, who, profile=False):
                TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--model", a.model, "--seq", str(a.seq),
            "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir, "--ds-buffer-size",
-           str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget]
+           str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget,
+           "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget]
     if profile:
         cmd.append("--profile")
     t0 = time.perf_counter()
@@ -261,6 +275,8 @@ def main():
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--none-host-budget", default="6GiB",
                    help="tiermem.host_budget_bytes for tiermem_none ('' for tiermem's default, which refuses 124 M)")
+    p.add_argument("--init-host-budget", default="384MiB", help="tiermem.host_budget_bytes of tiermem_init")
+    p.add_argument("--init-device-budget", default="512MiB", help="tiermem.device_budget_bytes of tiermem_init")
     p.add_argument("--profile", nargs="?", const="tiermem", default=None,
                    help="run CONTENDER (default tiermem) once under cProfile and torch.profiler")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -318,7 +334,9 @@ def main():
     ratios = {"tiermem_vs_deepspeed_speed": ratio("tiermem", "deepspeed", "step_s", invert=True),
               "tiermem_vs_deepspeed_rss": ratio("tiermem", "deepspeed", "max_rss_bytes"),
               "tiermem_vs_torch_speed": ratio("tiermem", "torch", "step_s", invert=True),
-              "tiermem_none_vs_torch_speed": ratio("tiermem_none", "torch", "step_s", invert=True)}
+              "tiermem_none_vs_torch_speed": ratio("tiermem_none", "torch", "step_s", invert=True),
+              "tiermem_init_vs_deepspeed_speed": ratio("tiermem_init", "deepspeed", "step_s", invert=True),
+              "tiermem_init_vs_deepspeed_rss": ratio("tiermem_init", "deepspeed", "max_rss_bytes")}
     print()
     print("| contender | step (s, median) | max RSS (GiB) | init (s) |")
     print("|---|---|---|---|")
