@@ -1,7 +1,8 @@
 // src/zero/zero_engine.cc — ZeroEngine's public calls (see include/tiermem/zero_engine.h):
-// construction and validation, registration, stage-3 gathers into device memory, bucketed
-// gradient reduction into the tiered gradient partitions, statistics. The set-up of tiers and
-// tensors is in zero_setup.cc, the optimizer step and checkpoints in zero_step.cc.
+// construction and validation, registration, stage-3 gathers into device memory (where a deferred
+// update is applied first), the gradient reduce path (bucketed reduce-scatter, accumulation into the
+// tiered gradient partitions), statistics. The set-up of tiers and tensors is in zero_setup.cc, the
+// optimizer step in zero_step.cc, the state in and out (checkpoints) in zero_state.cc.
 #include "tiermem/zero_engine.h"
 
 #include <algorithm>
