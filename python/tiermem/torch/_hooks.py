@@ -153,15 +153,21 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
                 h._release(u)
 
 
-_PARAM_CLASSES: dict[type, type] = {}
+_SUBCLASSES: dict[tuple, type] = {}
+
+
+def param_subclass(cls: type, prefix: str, torch_function) -> type:
+    """`cls` (a Parameter class) with `torch_function` as its __torch_function__, made once per
+    (class, prefix) and named <prefix><cls name>."""
+    sub = _SUBCLASSES.get((cls, prefix))
+    if sub is None:
+        sub = type(f"{prefix}{cls.__name__}", (cls,), {"__torch_function__": classmethod(torch_function)})
+        _SUBCLASSES[(cls, prefix)] = sub
+    return sub
 
 
 def _zero_param_class(cls: type) -> type:
-    sub = _PARAM_CLASSES.get(cls)
-    if sub is None:
-        sub = type(f"Zero{cls.__name__}", (cls,), {"__torch_function__": classmethod(_zero_param_torch_function)})
-        _PARAM_CLASSES[cls] = sub
-    return sub
+    return param_subclass(cls, "Zero", _zero_param_torch_function)
 
 
 class _Saved:

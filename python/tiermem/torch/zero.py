@@ -167,15 +167,9 @@ def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
             x.data = _placeholder(x.shape, x.dtype)
 
 
-_INIT_CLASSES: dict[type, type] = {}
-
-
 def _init_param_class(cls: type) -> type:
-    sub = _INIT_CLASSES.get(cls)
-    if sub is None:
-        sub = type(f"ZeroInit{cls.__name__}", (cls,), {"__torch_function__": classmethod(_init_param_torch_function)})
-        _INIT_CLASSES[cls] = sub
-    return sub
+    from ._hooks import param_subclass
+    return param_subclass(cls, "ZeroInit", _init_param_torch_function)
 
 
 def _all_module_classes() -> list:
