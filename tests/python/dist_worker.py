@@ -41,6 +41,10 @@ def main() -> None:
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
+    if os.environ.get("TIERMEM_TEST_RANK1_ORDER") and int(os.environ.get("RANK", "0")) == 1:
+        # Rank-dependent control flow: on rank 1 the first block's MLP runs before its attention.
+        block = model.transformer.h[0]
+        block.attn.register_forward_pre_hook(lambda m, a: block.mlp(torch.zeros(1, 1, model.config.n_embd)))
     engine, *_ = tt.initialize(model=model, config=cfg)
     rank = dist.get_rank() if dist.is_initialized() else 0
     g = torch.Generator().manual_seed(7)

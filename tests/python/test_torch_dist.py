@@ -102,3 +102,14 @@ def test_resume_at_another_world_size(torch_or_skip, tmp_path):
     full3, _ = _launch(tmp_path, "save3", 3, "--steps", "6", "--save-at", "3", "--ckpt", str(ckpt3))
     got, _ = _launch(tmp_path, "r3to2", 2, "--steps", "3", "--resume", "--ckpt", str(ckpt3))
     _close(got, full3[3:])
+
+
+def test_rank_with_another_module_order_is_named(torch_or_skip, tmp_path):
+    hf_or_skip()
+    p, took, _ = _launch(tmp_path, "order", 2, "--steps", "2", env_extra={"TIERMEM_TEST_RANK1_ORDER": "1"},
+                         check=False)
+    assert p.returncode != 0
+    out = p.stdout + p.stderr
+    assert "the ranks gather different modules" in out, out[-3000:]
+    assert "'transformer.h.0.attn.c_attn'" in out and "'transformer.h.0.mlp.c_fc'" in out, out[-3000:]
+    assert took < 120, took

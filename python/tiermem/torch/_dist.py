@@ -45,11 +45,31 @@ def ensure_process_group() -> None:
 
 
 class DistOps:
+    """``unit`` (set by the hooks around each gather: the engine unit's index, -1 for the engine's
+    own all-gathers) and ``unit_names`` let every all-gather first check that all ranks gather the
+    same module: a rank whose module order diverged (rank-dependent control flow) is reported with
+    the modules' names instead of a hang or a size mismatch deep in the transport."""
+
     def __init__(self) -> None:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        self.unit = -1
+        self.unit_names: list[str] = []
+
+    def _check_same_module(self, count: int) -> None:
+        mine = torch.tensor([self.unit, count], dtype=torch.int64)
+        every = torch.empty(2 * self.world_size, dtype=torch.int64)
+        dist.all_gather_into_tensor(every, mine)
+        pairs = every.view(self.world_size, 2).tolist()
+        if any(p != pairs[0] for p in pairs):
+            def name(u, n):
+                return f"'{self.unit_names[u]}'" if 0 <= u < len(self.unit_names) else f"an engine buffer of {n} elements"
+            listed = ", ".join(f"rank {r} {name(u, n)}" for r, (u, n) in enumerate(pairs))
+            raise RuntimeError(f"the ranks gather different modules ({listed}): the module order must be the same on "
+                               "every rank (no rank-dependent control flow around modules)")
 
     def all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        self._check_same_module(send.numel())
         if send.data_ptr() == recv.data_ptr() + self.rank * send.numel() * send.element_size():
             send = send.clone()  # in place (the engine's own slot): gloo needs a separate input
         dist.all_gather_into_tensor(recv, send)

@@ -201,6 +201,7 @@ class ParamHooks:
         self.backward_pending = False
         self.on_backward = None  # called once per backward that produced a gradient
         self.gathered_params_open = 0  # zero.GatheredParameters scopes now open
+        self.dist_ops = None  # _dist.DistOps with several ranks
         self._build_units(leaf_types)
 
     def __reduce_ex__(self, protocol):
@@ -306,13 +307,23 @@ class ParamHooks:
 
     def gather(self, unit: Unit, phase: Optional[str] = None, copy: bool = False) -> torch.Tensor:
         if unit.flat is None:
-            flat = self.engine.gather(unit.index, phase or self._phase())
+            flat = self._engine_gather(unit, phase or self._phase())
             if copy:
                 flat = flat.clone()
             unit.flat = flat
             for p, off, n in unit.params:
                 p.data = flat[off:off + n].view(p.shape)
         return unit.flat
+
+    def _engine_gather(self, unit: Unit, phase: str) -> torch.Tensor:
+        ops = self.dist_ops
+        if ops is None:
+            return self.engine.gather(unit.index, phase)
+        ops.unit = unit.index  # the all-gather checks that every rank gathers this unit
+        try:
+            return self.engine.gather(unit.index, phase)
+        finally:
+            ops.unit = -1
 
     def _release(self, unit: Unit) -> None:
         unit.flat = None
@@ -386,7 +397,7 @@ class ParamHooks:
         if flat is None:
             flat = u.bw_flat() if u.bw_flat is not None else None
             if flat is None:
-                flat = self.engine.gather(u.index, "backward")
+                flat = self._engine_gather(u, "backward")
                 u.bw_flat = weakref.ref(flat)
         return flat.as_strided(s.size, s.stride, s.offset)
 

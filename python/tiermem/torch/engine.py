@@ -257,6 +257,9 @@ class TiermemEngine:
             ops = DistOps()
         self._zero = _tiermem.ZeroEngine(config_obj, numels, mean_over_micro_batches=False,
                                          comm="torch" if ops is not None else "single", dist_ops=ops)
+        if ops is not None:
+            ops.unit_names = [u.name for u in self._hooks.units]
+            self._hooks.dist_ops = ops
         for u in self._hooks.units:
             self._zero.register_module(u.name, self._hooks.flat_values(u), u.numel)
         # Only now, with every unit in the engine, does the model give up its own copies: an
