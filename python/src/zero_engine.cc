@@ -158,6 +158,12 @@ class TorchDistCommunicator final : public Communicator {
   int rank_, world_;
 };
 
+// A numpy view (no copy, no owner) of one span of a ZeroStateChunk: valid during the callback only.
+nb::object chunk_view(float* p, std::size_t n) {
+  const std::size_t shape[1] = {n};
+  return nb::ndarray<nb::numpy, float>(p, 1, shape, nb::handle()).cast(nb::rv_policy::reference);
+}
+
 class PyZeroEngine {
  public:
   PyZeroEngine(const PyConfig& cfg, std::vector<std::size_t> numels, bool mean_over_micro_batches,
@@ -233,9 +239,7 @@ class PyZeroEngine {
   // call only. Returns the header (a dict).
   nb::dict export_state(const nb::callable& sink) {
     ZeroOptimizerState h = e().export_optimizer_state([&](const ZeroStateChunk& c) {
-      const std::size_t shape[1] = {c.n};
-      auto view = [&](float* p) { return nb::ndarray<nb::numpy, float>(p, 1, shape, nb::handle()).cast(nb::rv_policy::reference); };
-      sink(c.offset, view(c.master), view(c.exp_avg), view(c.exp_avg_sq));
+      sink(c.offset, chunk_view(c.master, c.n), chunk_view(c.exp_avg, c.n), chunk_view(c.exp_avg_sq, c.n));
     });
     return header_dict(h);
   }
@@ -259,9 +263,7 @@ class PyZeroEngine {
       h.loss_scaler = s;
     }
     e().import_optimizer_state(h, [&](const ZeroStateChunk& c) {
-      const std::size_t shape[1] = {c.n};
-      auto view = [&](float* p) { return nb::ndarray<nb::numpy, float>(p, 1, shape, nb::handle()).cast(nb::rv_policy::reference); };
-      source(c.offset, view(c.master), view(c.exp_avg), view(c.exp_avg_sq));
+      source(c.offset, chunk_view(c.master, c.n), chunk_view(c.exp_avg, c.n), chunk_view(c.exp_avg_sq, c.n));
     });
   }
 

@@ -65,13 +65,14 @@ def _placeholder(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
 class Unit:
     """One engine module: parameters laid out back to back in one flat vector."""
 
-    __slots__ = ("index", "name", "params", "numel", "flat", "active", "n_trainable", "grad", "received",
+    __slots__ = ("index", "name", "params", "slot_of", "numel", "flat", "active", "n_trainable", "grad", "received",
                  "got", "bw_flat")
 
     def __init__(self, index: int, name: str) -> None:
         self.index = index
         self.name = name
         self.params: list[tuple[torch.nn.Parameter, int, int]] = []  # (param, offset, numel)
+        self.slot_of: dict[int, tuple[int, int, int]] = {}  # id(param) -> (index in params, offset, numel)
         self.numel = 0
         self.flat: Optional[torch.Tensor] = None  # gathered working params while in use
         self.active = 0                           # modules running that use it
@@ -83,6 +84,7 @@ class Unit:
 
     def add(self, p: torch.nn.Parameter) -> None:
         n = p.numel()
+        self.slot_of[id(p)] = (len(self.params), self.numel, n)
         self.params.append((p, self.numel, n))
         self.numel += n
         if p.requires_grad:
@@ -414,7 +416,7 @@ class ParamHooks:
             # of parameters that got none are zeroed when the unit is reduced without them.
             unit.grad = torch.empty(unit.numel, dtype=torch.float32)
             unit.got = set()
-        i, off, n = self._slot(unit, p)
+        i, off, n = unit.slot_of[id(p)]
         dst = unit.grad[off:off + n]
         src = g.detach().reshape(-1)
         if i not in unit.got:
@@ -425,13 +427,6 @@ class ParamHooks:
         unit.received += 1
         if unit.received == unit.n_trainable:
             self._reduce(unit)
-
-    @staticmethod
-    def _slot(unit: Unit, p) -> tuple[int, int, int]:
-        for i, (q, off, n) in enumerate(unit.params):
-            if q is p:
-                return i, off, n
-        raise KeyError(p)
 
     def _reduce(self, unit: Unit) -> None:
         grad, unit.grad = unit.grad, None

@@ -60,10 +60,7 @@ class GatheredParameters:
                 for q, s in snaps:
                     q.data.copy_(s)
             elif any(not torch.equal(q.data, s) for q, s in snaps):
-                values = torch.empty(unit.numel, dtype=torch.float32)
-                for q, off, n in unit.params:
-                    values[off:off + n].copy_(q.data.reshape(-1))
-                writes.append((h, unit, values))
+                writes.append((h, unit, h.flat_values(unit)))
         for h, unit, _ in held:  # the gathered copy goes first: the write-back replaces it
             unit.active -= 1
             h.gathered_params_open -= 1
