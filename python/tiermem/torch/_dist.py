@@ -3,7 +3,8 @@ ranks (torchrun, mpirun, or any launcher setting RANK/WORLD_SIZE/MASTER_ADDR/MAS
 engine calls these methods with 1-D CPU tensors viewing its own buffers; each runs synchronously on
 the process group (gloo on CPU). No transport is written here: torch.distributed's.
 
-The group is the default one: the caller's, if torch.distributed is already initialised, else one
+The group is the default one (or, when the default group cannot take CPU tensors, as an NCCL one
+cannot, a gloo group made beside it): the caller's, if torch.distributed is already initialised, else one
 made here from the environment (init_method env://) with gloo and a collective timeout of
 ``TIERMEM_COLLECTIVE_TIMEOUT_S`` seconds (default 120): a rank that died makes the others fail
 within it, naming the operation, instead of hanging.
@@ -53,13 +54,17 @@ class DistOps:
     def __init__(self) -> None:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        # The engine's buffers are host memory: a default group that cannot take CPU tensors
+        # (NCCL, for a model on CUDA) gets a gloo group beside it for the engine's collectives.
+        # new_group is itself collective; every rank constructs DistOps in initialize.
+        self.group = None if "gloo" in str(dist.get_backend()) else dist.new_group(backend="gloo")
         self.unit = -1
         self.unit_names: list[str] = []
 
     def _check_same_module(self, count: int) -> None:
         mine = torch.tensor([self.unit, count], dtype=torch.int64)
         every = torch.empty(2 * self.world_size, dtype=torch.int64)
-        dist.all_gather_into_tensor(every, mine)
+        dist.all_gather_into_tensor(every, mine, group=self.group)
         pairs = every.view(self.world_size, 2).tolist()
         if any(p != pairs[0] for p in pairs):
             def name(u, n):
@@ -72,12 +77,12 @@ class DistOps:
         self._check_same_module(send.numel())
         if send.data_ptr() == recv.data_ptr() + self.rank * send.numel() * send.element_size():
             send = send.clone()  # in place (the engine's own slot): gloo needs a separate input
-        dist.all_gather_into_tensor(recv, send)
+        dist.all_gather_into_tensor(recv, send, group=self.group)
 
     def reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
         n = recv.numel()
         full = send.clone()
-        dist.all_reduce(full)  # gloo has no reduce-scatter: the sum everywhere, then this rank's part
+        dist.all_reduce(full, group=self.group)  # gloo has no reduce-scatter: the sum everywhere, then this rank's part
         part = full[self.rank * n:(self.rank + 1) * n]
         if average:
             part.div_(self.world_size)
@@ -86,12 +91,12 @@ class DistOps:
     def all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
         if recv.data_ptr() != send.data_ptr():
             recv.copy_(send)
-        dist.all_reduce(recv)
+        dist.all_reduce(recv, group=self.group)
         if average:
             recv.div_(self.world_size)
 
     def broadcast(self, buf: torch.Tensor, root: int) -> None:
-        dist.broadcast(buf, root)
+        dist.broadcast(buf, root, group=self.group)
 
     def barrier(self) -> None:
-        dist.barrier()
+        dist.barrier(group=self.group)
