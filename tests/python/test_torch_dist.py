@@ -7,6 +7,7 @@ in the same swap directory."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -80,9 +81,36 @@ def test_killed_rank_fails_the_others_and_the_next_run_starts_cleanly(torch_or_s
     p, took, swap = _launch(tmp_path, "kill", 2, env_extra={"TIERMEM_TEST_KILL_RANK1_AT_STEP": "3"}, check=False)
     assert p.returncode != 0
     assert took < 120, took  # within the collective timeout (60 s) and start-up, not a hang
+    # torchrun stops the survivor and names the lost rank as the root cause.
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9", p.stderr), p.stderr[-3000:]
     # The next run in the same swap directory starts and finishes.
     got, _ = _launch(tmp_path, "kill", 2)
     assert len(got) == 10
+
+
+def test_killed_rank_is_named_by_the_survivor(torch_or_skip, tmp_path):
+    """Ranks started by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a launcher that does not
+    stop the others itself). Rank 1 is killed before step 3; rank 0's next collective fails within
+    the collective timeout and its error names rank 1 and its pid."""
+    hf_or_skip()
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    port = _port()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", TIERMEM_COLLECTIVE_TIMEOUT_S="30", RANK=str(r), WORLD_SIZE="2",
+                   LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TIERMEM_TEST_KILL_RANK1_AT_STEP="3")
+        procs.append(subprocess.Popen([sys.executable, WORKER, "--swap", str(swap), "--out", str(tmp_path / "o.json")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    t0 = time.monotonic()
+    _, err = procs[0].communicate(timeout=300)
+    took = time.monotonic() - t0
+    procs[1].communicate(timeout=60)  # a zombie until now: rank 0 saw it as no longer running
+    assert procs[1].returncode == -9
+    assert procs[0].returncode != 0
+    assert took < 120, took
+    assert re.search(rf"failed on rank 0 of 2: rank 1 \(pid {procs[1].pid}\) is no longer running", err), err[-3000:]
 
 
 def test_resume_at_another_world_size(torch_or_skip, tmp_path):

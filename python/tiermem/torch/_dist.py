@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -60,6 +61,48 @@ class DistOps:
         self.group = None if "gloo" in str(dist.get_backend()) else dist.new_group(backend="gloo")
         self.unit = -1
         self.unit_names: list[str] = []
+        # Each rank's host and pid, so that a failed collective can say which rank is gone.
+        self.peers: list = [None] * self.world_size
+        dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()), group=self.group)
+
+    def lost_ranks(self) -> tuple[list[int], int]:
+        """Ranks on this host whose process no longer runs (gone, or a zombie not yet reaped by its
+        launcher), and how many ranks are on other hosts (which cannot be checked from here)."""
+        here = socket.gethostname()
+        lost, elsewhere = [], 0
+        for r, (host, pid) in enumerate(self.peers):
+            if r == self.rank:
+                continue
+            if host != here:
+                elsewhere += 1
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                if state in ("Z", "X"):
+                    lost.append(r)
+            except OSError:
+                lost.append(r)
+        return lost, elsewhere
+
+    def _failed(self, op: str, e: Exception) -> RuntimeError:
+        lost, elsewhere = self.lost_ranks()
+        if lost:
+            who = ", ".join(f"rank {r} (pid {self.peers[r][1]})" for r in lost)
+            why = f"{who} is no longer running" if len(lost) == 1 else f"{who} are no longer running"
+        else:
+            why = "no rank on this host has exited" + (f"; {elsewhere} ranks on other hosts were not checked"
+                                                       if elsewhere else "")
+        return RuntimeError(f"the engine's {op} failed on rank {self.rank} of {self.world_size}: {why} ({e}). "
+                            "Every rank must run the same steps; see the lost rank's own log for why it stopped")
+
+    def _run(self, op: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # gloo's DistBackendError / DistNetworkError, a timeout
+            if "the ranks gather different modules" in str(e):
+                raise
+            raise self._failed(op, e) from e
 
     def _check_same_module(self, count: int) -> None:
         mine = torch.tensor([self.unit, count], dtype=torch.int64)
@@ -73,13 +116,13 @@ class DistOps:
             raise RuntimeError(f"the ranks gather different modules ({listed}): the module order must be the same on "
                                "every rank (no rank-dependent control flow around modules)")
 
-    def all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+    def _all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
         self._check_same_module(send.numel())
         if send.data_ptr() == recv.data_ptr() + self.rank * send.numel() * send.element_size():
             send = send.clone()  # in place (the engine's own slot): gloo needs a separate input
         dist.all_gather_into_tensor(recv, send, group=self.group)
 
-    def reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+    def _reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
         n = recv.numel()
         full = send.clone()
         dist.all_reduce(full, group=self.group)  # gloo has no reduce-scatter: the sum everywhere, then this rank's part
@@ -88,15 +131,31 @@ class DistOps:
             part.div_(self.world_size)
         recv.copy_(part)
 
-    def all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+    def _all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
         if recv.data_ptr() != send.data_ptr():
             recv.copy_(send)
         dist.all_reduce(recv, group=self.group)
         if average:
             recv.div_(self.world_size)
 
-    def broadcast(self, buf: torch.Tensor, root: int) -> None:
+    def _broadcast(self, buf: torch.Tensor, root: int) -> None:
         dist.broadcast(buf, root, group=self.group)
 
-    def barrier(self) -> None:
+    def _barrier(self) -> None:
         dist.barrier(group=self.group)
+
+    # The calls the C++ engine makes (TorchDistCommunicator): each names the lost rank on failure.
+    def all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        self._run("all-gather", self._all_gather, send, recv)
+
+    def reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+        self._run("reduce-scatter", self._reduce_scatter, send, recv, average)
+
+    def all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+        self._run("all-reduce", self._all_reduce, send, recv, average)
+
+    def broadcast(self, buf: torch.Tensor, root: int) -> None:
+        self._run("broadcast", self._broadcast, buf, root)
+
+    def barrier(self) -> None:
+        self._run("barrier", self._barrier)
