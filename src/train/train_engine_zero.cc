@@ -319,8 +319,10 @@ class ZeroTrainEngine final : public TrainEngine {
         OptimizerStateReshard source(r.dir(), st.world_size,
                                      {"zero.master", "zero.exp_avg", "zero.exp_avg_sq"},
                                      st.module_numels, st.alignment_elems, parts, part_rank);
-        TM_LOG_INFO("TRAIN", "re-partitioning the optimizer state saved over {} rank{} for {}",
-                    st.world_size, st.world_size == 1 ? "" : "s", parts);
+        if (rank() == 0) {
+          TM_LOG_INFO("TRAIN", "re-partitioning the optimizer state saved over {} rank{} for {}",
+                      st.world_size, st.world_size == 1 ? "" : "s", parts);
+        }
         st.world_size = parts;
         st.rank = part_rank;
         zero_->import_optimizer_state(st, [&](const ZeroStateChunk& c) {
