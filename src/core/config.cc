@@ -574,7 +574,7 @@ Config parse_config(std::string_view json_text, std::string_view source) {
     s->inert("allgather_partitions", "parameters are always all-gathered from their partitions");
     s->inert("round_robin_gradients", "gradient partitions are assigned in order");
     s->inert("load_from_fp32_weights", "resume always loads the fp32 master weights");
-    s->inert("elastic_checkpoint", "a checkpoint resumes only at the world size that wrote it");
+    s->inert("elastic_checkpoint", "a checkpoint resumes at any world size (re-partitioned as it loads)");
     s->inert("ignore_unused_parameters", "every GPT parameter is used in every step");
     s->inert("cpu_offload", "deprecated in DeepSpeed: use offload_optimizer.device \"cpu\"");
     for (const char* k : {"zero_hpz_partition_size", "zero_quantized_weights",

@@ -22,8 +22,10 @@
 //   zero.loss_scale f64 [1], zero.loss_scaler i64 [3]   fp16 only: the dynamic loss scale;
 //                   hysteresis left, scaler iteration, iteration of the last overflow
 // The manifest format is unchanged (train_loop.cc writes meta; these are ordinary tensors). A
-// resume needs the same world size (train_loop checks it), model and alignment; the stage (1–3),
-// offload devices and sub_group_size may differ.
+// resume needs the same model and alignment; the stage (1–3), offload devices and sub_group_size
+// may differ. At another world size (or from stage 0 to 1-3 and back) the optimizer state is
+// re-partitioned as it loads (checkpoint_reshard.h): each rank reads the elements of its new
+// shard from the old ranks' files, verified first, one sub-group at a time.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,6 +35,7 @@
 #include <thread>
 
 #include "train/checkpoint.h"
+#include "train/checkpoint_reshard.h"
 #include "train/kill_point.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
@@ -283,11 +286,6 @@ class ZeroTrainEngine final : public TrainEngine {
       throw CheckpointError(fmt::format("checkpoint {}: {} modules saved, the model has {}", mf,
                                         part[3], modules));
     }
-    // Checksums verified first (bounded reads), then streamed into the engine one optimizer
-    // sub-group at a time: no shard-sized buffer, whatever the model size.
-    for (const char* name : {"zero.master", "zero.exp_avg", "zero.exp_avg_sq"}) {
-      r.verify_tensor(name, n * 4);
-    }
     std::int64_t steps[2] = {0, 0};
     r.read_tensor("zero.steps", steps, sizeof steps);
     st.steps = steps[0];
@@ -302,15 +300,40 @@ class ZeroTrainEngine final : public TrainEngine {
       ls.last_overflow_iter = c[2];
       st.loss_scaler = ls;
     }
+    // The partition this engine steps: over every rank at stages 1-3, whole on each at stage 0.
+    const int parts = zero_stage() == 0 ? 1 : world_size();
+    const int part_rank = parts == 1 ? 0 : rank();
     try {
-      zero_->import_optimizer_state(st, [&](const ZeroStateChunk& c) {
-        r.read_part("zero.master", c.offset * 4, c.master, c.n * 4);
-        r.read_part("zero.exp_avg", c.offset * 4, c.exp_avg, c.n * 4);
-        r.read_part("zero.exp_avg_sq", c.offset * 4, c.exp_avg_sq, c.n * 4);
-      });
+      if (st.world_size == parts) {
+        // The shard this rank saved (stage 0: the whole state, any rank's): checksums verified
+        // first (bounded reads), then streamed into the engine one optimizer sub-group at a time.
+        for (const char* name : {"zero.master", "zero.exp_avg", "zero.exp_avg_sq"}) r.verify_tensor(name, n * 4);
+        zero_->import_optimizer_state(st, [&](const ZeroStateChunk& c) {
+          r.read_part("zero.master", c.offset * 4, c.master, c.n * 4);
+          r.read_part("zero.exp_avg", c.offset * 4, c.exp_avg, c.n * 4);
+          r.read_part("zero.exp_avg_sq", c.offset * 4, c.exp_avg_sq, c.n * 4);
+        });
+      } else {
+        // Saved over another number of ranks: this rank's new shard is read element for element
+        // from the old ranks' files that hold it (each verified first), one sub-group at a time.
+        OptimizerStateReshard source(r.dir(), st.world_size,
+                                     {"zero.master", "zero.exp_avg", "zero.exp_avg_sq"},
+                                     st.module_numels, st.alignment_elems, parts, part_rank);
+        if (rank() == 0) {
+          TM_LOG_INFO("TRAIN", "re-partitioning the optimizer state saved over {} rank{} for {}",
+                      st.world_size, st.world_size == 1 ? "" : "s", parts);
+        }
+        st.world_size = parts;
+        st.rank = part_rank;
+        zero_->import_optimizer_state(st, [&](const ZeroStateChunk& c) {
+          source.fill(c.offset, c.n, c.master, c.exp_avg, c.exp_avg_sq);
+        });
+      }
     } catch (const IoError&) {
       throw;
     } catch (const CommError&) {
+      throw;
+    } catch (const CheckpointError&) {
       throw;
     } catch (const Error& e) {  // a state that does not fit this engine: name the checkpoint
       throw CheckpointError(fmt::format("checkpoint {}: {}", mf, e.what()));

@@ -28,7 +28,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, name, ranks, *args, env_extra=None, check=True):
+def _launch(tmp_path, name, ranks, *args, env_extra=None, check=True, full=False):
     swap = tmp_path / f"swap-{name}"
     swap.mkdir(exist_ok=True)
     out = tmp_path / f"{name}.json"
@@ -47,7 +47,8 @@ def _launch(tmp_path, name, ranks, *args, env_extra=None, check=True):
     took = time.monotonic() - t0
     if check:
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-        return json.loads(out.read_text())["losses"], took
+        result = json.loads(out.read_text())
+        return (result if full else result["losses"]), took
     return p, took, swap
 
 
@@ -124,12 +125,29 @@ def test_resume_at_another_world_size(torch_or_skip, tmp_path):
     same, _ = _launch(tmp_path, "r2", 2, "--steps", "4", "--resume", "--ckpt", str(ckpt))
     assert same == cont  # same world size: bit for bit
     for ranks in (3, 1):
-        got, _ = _launch(tmp_path, f"r{ranks}", ranks, "--steps", "4", "--resume", "--ckpt", str(ckpt))
-        _close(got, cont)
+        got, _ = _launch(tmp_path, f"r{ranks}", ranks, "--steps", "4", "--resume", "--ckpt", str(ckpt), full=True)
+        _close(got["losses"], cont)
+        _check_load_rss(got)
     ckpt3 = tmp_path / "ckpt3"
     full3, _ = _launch(tmp_path, "save3", 3, "--steps", "6", "--save-at", "3", "--ckpt", str(ckpt3))
-    got, _ = _launch(tmp_path, "r3to2", 2, "--steps", "3", "--resume", "--ckpt", str(ckpt3))
-    _close(got, full3[3:])
+    got, _ = _launch(tmp_path, "r3to2", 2, "--steps", "3", "--resume", "--ckpt", str(ckpt3), full=True)
+    _close(got["losses"], full3[3:])
+    _check_load_rss(got)
+
+
+# The re-partitioning load streams: each rank's peak RSS may grow during load_checkpoint by at most
+# its engine budgets (dist_worker's 2 MiB host + 512 KiB device) plus a stated allowance of 16 MiB
+# (the checksum pass reads in chunks of up to 8 MiB; unpickled scheduler and RNG state; allocator
+# slack). The baseline is the rank's own peak before the load (torch, the model, the engine).
+LOAD_RSS_ALLOWANCE = (2 << 20) + (512 << 10) + (16 << 20)
+
+
+def _check_load_rss(result):
+    for rank, (before, after) in enumerate(result["load_rss"]):
+        print(f"rank {rank}: max RSS {before / 2**20:.1f} MiB before load_checkpoint, {after / 2**20:.1f} MiB after "
+              f"(+{(after - before) / 2**20:.2f} MiB; optimizer state {result['optimizer_state_bytes'] / 2**20:.2f} "
+              "MiB per rank)")
+        assert after - before <= LOAD_RSS_ALLOWANCE, (rank, before, after)
 
 
 def test_rank_with_another_module_order_is_named(torch_or_skip, tmp_path):
