@@ -14,6 +14,7 @@
 
 #include "gpt/backend.h"
 #include "gpt/model.h"
+#include "tiermem/device_choice.h"
 #include "tiermem/error.h"
 #include "tiermem/prefetcher.h"
 #include "tiermem/shard.h"
@@ -78,10 +79,10 @@ std::uint64_t store_device_budget(const ZeroPlan& z) {
   return z.device_budget_bytes > z.gather_reserve_bytes ? z.device_budget_bytes - z.gather_reserve_bytes : 0;
 }
 
+// tiermem.device on `m`: auto is the profile's device.
 bool device_is_sim(const Config& cfg, const MachineProfile& m) {
-  if (cfg.tiermem.device == "sim") return true;
-  if (cfg.tiermem.device == "cuda") return false;
-  return m.device != "cuda";
+  const DeviceChoice asked = parse_device_choice(cfg.tiermem.device, "tiermem.device");
+  return resolve_device_kind(asked, m.device == DeviceKind::kCuda) == DeviceKind::kSim;
 }
 
 ZeroPlanOptions plan_options(const Config& cfg, const MachineProfile& m, int world) {
@@ -525,10 +526,11 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
   MachineProfile m;
   m.name = j.value("name", source);
   if (j.contains("device")) {
-    if (!j["device"].is_string() || (j["device"] != "sim" && j["device"] != "cuda")) {
-      throw ConfigError(source + ": device", j["device"].dump(), "must be \"sim\" or \"cuda\"");
+    const nlohmann::json& d = j["device"];
+    if (!d.is_string() || (d != "sim" && d != "cuda")) {
+      throw ConfigError(source + ": device", d.dump(), "must be \"sim\" or \"cuda\"");
     }
-    m.device = j["device"].get<std::string>();
+    m.device = d == "cuda" ? DeviceKind::kCuda : DeviceKind::kSim;
   }
   if (j.contains("cpu_isa") && j["cpu_isa"].is_string()) m.cpu_isa = j["cpu_isa"].get<std::string>();
   // gpus and threads: counts of at least 1 where given; absent, 0 (gpus then 1).
