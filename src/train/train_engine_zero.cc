@@ -72,7 +72,9 @@ struct PageAligned {
 
 class ZeroTrainEngine final : public TrainEngine {
  public:
-  explicit ZeroTrainEngine(const TrainPlan& plan) : cfg_(plan.model), plan_config_(plan.config) {
+  ZeroTrainEngine(const TrainPlan& plan, std::uint64_t device_budget_bytes)
+      : cfg_(plan.model), engine_config_(plan.config) {
+    engine_config_.tiermem.device_budget_bytes = device_budget_bytes;
     comm_ = make_communicator();
     if (comm_->world_size() != plan.world_size || comm_->rank() != plan.rank) {
       throw CommError(fmt::format("the communicator sees rank {} of {}, the launcher said {} of {}",
@@ -90,7 +92,7 @@ class ZeroTrainEngine final : public TrainEngine {
     const auto layouts = gpt::module_layouts(cfg_);
     std::vector<std::size_t> numels;
     for (const auto& l : layouts) numels.push_back(static_cast<std::size_t>(l.numel));
-    zero_ = std::make_unique<ZeroEngine>(plan.config, *comm_, numels);
+    zero_ = std::make_unique<ZeroEngine>(engine_config_, *comm_, numels);
     for (int m = 0; m < static_cast<int>(layouts.size()); ++m) {
       std::vector<float> init(static_cast<std::size_t>(layouts[m].numel));
       gpt::init_module(cfg_, m, plan.seed, init);
@@ -162,7 +164,7 @@ class ZeroTrainEngine final : public TrainEngine {
     if (g.dtype() != DType::kF32 && g.dtype() != DType::kBF16) {
       throw NotSupportedError("tiermem-train's CPU model takes fp32 or bf16 parameters, not fp16");
     }
-    if (g.on_device() && !zero_->device()->host_addressable() && plan_config_.tiermem.device != "cuda") {
+    if (g.on_device() && !zero_->device()->host_addressable() && zero_->device()->kind() != DeviceKind::kCuda) {
       // The CPU model cannot read this device memory (SimDevice with sim_host_addressable false,
       // the CPU twin of a GPU): copy the module down, as the CUDA backend copies host params up.
       auto& s = staged_.at(static_cast<std::size_t>(module));
@@ -353,7 +355,8 @@ class ZeroTrainEngine final : public TrainEngine {
     e.host_engine_peak_bytes = z.host_engine_peak_bytes + staged_peak_;
     e.host_grad_buffer_peak_bytes = grad_buffer_peak_;
     // SimDevice memory is host memory too: counted here as well as on the device line.
-    e.host_sim_device_bytes = zero_->device_name() == "sim" ? z.device_peak_bytes : 0;
+    const Device* device = zero_->device();
+    e.host_sim_device_bytes = device && device->kind() == DeviceKind::kSim ? z.device_peak_bytes : 0;
     e.peak_bytes[host] = z.host_pool_peak_bytes + z.host_bounce_bytes + e.host_engine_peak_bytes +
                          grad_buffer_peak_ + e.host_sim_device_bytes;
     const ZeroPlan& p = zero_->plan();
@@ -372,7 +375,7 @@ class ZeroTrainEngine final : public TrainEngine {
 
  private:
   gpt::GptConfig cfg_;
-  Config plan_config_;
+  Config engine_config_;  // the plan's, with the device budget the model's backend left
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<ZeroEngine> zero_;
   std::vector<ZeroEngine::Gathered> gathered_;
@@ -392,8 +395,8 @@ class ZeroTrainEngine final : public TrainEngine {
 
 }  // namespace
 
-std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan& plan) {
-  return std::make_unique<ZeroTrainEngine>(plan);
+std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan& plan, std::uint64_t device_budget_bytes) {
+  return std::make_unique<ZeroTrainEngine>(plan, device_budget_bytes);
 }
 
 }  // namespace tiermem::train
@@ -401,7 +404,7 @@ std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan& plan) {
 #else
 
 namespace tiermem::train {
-std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan&) {
+std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan&, std::uint64_t) {
   throw NotSupportedError(
       "--engine zero (and mpirun) needs tiermem's zero and comm libraries, which this build "
       "lacks");

@@ -229,11 +229,13 @@ ResolvedRun resolve_run(const TrainOptions& opts) {
   Config cfg = effective_config(opts, ranks.rank);
   TrainPlan plan = make_plan(opts, cfg, ranks.rank, ranks.world_size);
   check_run_paths(opts, cfg);
-  const std::string asked_device = plan.config.tiermem.device;
-  const DeviceDecision device = decide_device(
-      asked_device, opts.device.empty() ? "tiermem.device" : "--device",
-      asked_device == "sim" ? CudaProbe{} : probe_cuda());
-  plan.config.tiermem.device = device.device;
+  const std::string key = opts.device.empty() ? "tiermem.device" : "--device";
+  const DeviceChoice asked = parse_device_choice(plan.config.tiermem.device, key);
+  const DeviceDecision device =
+      decide_device(asked, key, asked == DeviceChoice::kSim ? CudaProbe{} : probe_cuda());
+  // The run's own plan records what it computes on: the engine's config then names the kind and
+  // nothing downstream looks for CUDA again (checkpoints keep the device the run had).
+  plan.config.tiermem.device = std::string(device_kind_name(device.kind));
 
   if (plan.rank == 0) {
     const std::string note = vocab_change_note(opts);
@@ -260,17 +262,19 @@ struct RunData {
 // returned. SIGINT/SIGTERM from here on stop the run cleanly (swap files and locks removed): one
 // that arrives while the engine writes the initial state (minutes for a model of tens of GB)
 // takes effect when that is done, before the first step; a second one ends the process at once.
-std::unique_ptr<gpt::ModelBackend> build_engine(const TrainOptions& opts, TrainPlan& plan,
+std::unique_ptr<gpt::ModelBackend> build_engine(const TrainOptions& opts, const TrainPlan& plan,
                                                 const DeviceDecision& device,
                                                 std::unique_ptr<TrainEngine>& engine) {
   g_stop_signal.store(0);
   install_stop_handlers();
   kill_point("init");  // TEST-ONLY (kill_point.h)
-  // The model's backend first: on CUDA its activations come out of the device budget.
-  std::unique_ptr<gpt::ModelBackend> backend = make_model_backend(
-      &plan, opts.device_budget_bytes ? "--device-budget" : "tiermem.device_budget_bytes");
+  // The model's backend first: on CUDA its activations come out of the device budget, and the
+  // engine is given what is left.
+  ModelOnDevice on_device = make_model_backend(
+      plan, device, opts.device_budget_bytes ? "--device-budget" : "tiermem.device_budget_bytes");
+  std::unique_ptr<gpt::ModelBackend> backend = std::move(on_device.backend);
   gpt::ModelBackend& model = *backend;
-  engine = make_engine(plan, opts);
+  engine = make_engine(plan, opts, on_device.engine_device_budget_bytes);
   const bool lead = plan.rank == 0;
   if (lead && !device.note.empty()) TM_LOG_INFO("TRAIN", "{}", device.note);
   if (const std::string blas = gpt::cpu::openblas_core_note(); lead && !blas.empty()) TM_LOG_INFO("TRAIN", "{}", blas);
