@@ -108,31 +108,40 @@ def run_worker(a):
     data = torch.randint(0, 50257, (a.batch, a.seq))
     nvme_dir = tempfile.mkdtemp(prefix=f"compare_torch_{a.worker}_", dir=a.dir)
     info = {}
+    marks = {}
     try:
+        import transformers
+        # The model's classes imported before any zero.Init, as a script's imports at its top do
+        # (DeepSpeed 0.19.8's Init fails on importing transformers' GPT-2 file inside it, on torch 2.15).
+        transformers.GPT2LMHeadModel, transformers.GPT2Config
         t_init = time.perf_counter()
-        if a.worker == "tiermem_init":
-            # As a user short of memory runs it: the model built under zero.Init (its parameters go
-            # to the NVMe staging module by module) and smaller host/device budgets.
+        marks["imported"] = rss_marks()
+        if a.worker == "deepspeed":
+            import deepspeed
+            init_deepspeed_dist()
+            if a.build == "init":
+                # As DeepSpeed's HF users build it: HfDeepSpeedConfig (kept alive) makes from_config
+                # build under deepspeed.zero.Init (each parameter partitioned to nvme, the config's
+                # offload_param, as its module is built) and initialise the weights gathered.
+                from transformers.integrations import HfDeepSpeedConfig
+                info_keep = HfDeepSpeedConfig(ds_config(a, nvme_dir))  # noqa: F841
+                torch.manual_seed(0)
+                model = transformers.GPT2LMHeadModel._from_config(transformers.GPT2Config(**SHAPES[a.model]))
+            else:
+                model = build_model(a)
+        elif a.worker in ("tiermem", "tiermem_init") and a.build == "init":
+            # The model built under zero.Init: its parameters go to the NVMe staging module by
+            # module, never all in host memory.
             import tiermem.torch as tt
             cfg = ds_config(a, nvme_dir)
-            cfg["tiermem"] = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
+            if a.worker == "tiermem_init":
+                cfg["tiermem"] = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
             with tt.zero.Init(config=cfg):
                 model = build_model(a)
         else:
             model = build_model(a)
+        marks["built"] = rss_marks()
         if a.worker == "deepspeed":
-            import logging
-            import socket
-
-            import deepspeed
-            from deepspeed.utils import logger as ds_logger
-            ds_logger.setLevel(logging.WARNING)
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(port))
-            deepspeed.init_distributed(dist_backend="gloo", verbose=False)
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                               config=ds_config(a, nvme_dir))
             info["deepspeed"] = deepspeed.__version__
@@ -144,8 +153,9 @@ def run_worker(a):
                 return loss
         elif a.worker in ("tiermem", "tiermem_none", "tiermem_init"):
             import tiermem.torch as tt
-            if a.worker != "tiermem_init":
-                cfg = ds_config(a, nvme_dir, offload=a.worker == "tiermem")
+            cfg = ds_config(a, nvme_dir, offload=a.worker != "tiermem_none")
+            if a.worker == "tiermem_init":
+                cfg["tiermem"] = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
             if a.worker == "tiermem_none" and a.none_host_budget:
                 # tiermem's default host budget (1/16 of RAM, at most 1 GiB) refuses a resident 124 M
                 # model (1.9 GiB of host homes) at offload none: the budget is raised, nothing else.
@@ -171,6 +181,7 @@ def run_worker(a):
         else:
             raise SystemExit(f"unknown contender {a.worker}")
         info["init_s"] = time.perf_counter() - t_init
+        marks["initialized"] = rss_marks()
 
         times, losses = [], []
         prof = None
@@ -183,13 +194,15 @@ def run_worker(a):
             loss = step()
             times.append(time.perf_counter() - t0)
             losses.append(float(loss.item()))
+            if i == 0:
+                marks["step1"] = rss_marks()
         if prof is not None:
             prof.disable()
             report_profile(prof, step, a)
         measured = times[2:] if len(times) > 2 else times
         out = {"step_s": statistics.median(measured), "step_times": times, "losses": losses,
                "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               "threads": torch.get_num_threads(), **info}
+               "threads": torch.get_num_threads(), "rss_marks": marks, **info}
         if a.worker.startswith("tiermem"):
             st = engine.stats()
             out["stats"] = {k: v for k, v in st.items() if isinstance(v, (int, float, str))}
@@ -197,6 +210,30 @@ def run_worker(a):
         print(json.dumps(out))
     finally:
         shutil.rmtree(nvme_dir, ignore_errors=True)
+
+
+def init_deepspeed_dist():
+    import logging
+    import socket
+
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+    ds_logger.setLevel(logging.WARNING)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+
+
+def rss_marks():
+    """(VmRSS, VmHWM) of this process now, in bytes: where the max RSS was reached."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith(("VmRSS:", "VmHWM:")):
+                out[ln.split(":")[0]] = int(ln.split()[1]) * 1024
+    return [out.get("VmRSS", 0), out.get("VmHWM", 0)]
 
 
 def report_profile(prof, step, a):
@@ -243,7 +280,7 @@ def spawn(a, who, profile=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--model", a.model, "--seq", str(a.seq),
            "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir, "--ds-buffer-size",
            str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget,
-           "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget]
+           "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget, "--build", a.build]
     if profile:
         cmd.append("--profile")
     t0 = time.perf_counter()
@@ -277,6 +314,9 @@ def main():
                    help="tiermem.host_budget_bytes for tiermem_none ('' for tiermem's default, which refuses 124 M)")
     p.add_argument("--init-host-budget", default="384MiB", help="tiermem.host_budget_bytes of tiermem_init")
     p.add_argument("--init-device-budget", default="512MiB", help="tiermem.device_budget_bytes of tiermem_init")
+    p.add_argument("--build", choices=("init", "plain"), default="init",
+                   help="init (default): DeepSpeed's and tiermem's contenders build the model under their zero.Init, "
+                        "as a user short of memory does (HF: HfDeepSpeedConfig); plain: outside it")
     p.add_argument("--profile", nargs="?", const="tiermem", default=None,
                    help="run CONTENDER (default tiermem) once under cProfile and torch.profiler")
     p.add_argument("--worker", help=argparse.SUPPRESS)

@@ -411,6 +411,15 @@ class ParamHooks:
         if g is None:
             return
         self._queue_end_of_backward()
+        if unit.grad is None and unit.n_trainable == 1 and g.numel() == unit.numel and \
+                g.dtype == torch.float32 and g.is_contiguous():
+            # A unit of one parameter (GPT-2's tied wte: 154 MB) reduces autograd's own gradient,
+            # which nothing else holds now: no second buffer, no copy.
+            unit.grad = g.detach().view(-1)
+            unit.got = {0}
+            unit.received = 1
+            self._reduce(unit)
+            return
         if unit.grad is None:
             # Not zeroed: each parameter's slice is written by its first gradient, and the slices
             # of parameters that got none are zeroed when the unit is reduced without them.

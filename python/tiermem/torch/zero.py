@@ -221,6 +221,8 @@ class Init:
         if not self.enabled:
             return self
         self.stage = _Stage(self._staging_dir())
+        from .engine import _fix_malloc_threshold
+        _fix_malloc_threshold()  # the build's freed blocks go back to the system too
         for cls in _all_module_classes():
             self._patch(cls)
         # Module classes defined inside the block are wrapped too: transformers imports a model's
