@@ -312,8 +312,8 @@ def main():
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--none-host-budget", default="6GiB",
                    help="tiermem.host_budget_bytes for tiermem_none ('' for tiermem's default, which refuses 124 M)")
-    p.add_argument("--init-host-budget", default="384MiB", help="tiermem.host_budget_bytes of tiermem_init")
-    p.add_argument("--init-device-budget", default="512MiB", help="tiermem.device_budget_bytes of tiermem_init")
+    p.add_argument("--init-host-budget", default="256MiB", help="tiermem.host_budget_bytes of tiermem_init")
+    p.add_argument("--init-device-budget", default="256MiB", help="tiermem.device_budget_bytes of tiermem_init")
     p.add_argument("--build", choices=("init", "plain"), default="init",
                    help="init (default): DeepSpeed's and tiermem's contenders build the model under their zero.Init, "
                         "as a user short of memory does (HF: HfDeepSpeedConfig); plain: outside it")

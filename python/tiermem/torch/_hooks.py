@@ -29,7 +29,8 @@ forward: the reentrant variant's saves are packed the same way, the non-reentran
 own references to what it saves (which hold the gathered memory until its backward is done).
 
 Gradients. A hook after each trainable parameter's gradient is accumulated copies it into its
-unit's fp32 gradient buffer and drops ``param.grad``; when every trainable parameter of the unit
+unit's fp32 gradient buffer and drops ``param.grad`` (a unit of one fp32 parameter takes
+autograd's gradient itself as its buffer: no copy); when every trainable parameter of the unit
 has arrived, the buffer goes to ``ZeroEngine.reduce_gradients`` (the engine's reduce path: the
 reduce-scatter and the accumulation into its gradient partitions), while backward goes on with
 the modules before it. A unit whose parameters did not all get a gradient is reduced when the
