@@ -13,20 +13,29 @@ under a fixed seed (no download); one fixed random token batch of --batch x --se
 
 Contenders, each in its own fresh process (so one cannot warm the next, and ru_maxrss is its own):
   deepspeed     deepspeed.initialize (0.19.x, DS_ACCELERATOR=cpu, gloo, one rank), ZeRO stage 3,
-                offload_param and offload_optimizer on nvme in a fresh directory under --dir
-  tiermem       tiermem.torch.initialize with the same ds_config (tiermem's default budgets)
+                offload_param and offload_optimizer on nvme in a fresh directory under --dir; the
+                model built as DeepSpeed's HF users build it (--build init, the default):
+                HfDeepSpeedConfig, then from_config, which builds under deepspeed.zero.Init and
+                initialises the weights gathered
+  tiermem       tiermem.torch.initialize with the same ds_config (tiermem's default budgets); the
+                model built under tiermem.torch.zero.Init (--build init)
   torch         the plain resident loop: model(...).loss.backward(), clip_grad_norm_,
                 torch.optim.AdamW (torch's default implementation for CPU tensors)
   tiermem_none  tiermem.torch at stage 3 with offload none: the hooks' cost against the plain
                 loop. Default budgets except tiermem.host_budget_bytes (--none-host-budget,
                 default 6 GiB): the default (1/16 of RAM, at most 1 GiB) refuses GPT-2 124 M there
-  tiermem_init  tiermem as a user short of memory runs it: the model built under
-                tiermem.torch.zero.Init, host and device budgets --init-host-budget (384 MiB) and
-                --init-device-budget (512 MiB), otherwise the same ds_config
+  tiermem_init  tiermem as a user short of memory runs it: built under zero.Init, host and device
+                budgets --init-host-budget and --init-device-budget (256 MiB each), otherwise the
+                same ds_config
+--build plain builds every model outside any Init. The model's classes are imported before any
+Init (DeepSpeed 0.19.8's Init fails when transformers imports GPT-2's file inside it, on torch
+2.15).
 Every contender runs with OMP_NUM_THREADS=--threads (default 2) and OMP_WAIT_POLICY=PASSIVE.
 
 Per run: step time = the median wall time of steps 3..--steps (default 10) of forward + backward +
-optimizer step; max RSS = getrusage(RUSAGE_SELF).ru_maxrss at the end. Rounds (--rounds, default
+optimizer step; max RSS = getrusage(RUSAGE_SELF).ru_maxrss at the end; rss_marks (--json, the
+first round's) = [VmRSS, VmHWM] after the imports, the build, initialize and step 1: where the
+peak is reached. Rounds (--rounds, default
 2) are interleaved and rotated (round r starts with the r-th contender); the table shows the median
 over rounds. The 1-minute load average is recorded before every run; the CPU model and whether it
 has AVX-512 are printed. Ratios: speed = step time of the other / step time of tiermem (> 1:
@@ -364,6 +373,7 @@ def main():
                       "first_loss": ok[0]["losses"][0], "last_loss": ok[0]["losses"][-1]}
         if "stats" in ok[0]:
             results[c]["stats"] = ok[0]["stats"]
+        results[c]["rss_marks"] = ok[0].get("rss_marks")
 
     def ratio(num, den, key, invert=False):
         x, y = results.get(num, {}), results.get(den, {})

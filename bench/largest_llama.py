@@ -85,6 +85,10 @@ def ds_config(a, nvme_dir):
 
 # ---------------------------------------------------------------- the worker (inside the cgroup)
 
+def max_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def run_worker(a):
     import torch
     import transformers
@@ -101,6 +105,7 @@ def run_worker(a):
             with tt.zero.Init(config=cfg):
                 model = transformers.LlamaForCausalLM(llama_config(a))
             out["build_s"] = time.perf_counter() - t0
+            print(json.dumps({"progress": "built", **out, "max_rss_bytes": max_rss()}), flush=True)
             engine, *_ = tt.initialize(model=model, config=cfg)
         else:
             import socket
@@ -118,10 +123,11 @@ def run_worker(a):
             torch.manual_seed(0)
             model = transformers.LlamaForCausalLM._from_config(llama_config(a))
             out["build_s"] = time.perf_counter() - t0
+            print(json.dumps({"progress": "built", **out, "max_rss_bytes": max_rss()}), flush=True)
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         out["params"] = sum(p.numel() if p.numel() > 1 else getattr(p, "ds_numel", 1) for p in model.parameters())
         out["init_s"] = time.perf_counter() - t0
-        print(json.dumps({"progress": "initialized", **out}), flush=True)
+        print(json.dumps({"progress": "initialized", **out, "max_rss_bytes": max_rss()}), flush=True)
         torch.manual_seed(1)
         data = torch.randint(0, a.vocab, (a.batch, a.seq))
         times, losses = [], []
@@ -133,8 +139,7 @@ def run_worker(a):
             times.append(time.perf_counter() - t)
             losses.append(float(loss.item()))
             print(json.dumps({"progress": "step", "step_s": times[-1], "loss": losses[-1]}), flush=True)
-        out.update(step_times=times, losses=losses,
-                   max_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        out.update(step_times=times, losses=losses, max_rss_bytes=max_rss())
         if a.contender == "tiermem":
             st = engine.stats()
             out["stats"] = {k: st[k] for k in ("param_home", "optimizer_home", "gradient_home", "host_pool_peak_bytes",
