@@ -132,8 +132,8 @@ def _fix_malloc_threshold() -> None:
 
     glibc raises the threshold to the size of each mmapped block that is freed (up to 32 MiB), so
     after the first step torch's activations and gradients (0.1-30 MB each) come from the heap,
-    whose freed pages mostly stay in the process: GPT-2 124 M's max RSS grew by 0.5 GiB over its
-    first steps that way, outside every budget. With the threshold fixed, each such block is its
+    whose freed pages mostly stay in the process: GPT-2 124 M's max RSS was 0.2-0.4 GiB higher
+    after a few steps that way, outside every budget. With the threshold fixed, each such block is its
     own mapping, returned to the system when torch frees it. Not glibc (musl, macOS): nothing."""
     global _malloc_fixed
     if _malloc_fixed or not sys.platform.startswith("linux"):
