@@ -13,20 +13,29 @@ under a fixed seed (no download); one fixed random token batch of --batch x --se
 
 Contenders, each in its own fresh process (so one cannot warm the next, and ru_maxrss is its own):
   deepspeed     deepspeed.initialize (0.19.x, DS_ACCELERATOR=cpu, gloo, one rank), ZeRO stage 3,
-                offload_param and offload_optimizer on nvme in a fresh directory under --dir
-  tiermem       tiermem.torch.initialize with the same ds_config (tiermem's default budgets)
+                offload_param and offload_optimizer on nvme in a fresh directory under --dir; the
+                model built as DeepSpeed's HF users build it (--build init, the default):
+                HfDeepSpeedConfig, then from_config, which builds under deepspeed.zero.Init and
+                initialises the weights gathered
+  tiermem       tiermem.torch.initialize with the same ds_config (tiermem's default budgets); the
+                model built under tiermem.torch.zero.Init (--build init)
   torch         the plain resident loop: model(...).loss.backward(), clip_grad_norm_,
                 torch.optim.AdamW (torch's default implementation for CPU tensors)
   tiermem_none  tiermem.torch at stage 3 with offload none: the hooks' cost against the plain
                 loop. Default budgets except tiermem.host_budget_bytes (--none-host-budget,
                 default 6 GiB): the default (1/16 of RAM, at most 1 GiB) refuses GPT-2 124 M there
-  tiermem_init  tiermem as a user short of memory runs it: the model built under
-                tiermem.torch.zero.Init, host and device budgets --init-host-budget (384 MiB) and
-                --init-device-budget (512 MiB), otherwise the same ds_config
+  tiermem_init  tiermem as a user short of memory runs it: built under zero.Init, host and device
+                budgets --init-host-budget and --init-device-budget (256 MiB each), otherwise the
+                same ds_config
+--build plain builds every model outside any Init. The model's classes are imported before any
+Init (DeepSpeed 0.19.8's Init fails when transformers imports GPT-2's file inside it, on torch
+2.15).
 Every contender runs with OMP_NUM_THREADS=--threads (default 2) and OMP_WAIT_POLICY=PASSIVE.
 
 Per run: step time = the median wall time of steps 3..--steps (default 10) of forward + backward +
-optimizer step; max RSS = getrusage(RUSAGE_SELF).ru_maxrss at the end. Rounds (--rounds, default
+optimizer step; max RSS = getrusage(RUSAGE_SELF).ru_maxrss at the end; rss_marks (--json, the
+first round's) = [VmRSS, VmHWM] after the imports, the build, initialize and step 1: where the
+peak is reached. Rounds (--rounds, default
 2) are interleaved and rotated (round r starts with the r-th contender); the table shows the median
 over rounds. The 1-minute load average is recorded before every run; the CPU model and whether it
 has AVX-512 are printed. Ratios: speed = step time of the other / step time of tiermem (> 1:
@@ -108,31 +117,40 @@ def run_worker(a):
     data = torch.randint(0, 50257, (a.batch, a.seq))
     nvme_dir = tempfile.mkdtemp(prefix=f"compare_torch_{a.worker}_", dir=a.dir)
     info = {}
+    marks = {}
     try:
+        import transformers
+        # The model's classes imported before any zero.Init, as a script's imports at its top do
+        # (DeepSpeed 0.19.8's Init fails on importing transformers' GPT-2 file inside it, on torch 2.15).
+        transformers.GPT2LMHeadModel, transformers.GPT2Config
         t_init = time.perf_counter()
-        if a.worker == "tiermem_init":
-            # As a user short of memory runs it: the model built under zero.Init (its parameters go
-            # to the NVMe staging module by module) and smaller host/device budgets.
+        marks["imported"] = rss_marks()
+        if a.worker == "deepspeed":
+            import deepspeed
+            init_deepspeed_dist()
+            if a.build == "init":
+                # As DeepSpeed's HF users build it: HfDeepSpeedConfig (kept alive) makes from_config
+                # build under deepspeed.zero.Init (each parameter partitioned to nvme, the config's
+                # offload_param, as its module is built) and initialise the weights gathered.
+                from transformers.integrations import HfDeepSpeedConfig
+                info_keep = HfDeepSpeedConfig(ds_config(a, nvme_dir))  # noqa: F841
+                torch.manual_seed(0)
+                model = transformers.GPT2LMHeadModel._from_config(transformers.GPT2Config(**SHAPES[a.model]))
+            else:
+                model = build_model(a)
+        elif a.worker in ("tiermem", "tiermem_init") and a.build == "init":
+            # The model built under zero.Init: its parameters go to the NVMe staging module by
+            # module, never all in host memory.
             import tiermem.torch as tt
             cfg = ds_config(a, nvme_dir)
-            cfg["tiermem"] = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
+            if a.worker == "tiermem_init":
+                cfg["tiermem"] = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
             with tt.zero.Init(config=cfg):
                 model = build_model(a)
         else:
             model = build_model(a)
+        marks["built"] = rss_marks()
         if a.worker == "deepspeed":
-            import logging
-            import socket
-
-            import deepspeed
-            from deepspeed.utils import logger as ds_logger
-            ds_logger.setLevel(logging.WARNING)
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(port))
-            deepspeed.init_distributed(dist_backend="gloo", verbose=False)
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                               config=ds_config(a, nvme_dir))
             info["deepspeed"] = deepspeed.__version__
@@ -144,8 +162,9 @@ def run_worker(a):
                 return loss
         elif a.worker in ("tiermem", "tiermem_none", "tiermem_init"):
             import tiermem.torch as tt
-            if a.worker != "tiermem_init":
-                cfg = ds_config(a, nvme_dir, offload=a.worker == "tiermem")
+            cfg = ds_config(a, nvme_dir, offload=a.worker != "tiermem_none")
+            if a.worker == "tiermem_init":
+                cfg["tiermem"] = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
             if a.worker == "tiermem_none" and a.none_host_budget:
                 # tiermem's default host budget (1/16 of RAM, at most 1 GiB) refuses a resident 124 M
                 # model (1.9 GiB of host homes) at offload none: the budget is raised, nothing else.
@@ -171,6 +190,7 @@ def run_worker(a):
         else:
             raise SystemExit(f"unknown contender {a.worker}")
         info["init_s"] = time.perf_counter() - t_init
+        marks["initialized"] = rss_marks()
 
         times, losses = [], []
         prof = None
@@ -183,13 +203,15 @@ def run_worker(a):
             loss = step()
             times.append(time.perf_counter() - t0)
             losses.append(float(loss.item()))
+            if i == 0:
+                marks["step1"] = rss_marks()
         if prof is not None:
             prof.disable()
             report_profile(prof, step, a)
         measured = times[2:] if len(times) > 2 else times
         out = {"step_s": statistics.median(measured), "step_times": times, "losses": losses,
                "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               "threads": torch.get_num_threads(), **info}
+               "threads": torch.get_num_threads(), "rss_marks": marks, **info}
         if a.worker.startswith("tiermem"):
             st = engine.stats()
             out["stats"] = {k: v for k, v in st.items() if isinstance(v, (int, float, str))}
@@ -197,6 +219,30 @@ def run_worker(a):
         print(json.dumps(out))
     finally:
         shutil.rmtree(nvme_dir, ignore_errors=True)
+
+
+def init_deepspeed_dist():
+    import logging
+    import socket
+
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+    ds_logger.setLevel(logging.WARNING)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+
+
+def rss_marks():
+    """(VmRSS, VmHWM) of this process now, in bytes: where the max RSS was reached."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith(("VmRSS:", "VmHWM:")):
+                out[ln.split(":")[0]] = int(ln.split()[1]) * 1024
+    return [out.get("VmRSS", 0), out.get("VmHWM", 0)]
 
 
 def report_profile(prof, step, a):
@@ -243,7 +289,7 @@ def spawn(a, who, profile=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--model", a.model, "--seq", str(a.seq),
            "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir, "--ds-buffer-size",
            str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget,
-           "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget]
+           "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget, "--build", a.build]
     if profile:
         cmd.append("--profile")
     t0 = time.perf_counter()
@@ -275,8 +321,11 @@ def main():
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--none-host-budget", default="6GiB",
                    help="tiermem.host_budget_bytes for tiermem_none ('' for tiermem's default, which refuses 124 M)")
-    p.add_argument("--init-host-budget", default="384MiB", help="tiermem.host_budget_bytes of tiermem_init")
-    p.add_argument("--init-device-budget", default="512MiB", help="tiermem.device_budget_bytes of tiermem_init")
+    p.add_argument("--init-host-budget", default="256MiB", help="tiermem.host_budget_bytes of tiermem_init")
+    p.add_argument("--init-device-budget", default="256MiB", help="tiermem.device_budget_bytes of tiermem_init")
+    p.add_argument("--build", choices=("init", "plain"), default="init",
+                   help="init (default): DeepSpeed's and tiermem's contenders build the model under their zero.Init, "
+                        "as a user short of memory does (HF: HfDeepSpeedConfig); plain: outside it")
     p.add_argument("--profile", nargs="?", const="tiermem", default=None,
                    help="run CONTENDER (default tiermem) once under cProfile and torch.profiler")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -324,6 +373,7 @@ def main():
                       "first_loss": ok[0]["losses"][0], "last_loss": ok[0]["losses"][-1]}
         if "stats" in ok[0]:
             results[c]["stats"] = ok[0]["stats"]
+        results[c]["rss_marks"] = ok[0].get("rss_marks")
 
     def ratio(num, den, key, invert=False):
         x, y = results.get(num, {}), results.get(den, {})

@@ -56,3 +56,22 @@ def test_host_memory_does_not_grow_with_the_model(torch_or_skip, tmp_path):
     assert runs[-1]["optimizer_state_bytes"] >= 8 * runs[0]["optimizer_state_bytes"]
     rss = [r["max_rss_bytes"] for r in runs]
     assert max(rss) - min(rss) < 128 * mib, rss
+
+
+def test_module_classes_defined_inside_init_are_staged(torch_or_skip, tmp_path):
+    """transformers imports a model's file on the first use of its name, often inside the Init
+    block (GPT-2's Conv1D was missed so, and its 85 M parameters stayed in host memory): a Module
+    class defined inside the block is staged like one defined before it, and not after the block."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    cfg = ds_config(tmp_path, "nvme")
+    with tt.zero.Init(config=cfg):
+        class Late(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.ones(64, 32))
+
+        late = Late()
+    assert late.w.shape == (64, 32) and late.w.stride() == (0, 0)  # a placeholder: staged
+    assert "__init_subclass__" not in torch.nn.Module.__dict__  # the hook is gone after the block
+    assert Late().w.stride() == (32, 1)  # built outside: its own memory

@@ -29,7 +29,8 @@ forward: the reentrant variant's saves are packed the same way, the non-reentran
 own references to what it saves (which hold the gathered memory until its backward is done).
 
 Gradients. A hook after each trainable parameter's gradient is accumulated copies it into its
-unit's fp32 gradient buffer and drops ``param.grad``; when every trainable parameter of the unit
+unit's fp32 gradient buffer and drops ``param.grad`` (a unit of one fp32 parameter takes
+autograd's gradient itself as its buffer: no copy); when every trainable parameter of the unit
 has arrived, the buffer goes to ``ZeroEngine.reduce_gradients`` (the engine's reduce path: the
 reduce-scatter and the accumulation into its gradient partitions), while backward goes on with
 the modules before it. A unit whose parameters did not all get a gradient is reduced when the
@@ -432,6 +433,15 @@ class ParamHooks:
         if g is None:
             return
         self._queue_end_of_backward()
+        if unit.grad is None and unit.n_trainable == 1 and g.numel() == unit.numel and \
+                g.dtype == torch.float32 and g.is_contiguous():
+            # A unit of one parameter (GPT-2's tied wte: 154 MB) reduces autograd's own gradient,
+            # which nothing else holds now: no second buffer, no copy.
+            unit.grad = g.detach().view(-1)
+            unit.got = {0}
+            unit.received = 1
+            self._reduce(unit)
+            return
         if unit.grad is None:
             # Not zeroed: each parameter's slice is written by its first gradient, and the slices
             # of parameters that got none are zeroed when the unit is reduced without them.

@@ -200,6 +200,7 @@ class Init:
         self.stage: Optional[_Stage] = None
         self._patched: list = []
         self._depth: dict[int, int] = {}
+        self._saved_init_subclass = None
 
     def _staging_dir(self) -> Optional[str]:
         if self.config is None:
@@ -220,16 +221,34 @@ class Init:
         if not self.enabled:
             return self
         self.stage = _Stage(self._staging_dir())
+        from .engine import _fix_malloc_threshold
+        _fix_malloc_threshold()  # the build's freed blocks go back to the system too
         for cls in _all_module_classes():
-            init = cls.__dict__.get("__init__")
-            if init is None:
-                continue
-            wrapped = self._wrap(init)
-            cls.__init__ = wrapped
-            self._patched.append((cls, init))
+            self._patch(cls)
+        # Module classes defined inside the block are wrapped too: transformers imports a model's
+        # file (GPT-2's Conv1D, ...) on the first use of its name, which is often inside it.
+        ctx = self
+        self._saved_init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+
+        def __init_subclass__(cls, **kwargs):
+            super(torch.nn.Module, cls).__init_subclass__(**kwargs)
+            ctx._patch(cls)
+
+        torch.nn.Module.__init_subclass__ = classmethod(__init_subclass__)
         return self
 
+    def _patch(self, cls) -> None:
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            cls.__init__ = self._wrap(init)
+            self._patched.append((cls, init))
+
     def __exit__(self, exc_type, exc, tb):
+        if self.enabled:
+            if self._saved_init_subclass is None:
+                del torch.nn.Module.__init_subclass__
+            else:
+                torch.nn.Module.__init_subclass__ = self._saved_init_subclass
         for cls, init in reversed(self._patched):
             cls.__init__ = init
         self._patched = []

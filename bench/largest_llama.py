@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""The largest Llama that trains inside a memory cgroup: tiermem.torch against DeepSpeed ZeRO-3.
+
+    sudo ~/.cache/tiermem/venv/bin/python bench/largest_llama.py --dir /mnt/nvme          # tiermem, 6 GiB
+    sudo ~/.cache/tiermem/venv/bin/python bench/largest_llama.py --contender deepspeed --dir /mnt/nvme
+    sudo ~/.cache/tiermem/venv/bin/python bench/largest_llama.py --layers 4 --hidden 1024 --limit 4GiB
+
+Model: transformers.LlamaForCausalLM from a LlamaConfig (default: TinyLlama-1.1B's shape, hidden
+2048, intermediate 5632, 22 layers, 32 heads, 4 KV heads, vocab 32000: 1.10 B parameters), built
+under the contender's zero.Init (tiermem.torch.zero.Init; DeepSpeed through HfDeepSpeedConfig and
+from_config, as HF users build it) under a fixed seed, no download; one random token batch of
+--batch x --seq (1 x 128); fp32; AdamW lr 1e-4, clipping 1.0; stage 3 with offload_param and
+offload_optimizer on nvme in a fresh directory under --dir; --steps steps (default 2).
+
+The worker runs in a fresh cgroup v1 memory group (/sys/fs/cgroup/memory/<name>, needs root) with
+memory.limit_in_bytes = --limit (default 6 GiB); swap is not given to it (memsw limit the same when
+the kernel has it). Afterwards: the worker's exit (a kill by the OOM killer shows as signal 9 and an
+oom_kill count), its max RSS (getrusage, if it finished), the group's max usage (which counts page
+cache too), the step times and losses. Without a writable cgroup v1 memory controller it says so and
+stops.
+
+tiermem budgets: --host-budget and --device-budget (default 1 GiB each: the engine's defaults on a
+CPU-only build), written into the config's tiermem section. DeepSpeed: offload_param buffer_count 5
+with buffer_size the largest tensor rounded up (embed_tokens / lm_head), max_in_cpu 1e9,
+sub_group_size 1e8, pin_memory false, aio block 1 MiB / queue depth 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CGROUP_ROOT = "/sys/fs/cgroup/memory"
+
+
+def parse_bytes(text: str) -> int:
+    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper()
+    for u in sorted(units, key=len, reverse=True):
+        if t.endswith(u):
+            return int(float(t[:-len(u)]) * units[u])
+    return int(float(t))
+
+
+def llama_config(a):
+    import transformers
+    return transformers.LlamaConfig(hidden_size=a.hidden, intermediate_size=a.intermediate,
+                                    num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                                    num_key_value_heads=a.kv_heads, vocab_size=a.vocab,
+                                    max_position_embeddings=max(2048, a.seq), tie_word_embeddings=False)
+
+
+def ds_config(a, nvme_dir):
+    largest = a.vocab * a.hidden
+    return {
+        "train_micro_batch_size_per_gpu": a.batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                   "weight_decay": 0.01}},
+        "zero_optimization": {
+            "stage": 3, "sub_group_size": int(1e8), "reduce_bucket_size": a.hidden * a.hidden,
+            "stage3_prefetch_bucket_size": int(0.9 * a.hidden * a.hidden),
+            "stage3_param_persistence_threshold": 10 * a.hidden,
+            "offload_param": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False, "buffer_count": 5,
+                              "buffer_size": (largest + (1 << 20) - 1) // (1 << 20) * (1 << 20),
+                              "max_in_cpu": int(1e9)},
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False, "buffer_count": 4},
+        },
+        "aio": {"block_size": 1 << 20, "queue_depth": 8, "single_submit": False, "overlap_events": True,
+                "intra_op_parallelism": 1},
+        "tiermem": {"host_budget_bytes": a.host_budget, "device_budget_bytes": a.device_budget},
+        "steps_per_print": 1 << 30,
+    }
+
+
+# ---------------------------------------------------------------- the worker (inside the cgroup)
+
+def max_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_worker(a):
+    import torch
+    import transformers
+    transformers.logging.set_verbosity_error()
+    from transformers import LlamaForCausalLM  # noqa: F401  (imported before any zero.Init)
+    nvme_dir = tempfile.mkdtemp(prefix=f"largest_llama_{a.contender}_", dir=a.dir)
+    out = {"contender": a.contender}
+    try:
+        cfg = ds_config(a, nvme_dir)
+        t0 = time.perf_counter()
+        if a.contender == "tiermem":
+            import tiermem.torch as tt
+            torch.manual_seed(0)
+            with tt.zero.Init(config=cfg):
+                model = transformers.LlamaForCausalLM(llama_config(a))
+            out["build_s"] = time.perf_counter() - t0
+            print(json.dumps({"progress": "built", **out, "max_rss_bytes": max_rss()}), flush=True)
+            engine, *_ = tt.initialize(model=model, config=cfg)
+        else:
+            import socket
+
+            import deepspeed
+            from transformers.integrations import HfDeepSpeedConfig
+            del cfg["tiermem"]
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(port))
+            deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+            keep = HfDeepSpeedConfig(cfg)  # noqa: F841  (from_config builds under zero.Init while it lives)
+            torch.manual_seed(0)
+            model = transformers.LlamaForCausalLM._from_config(llama_config(a))
+            out["build_s"] = time.perf_counter() - t0
+            print(json.dumps({"progress": "built", **out, "max_rss_bytes": max_rss()}), flush=True)
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        out["params"] = sum(p.numel() if p.numel() > 1 else getattr(p, "ds_numel", 1) for p in model.parameters())
+        out["init_s"] = time.perf_counter() - t0
+        print(json.dumps({"progress": "initialized", **out, "max_rss_bytes": max_rss()}), flush=True)
+        torch.manual_seed(1)
+        data = torch.randint(0, a.vocab, (a.batch, a.seq))
+        times, losses = [], []
+        for _ in range(a.steps):
+            t = time.perf_counter()
+            loss = engine(input_ids=data, labels=data).loss
+            engine.backward(loss)
+            engine.step()
+            times.append(time.perf_counter() - t)
+            losses.append(float(loss.item()))
+            print(json.dumps({"progress": "step", "step_s": times[-1], "loss": losses[-1]}), flush=True)
+        out.update(step_times=times, losses=losses, max_rss_bytes=max_rss())
+        if a.contender == "tiermem":
+            st = engine.stats()
+            out["stats"] = {k: st[k] for k in ("param_home", "optimizer_home", "gradient_home", "host_pool_peak_bytes",
+                                                "device_peak_bytes", "nvme_read_bytes", "nvme_written_bytes")}
+            engine.close()
+        print(json.dumps(out), flush=True)
+    finally:
+        shutil.rmtree(nvme_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the driver (outside it)
+
+def read(group: str, name: str) -> str:
+    try:
+        with open(os.path.join(group, name)) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--contender", choices=("tiermem", "deepspeed"), default="tiermem")
+    p.add_argument("--dir", default="/tmp", help="where the run's nvme directory is made")
+    p.add_argument("--limit", default="6GiB", help="the cgroup's memory.limit_in_bytes")
+    p.add_argument("--layers", type=int, default=22)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--intermediate", type=int, default=5632)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--host-budget", default="1GiB")
+    p.add_argument("--device-budget", default="1GiB")
+    p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        return run_worker(a)
+
+    if not os.access(CGROUP_ROOT, os.W_OK):
+        raise SystemExit(f"largest_llama: {CGROUP_ROOT} is not writable (needs root and the cgroup v1 memory "
+                         "controller); run as root, or use systemd-run --scope -p MemoryMax=6G on the worker")
+    free = shutil.disk_usage(a.dir).free
+    group = os.path.join(CGROUP_ROOT, f"largest_llama_{os.getpid()}")
+    os.mkdir(group)
+    limit = parse_bytes(a.limit)
+    try:
+        with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(limit))
+        if os.path.exists(os.path.join(group, "memory.memsw.limit_in_bytes")):
+            with open(os.path.join(group, "memory.memsw.limit_in_bytes"), "w") as f:
+                f.write(str(limit))
+        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OMP_WAIT_POLICY="PASSIVE", DS_ACCELERATOR="cpu",
+                   TOKENIZERS_PARALLELISM="false")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker"] + sys.argv[1:]
+
+        def enter_group():
+            with open(os.path.join(group, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+
+        print(f"largest_llama: {a.contender}, LlamaConfig(hidden {a.hidden}, intermediate {a.intermediate}, "
+              f"layers {a.layers}, heads {a.heads}/{a.kv_heads}, vocab {a.vocab}), batch {a.batch} x seq {a.seq}, "
+              f"fp32, cgroup limit {limit / 2**30:.2f} GiB, nvme dir under {a.dir} ({free / 2**30:.0f} GiB free)",
+              flush=True)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=enter_group)
+        try:
+            stdout, stderr = proc.communicate(timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        wall = time.perf_counter() - t0
+        rc = proc.returncode
+        lines = [json.loads(ln) for ln in stdout.splitlines() if ln.startswith("{")]
+        final = next((x for x in reversed(lines) if "progress" not in x), None)
+        oom = read(group, "memory.oom_control")
+        summary = {"contender": a.contender, "exit": rc if rc >= 0 else f"signal {signal.Signals(-rc).name}",
+                   "wall_s": wall, "cgroup_limit_bytes": limit,
+                   "cgroup_max_usage_bytes": int(read(group, "memory.max_usage_in_bytes") or 0),
+                   "cgroup_failcnt": int(read(group, "memory.failcnt") or 0),
+                   "oom_kills": next((int(x.split()[1]) for x in oom.splitlines() if x.startswith("oom_kill ")), None),
+                   "progress": [x for x in lines if "progress" in x]}
+        if final is not None:
+            summary.update(final)
+            if final.get("step_times"):
+                summary["step_s_median"] = statistics.median(final["step_times"])
+        if rc != 0:
+            summary["stderr_tail"] = [ln for ln in stderr.strip().splitlines() if not ln.startswith("[transformers]")][-8:]
+        print(json.dumps(summary, indent=1))
+    finally:
+        for _ in range(50):  # the group can be removed once its last task has gone
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()
