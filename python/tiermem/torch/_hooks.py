@@ -434,7 +434,7 @@ class ParamHooks:
             return
         self._queue_end_of_backward()
         if unit.grad is None and unit.n_trainable == 1 and g.numel() == unit.numel and \
-                g.dtype == torch.float32 and g.is_contiguous():
+                g.dtype == torch.float32 and g.is_contiguous() and g.device.type == "cpu":
             # A unit of one parameter (GPT-2's tied wte: 154 MB) reduces autograd's own gradient,
             # which nothing else holds now: no second buffer, no copy.
             unit.grad = g.detach().view(-1)

@@ -139,11 +139,19 @@ def _fix_malloc_threshold() -> None:
     if _malloc_fixed or not sys.platform.startswith("linux"):
         return
     _malloc_fixed = True
+    value = os.environ.get("TIERMEM_MMAP_THRESHOLD", str(_MMAP_THRESHOLD_BYTES))
+    try:
+        threshold = int(value)
+    except ValueError:
+        raise ValueError(f"TIERMEM_MMAP_THRESHOLD={value!r}: expected bytes as an integer (0 leaves glibc's "
+                         f"malloc as it is; default {_MMAP_THRESHOLD_BYTES})") from None
+    if threshold <= 0:
+        return
     try:
         import ctypes
         libc = ctypes.CDLL(None)
         if hasattr(libc, "gnu_get_libc_version"):
-            libc.mallopt(-3, _MMAP_THRESHOLD_BYTES)  # M_MMAP_THRESHOLD
+            libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
 
