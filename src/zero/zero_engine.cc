@@ -200,7 +200,7 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::gather: unknown module " + std::to_string(module));
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
-  if (m.pending) {  // the overlapped optimizer step: this module's update, now that it is needed
+  if (I.deferred.pending(module)) {  // the overlapped optimizer step: this module's update, now that it is needed
     I.apply_pending(module, phase == Phase::kOutsideStep ? Phase::kOutsideStep : Phase::kOptimizer);
   } else if (!m.replay.empty() && phase != Phase::kOutsideStep) {
     I.replay_outside_accesses(module);
@@ -469,11 +469,10 @@ void ZeroEngine::Impl::zero_grad() {
     std::fill(m.full_grad.begin(), m.full_grad.end(), 0.0f);
     std::fill(m.shard_grad.begin(), m.shard_grad.end(), 0.0f);
     m.grad_calls = 0;
-    m.norm_next = 0;
-    m.norm_broken = false;
+    m.norm.clear();
   }
   for (auto& p : pieces) {
-    if (mods[static_cast<std::size_t>(p.module)].pending) continue;  // its update still reads it
+    if (deferred.pending(p.module)) continue;  // its update still reads it
     if (!p.grad_fresh && p.grad != kInvalidTensor) store->discard(p.grad);  // never written down
     p.grad_fresh = true;  // the next accumulation overwrites
     p.acc_elems = 0;

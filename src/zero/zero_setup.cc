@@ -244,15 +244,23 @@ void ZeroEngine::Impl::make_tiers() {
 
 // Layout bookkeeping of the next module (no I/O).
 void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
+  detail::PartitionOptions po;
+  po.stage = stage;
+  po.world = world;
+  po.opt_world = opt_world;
+  po.alignment_elems = opts.alignment_elems;
+  po.persistence_threshold_elems = cfg.zero.stage3_param_persistence_threshold_elems;
+  const std::size_t flat = mods.empty() ? 0 : mods.back().flat + mods.back().shard.shard;
+  const detail::ModuleLayout l = detail::layout_module(numel, flat, po);
   detail::ZeroModule m;
   m.name = name;
   m.numel = numel;
-  m.shard = make_module_shard(numel, opt_world, opts.alignment_elems);
-  m.flat = mods.empty() ? 0 : mods.back().flat + mods.back().shard.shard;
-  m.persistent = stage == 3 && numel < cfg.zero.stage3_param_persistence_threshold_elems;
-  // One rank: a persistent module is a shard like any other, homed on the device (zero_plan.h).
-  m.stored = stage == 3 && m.shard.shard > 0 && (!m.persistent || world == 1);
+  m.shard = l.shard;
+  m.flat = l.flat;
+  m.persistent = l.persistent;
+  m.stored = l.stored;
   mods.push_back(std::move(m));
+  deferred.resize(mods.size());
 }
 
 // Writes module i's tensors to their homes from its fp32 initial shard: `init` holds the first
@@ -270,13 +278,17 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     std::fill(dst + (v - a), dst + (b - a), 0.0f);
   };
   // Optimizer pieces (and gradient partitions): the module's shard in sub-groups.
-  for (const ElemRange& r : make_sub_groups(n, plan.piece_elems, opts.alignment_elems)) {
+  const detail::ModuleLayout layout{m.shard, m.flat, m.persistent, m.stored};
+  for (const detail::SubGroupLayout& g : detail::layout_sub_groups(layout, plan.piece_elems, opts.alignment_elems,
+                                                                  plan.optimizer_on_device,
+                                                                  plan.device_optimizer_from)) {
+    const ElemRange& r = g.range;
     detail::Piece p;
     p.module = i;
     p.begin = r.begin;
     p.end = r.end;
-    p.flat = m.flat + r.begin;
-    p.on_device = plan.optimizer_on_device || p.flat >= plan.device_optimizer_from;
+    p.flat = g.flat;
+    p.on_device = g.on_device;
     TensorSpec os;
     os.name = fmt::format("zero.optim.{}.{}", m.name, r.begin);
     os.dtype = DType::kF32;
