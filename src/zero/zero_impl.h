@@ -39,6 +39,7 @@
 #include "zero/deferred_updates.h"
 #include "zero/norm_fold.h"
 #include "zero/partition_layout.h"
+#include "zero/tier_setup.h"
 
 namespace tiermem::detail {
 
