@@ -1,9 +1,12 @@
-// src/zero/zero_impl.h — ZeroEngine's internal state, shared by its parts:
+// src/zero/zero_impl.h — ZeroEngine's internal state, shared by its files:
 //   zero_engine.cc      the public calls: construction, gather, reduce_gradients, stats
-//   zero_setup.cc       layout, plan, the TensorStore and every module's tensors (registration)
-//   zero_step.cc        the optimizer step over sub-groups ("pieces"), checkpoints, export
+//   zero_setup.cc       layout, plan, the device and TensorStore, every module's tensors (registration)
+//   zero_step.cc        the optimizer step over sub-groups ("pieces"), in phases; deferred updates applied
+//   zero_state.cc       checkpoints, export_master, set_module_params (one rewrite_state loop)
 //   zero_device.cc      working-param destinations; a device the CPU cannot address
 //   zero_device_step.cc the device-resident optimizer (plan.optimizer_on_device)
+// and the parts it owns, each with its own header and test: partition_layout.h, norm_fold.h,
+// deferred_updates.h, tier_setup.h.
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
 #pragma once
 
