@@ -294,9 +294,6 @@ struct ZeroEngine::Impl {
   // written down by the store when evicted) and released dirty after its last; other modules
   // write into their engine buffer. Destroyed without finish() (an error), the pin is released
   // clean.
-  // is home and host-addressable, else at the host tier, written back by the store) and released
-  // dirty after its last; other modules write into their engine buffer. Destroyed without
-  // finish() (an error), the pin is released clean.
   // A device the CPU cannot address (opaque): dest() of a device-homed shard is a host staging
   // buffer of one sub-group, copied up to the pinned shard when the next dest() or finish() is
   // called — so the caller must have written every byte of dest(p) by then (sub-groups written
