@@ -6,7 +6,7 @@
 //   zero_device.cc      working-param destinations; a device the CPU cannot address
 //   zero_device_step.cc the device-resident optimizer (plan.optimizer_on_device)
 // and the parts it owns, each with its own header and test: partition_layout.h, norm_fold.h,
-// deferred_updates.h, tier_setup.h.
+// grad_reducer.h, deferred_updates.h, tier_setup.h.
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
 #pragma once
 
@@ -40,6 +40,7 @@
 #include "tiermem/zero_engine.h"
 #include "tiermem/zero_plan.h"
 #include "zero/deferred_updates.h"
+#include "zero/grad_reducer.h"
 #include "zero/norm_fold.h"
 #include "zero/partition_layout.h"
 #include "zero/tier_setup.h"
