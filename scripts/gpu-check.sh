@@ -25,6 +25,10 @@
 #      CPU-only machines the model's compute shares the host cores with the engine's copies and
 #      checksums, which caps the ratio there (docs/benchmarks.md, "tiermem-train: overlap of NVMe
 #      traffic with compute").
+#   7. tiermem.torch with a model on CUDA (tests/python/test_torch_cuda.py): a small HF GPT-2
+#      trained through ZeroEngine against plain torch on the same GPU (1e-4 relative). It needs a
+#      Python with a CUDA-enabled torch and transformers (TORCH_PYTHON, default the cached venv's
+#      python, else python3); without one the row says SKIP and why (a failure: not checked).
 # Prints one table (also when a step fails or the time runs out) and writes it as JSON.
 #
 #   scripts/gpu-check.sh                 # from anywhere; about 8 minutes on one H200
@@ -353,6 +357,25 @@ check_overlap() {
   fi
 }
 
+# ---- 7. tiermem.torch with the model on the GPU --------------------------------------------------
+check_torch_cuda() {
+  local name="tiermem.torch on CUDA (pytest)" log=$LOG_DIR/torch-cuda.log
+  local py=${TORCH_PYTHON:-${TIERMEM_VENV:-$HOME/.cache/tiermem/venv}/bin/python}
+  [[ -x $py ]] || py=python3
+  if ! "$py" -c 'import sys, torch, transformers; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+    record "$name" SKIP 0 "no Python with a CUDA-enabled torch and transformers ($py); set TORCH_PYTHON"
+    return
+  fi
+  local pkg; pkg=$(mktemp -d)
+  run "$log" "$(limit 300)" bash -c "'$py' -m pip install -q --no-build-isolation --no-deps --no-index --target '$pkg' . \
+    && cd tests/python && PYTHONPATH='$pkg' '$py' -m pytest -q -p no:cacheprovider -rs test_torch_cuda.py"
+  local st; st=$(status_of)
+  rm -rf "$pkg"
+  local summary; summary=$(grep -E '(passed|failed|error)' "$log" | tail -1)
+  if [[ $st == ok ]] && grep -q 'SKIPPED' "$log"; then st=FAIL; summary="$summary; $(grep -m1 SKIPPED "$log" | cut -c1-100)"; fi
+  record "$name" "$st" "$SECS" "${summary:-$(tail1 "$log")}"
+}
+
 if check_build; then
   start_cpu_reference
   check_gpu_tests
@@ -363,8 +386,10 @@ if check_build; then
   check_train_gpt2
   check_offload
   check_overlap
+  check_torch_cuda
 else
-  for c in "gpu unit tests" "bench h2d" "bench d2h" "bench gemm" "bench pipeline" "train gpt2" "offload" "overlap"; do
+  for c in "gpu unit tests" "bench h2d" "bench d2h" "bench gemm" "bench pipeline" "train gpt2" "offload" "overlap" \
+           "tiermem.torch on CUDA"; do
     record "$c" SKIP 0 "the build failed"
   done
 fi

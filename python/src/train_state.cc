@@ -3,6 +3,10 @@
 //   _tiermem.CheckpointWriter / CheckpointReader   one rank's checkpoint: a JSON manifest that
 //       lists every tensor with its XXH64, and one state file written to a temporary name, fsynced
 //       and renamed (the manifest is the commit point); tensors streamed in parts.
+//   _tiermem.OptimizerStateReshard                 a ZeRO optimizer state saved over another
+//       number of ranks, re-partitioned as it loads (src/train/checkpoint_reshard.h): called as
+//       the source of ZeroEngine.import_state, it fills this rank's new sub-group from the old
+//       ranks' files (verified when it is made), one sub-group at a time.
 //   _tiermem.lr_at(config, optimizer_lr, t)        the lr of optimizer step t under the config's
 //       `scheduler` section (DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR).
 //
@@ -21,6 +25,7 @@
 #include "tiermem/config.h"
 #include "tiermem/error.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_reshard.h"
 #include "train/lr_schedule.h"
 
 namespace tiermem::py {
@@ -103,6 +108,38 @@ class PyReader {
   train::CheckpointReader r_;
 };
 
+// ZeroEngine.import_state's source: (offset, master, exp_avg, exp_avg_sq) with three writable
+// float32 arrays of the same length.
+class PyReshard {
+ public:
+  PyReshard(const std::string& dir, int old_world, const std::vector<std::string>& names,
+            const std::vector<std::size_t>& module_numels, std::size_t alignment_elems, int new_world,
+            int new_rank)
+      : r_(dir, old_world, names_of(names), module_numels, alignment_elems, new_world, new_rank) {}
+  void fill(std::size_t offset, nb::handle master, nb::handle exp_avg, nb::handle exp_avg_sq) {
+    const char* what = "OptimizerStateReshard";
+    ArrayView a = view_array(master, what, "master", true);
+    ArrayView b = view_array(exp_avg, what, "exp_avg", true);
+    ArrayView c = view_array(exp_avg_sq, what, "exp_avg_sq", true);
+    const nb::dlpack::dtype f32 = nb::dtype<float>();
+    if (a.dtype != f32 || b.dtype != f32 || c.dtype != f32 || b.nbytes != a.nbytes || c.nbytes != a.nbytes)
+      throw nb::value_error("OptimizerStateReshard: master, exp_avg and exp_avg_sq must be float32 arrays of one "
+                            "length");
+    r_.fill(offset, a.nbytes / 4, static_cast<float*>(a.data), static_cast<float*>(b.data),
+            static_cast<float*>(c.data));
+  }
+  std::size_t shard_numel() const { return r_.shard_numel(); }
+  std::vector<int> source_ranks() const { return r_.source_ranks(); }
+
+ private:
+  static train::OptimizerStateNames names_of(const std::vector<std::string>& n) {
+    if (n.size() != 3)
+      throw nb::value_error("OptimizerStateReshard: names must be [master, exp_avg, exp_avg_sq] (3 tensor names)");
+    return {n[0], n[1], n[2]};
+  }
+  train::OptimizerStateReshard r_;
+};
+
 }  // namespace
 
 double lr_at_step(const Config& c, double optimizer_lr, long long t) {
@@ -148,6 +185,18 @@ void bind_train_state(nb::module_& m) {
            "Checks size and XXH64 (read in bounded chunks).")
       .def("read_part", &PyReader::read_part, nb::arg("name"), nb::arg("offset"), nb::arg("dst"))
       .def("read_tensor", &PyReader::read_tensor, nb::arg("name"), nb::arg("dst"));
+  nb::class_<PyReshard>(m, "OptimizerStateReshard",
+                        "A ZeRO optimizer state saved over old_world ranks, re-partitioned for new_world "
+                        "(src/train/checkpoint_reshard.h).")
+      .def(nb::init<const std::string&, int, const std::vector<std::string>&, const std::vector<std::size_t>&,
+                    std::size_t, int, int>(),
+           nb::arg("dir"), nb::arg("old_world"), nb::arg("names"), nb::arg("module_numels"),
+           nb::arg("alignment_elems"), nb::arg("new_world"), nb::arg("new_rank"),
+           "Opens and verifies (size, XXH64) the old ranks' files this rank reads.")
+      .def("__call__", &PyReshard::fill, nb::arg("offset"), nb::arg("master"), nb::arg("exp_avg"),
+           nb::arg("exp_avg_sq"), "Fills elements [offset, offset + len) of the new shard; padding is 0.")
+      .def_prop_ro("shard_numel", &PyReshard::shard_numel)
+      .def("source_ranks", &PyReshard::source_ranks);
   m.def("remove_stale_checkpoint_files", &train::remove_stale_checkpoint_files, nb::arg("dir"), nb::arg("rank"));
 }
 

@@ -1,9 +1,11 @@
-// device.cc — DeviceOptions::from_config and make_device (auto | cuda | sim).
+// device.cc — DeviceOptions::from_config, the CUDA probes and make_device (the kind resolved by
+// device_choice.cc).
 #include "tiermem/device.h"
 
 #include "gpu/gpu_log.h"
 #include "tiermem/config.h"
 #include "tiermem/cuda_device.h"
+#include "tiermem/device_choice.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "tiermem/sim_device.h"
@@ -21,16 +23,7 @@ void gpu_log_error(const std::string& message) { TM_LOG_ERROR("GPU", "{}", messa
 
 DeviceOptions DeviceOptions::from_config(const Config& config) {
   DeviceOptions o;
-  const std::string& d = config.tiermem.device;
-  if (d == "auto") {
-    o.choice = DeviceChoice::kAuto;
-  } else if (d == "cuda") {
-    o.choice = DeviceChoice::kCuda;
-  } else if (d == "sim") {
-    o.choice = DeviceChoice::kSim;
-  } else {
-    throw ConfigError("tiermem.device", d, "must be one of auto, cuda, sim");
-  }
+  o.choice = parse_device_choice(config.tiermem.device, "tiermem.device");
   o.budget_bytes = config.tiermem.device_budget_bytes;
   o.sim_h2d_gbps = config.tiermem.sim_h2d_gbps;
   o.sim_d2h_gbps = config.tiermem.sim_d2h_gbps;
@@ -102,51 +95,43 @@ std::unique_ptr<Device> make_sim(const DeviceOptions& o) {
 }
 }  // namespace
 
-std::unique_ptr<Device> make_device(const DeviceOptions& options) {
-  switch (options.choice) {
-    case DeviceChoice::kSim: {
-      auto d = make_sim(options);
-      // Every rank's simulated device is alike: rank 0 says it (a CUDA line names each GPU).
-      if (log_rank() == 0)
+std::unique_ptr<Device> make_device(const DeviceOptions& options, const ResolvedDevice& device) {
+  if (device.kind == DeviceKind::kSim) {
+    auto d = make_sim(options);
+    // Every rank's simulated device is alike: rank 0 says it (a CUDA line names each GPU).
+    if (log_rank() == 0) {
+      if (device.asked == DeviceChoice::kAuto) {
+        TM_LOG_INFO("GPU", "device: sim (tiermem.device = auto: {}), budget {}", device.why,
+                    format_bytes(d->budget_bytes()));
+      } else {
         TM_LOG_INFO("GPU", "device: {} (tiermem.device = sim), budget {}", d->name(), format_bytes(d->budget_bytes()));
-      return d;
-    }
-    case DeviceChoice::kCuda: {
-#if !TIERMEM_HAVE_CUDA
-      throw NotSupportedError(
-          "tiermem.device = cuda but this build has no CUDA (configure with -DTIERMEM_WITH_CUDA=ON "
-          "on a machine with nvcc, or use tiermem.device = sim)");
-#else
-      if (!cuda_device_available()) {
-        throw NotSupportedError(
-            "tiermem.device = cuda but no CUDA device is visible (cudaGetDeviceCount found none; "
-            "check the driver and CUDA_VISIBLE_DEVICES, or use tiermem.device = sim)");
       }
-      auto d = make_cuda_device(options.cuda_device, options.budget_bytes);
-      TM_LOG_INFO("GPU", "device: {} (tiermem.device = cuda), budget {}", d->name(), format_bytes(d->budget_bytes()));
-      return d;
-#endif
     }
-    case DeviceChoice::kAuto:
-      break;
-  }
-#if TIERMEM_HAVE_CUDA
-  if (cuda_device_available()) {
-    auto d = make_cuda_device(options.cuda_device, options.budget_bytes);
-    TM_LOG_INFO("GPU", "device: {} (tiermem.device = auto: a CUDA device is visible), budget {}",
-                d->name(), format_bytes(d->budget_bytes()));
     return d;
   }
-  const char* why = "no CUDA device is visible";
+#if !TIERMEM_HAVE_CUDA
+  throw NotSupportedError(
+      "tiermem.device = cuda but this build has no CUDA (configure with -DTIERMEM_WITH_CUDA=ON "
+      "on a machine with nvcc, or use tiermem.device = sim)");
 #else
-  const char* why = "this build has no CUDA";
-#endif
-  auto d = make_sim(options);
-  if (log_rank() == 0) {
-    TM_LOG_INFO("GPU", "device: sim (tiermem.device = auto: {}), budget {}", why,
+  if (device.asked == DeviceChoice::kCuda && !cuda_device_available()) {
+    throw NotSupportedError(
+        "tiermem.device = cuda but no CUDA device is visible (cudaGetDeviceCount found none; "
+        "check the driver and CUDA_VISIBLE_DEVICES, or use tiermem.device = sim)");
+  }
+  auto d = make_cuda_device(options.cuda_device, options.budget_bytes);
+  if (device.asked == DeviceChoice::kAuto) {
+    TM_LOG_INFO("GPU", "device: {} (tiermem.device = auto: {}), budget {}", d->name(), device.why,
                 format_bytes(d->budget_bytes()));
+  } else {
+    TM_LOG_INFO("GPU", "device: {} (tiermem.device = cuda), budget {}", d->name(), format_bytes(d->budget_bytes()));
   }
   return d;
+#endif
+}
+
+std::unique_ptr<Device> make_device(const DeviceOptions& options) {
+  return make_device(options, resolve_device(options.choice));
 }
 
 std::unique_ptr<Device> make_device(const Config& config) {

@@ -1,19 +1,17 @@
-// src/plan/plan.cc — tiermem-plan's model (plan.h): profile loading, bytes per tier through
-// plan_zero, the step's time through the tier simulator and the profile's rates, the largest
-// model that fits, and the comparison with a run's summary.
+// src/plan/plan.cc — tiermem-plan's model (plan.h): bytes per tier through plan_zero, the step's
+// time through the tier simulator and the profile's rates, and the largest model that fits. The
+// profile is read in profile.cc; the comparison with a run's summary and the JSON are in
+// plan_report.cc.
 #include "plan/plan.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <fmt/format.h>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string_view>
 
 #include "gpt/backend.h"
 #include "gpt/model.h"
+#include "tiermem/device_choice.h"
 #include "tiermem/error.h"
 #include "tiermem/prefetcher.h"
 #include "tiermem/shard.h"
@@ -29,27 +27,6 @@ constexpr int kMaxInflightBuckets = 4;    // ZeroEngineOptions::max_inflight_buc
 std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
 std::uint64_t host_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }
 std::uint64_t dev_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }
-
-// The figure `key` of `j`, named in errors as "<source><sep><key>" (": " for a profile's own
-// figures, "." for one inside a keyed table, as the table's key errors name it).
-double number(const nlohmann::json& j, const std::string& key, const std::string& source,
-              bool required, const char* sep = ": ") {
-  const std::string where = source + sep + key;
-  if (!j.contains(key)) {
-    if (required) throw ConfigError(where, "(missing)", "required number is missing");
-    return 0;
-  }
-  const auto& v = j.at(key);
-  if (!v.is_number()) throw ConfigError(where, v.dump(), "must be a number");
-  const double x = v.get<double>();
-  if (!std::isfinite(x) || x < 0 || (required && x == 0)) {
-    throw ConfigError(where, v.dump(), required ? "must be > 0" : "must be >= 0");
-  }
-  // Every figure is a rate in GB/s, GFLOP/s or per second, a byte count or a count: a positive
-  // one this small is a typo or a unit slip, and would make predictions infinite.
-  if (x > 0 && x < 1e-6) throw ConfigError(where, v.dump(), "is positive but below 1e-6: check its unit");
-  return x;
-}
 
 // Every module's element count, in registration order: embed, block.0 .. block.{L-1}, ln_f. The
 // blocks are alike, so the layouts of a one-layer model give them all (the largest-model search
@@ -78,10 +55,10 @@ std::uint64_t store_device_budget(const ZeroPlan& z) {
   return z.device_budget_bytes > z.gather_reserve_bytes ? z.device_budget_bytes - z.gather_reserve_bytes : 0;
 }
 
+// tiermem.device on `m`: auto is the profile's device.
 bool device_is_sim(const Config& cfg, const MachineProfile& m) {
-  if (cfg.tiermem.device == "sim") return true;
-  if (cfg.tiermem.device == "cuda") return false;
-  return m.device != "cuda";
+  const DeviceChoice asked = parse_device_choice(cfg.tiermem.device, "tiermem.device");
+  return resolve_device_kind(asked, m.device == DeviceKind::kCuda) == DeviceKind::kSim;
 }
 
 ZeroPlanOptions plan_options(const Config& cfg, const MachineProfile& m, int world) {
@@ -520,70 +497,6 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
 
 }  // namespace
 
-MachineProfile parse_profile(const nlohmann::json& j, const std::string& source) {
-  if (!j.is_object()) throw ConfigError(source, j.dump().substr(0, 40), "a profile is one JSON object");
-  MachineProfile m;
-  m.name = j.value("name", source);
-  if (j.contains("device")) {
-    if (!j["device"].is_string() || (j["device"] != "sim" && j["device"] != "cuda")) {
-      throw ConfigError(source + ": device", j["device"].dump(), "must be \"sim\" or \"cuda\"");
-    }
-    m.device = j["device"].get<std::string>();
-  }
-  if (j.contains("cpu_isa") && j["cpu_isa"].is_string()) m.cpu_isa = j["cpu_isa"].get<std::string>();
-  // gpus and threads: counts of at least 1 where given; absent, 0 (gpus then 1).
-  auto count = [&](const char* key, const char* what) {
-    if (!j.contains(key)) return 0;
-    const double n = number(j, key, source, true);
-    if (n < 1) throw ConfigError(source + ": " + key, j[key].dump(), std::string("must be >= 1 (") + what + ")");
-    return static_cast<int>(n);
-  };
-  m.gpus = std::max(1, count("gpus", "devices per machine"));
-  m.compute_gflops = number(j, "compute_gflops", source, true);
-  // Figures keyed by a size: {"<size>": rate, ...}, sizes > 0 (widths, module elements).
-  // `zero_ok`: a rate of 0 means "no such cost" (else every rate must be > 0).
-  auto keyed = [&](const char* key, const char* what, std::vector<std::pair<int, double>>& out, bool zero_ok = false) {
-    if (!j.contains(key)) return;
-    const auto& w = j[key];
-    if (!w.is_object()) throw ConfigError(source + ": " + key, w.dump(), "must be an object");
-    for (const auto& [k, v] : w.items()) {
-      int d = 0;  // the whole key, digits only: "768.5", " 900" or "1e3" is not a size
-      const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), d);
-      if (ec != std::errc() || end != k.data() + k.size() || d <= 0) {
-        throw ConfigError(source + ": " + key + "." + k, k, std::string("keys are ") + what);
-      }
-      out.emplace_back(d, number(w, k, source + ": " + key, !zero_ok, "."));
-    }
-    std::sort(out.begin(), out.end());
-  };
-  keyed("compute_gflops_by_width", "widths (d_model > 0)", m.compute_gflops_by_width);
-  keyed("compute_gflops_by_width_128", "widths (d_model > 0)", m.compute_gflops_by_width_128);
-  keyed("grad_handoff_gbps_by_width", "widths (d_model > 0)", m.grad_handoff_gbps_by_width);
-  keyed("grad_handoff_pass_gbps_by_width", "widths (d_model > 0)", m.grad_handoff_pass_gbps_by_width, true);
-  keyed("grad_handoff_gbps_by_module_elems", "module sizes (elements > 0)", m.grad_handoff_gbps_by_module_elems);
-  keyed("optimizer_params_per_s_by_module_elems", "module sizes (elements > 0)",
-        m.optimizer_params_per_s_by_module_elems);
-  m.grad_handoff_gbps = number(j, "grad_handoff_gbps", source, false);
-  m.checksum_gbps = number(j, "checksum_gbps", source, false);
-  m.threads = count("threads", "the OpenMP threads the figures used");
-  m.optimizer_params_per_s = number(j, "optimizer_params_per_s", source, false);
-  m.cpu_adam_params_per_s = number(j, "cpu_adam_params_per_s", source, true);
-  m.h2d_gbps = number(j, "h2d_gbps", source, true);
-  m.d2h_gbps = number(j, "d2h_gbps", source, false);
-  m.nvme_read_gbps = number(j, "nvme_read_gbps", source, true);
-  m.nvme_write_gbps = number(j, "nvme_write_gbps", source, true);
-  m.nvme_read_beside_writes_gbps = number(j, "nvme_read_beside_writes_gbps", source, false);
-  m.comm_gbps = number(j, "comm_gbps", source, false);
-  m.host_memory_bytes = static_cast<std::uint64_t>(number(j, "host_memory_bytes", source, true));
-  m.device_memory_bytes = static_cast<std::uint64_t>(number(j, "device_memory_bytes", source, false));
-  m.nvme_free_bytes = static_cast<std::uint64_t>(number(j, "nvme_free_bytes", source, false));
-  if (j.contains("sources")) {
-    if (!j["sources"].is_object()) throw ConfigError(source + ": sources", j["sources"].dump(), "must be an object");
-    for (const auto& [k, v] : j["sources"].items()) m.sources[k] = v.is_string() ? v.get<std::string>() : v.dump();
-  }
-  return m;
-}
-
 namespace {
 // A figure keyed by size, interpolated linearly in log(size), clamped at the ends.
 double by_size(const std::vector<std::pair<int, double>>& w, double size, double fallback) {
@@ -637,29 +550,6 @@ double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model
 double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems) {
   return by_size(m.optimizer_params_per_s_by_module_elems, static_cast<double>(module_elems),
                   m.optimizer_params_per_s);
-}
-
-MachineProfile load_profile(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw ConfigError("--profile", path, "is a directory: give the JSON file tiermem-bench profile --json wrote");
-  }
-  std::ifstream in(path);
-  if (!in) throw ConfigError("--profile", path, "cannot open the profile file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {  // tiermem-bench's whole output: the last line that is a JSON object
-    std::istringstream lines(ss.str());
-    for (std::string line; std::getline(lines, line);) {
-      if (line.empty() || line[0] != '{') continue;
-      nlohmann::json l = nlohmann::json::parse(line, nullptr, false);
-      if (!l.is_discarded()) j = std::move(l);
-    }
-  }
-  if (j.is_discarded()) throw ConfigError("--profile", path, "not valid JSON");
-  // tiermem-bench profile --json prints {"profile": {...}}; a written profile may be either.
-  return parse_profile(j.is_object() && j.contains("profile") ? j["profile"] : j, path);
 }
 
 Config with_machine_budgets(Config cfg, const MachineProfile& m) {
@@ -762,86 +652,6 @@ LargestModel largest_model(const RunShape& run, const MachineProfile& m) {
   out.params = lo > 0 ? try_layers(lo, nullptr) : 0;
   try_layers(hi, &out.limit);
   return out;
-}
-
-std::vector<CheckRow> check_against(const Prediction& p, const nlohmann::json& s, const std::string& source) {
-  const double step = p.time.step_s;
-  const std::pair<const char*, double> predicted[] = {
-      {"step_seconds", step},
-      {"compute_share", step > 0 ? p.time.compute_s / step : 0},
-      {"io_wait_share", step > 0 ? p.time.stall_s / step : 0},
-      {"communication_share", step > 0 ? p.time.comm_s / step : 0},
-      {"optimizer_share", step > 0 ? p.time.optimizer_s / step : 0},
-      {"device_peak_bytes", static_cast<double>(p.device_peak_bytes)},
-      {"host_peak_bytes", static_cast<double>(p.host_peak_bytes)},
-      {"nvme_peak_bytes", static_cast<double>(p.nvme_peak_bytes)},
-  };
-  std::vector<CheckRow> rows;
-  for (const auto& [field, pred] : predicted) {
-    if (!s.contains(field) || !s[field].is_number()) {
-      throw ConfigError(source + ": summary." + field, s.contains(field) ? s[field].dump() : "(missing)",
-                        "a tiermem-train --json summary has this number (is the summary from an older build?)");
-    }
-    // A figure a run can produce: finite, not negative; a step above 0, a share of the run at most 1.
-    const double v = s[field].get<double>();
-    const std::string_view f = field;
-    const bool share = f.ends_with("_share"), step = f == "step_seconds";
-    if (!std::isfinite(v) || v < 0 || (step && v == 0) || (share && v > 1.0 + 1e-9)) {
-      throw ConfigError(source + ": summary." + field, s[field].dump(),
-                        step ? "must be > 0 seconds" : share ? "a share of the run's time is in [0, 1]" : "must be >= 0 bytes");
-    }
-    CheckRow r;
-    r.field = field;
-    r.predicted = pred;
-    r.measured = v;
-    r.rel_error = r.measured != 0 ? std::abs(pred - r.measured) / std::abs(r.measured) : (pred == 0 ? 0 : 1);
-    rows.push_back(r);
-  }
-  return rows;
-}
-
-nlohmann::json prediction_json(const Prediction& p) {
-  const ZeroPlan& z = p.zero;
-  nlohmann::json j;
-  j["fits"] = p.fits;
-  if (!p.fits) {
-    j["why"] = p.why;
-    j["fix"] = p.fix;
-  }
-  j["params"] = p.params;
-  j["homes"] = {{"params", std::string(tier_name(z.param_home))},
-                {"optimizer", std::string(tier_name(z.optimizer_home))},
-                {"gradients", std::string(tier_name(z.gradient_home))}};
-  j["sub_group_elems"] = z.piece_elems;
-  j["host_budget_bytes"] = z.host_budget_bytes;
-  j["host_min_bytes"] = z.host_min_bytes;
-  j["host_min_why"] = z.host_min_why;
-  j["device_budget_bytes"] = z.device_budget_bytes;
-  j["device_min_bytes"] = z.device_min_bytes;
-  j["device_min_why"] = z.device_min_why;
-  j["device_peak_bytes"] = p.device_peak_bytes;
-  j["host_peak_bytes"] = p.host_peak_bytes;
-  j["host_peak_parts"] = {{"pool", p.host_pool_peak_bytes}, {"bounce", p.host_bounce_bytes},
-                          {"engine", p.host_engine_bytes}, {"gradient_buffers", p.grad_buffer_peak_bytes},
-                          {"activations", p.activation_bytes}, {"sim_device", p.sim_device_bytes}};
-  j["device_activation_bytes"] = p.device_activation_bytes;
-  j["nvme_peak_bytes"] = p.nvme_peak_bytes;
-  if (!p.fits || p.time.step_s <= 0) return j;  // no time without a profile's rates
-  const TimePrediction& t = p.time;
-  j["step_seconds"] = t.step_s;
-  j["time_seconds"] = {{"compute", t.compute_s}, {"io_wait", t.stall_s}, {"nvme", t.nvme_s},
-                       {"host_to_device", t.h2d_s}, {"gradient_handoff", t.d2h_s},
-                       {"communication", t.comm_s}, {"adam", t.adam_s}, {"optimizer", t.optimizer_s},
-                       {"checksum", t.checksum_s}};
-  if (!t.handoff_from.empty()) j["gradient_handoff_from"] = t.handoff_from;
-  if (!t.io_wait_from.empty()) j["optimizer_reads_from"] = t.io_wait_from;
-  j["bottleneck"] = t.bottleneck;
-  j["traffic_bytes"] = {{"nvme_read", p.nvme_read_bytes}, {"nvme_write", p.nvme_write_bytes},
-                        {"host_to_device", p.h2d_bytes}, {"collectives", p.comm_bytes}};
-  j["tokens_per_step"] = p.tokens_per_step;
-  j["tokens_per_s"] = p.tokens_per_s;
-  j["tflops"] = p.tflops;
-  return j;
 }
 
 }  // namespace tiermem::plan

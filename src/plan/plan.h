@@ -36,6 +36,7 @@
 
 #include "gpt/model.h"
 #include "tiermem/config.h"
+#include "tiermem/device.h"
 #include "tiermem/zero_plan.h"
 
 namespace tiermem::plan {
@@ -56,7 +57,7 @@ struct RunShape {
 // figures (profiles/*.json, each figure's source in `sources`).
 struct MachineProfile {
   std::string name;
-  std::string device = "sim";           // what the model computes on: sim (CPU kernels) | cuda
+  DeviceKind device = DeviceKind::kSim; // what the model computes on: sim (CPU kernels) | cuda
   std::string cpu_isa;                  // Adam kernel ISA the figures were measured with
   int gpus = 1;                         // devices (ranks) in the machine
   double compute_gflops = 0;            // model FLOP/s of one rank's compute backend (GFLOP/s)

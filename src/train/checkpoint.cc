@@ -241,7 +241,7 @@ int remove_stale_checkpoint_files(const std::string& dir, int rank) {
   return removed;
 }
 
-CheckpointReader::CheckpointReader(std::string dir, int rank) {
+CheckpointReader::CheckpointReader(std::string dir, int rank) : dir_(dir) {
   rank_dir_ = (fs::path(dir) / fmt::format("rank{}", rank)).string();
   manifest_path_ = (fs::path(rank_dir_) / "manifest.json").string();
   std::ifstream in(manifest_path_);

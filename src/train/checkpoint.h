@@ -138,6 +138,7 @@ class CheckpointReader {
   int world_size() const { return world_size_; }
   const nlohmann::json& meta() const { return meta_; }
   const std::string& manifest_path() const { return manifest_path_; }
+  const std::string& dir() const { return dir_; }  // the checkpoint directory (holds rank<r>/)
   const std::vector<CheckpointTensor>& tensors() const { return tensors_; }
   bool has(const std::string& name) const;
 
@@ -157,7 +158,7 @@ class CheckpointReader {
   const CheckpointTensor& find(const std::string& name) const;
   // Throws CheckpointError naming the tensor when `found` is not its manifest checksum.
   void check_checksum(const CheckpointTensor& t, std::uint64_t found) const;
-  std::string rank_dir_, manifest_path_, state_path_;
+  std::string dir_, rank_dir_, manifest_path_, state_path_;
   int fd_ = -1;
   int step_ = 0, world_size_ = 1;
   nlohmann::json meta_;

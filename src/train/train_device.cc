@@ -8,43 +8,29 @@
 
 namespace tiermem::train {
 
-DeviceDecision decide_device(const std::string& requested, const std::string& key,
-                             const CudaProbe& probe) {
+DeviceDecision decide_device(DeviceChoice asked, const std::string& key, const CudaProbe& probe) {
   DeviceDecision d;
-  const std::string gpu =
-      probe.usable() ? fmt::format("cuda:0 ({}{})", probe.device0_name.empty() ? "CUDA device"
-                                                                               : probe.device0_name,
-                                   probe.device_count > 1
-                                       ? fmt::format(", 1 of {} visible", probe.device_count)
-                                       : std::string())
-                     : std::string();
-  if (requested == "sim") {
-    d.device = "sim";
+  d.kind = resolve_device_kind(asked, probe.usable());
+  d.cuda_devices = probe.device_count;
+  if (asked == DeviceChoice::kSim) return d;
+  if (asked == DeviceChoice::kCuda && !probe.usable()) {
+    throw UsageError(key, "cuda",
+                     fmt::format("no usable CUDA device for 'cuda': {}; use --device sim (or "
+                                 "auto) to run on the CPU",
+                                 probe.reason.empty() ? "none found" : probe.reason));
+  }
+  if (d.kind == DeviceKind::kSim) {  // auto, no GPU
+    d.note = fmt::format("device sim ({} auto picked sim: {}); the model computes on the CPU", key,
+                         probe.reason.empty() ? "no CUDA device" : probe.reason);
     return d;
   }
-  if (requested == "cuda") {
-    if (!probe.usable()) {
-      throw UsageError(key, "cuda",
-                       fmt::format("no usable CUDA device for 'cuda': {}; use --device sim (or "
-                                   "auto) to run on the CPU",
-                                   probe.reason.empty() ? "none found" : probe.reason));
-    }
-    d.device = "cuda";
-    d.note = fmt::format("device {} ({} cuda): the model computes on the GPU", gpu, key);
-    return d;
-  }
-  if (requested == "auto") {
-    if (probe.usable()) {
-      d.device = "cuda";
-      d.note = fmt::format("device {} ({} auto picked cuda: a CUDA device is visible)", gpu, key);
-    } else {
-      d.device = "sim";
-      d.note = fmt::format("device sim ({} auto picked sim: {}); the model computes on the CPU",
-                           key, probe.reason.empty() ? "no CUDA device" : probe.reason);
-    }
-    return d;
-  }
-  throw ConfigError(key, requested, "must be one of auto, cuda, sim");
+  const std::string gpu = fmt::format(
+      "cuda:0 ({}{})", probe.device0_name.empty() ? "CUDA device" : probe.device0_name,
+      probe.device_count > 1 ? fmt::format(", 1 of {} visible", probe.device_count) : std::string());
+  d.note = asked == DeviceChoice::kCuda
+               ? fmt::format("device {} ({} cuda): the model computes on the GPU", gpu, key)
+               : fmt::format("device {} ({} auto picked cuda: a CUDA device is visible)", gpu, key);
+  return d;
 }
 
 int local_rank_from_env() { return local_rank_from(env_param); }
@@ -77,31 +63,30 @@ std::uint64_t engine_device_budget(std::uint64_t budget_bytes, std::uint64_t bac
   return budget_bytes - backend_bytes;
 }
 
-std::unique_ptr<gpt::ModelBackend> make_model_backend(TrainPlan* plan,
-                                                      const std::string& budget_key) {
-  if (plan->config.tiermem.device != "cuda") {
+ModelOnDevice make_model_backend(const TrainPlan& plan, const DeviceDecision& device,
+                                 const std::string& budget_key) {
+  const std::uint64_t given = plan.config.tiermem.device_budget_bytes;
+  if (device.kind != DeviceKind::kCuda) {
     gpt::ModelOptions options;
-    options.checkpoint_blocks = plan->config.activation_checkpointing.enabled;
-    return gpt::make_cpu_backend(plan->model, plan->batch, plan->seq_len, options);
+    options.checkpoint_blocks = plan.config.activation_checkpointing.enabled;
+    return {gpt::make_cpu_backend(plan.model, plan.batch, plan.seq_len, options), given};
   }
-  if (plan->config.activation_checkpointing.enabled && plan->rank == 0) {
+  if (plan.config.activation_checkpointing.enabled && plan.rank == 0) {
     TM_LOG_WARN("TRAIN", "activation checkpointing is not implemented by the CUDA model backend: "
                 "every block's activations are kept in device memory (turn it off to silence this)");
   }
-  const std::uint64_t need = gpt::cuda_backend_bytes(plan->model, plan->batch, plan->seq_len);
-  std::uint64_t& budget = plan->config.tiermem.device_budget_bytes;
-  const std::uint64_t given = budget;
-  budget = engine_device_budget(budget, need, budget_key);
-  const int ordinal = cuda_ordinal_for(local_rank_from_env(), probe_cuda().device_count);
-  auto backend = gpt::make_cuda_backend(plan->model, plan->batch, plan->seq_len, ordinal);
-  if (plan->rank == 0) {
+  const std::uint64_t need = gpt::cuda_backend_bytes(plan.model, plan.batch, plan.seq_len);
+  const std::uint64_t budget = engine_device_budget(given, need, budget_key);
+  const int ordinal = cuda_ordinal_for(local_rank_from_env(), device.cuda_devices);
+  auto backend = gpt::make_cuda_backend(plan.model, plan.batch, plan.seq_len, ordinal);
+  if (plan.rank == 0) {
     TM_LOG_INFO("TRAIN", "model on {}: activations and workspace {} of device memory{}",
                 backend->name(), format_bytes(backend->activation_bytes()),
                 given ? fmt::format(", the engine keeps {} of the {} device budget",
                                     format_bytes(budget), format_bytes(given))
                       : std::string());
   }
-  return backend;
+  return {std::move(backend), budget};
 }
 
 }  // namespace tiermem::train

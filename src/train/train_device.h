@@ -21,21 +21,23 @@
 
 #include "gpt/backend.h"
 #include "tiermem/device.h"
+#include "tiermem/device_choice.h"
 #include "train/train_loop.h"
 #include "train/train_options.h"
 
 namespace tiermem::train {
 
 struct DeviceDecision {
-  std::string device;  // "cuda" or "sim": what tiermem.device becomes (make_device decides no more)
-  std::string note;    // one line for the log: what was picked and why ("" for an explicit sim)
+  DeviceKind kind = DeviceKind::kSim;  // what the run computes on (tiermem.device is then its name)
+  int cuda_devices = 0;  // visible CUDA devices (the probe's count; 0 when it did not look)
+  std::string note;  // one line for the log: what was picked and why ("" for an explicit sim)
 };
 
-// `requested` is "auto", "cuda" or "sim"; `key` names where it came from ("--device" or
-// "tiermem.device"), for the error. Throws UsageError(key, "cuda", why) for cuda without a
-// usable device, ConfigError for any other value.
-DeviceDecision decide_device(const std::string& requested, const std::string& key,
-                             const CudaProbe& probe);
+// `asked` is the parsed --device or tiermem.device (parse_device_choice, tiermem/device_choice.h);
+// `key` names where it came from ("--device" or "tiermem.device"), for the error; `probe` what a
+// look for CUDA found (the caller need not look for an explicit sim). Throws UsageError(key,
+// "cuda", why) for cuda without a usable device.
+DeviceDecision decide_device(DeviceChoice asked, const std::string& key, const CudaProbe& probe);
 
 // This process's rank on its node (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or LOCAL_RANK;
 // 0 without a launcher), and the GPU it computes on: one GPU per rank, local_rank % devices.
@@ -54,12 +56,18 @@ inline int cuda_ordinal_for(int local_rank, int device_count) {
 std::uint64_t engine_device_budget(std::uint64_t budget_bytes, std::uint64_t backend_bytes,
                                    const std::string& key);
 
-// The model's backend for plan->config.tiermem.device (decided by decide_device): the CUDA backend
-// for "cuda" on GPU cuda_ordinal_for(local rank, visible GPUs) (its device bytes taken out of
-// tiermem.device_budget_bytes, engine_device_budget),
-// the CPU backend otherwise. Call before the engine is built. `budget_key` names the budget's
-// source for errors ("--device-budget" or "tiermem.device_budget_bytes").
-std::unique_ptr<gpt::ModelBackend> make_model_backend(TrainPlan* plan,
-                                                      const std::string& budget_key);
+// The model's backend on the decided device, and the device budget that leaves the engine.
+struct ModelOnDevice {
+  std::unique_ptr<gpt::ModelBackend> backend;
+  std::uint64_t engine_device_budget_bytes = 0;  // for the engine's tiermem.device_budget_bytes
+};
+
+// The CUDA backend for kCuda on GPU cuda_ordinal_for(local rank, device.cuda_devices), its device bytes
+// taken out of the plan's tiermem.device_budget_bytes (engine_device_budget); the CPU backend
+// otherwise, the budget unchanged. The plan is read, not changed: the caller hands the budget to
+// the engine. Call before the engine is built. `budget_key` names the budget's source for errors
+// ("--device-budget" or "tiermem.device_budget_bytes").
+ModelOnDevice make_model_backend(const TrainPlan& plan, const DeviceDecision& device,
+                                 const std::string& budget_key);
 
 }  // namespace tiermem::train

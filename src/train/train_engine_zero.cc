@@ -22,8 +22,10 @@
 //   zero.loss_scale f64 [1], zero.loss_scaler i64 [3]   fp16 only: the dynamic loss scale;
 //                   hysteresis left, scaler iteration, iteration of the last overflow
 // The manifest format is unchanged (train_loop.cc writes meta; these are ordinary tensors). A
-// resume needs the same world size (train_loop checks it), model and alignment; the stage (1–3),
-// offload devices and sub_group_size may differ.
+// resume needs the same model and alignment; the stage (1–3), offload devices and sub_group_size
+// may differ. At another world size (or from stage 0 to 1-3 and back) the optimizer state is
+// re-partitioned as it loads (checkpoint_reshard.h): each rank reads the elements of its new
+// shard from the old ranks' files, verified first, one sub-group at a time.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,6 +35,7 @@
 #include <thread>
 
 #include "train/checkpoint.h"
+#include "train/checkpoint_reshard.h"
 #include "train/kill_point.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
@@ -69,7 +72,9 @@ struct PageAligned {
 
 class ZeroTrainEngine final : public TrainEngine {
  public:
-  explicit ZeroTrainEngine(const TrainPlan& plan) : cfg_(plan.model), plan_config_(plan.config) {
+  ZeroTrainEngine(const TrainPlan& plan, std::uint64_t device_budget_bytes)
+      : cfg_(plan.model), engine_config_(plan.config) {
+    engine_config_.tiermem.device_budget_bytes = device_budget_bytes;
     comm_ = make_communicator();
     if (comm_->world_size() != plan.world_size || comm_->rank() != plan.rank) {
       throw CommError(fmt::format("the communicator sees rank {} of {}, the launcher said {} of {}",
@@ -87,7 +92,7 @@ class ZeroTrainEngine final : public TrainEngine {
     const auto layouts = gpt::module_layouts(cfg_);
     std::vector<std::size_t> numels;
     for (const auto& l : layouts) numels.push_back(static_cast<std::size_t>(l.numel));
-    zero_ = std::make_unique<ZeroEngine>(plan.config, *comm_, numels);
+    zero_ = std::make_unique<ZeroEngine>(engine_config_, *comm_, numels);
     for (int m = 0; m < static_cast<int>(layouts.size()); ++m) {
       std::vector<float> init(static_cast<std::size_t>(layouts[m].numel));
       gpt::init_module(cfg_, m, plan.seed, init);
@@ -159,7 +164,7 @@ class ZeroTrainEngine final : public TrainEngine {
     if (g.dtype() != DType::kF32 && g.dtype() != DType::kBF16) {
       throw NotSupportedError("tiermem-train's CPU model takes fp32 or bf16 parameters, not fp16");
     }
-    if (g.on_device() && !zero_->device()->host_addressable() && plan_config_.tiermem.device != "cuda") {
+    if (g.on_device() && !zero_->device()->host_addressable() && zero_->device()->kind() != DeviceKind::kCuda) {
       // The CPU model cannot read this device memory (SimDevice with sim_host_addressable false,
       // the CPU twin of a GPU): copy the module down, as the CUDA backend copies host params up.
       auto& s = staged_.at(static_cast<std::size_t>(module));
@@ -283,11 +288,6 @@ class ZeroTrainEngine final : public TrainEngine {
       throw CheckpointError(fmt::format("checkpoint {}: {} modules saved, the model has {}", mf,
                                         part[3], modules));
     }
-    // Checksums verified first (bounded reads), then streamed into the engine one optimizer
-    // sub-group at a time: no shard-sized buffer, whatever the model size.
-    for (const char* name : {"zero.master", "zero.exp_avg", "zero.exp_avg_sq"}) {
-      r.verify_tensor(name, n * 4);
-    }
     std::int64_t steps[2] = {0, 0};
     r.read_tensor("zero.steps", steps, sizeof steps);
     st.steps = steps[0];
@@ -302,15 +302,40 @@ class ZeroTrainEngine final : public TrainEngine {
       ls.last_overflow_iter = c[2];
       st.loss_scaler = ls;
     }
+    // The partition this engine steps: over every rank at stages 1-3, whole on each at stage 0.
+    const int parts = zero_stage() == 0 ? 1 : world_size();
+    const int part_rank = parts == 1 ? 0 : rank();
     try {
-      zero_->import_optimizer_state(st, [&](const ZeroStateChunk& c) {
-        r.read_part("zero.master", c.offset * 4, c.master, c.n * 4);
-        r.read_part("zero.exp_avg", c.offset * 4, c.exp_avg, c.n * 4);
-        r.read_part("zero.exp_avg_sq", c.offset * 4, c.exp_avg_sq, c.n * 4);
-      });
+      if (st.world_size == parts) {
+        // The shard this rank saved (stage 0: the whole state, any rank's): checksums verified
+        // first (bounded reads), then streamed into the engine one optimizer sub-group at a time.
+        for (const char* name : {"zero.master", "zero.exp_avg", "zero.exp_avg_sq"}) r.verify_tensor(name, n * 4);
+        zero_->import_optimizer_state(st, [&](const ZeroStateChunk& c) {
+          r.read_part("zero.master", c.offset * 4, c.master, c.n * 4);
+          r.read_part("zero.exp_avg", c.offset * 4, c.exp_avg, c.n * 4);
+          r.read_part("zero.exp_avg_sq", c.offset * 4, c.exp_avg_sq, c.n * 4);
+        });
+      } else {
+        // Saved over another number of ranks: this rank's new shard is read element for element
+        // from the old ranks' files that hold it (each verified first), one sub-group at a time.
+        OptimizerStateReshard source(r.dir(), st.world_size,
+                                     {"zero.master", "zero.exp_avg", "zero.exp_avg_sq"},
+                                     st.module_numels, st.alignment_elems, parts, part_rank);
+        if (rank() == 0) {
+          TM_LOG_INFO("TRAIN", "re-partitioning the optimizer state saved over {} rank{} for {}",
+                      st.world_size, st.world_size == 1 ? "" : "s", parts);
+        }
+        st.world_size = parts;
+        st.rank = part_rank;
+        zero_->import_optimizer_state(st, [&](const ZeroStateChunk& c) {
+          source.fill(c.offset, c.n, c.master, c.exp_avg, c.exp_avg_sq);
+        });
+      }
     } catch (const IoError&) {
       throw;
     } catch (const CommError&) {
+      throw;
+    } catch (const CheckpointError&) {
       throw;
     } catch (const Error& e) {  // a state that does not fit this engine: name the checkpoint
       throw CheckpointError(fmt::format("checkpoint {}: {}", mf, e.what()));
@@ -330,7 +355,8 @@ class ZeroTrainEngine final : public TrainEngine {
     e.host_engine_peak_bytes = z.host_engine_peak_bytes + staged_peak_;
     e.host_grad_buffer_peak_bytes = grad_buffer_peak_;
     // SimDevice memory is host memory too: counted here as well as on the device line.
-    e.host_sim_device_bytes = zero_->device_name() == "sim" ? z.device_peak_bytes : 0;
+    const Device* device = zero_->device();
+    e.host_sim_device_bytes = device && device->kind() == DeviceKind::kSim ? z.device_peak_bytes : 0;
     e.peak_bytes[host] = z.host_pool_peak_bytes + z.host_bounce_bytes + e.host_engine_peak_bytes +
                          grad_buffer_peak_ + e.host_sim_device_bytes;
     const ZeroPlan& p = zero_->plan();
@@ -349,7 +375,7 @@ class ZeroTrainEngine final : public TrainEngine {
 
  private:
   gpt::GptConfig cfg_;
-  Config plan_config_;
+  Config engine_config_;  // the plan's, with the device budget the model's backend left
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<ZeroEngine> zero_;
   std::vector<ZeroEngine::Gathered> gathered_;
@@ -369,8 +395,8 @@ class ZeroTrainEngine final : public TrainEngine {
 
 }  // namespace
 
-std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan& plan) {
-  return std::make_unique<ZeroTrainEngine>(plan);
+std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan& plan, std::uint64_t device_budget_bytes) {
+  return std::make_unique<ZeroTrainEngine>(plan, device_budget_bytes);
 }
 
 }  // namespace tiermem::train
@@ -378,7 +404,7 @@ std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan& plan) {
 #else
 
 namespace tiermem::train {
-std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan&) {
+std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan&, std::uint64_t) {
   throw NotSupportedError(
       "--engine zero (and mpirun) needs tiermem's zero and comm libraries, which this build "
       "lacks");

@@ -37,7 +37,8 @@ RankInfo detect_ranks() {
   return r;
 }
 
-std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptions& opts) {
+std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptions& opts,
+                                         std::uint64_t device_budget_bytes) {
   const Config& c = plan.config;
   const bool offload = c.zero.offload_param.device != OffloadDevice::kNone ||
                        c.zero.offload_optimizer.device != OffloadDevice::kNone;
@@ -74,7 +75,7 @@ std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptio
       throw NotSupportedError("--engine resident runs one rank; use --engine zero with mpirun");
     return std::make_unique<ResidentEngine>(plan.model, plan.seed);
   }
-  if (kind == "zero") return make_zero_engine(plan);
+  if (kind == "zero") return make_zero_engine(plan, device_budget_bytes);
   throw ConfigError("--engine", kind, "expected auto, resident or zero");
 }
 }  // namespace tiermem::train

@@ -14,6 +14,7 @@
 // Thread-safety: called once from the main thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "train/train_engine.h"
@@ -35,11 +36,15 @@ struct RankInfo {
 // RANK/WORLD_SIZE; one rank otherwise.
 RankInfo detect_ranks();
 
-// The tiered engine (train_engine_zero.cc); NotSupportedError when the libraries it needs are
-// not in this build.
-std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan& plan);
+// The tiered engine (train_engine_zero.cc) on the plan's config with tiermem.device_budget_bytes
+// `device_budget_bytes` (what the model's backend left: make_model_backend); NotSupportedError
+// when the libraries it needs are not in this build.
+std::unique_ptr<TrainEngine> make_zero_engine(const TrainPlan& plan, std::uint64_t device_budget_bytes);
 
-// Builds the engine the plan's configuration asks for. Throws Error/ConfigError/NotSupportedError.
-std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptions& opts);
+// Builds the engine the plan's configuration asks for, with the device budget the model's backend
+// left it (make_model_backend; the plan's own when the model is on the CPU). Throws
+// Error/ConfigError/NotSupportedError.
+std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptions& opts,
+                                         std::uint64_t device_budget_bytes);
 
 }  // namespace tiermem::train

@@ -183,6 +183,21 @@ void warn_if_changed(const std::string& manifest, const nlohmann::json& meta, co
   }
 }
 
+// A resume at another world size (the ZeRO engine re-partitions the optimizer state,
+// checkpoint_reshard.h) reads the same sequences as the saved run would when the global batch is
+// kept: the sampler's position counts sequences of the whole job and ranks split each global
+// batch in rank order. The losses then equal a resume at the saved size's up to fp32 summation order.
+void check_global_batch(const std::string& mf, const nlohmann::json& meta, int saved_world, const TrainPlan& plan) {
+  const long long batch = meta.value("batch", 0), saved = batch * saved_world,
+                  now = static_cast<long long>(plan.batch) * plan.world_size;
+  if (saved == now) return;
+  throw CheckpointError(fmt::format(
+      "checkpoint {}: saved by {} ranks with --batch {} (a global batch of {} sequences); {} ranks with --batch {} "
+      "make {}, and the continuation would read other data: {}", mf, saved_world, batch, saved, plan.world_size,
+      plan.batch, now, saved % plan.world_size == 0 ? fmt::format("give --batch {}", saved / plan.world_size)
+                                                    : fmt::format("resume at a world size that divides {}", saved)));
+}
+
 // SIGINT / SIGTERM: the first one asks the step loop to stop after the current step (with
 // --save, checkpointing first), print the summary and clean up (swap files, locks); the handler
 // is reset by it (SA_RESETHAND), so a second signal ends the process at once.
@@ -214,11 +229,13 @@ ResolvedRun resolve_run(const TrainOptions& opts) {
   Config cfg = effective_config(opts, ranks.rank);
   TrainPlan plan = make_plan(opts, cfg, ranks.rank, ranks.world_size);
   check_run_paths(opts, cfg);
-  const std::string asked_device = plan.config.tiermem.device;
-  const DeviceDecision device = decide_device(
-      asked_device, opts.device.empty() ? "tiermem.device" : "--device",
-      asked_device == "sim" ? CudaProbe{} : probe_cuda());
-  plan.config.tiermem.device = device.device;
+  const std::string key = opts.device.empty() ? "tiermem.device" : "--device";
+  const DeviceChoice asked = parse_device_choice(plan.config.tiermem.device, key);
+  const DeviceDecision device =
+      decide_device(asked, key, asked == DeviceChoice::kSim ? CudaProbe{} : probe_cuda());
+  // The run's own plan records what it computes on: the engine's config then names the kind and
+  // nothing downstream looks for CUDA again (checkpoints keep the device the run had).
+  plan.config.tiermem.device = std::string(device_kind_name(device.kind));
 
   if (plan.rank == 0) {
     const std::string note = vocab_change_note(opts);
@@ -245,17 +262,19 @@ struct RunData {
 // returned. SIGINT/SIGTERM from here on stop the run cleanly (swap files and locks removed): one
 // that arrives while the engine writes the initial state (minutes for a model of tens of GB)
 // takes effect when that is done, before the first step; a second one ends the process at once.
-std::unique_ptr<gpt::ModelBackend> build_engine(const TrainOptions& opts, TrainPlan& plan,
+std::unique_ptr<gpt::ModelBackend> build_engine(const TrainOptions& opts, const TrainPlan& plan,
                                                 const DeviceDecision& device,
                                                 std::unique_ptr<TrainEngine>& engine) {
   g_stop_signal.store(0);
   install_stop_handlers();
   kill_point("init");  // TEST-ONLY (kill_point.h)
-  // The model's backend first: on CUDA its activations come out of the device budget.
-  std::unique_ptr<gpt::ModelBackend> backend = make_model_backend(
-      &plan, opts.device_budget_bytes ? "--device-budget" : "tiermem.device_budget_bytes");
+  // The model's backend first: on CUDA its activations come out of the device budget, and the
+  // engine is given what is left.
+  ModelOnDevice on_device = make_model_backend(
+      plan, device, opts.device_budget_bytes ? "--device-budget" : "tiermem.device_budget_bytes");
+  std::unique_ptr<gpt::ModelBackend> backend = std::move(on_device.backend);
   gpt::ModelBackend& model = *backend;
-  engine = make_engine(plan, opts);
+  engine = make_engine(plan, opts, on_device.engine_device_budget_bytes);
   const bool lead = plan.rank == 0;
   if (lead && !device.note.empty()) TM_LOG_INFO("TRAIN", "{}", device.note);
   if (const std::string blas = gpt::cpu::openblas_core_note(); lead && !blas.empty()) TM_LOG_INFO("TRAIN", "{}", blas);
@@ -296,16 +315,22 @@ struct LoopState {
 };
 
 // 4. Resume from --resume (the engine's state, the sampler's position, the first step and the
-// initial loss into `loop`). Returns false when the checkpoint is already at the last step: a
+// initial loss into `loop`), at the saved world size or another (check_global_batch). Returns false when the checkpoint is already at the last step: a
 // run restarted after it had finished (a crash-restart loop, a rerun of the same command) has
 // nothing left to do, and says so.
 bool resume(const TrainOptions& opts, const TrainPlan& plan, RunData& data, TrainEngine& engine,
             LoopState& loop) {
-  CheckpointReader r(opts.resume_dir, plan.rank);
+  // This rank's own files when the checkpoint has them; a rank the saved run did not have reads
+  // rank 0's meta (the same on every rank: step, data position, schedule, loss scale).
+  const int saved_world = CheckpointReader(opts.resume_dir, 0).world_size();
+  CheckpointReader r(opts.resume_dir, plan.rank < saved_world ? plan.rank : 0);
   const std::string& mf = r.manifest_path();
-  expect_same(mf, "world_size", r.world_size(), plan.world_size);
   expect_same(mf, "meta.model", r.meta().at("model"), model_json(plan));
-  expect_same(mf, "meta.batch", r.meta().value("batch", 0), plan.batch);
+  if (saved_world == plan.world_size) {
+    expect_same(mf, "meta.batch", r.meta().value("batch", 0), plan.batch);
+  } else {
+    check_global_batch(mf, r.meta(), saved_world, plan);
+  }
   expect_same(mf, "meta.grad_accum", r.meta().value("grad_accum", 0), plan.grad_accum);
   expect_same(mf, "meta.seq_len", r.meta().value("seq_len", 0), plan.seq_len);
   expect_same(mf, "meta.seed", r.meta().value("seed", std::uint64_t{0}), plan.seed);

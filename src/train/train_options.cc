@@ -209,7 +209,8 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
                  "stop after step N as if interrupted (checkpointing first with --save); the "
                  "schedule still runs to --steps, so --resume continues exactly")
       ->check(CLI::Range(1, 100000000));
-  app.add_option("--resume", o.resume_dir, "continue from the checkpoint in DIR")
+  app.add_option("--resume", o.resume_dir, "continue from the checkpoint in DIR (at the saved world size or another: "
+                 "keep --batch x ranks as saved)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--trace", o.trace_path,
                  "write a Chrome trace (open in https://ui.perfetto.dev)");

@@ -30,6 +30,7 @@
 #include "tiermem/cast.h"
 #include "tiermem/communicator.h"
 #include "tiermem/device.h"
+#include "tiermem/device_choice.h"
 #include "tiermem/dtype.h"
 #include "tiermem/error.h"
 #include "tiermem/io_engine.h"
@@ -168,6 +169,9 @@ struct ZeroEngine::Impl {
   ZeroPlanOptions plan_opts;             // what `plan` was made with
   std::vector<std::size_t> plan_numels;  // ... and for which modules
 
+  // tiermem.device resolved once, by make_plan (auto probes CUDA there, and only there): the plan
+  // assumes this kind and make_tiers makes it.
+  ResolvedDevice device_choice;
   // Tiers. Destruction order (reverse of declaration): store first, then swap spaces, io, device.
   std::shared_ptr<Device> device;
   std::unique_ptr<IoEngine> io;

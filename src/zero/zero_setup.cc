@@ -15,14 +15,15 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   po.world_size = world;
   po.alignment_elems = opts.alignment_elems;
   po.max_inflight_buckets = opts.max_inflight_buckets;
-  // The device is made (and its addressability known) only when the plan needs one: assume it
-  // from the config here; make_tiers plans again if the device made says otherwise (auto: CUDA).
-  po.device_host_addressable = cfg.tiermem.device != "cuda" && cfg.tiermem.sim_host_addressable;
+  // The device is made only when the plan needs one, but its kind (and so its addressability) is
+  // known now: tiermem.device resolved once, here.
+  device_choice = resolve_device(DeviceOptions::from_config(cfg).choice);
+  const bool gpu = device_choice.kind == DeviceKind::kCuda;
+  po.device_host_addressable = !gpu && cfg.tiermem.sim_host_addressable;
   // tiermem.device_optimizer: on = the device-resident optimizer on any device (SimDevice: its
   // CPU twin); auto = when the device will be a GPU; off = never. It applies to offload_optimizer
   // none at stages 1-3 (plan_zero checks those).
   const std::string& want = cfg.tiermem.device_optimizer;
-  const bool gpu = cfg.tiermem.device == "cuda" || (cfg.tiermem.device == "auto" && cuda_device_available());
   po.device_optimizer = want == "on" || (want == "auto" && gpu);
   if (want == "on" && cfg.zero.offload_optimizer.device != OffloadDevice::kNone) {
     throw ConfigError("tiermem.device_optimizer", want,
@@ -74,16 +75,15 @@ void ZeroEngine::Impl::make_tiers() {
   if (needs_device(plan)) {
     DeviceOptions dopt = DeviceOptions::from_config(cfg);
     dopt.sim_adam_kernel = &detail::device_adam_kernel;  // the host optimizer's kernel: bit for bit
-    device = make_device(dopt);
+    device = make_device(dopt, device_choice);
     // Gathers land in device memory on every device. One the CPU cannot address (CudaDevice,
     // SimDevice with sim_host_addressable false) is only ever reached through its copy API
     // (zero_device.cc): staged all-gathers, publication of new params, gradient hand-over.
     if (plan.uses_device) compute_tier = Tier::kDevice;
     opaque = !device->host_addressable();
-    if (opaque == plan_opts.device_host_addressable || (ratio_auto && plan_opts.device_budget_bytes == 0)) {
-      // staging bytes and gradient home differ; or ratio "auto" needs the device's real budget
-      plan_opts.device_host_addressable = !opaque;
-      if (ratio_auto) plan_opts.device_budget_bytes = device->budget_bytes();
+    if (ratio_auto && plan_opts.device_budget_bytes == 0) {
+      // ratio "auto" sizes the device's share from its real budget (CUDA: measured as it is made)
+      plan_opts.device_budget_bytes = device->budget_bytes();
       plan = plan_zero(cfg, plan_numels, plan_opts);
     }
     // The device optimizer needs the device's real budget (0 in the config: the device's own).

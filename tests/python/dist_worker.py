@@ -1,10 +1,12 @@
 """One rank of test_torch_dist's runs (started by torchrun, or directly for one rank): a small HF
 model trained through tiermem.torch with the global batch split evenly over the ranks; rank 0
-writes the per-step global losses (the mean of the ranks' losses) as JSON."""
+writes the per-step global losses (the mean of the ranks' losses) as JSON, and with --resume each
+rank's max RSS (getrusage) before and after load_checkpoint."""
 
 import argparse
 import json
 import os
+import resource
 import sys
 
 import torch
@@ -50,8 +52,11 @@ def main() -> None:
     g = torch.Generator().manual_seed(7)
     losses = []
     first = 0
+    load_rss = None
     if a.resume:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         engine.load_checkpoint(a.ckpt)
+        load_rss = [before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]
         first = engine.global_steps
         for _ in range(first):  # the data stream continues where the checkpoint left it
             torch.randint(0, VOCAB, (GLOBAL, 16), generator=g)
@@ -71,10 +76,15 @@ def main() -> None:
         losses.append(float(value))
         if a.save_at and step + 1 == a.save_at:
             engine.save_checkpoint(a.ckpt)
+    state_bytes = engine.stats()["optimizer_state_bytes"]
     engine.close()
+    rss = [load_rss]
+    if world > 1:
+        rss = [None] * world
+        dist.all_gather_object(rss, load_rss)
     if rank == 0:
         with open(a.out, "w") as f:
-            json.dump({"losses": losses, "world": world}, f)
+            json.dump({"losses": losses, "world": world, "load_rss": rss, "optimizer_state_bytes": state_bytes}, f)
     if dist.is_initialized():
         dist.destroy_process_group()
 

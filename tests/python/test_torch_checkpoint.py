@@ -130,3 +130,35 @@ def test_gathered_parameters_modify_and_write_back(torch_or_skip, tmp_path):
     with tt.zero.GatheredParameters(w):
         assert torch.equal(w.detach(), want)
     a.close()
+
+
+def test_reshard_source_from_python(tmp_path):
+    """_tiermem.OptimizerStateReshard, the C++ re-partitioning load_checkpoint uses at another world
+    size: one module of 20 elements saved over 2 ranks (alignment 4: shards of 12, old rank 1 holding
+    elements 12-19 and 4 zeros of padding) read back whole at 1 rank; float32 arrays only; a missing
+    old rank is named."""
+    np = pytest.importorskip("numpy")
+    from tiermem import _tiermem
+    names = ["optimizer.master", "optimizer.exp_avg", "optimizer.exp_avg_sq"]
+    for k in range(2):
+        w = _tiermem.CheckpointWriter(str(tmp_path), k, 2, 1)
+        part = np.zeros(12, dtype=np.float32)
+        real = np.arange(12 * k, min(20, 12 * k + 12), dtype=np.float32)
+        part[:len(real)] = real
+        for i, name in enumerate(names):
+            w.add_tensor(name, "host", part * (i + 1), "f32", [12])
+        w.commit("{}")
+    src = _tiermem.OptimizerStateReshard(str(tmp_path), 2, names, [20], 4, 1, 0)
+    assert src.shard_numel == 20 and src.source_ranks() == [0, 1]
+    got = [np.full(20, -1, dtype=np.float32) for _ in range(3)]
+    for off in range(0, 20, 7):  # sub-groups not aligned to either layout
+        n = min(7, 20 - off)
+        src(off, *(g[off:off + n] for g in got))
+    for i, g in enumerate(got):
+        assert g.tolist() == [float(v * (i + 1)) for v in range(20)]
+    with pytest.raises(ValueError, match="float32"):
+        src(0, *(np.zeros(4, dtype=np.float64) for _ in range(3)))
+    import shutil
+    shutil.rmtree(tmp_path / "rank1")
+    with pytest.raises(RuntimeError, match="rank1"):
+        _tiermem.OptimizerStateReshard(str(tmp_path), 2, names, [20], 4, 1, 0)

@@ -7,6 +7,7 @@ in the same swap directory."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -27,7 +28,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, name, ranks, *args, env_extra=None, check=True):
+def _launch(tmp_path, name, ranks, *args, env_extra=None, check=True, full=False):
     swap = tmp_path / f"swap-{name}"
     swap.mkdir(exist_ok=True)
     out = tmp_path / f"{name}.json"
@@ -46,7 +47,8 @@ def _launch(tmp_path, name, ranks, *args, env_extra=None, check=True):
     took = time.monotonic() - t0
     if check:
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-        return json.loads(out.read_text())["losses"], took
+        result = json.loads(out.read_text())
+        return (result if full else result["losses"]), took
     return p, took, swap
 
 
@@ -80,9 +82,36 @@ def test_killed_rank_fails_the_others_and_the_next_run_starts_cleanly(torch_or_s
     p, took, swap = _launch(tmp_path, "kill", 2, env_extra={"TIERMEM_TEST_KILL_RANK1_AT_STEP": "3"}, check=False)
     assert p.returncode != 0
     assert took < 120, took  # within the collective timeout (60 s) and start-up, not a hang
+    # torchrun stops the survivor and names the lost rank as the root cause.
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9", p.stderr), p.stderr[-3000:]
     # The next run in the same swap directory starts and finishes.
     got, _ = _launch(tmp_path, "kill", 2)
     assert len(got) == 10
+
+
+def test_killed_rank_is_named_by_the_survivor(torch_or_skip, tmp_path):
+    """Ranks started by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a launcher that does not
+    stop the others itself). Rank 1 is killed before step 3; rank 0's next collective fails within
+    the collective timeout and its error names rank 1 and its pid."""
+    hf_or_skip()
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    port = _port()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", TIERMEM_COLLECTIVE_TIMEOUT_S="30", RANK=str(r), WORLD_SIZE="2",
+                   LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TIERMEM_TEST_KILL_RANK1_AT_STEP="3")
+        procs.append(subprocess.Popen([sys.executable, WORKER, "--swap", str(swap), "--out", str(tmp_path / "o.json")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    t0 = time.monotonic()
+    _, err = procs[0].communicate(timeout=300)
+    took = time.monotonic() - t0
+    procs[1].communicate(timeout=60)  # a zombie until now: rank 0 saw it as no longer running
+    assert procs[1].returncode == -9
+    assert procs[0].returncode != 0
+    assert took < 120, took
+    assert re.search(rf"failed on rank 0 of 2: rank 1 \(pid {procs[1].pid}\) is no longer running", err), err[-3000:]
 
 
 def test_resume_at_another_world_size(torch_or_skip, tmp_path):
@@ -96,12 +125,29 @@ def test_resume_at_another_world_size(torch_or_skip, tmp_path):
     same, _ = _launch(tmp_path, "r2", 2, "--steps", "4", "--resume", "--ckpt", str(ckpt))
     assert same == cont  # same world size: bit for bit
     for ranks in (3, 1):
-        got, _ = _launch(tmp_path, f"r{ranks}", ranks, "--steps", "4", "--resume", "--ckpt", str(ckpt))
-        _close(got, cont)
+        got, _ = _launch(tmp_path, f"r{ranks}", ranks, "--steps", "4", "--resume", "--ckpt", str(ckpt), full=True)
+        _close(got["losses"], cont)
+        _check_load_rss(got)
     ckpt3 = tmp_path / "ckpt3"
     full3, _ = _launch(tmp_path, "save3", 3, "--steps", "6", "--save-at", "3", "--ckpt", str(ckpt3))
-    got, _ = _launch(tmp_path, "r3to2", 2, "--steps", "3", "--resume", "--ckpt", str(ckpt3))
-    _close(got, full3[3:])
+    got, _ = _launch(tmp_path, "r3to2", 2, "--steps", "3", "--resume", "--ckpt", str(ckpt3), full=True)
+    _close(got["losses"], full3[3:])
+    _check_load_rss(got)
+
+
+# The re-partitioning load streams: each rank's peak RSS may grow during load_checkpoint by at most
+# its engine budgets (dist_worker's 2 MiB host + 512 KiB device) plus a stated allowance of 16 MiB
+# (the checksum pass reads in chunks of up to 8 MiB; unpickled scheduler and RNG state; allocator
+# slack). The baseline is the rank's own peak before the load (torch, the model, the engine).
+LOAD_RSS_ALLOWANCE = (2 << 20) + (512 << 10) + (16 << 20)
+
+
+def _check_load_rss(result):
+    for rank, (before, after) in enumerate(result["load_rss"]):
+        print(f"rank {rank}: max RSS {before / 2**20:.1f} MiB before load_checkpoint, {after / 2**20:.1f} MiB after "
+              f"(+{(after - before) / 2**20:.2f} MiB; optimizer state {result['optimizer_state_bytes'] / 2**20:.2f} "
+              "MiB per rank)")
+        assert after - before <= LOAD_RSS_ALLOWANCE, (rank, before, after)
 
 
 def test_rank_with_another_module_order_is_named(torch_or_skip, tmp_path):

@@ -34,17 +34,18 @@ out=$(PATH="$T/gpu:$PATH" BUILD_DIR="$T/build" OUT_JSON="$T/out.json" LOG_DIR="$
       BUDGET_S=60 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
 [[ $rc == 1 ]] || fail "failed build: exit $rc, want 1: $out"
 [[ $out == *"==== gpu-check: NVIDIA H200"* ]] || fail "failed build: no table: $out"
-for row in build "gpu unit tests" "bench h2d" "bench d2h" "bench gemm" "bench pipeline" "train gpt2" offload overlap; do
+for row in build "gpu unit tests" "bench h2d" "bench d2h" "bench gemm" "bench pipeline" "train gpt2" offload overlap \
+           "tiermem.torch on CUDA"; do
   printf '%s\n' "$out" | grep -q "^$row " || fail "failed build: no row '$row': $out"
 done
-[[ $(printf '%s\n' "$out" | grep -c ' SKIP ') == 8 ]] || fail "failed build: want 8 SKIP rows: $out"
+[[ $(printf '%s\n' "$out" | grep -c ' SKIP ') == 9 ]] || fail "failed build: want 9 SKIP rows: $out"
 [[ -s $T/out.json ]] || fail "failed build: no JSON"
 if command -v python3 >/dev/null; then
   python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d['gpu'] == 'NVIDIA H200' and d['failed'] == 1, d
-assert [c['status'] for c in d['checks']] == ['FAIL'] + ['SKIP'] * 8, d
+assert [c['status'] for c in d['checks']] == ['FAIL'] + ['SKIP'] * 9, d
 assert 'fake cmake' in d['checks'][0]['detail'], d
 " "$T/out.json" || fail "failed build: bad JSON: $(cat "$T/out.json")"
 fi
@@ -84,10 +85,18 @@ while [ $i -le $steps ]; do
 done
 echo '{"summary":{"gflops":123456.0,"tokens_per_s":50000.0,"stall_seconds":1.5,"seconds":10.0}}'
 FAKE
+# A Python with a CUDA torch, as step 7 asks of it: the probe, pip and pytest.
+cat >"$T/gpu2/fakepy" <<'FAKE'
+#!/bin/sh
+case "$1 $2" in
+  "-m pytest") echo "test_torch_cuda.py ...."; echo "4 passed in 12.3s" ;;
+esac
+exit 0
+FAKE
 chmod +x "$T"/gpu2/* "$FB/bin/tiermem-bench" "$FB/bin/tiermem-train"
 if command -v bc >/dev/null && command -v python3 >/dev/null; then
   out=$(PATH="$T/gpu2:$PATH" BUILD_DIR="$FB" OUT_JSON="$T/ok.json" LOG_DIR="$T/logs2" NVME_DIR="$T" \
-        BUDGET_S=120 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
+        TORCH_PYTHON="$T/gpu2/fakepy" BUDGET_S=120 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
   [[ $rc == 0 ]] || fail "all ok: exit $rc: $out"
   [[ $(printf '%s\n' "$out" | grep -cE ' (FAIL|SKIP|TIMEOUT) ') == 0 ]] || fail "all ok: a row failed: $out"
   [[ $out == *"0.971 (ok >= 0.9)"* && $out == *"702.3 TFLOP/s"* && $out == *"ratio to slowest stage 0.95"* ]] \
@@ -95,6 +104,8 @@ if command -v bc >/dev/null && command -v python3 >/dev/null; then
   [[ $out == *"123.46 TFLOP/s, 0.18 of the GEMM peak"* && $out == *"stall 15.0 %"* ]] \
     || fail "all ok: train figures missing: $out"
   [[ $out == *"overlap efficiency 0.952 (goal >= 0.9, reported)"* ]] || fail "all ok: overlap figure missing: $out"
+  printf '%s\n' "$out" | grep -E '^tiermem.torch on CUDA \(pytest\) +ok .*4 passed' >/dev/null \
+    || fail "all ok: no torch row: $out"
   python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -104,10 +115,13 @@ assert m['bench gemm']['tflops'] == 702.3 and m['train gpt2 --device cuda']['tfl
 assert m['bench train-offload gpt2']['overlap_efficiency'] == 0.952, m
 " "$T/ok.json" || fail "all ok: bad JSON: $(cat "$T/ok.json")"
   out=$(PATH="$T/gpu2:$PATH" FAKE_LOSS_SHIFT=0.5 BUILD_DIR="$FB" OUT_JSON="$T/bad.json" LOG_DIR="$T/logs3" \
-        NVME_DIR="$T" BUDGET_S=120 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
+        NVME_DIR="$T" TORCH_PYTHON=/nonexistent/python BUDGET_S=120 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
   [[ $rc == 1 ]] || fail "stray loss curve: exit $rc: $out"
   printf '%s\n' "$out" | grep -E '^train gpt2 --device cuda +FAIL .*max \|diff\| 0.5000' >/dev/null \
     || fail "stray loss curve: no failed row: $out"
+  # No Python with a CUDA torch: the torch row says SKIP and why (not ok: nothing was checked).
+  printf '%s\n' "$out" | grep -E '^tiermem.torch on CUDA \(pytest\) +SKIP .*no Python with a CUDA-enabled torch' \
+    >/dev/null || fail "no CUDA torch: no SKIP row: $out"
 fi
 [[ -n ${GPU_CHECK_TEST_SHOW:-} ]] && printf "%s\n" "$out"
 echo "gpu_check_test: ok"

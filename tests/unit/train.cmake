@@ -15,7 +15,7 @@ if(TARGET tiermem_train)
 endif()
 if(TARGET tiermem_train AND TARGET tiermem_zero AND MPI_CXX_FOUND)
   tiermem_test(NAME train_mpi_test SOURCES train_mpi_test.cc
-               DEPS nlohmann_json::nlohmann_json LABELS "train;mpi" TIMEOUT 180)
+               DEPS nlohmann_json::nlohmann_json LABELS "train;mpi" TIMEOUT 300)
   target_compile_definitions(train_mpi_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
   add_dependencies(train_mpi_test tiermem-train)
 endif()
@@ -33,3 +33,7 @@ if(TARGET tiermem_train AND TARGET tiermem_zero)
   target_compile_definitions(train_budget_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
   add_dependencies(train_budget_test tiermem-train)
 endif()
+# The re-partitioning of a saved ZeRO optimizer state (src/train/checkpoint_reshard.h), on
+# synthetic checkpoints.
+tiermem_test(NAME train_reshard_test SOURCES train_reshard_test.cc
+             DEPS tiermem::train_state LABELS train TIMEOUT 60)

@@ -1,5 +1,6 @@
 // decide_device (src/train/train_device.h): which device tiermem-train computes on, over
-// every probe outcome, without needing (or touching) a GPU.
+// every probe outcome, without needing (or touching) a GPU; the CPU model's backend leaves the
+// plan as it was.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -27,7 +28,7 @@ CudaProbe one_h200() {
 
 TEST(TrainDevice, CudaWithoutAUsableDeviceIsAUsageErrorNamingTheKeyAndTheReason) {
   try {
-    decide_device("cuda", "--device", no_driver());
+    decide_device(DeviceChoice::kCuda, "--device", no_driver());
     FAIL() << "no error";
   } catch (const UsageError& e) {
     EXPECT_EQ(e.key_path(), "--device");
@@ -38,34 +39,35 @@ TEST(TrainDevice, CudaWithoutAUsableDeviceIsAUsageErrorNamingTheKeyAndTheReason)
   }
   CudaProbe no_build;
   no_build.reason = "this build has no CUDA";
-  EXPECT_THROW(decide_device("cuda", "tiermem.device", no_build), UsageError);
-  EXPECT_THROW(decide_device("cuda", "--device", CudaProbe{}), UsageError);  // no reason given
+  EXPECT_THROW(decide_device(DeviceChoice::kCuda, "tiermem.device", no_build), UsageError);
+  EXPECT_THROW(decide_device(DeviceChoice::kCuda, "--device", CudaProbe{}), UsageError);  // no reason given
 }
 
 TEST(TrainDevice, AutoPicksCudaWhenVisibleAndSaysWhich) {
-  const DeviceDecision d = decide_device("auto", "--device", one_h200());
-  EXPECT_EQ(d.device, "cuda");
+  const DeviceDecision d = decide_device(DeviceChoice::kAuto, "--device", one_h200());
+  EXPECT_EQ(d.kind, DeviceKind::kCuda);
+  EXPECT_EQ(d.cuda_devices, 1);
   EXPECT_NE(d.note.find("cuda:0 (NVIDIA H200)"), std::string::npos) << d.note;
   EXPECT_NE(d.note.find("auto picked cuda"), std::string::npos) << d.note;
   CudaProbe two = one_h200();
   two.device_count = 2;
-  EXPECT_NE(decide_device("auto", "--device", two).note.find("1 of 2 visible"), std::string::npos);
+  EXPECT_NE(decide_device(DeviceChoice::kAuto, "--device", two).note.find("1 of 2 visible"), std::string::npos);
 }
 
 TEST(TrainDevice, AutoFallsBackToSimWithTheReason) {
-  const DeviceDecision d = decide_device("auto", "tiermem.device", no_driver());
-  EXPECT_EQ(d.device, "sim");
+  const DeviceDecision d = decide_device(DeviceChoice::kAuto, "tiermem.device", no_driver());
+  EXPECT_EQ(d.kind, DeviceKind::kSim);
   EXPECT_NE(d.note.find("auto picked sim"), std::string::npos) << d.note;
   EXPECT_NE(d.note.find("driver version is insufficient"), std::string::npos) << d.note;
 }
 
 TEST(TrainDevice, ExplicitChoicesAndBadValues) {
-  EXPECT_EQ(decide_device("sim", "--device", one_h200()).device, "sim");
-  EXPECT_TRUE(decide_device("sim", "--device", one_h200()).note.empty());
-  const DeviceDecision c = decide_device("cuda", "--device", one_h200());
-  EXPECT_EQ(c.device, "cuda");
+  EXPECT_EQ(decide_device(DeviceChoice::kSim, "--device", one_h200()).kind, DeviceKind::kSim);
+  EXPECT_TRUE(decide_device(DeviceChoice::kSim, "--device", one_h200()).note.empty());
+  const DeviceDecision c = decide_device(DeviceChoice::kCuda, "--device", one_h200());
+  EXPECT_EQ(c.kind, DeviceKind::kCuda);
   EXPECT_NE(c.note.find("computes on the GPU"), std::string::npos) << c.note;
-  EXPECT_THROW(decide_device("tpu", "tiermem.device", one_h200()), ConfigError);
+  EXPECT_THROW(parse_device_choice("tpu", "tiermem.device"), ConfigError);  // before deciding
 }
 
 TEST(TrainDevice, CudaActivationsComeOutOfTheDeviceBudget) {
@@ -78,6 +80,24 @@ TEST(TrainDevice, CudaActivationsComeOutOfTheDeviceBudget) {
     EXPECT_EQ(e.key_path(), "tiermem.device_budget_bytes");
     EXPECT_NE(std::string(e.what()).find("activations"), std::string::npos) << e.what();
   }
+}
+
+TEST(TrainDevice, TheCpuModelLeavesThePlanAndTheBudgetAsTheyWere) {
+  TrainPlan plan;
+  plan.model.n_layer = 1;
+  plan.model.n_head = 2;
+  plan.model.d_model = 32;
+  plan.model.seq_len = 16;
+  plan.batch = 1;
+  plan.seq_len = 16;
+  plan.config.tiermem.device = "sim";
+  plan.config.tiermem.device_budget_bytes = 64 << 20;
+  const std::string before = config_to_json(plan.config);
+  DeviceDecision sim;  // kSim
+  const ModelOnDevice m = make_model_backend(plan, sim, "--device-budget");
+  ASSERT_NE(m.backend, nullptr);
+  EXPECT_EQ(m.engine_device_budget_bytes, 64u << 20);  // no CUDA activations to take out
+  EXPECT_EQ(config_to_json(plan.config), before);       // read, not changed
 }
 
 TEST(TrainDevice, OneGpuPerLocalRank) {

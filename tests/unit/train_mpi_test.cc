@@ -1,14 +1,16 @@
 // tiermem-train under `mpirun -np 2` and `-np 3` (ZeroEngine stage 3 over MPI, each rank its own
 // swap dir <swap>/rank<r>) against one rank with the same global batch: the losses agree within a
 // relative 1e-5 for 8 steps (the only differences are fp32 summation orders in the reduce-scatter
-// and the loss all-reduce); and a two-rank --save/--resume equals an uninterrupted two-rank run
-// bit for bit. Label "mpi".
+// and the loss all-reduce); a two-rank --save/--resume equals an uninterrupted two-rank run bit
+// for bit; a checkpoint resumes at another world size (2 -> 3, 2 -> 1, 3 -> 2) within 1e-5 of a
+// resume at the saved size, streaming the state. Label "mpi".
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -199,6 +202,108 @@ TEST(TrainMpi, TwoRankCheckpointResumesBitForBit) {
     EXPECT_EQ(resumed[i].first, i + 5);
     EXPECT_EQ(resumed[i].second, full[i + 4].second) << "step " << i + 5;  // bit for bit
   }
+}
+
+// Resume at another world size (issue 33): the ZeRO optimizer state is re-partitioned as it loads
+// (src/train/checkpoint_reshard.h). Saved by 2 ranks with --batch 3 after step 4, resumed by 3
+// ranks with --batch 2 and by 1 rank with --batch 6 (the same global batch of 6 sequences, so the
+// same data): steps 5..8 equal those of a resume at 2 ranks within 1e-5 relative (the state is the
+// same numbers; only fp32 summation orders in the reduce-scatter and the loss all-reduce differ).
+// Then saved by 3, resumed by 2 against a resume at 3. A resume at 2 ranks equals the
+// uninterrupted run bit for bit (TwoRankCheckpointResumesBitForBit). A --batch that changes the
+// global batch is refused, naming the --batch that keeps it.
+TEST(TrainMpi, ResumeAtAnotherWorldSizeContinuesTheRun) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = make_dir_with_corpus("tiermem_train_mpi_reshard");
+  const std::string bin = std::string(TIERMEM_TRAIN_BIN) +
+                          " --model tiny --seq-len 16 --steps 8 --eval-every 0 --json "
+                          "--engine zero --offload nvme --data corpus.txt --seed 5 ";
+  auto at = [&](int np, const std::string& args) {
+    return (np == 1 ? std::string("OMP_NUM_THREADS=1 ")
+                    : "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) +
+                          " -x OMP_NUM_THREADS=1 ") +
+           bin + "--batch " + std::to_string(6 / np) + " " + args;
+  };
+  struct Run {
+    std::vector<std::pair<int, double>> steps;
+    std::string err;
+  };
+  auto run = [&](int np, const std::string& args) {
+    Run r;
+    r.steps = run_step_losses(at(np, args), dir, &r.err);
+    return r;
+  };
+  const Run save2 = run(2, "--swap-dir s-save2 --save ck2 --stop-at 4");
+  const Run ref2 = run(2, "--swap-dir s-ref2 --resume ck2");
+  const Run to3 = run(3, "--swap-dir s-to3 --resume ck2");
+  const Run to1 = run(1, "--swap-dir s-to1 --resume ck2");
+  const Run save3 = run(3, "--swap-dir s-save3 --save ck3 --stop-at 4");
+  const Run ref3 = run(3, "--swap-dir s-ref3 --resume ck3");
+  const Run to2 = run(2, "--swap-dir s-to2 --resume ck3");
+  std::string bad_err;
+  const auto bad = run_step_losses("OMP_NUM_THREADS=1 " + bin + "--batch 5 --swap-dir s-bad --resume ck2", dir,
+                                   &bad_err);
+  fs::remove_all(dir);
+  ASSERT_EQ(save2.steps.size(), 4u) << save2.err;
+  ASSERT_EQ(save3.steps.size(), 4u) << save3.err;
+  for (const auto& [ref, got, what] : {std::tuple{&ref2, &to3, "2 -> 3"}, std::tuple{&ref2, &to1, "2 -> 1"},
+                                       std::tuple{&ref3, &to2, "3 -> 2"}}) {
+    SCOPED_TRACE(what);
+    ASSERT_EQ(ref->steps.size(), 4u) << ref->err;
+    ASSERT_EQ(got->steps.size(), 4u) << got->err;
+    EXPECT_NE(got->err.find("re-partitioning the optimizer state"), std::string::npos) << got->err;
+    for (std::size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(got->steps[i].first, static_cast<int>(i) + 5);
+      EXPECT_NEAR(got->steps[i].second, ref->steps[i].second, 1e-5 * std::abs(ref->steps[i].second))
+          << "step " << i + 5;
+    }
+  }
+  EXPECT_TRUE(bad.empty());
+  EXPECT_NE(bad_err.find("give --batch 6"), std::string::npos) << bad_err;
+}
+
+// The re-partitioning load streams (issue 33: max RSS during the reshard stays within the
+// budgets). A model with 154 MiB of optimizer state (17 blocks, d_model 256: 13.5 M parameters)
+// saved by 2 ranks and resumed by 1, the rank that must read every old file, at a 16 MiB host and
+// 8 MiB device budget: its max RSS (getrusage, the summary's max_rss_bytes) stays within the
+// accounted host peak plus train_memory_test's 128 MiB for code, libraries and the corpus, and
+// below the size of the optimizer state itself (one copy of it in memory would exceed that).
+// Measured: 84 MiB max RSS against 154 MiB of state.
+TEST(TrainMpi, ResumeAtAnotherWorldSizeStreamsTheState) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = make_dir_with_corpus("tiermem_train_mpi_reshard_rss");
+  const std::string bin = std::string(TIERMEM_TRAIN_BIN) +
+                          " --model custom --layers 17 --d-model 256 --seq-len 16 --steps 2 --eval-every 0 "
+                          "--json --engine zero --offload nvme --data corpus.txt --seed 5 --host-budget 16MiB "
+                          "--device-budget 8MiB ";
+  std::string err_save, err_resume;
+  const auto saved = run_step_losses(
+      "mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + bin +
+          "--batch 1 --swap-dir s-save --save ck --stop-at 1", dir, &err_save);
+  const auto resumed = run_step_losses("OMP_NUM_THREADS=1 " + bin + "--batch 2 --swap-dir s-one --resume ck",
+                                       dir, &err_resume);
+  nlohmann::json summary;
+  {
+    std::ifstream in(dir / "out.txt");  // the last run's stdout: its summary line
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.contains("summary")) summary = j["summary"];
+    }
+  }
+  fs::remove_all(dir);
+  ASSERT_EQ(saved.size(), 1u) << err_save;
+  ASSERT_EQ(resumed.size(), 1u) << err_resume;
+  EXPECT_NE(err_resume.find("re-partitioning the optimizer state saved over 2 ranks for 1"), std::string::npos)
+      << err_resume;
+  ASSERT_TRUE(summary.is_object());
+  const auto max_rss = summary.at("max_rss_bytes").get<std::uint64_t>();
+  const auto host_peak = summary.at("host_peak_bytes").get<std::uint64_t>();
+  const auto state = summary.at("optimizer_bytes").get<std::uint64_t>();
+  std::printf("2 -> 1 ranks: max RSS %.1f MiB, accounted host peak %.1f MiB, optimizer state %.1f MiB\n",
+              max_rss / 1048576.0, host_peak / 1048576.0, state / 1048576.0);
+  EXPECT_LE(summary.at("host_pool_peak_bytes").get<std::uint64_t>(), 16u << 20);
+  EXPECT_LE(max_rss, host_peak + (128ull << 20));
+  EXPECT_LT(max_rss, state);
 }
 
 // Messages said once per job: every rank would warn alike that its host pools are not

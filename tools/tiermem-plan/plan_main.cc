@@ -28,6 +28,7 @@
 
 #include "gpt/model.h"
 #include "plan/plan.h"
+#include "tiermem/device_choice.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "train/train_loop.h"
@@ -362,8 +363,7 @@ int main(int argc, char** argv) {
     }
     const plan::MachineProfile m =
         a.profile_path.empty() ? memory_only_profile(a.run.swap_dir) : plan::load_profile(a.profile_path);
-    if (a.run.device.empty() && m.device == "cuda") a.run.device = "cuda";
-    if (a.run.device.empty()) a.run.device = "sim";
+    if (a.run.device.empty()) a.run.device = std::string(device_kind_name(m.device));  // the profile's
     Config cfg = train::effective_config(a.run, 0, a.world_size);
     check_swap_dirs(a.run, cfg);
     train::TrainPlan run = train::make_train_plan(a.run, cfg, 0, a.world_size);

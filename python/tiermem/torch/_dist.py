@@ -3,7 +3,8 @@ ranks (torchrun, mpirun, or any launcher setting RANK/WORLD_SIZE/MASTER_ADDR/MAS
 engine calls these methods with 1-D CPU tensors viewing its own buffers; each runs synchronously on
 the process group (gloo on CPU). No transport is written here: torch.distributed's.
 
-The group is the default one: the caller's, if torch.distributed is already initialised, else one
+The group is the default one (or, when the default group cannot take CPU tensors, as an NCCL one
+cannot, a gloo group made beside it): the caller's, if torch.distributed is already initialised, else one
 made here from the environment (init_method env://) with gloo and a collective timeout of
 ``TIERMEM_COLLECTIVE_TIMEOUT_S`` seconds (default 120): a rank that died makes the others fail
 within it, naming the operation, instead of hanging.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -53,13 +55,59 @@ class DistOps:
     def __init__(self) -> None:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        # The engine's buffers are host memory: a default group that cannot take CPU tensors
+        # (NCCL, for a model on CUDA) gets a gloo group beside it for the engine's collectives.
+        # new_group is itself collective; every rank constructs DistOps in initialize.
+        self.group = None if "gloo" in str(dist.get_backend()) else dist.new_group(backend="gloo")
         self.unit = -1
         self.unit_names: list[str] = []
+        # Each rank's host and pid, so that a failed collective can say which rank is gone.
+        self.peers: list = [None] * self.world_size
+        dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()), group=self.group)
+
+    def lost_ranks(self) -> tuple[list[int], int]:
+        """Ranks on this host whose process no longer runs (gone, or a zombie not yet reaped by its
+        launcher), and how many ranks are on other hosts (which cannot be checked from here)."""
+        here = socket.gethostname()
+        lost, elsewhere = [], 0
+        for r, (host, pid) in enumerate(self.peers):
+            if r == self.rank:
+                continue
+            if host != here:
+                elsewhere += 1
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                if state in ("Z", "X"):
+                    lost.append(r)
+            except OSError:
+                lost.append(r)
+        return lost, elsewhere
+
+    def _failed(self, op: str, e: Exception) -> RuntimeError:
+        lost, elsewhere = self.lost_ranks()
+        if lost:
+            who = ", ".join(f"rank {r} (pid {self.peers[r][1]})" for r in lost)
+            why = f"{who} is no longer running" if len(lost) == 1 else f"{who} are no longer running"
+        else:
+            why = "no rank on this host has exited" + (f"; {elsewhere} ranks on other hosts were not checked"
+                                                       if elsewhere else "")
+        return RuntimeError(f"the engine's {op} failed on rank {self.rank} of {self.world_size}: {why} ({e}). "
+                            "Every rank must run the same steps; see the lost rank's own log for why it stopped")
+
+    def _run(self, op: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # gloo's DistBackendError / DistNetworkError, a timeout
+            if "the ranks gather different modules" in str(e):
+                raise
+            raise self._failed(op, e) from e
 
     def _check_same_module(self, count: int) -> None:
         mine = torch.tensor([self.unit, count], dtype=torch.int64)
         every = torch.empty(2 * self.world_size, dtype=torch.int64)
-        dist.all_gather_into_tensor(every, mine)
+        dist.all_gather_into_tensor(every, mine, group=self.group)
         pairs = every.view(self.world_size, 2).tolist()
         if any(p != pairs[0] for p in pairs):
             def name(u, n):
@@ -68,30 +116,46 @@ class DistOps:
             raise RuntimeError(f"the ranks gather different modules ({listed}): the module order must be the same on "
                                "every rank (no rank-dependent control flow around modules)")
 
-    def all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+    def _all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
         self._check_same_module(send.numel())
         if send.data_ptr() == recv.data_ptr() + self.rank * send.numel() * send.element_size():
             send = send.clone()  # in place (the engine's own slot): gloo needs a separate input
-        dist.all_gather_into_tensor(recv, send)
+        dist.all_gather_into_tensor(recv, send, group=self.group)
 
-    def reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+    def _reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
         n = recv.numel()
         full = send.clone()
-        dist.all_reduce(full)  # gloo has no reduce-scatter: the sum everywhere, then this rank's part
+        dist.all_reduce(full, group=self.group)  # gloo has no reduce-scatter: the sum everywhere, then this rank's part
         part = full[self.rank * n:(self.rank + 1) * n]
         if average:
             part.div_(self.world_size)
         recv.copy_(part)
 
-    def all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+    def _all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
         if recv.data_ptr() != send.data_ptr():
             recv.copy_(send)
-        dist.all_reduce(recv)
+        dist.all_reduce(recv, group=self.group)
         if average:
             recv.div_(self.world_size)
 
+    def _broadcast(self, buf: torch.Tensor, root: int) -> None:
+        dist.broadcast(buf, root, group=self.group)
+
+    def _barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    # The calls the C++ engine makes (TorchDistCommunicator): each names the lost rank on failure.
+    def all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        self._run("all-gather", self._all_gather, send, recv)
+
+    def reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+        self._run("reduce-scatter", self._reduce_scatter, send, recv, average)
+
+    def all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
+        self._run("all-reduce", self._all_reduce, send, recv, average)
+
     def broadcast(self, buf: torch.Tensor, root: int) -> None:
-        dist.broadcast(buf, root)
+        self._run("broadcast", self._broadcast, buf, root)
 
     def barrier(self) -> None:
-        dist.barrier()
+        self._run("barrier", self._barrier)

@@ -41,7 +41,14 @@ Parameters used elsewhere. Each managed parameter's class becomes a subclass of 
 parent's forward, ``model.state_dict()``, user code) gathers its unit for the call and releases it
 after; views the call returns keep the memory alive.
 
-Thread-safety: one thread drives a model (as torch's autograd on CPU tensors does).
+CUDA. A model on a CUDA device computes on copies: each gathered unit is copied from the engine's
+(host) memory to the device when it is gathered, the parameters view that copy, and torch's
+caching allocator owns it (so stream ordering is torch's own). Gradients are copied out to the
+unit's fp32 host buffer. This is the same data flow as tiermem-train's CUDA backend, which copies
+each module in per step; it has not been run on a GPU yet (the CPU tests force the copy path with
+``copy_in``).
+
+Thread-safety: one thread drives a model (as torch's autograd does).
 """
 
 from __future__ import annotations
@@ -51,14 +58,15 @@ from typing import Iterable, Optional
 
 import torch
 
-_PLACEHOLDERS: dict[torch.dtype, torch.Tensor] = {}
+_PLACEHOLDERS: dict[tuple, torch.Tensor] = {}
 
 
-def _placeholder(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    base = _PLACEHOLDERS.get(dtype)
+def _placeholder(shape: torch.Size, dtype: torch.dtype, device: Optional[torch.device] = None) -> torch.Tensor:
+    key = (dtype, device)
+    base = _PLACEHOLDERS.get(key)
     if base is None:
-        base = torch.zeros((), dtype=dtype)
-        _PLACEHOLDERS[dtype] = base
+        base = torch.zeros((), dtype=dtype, device=device)
+        _PLACEHOLDERS[key] = base
     return base.expand(shape)
 
 
@@ -204,6 +212,13 @@ class ParamHooks:
         self.on_backward = None  # called once per backward that produced a gradient
         self.gathered_params_open = 0  # zero.GatheredParameters scopes now open
         self.dist_ops = None  # _dist.DistOps with several ranks
+        # Where the model computes (its parameters' device; initialize checked they agree). The
+        # engine's gathered memory is host memory: on another device (CUDA) each gathered unit is
+        # copied in, and that copy is what the parameters view. copy_in forces the copy on the CPU
+        # too (the CUDA path's CPU twin in the tests).
+        first = next((p for p in model.parameters()), None)
+        self.compute_device = first.device if first is not None else torch.device("cpu")
+        self.copy_in = False
         self._build_units(leaf_types)
 
     def __reduce_ex__(self, protocol):
@@ -309,9 +324,7 @@ class ParamHooks:
 
     def gather(self, unit: Unit, phase: Optional[str] = None, copy: bool = False) -> torch.Tensor:
         if unit.flat is None:
-            flat = self._engine_gather(unit, phase or self._phase())
-            if copy:
-                flat = flat.clone()
+            flat = self._to_compute(self._engine_gather(unit, phase or self._phase()), copy)
             unit.flat = flat
             for p, off, n in unit.params:
                 p.data = flat[off:off + n].view(p.shape)
@@ -327,10 +340,18 @@ class ParamHooks:
         finally:
             ops.unit = -1
 
+    def _to_compute(self, flat: torch.Tensor, copy: bool = False) -> torch.Tensor:
+        """The gathered unit where the model computes: the engine's memory itself on the CPU, else
+        a copy on the model's device (a blocking copy: the engine's scope ends when `flat` is
+        dropped, so the host memory must not be read after this returns)."""
+        if flat.device != self.compute_device or self.copy_in:
+            return flat.to(self.compute_device, copy=True)
+        return flat.clone() if copy else flat
+
     def _release(self, unit: Unit) -> None:
         unit.flat = None
         for p, _, _ in unit.params:
-            p.data = _placeholder(p.shape, self.working_dtype)
+            p.data = _placeholder(p.shape, self.working_dtype, self.compute_device)
 
     def _saved_hooks_wanted(self) -> bool:
         """Pack parameters for backward unless another saved-tensor hook already owns this region:
@@ -399,7 +420,7 @@ class ParamHooks:
         if flat is None:
             flat = u.bw_flat() if u.bw_flat is not None else None
             if flat is None:
-                flat = self._engine_gather(u, "backward")
+                flat = self._to_compute(self._engine_gather(u, "backward"))
                 u.bw_flat = weakref.ref(flat)
         return flat.as_strided(s.size, s.stride, s.offset)
 
@@ -420,10 +441,10 @@ class ParamHooks:
         dst = unit.grad[off:off + n]
         src = g.detach().reshape(-1)
         if i not in unit.got:
-            dst.copy_(src)  # converts bf16/fp16 gradients to fp32 in the same pass
+            dst.copy_(src)  # converts bf16/fp16 gradients to fp32 (and copies a CUDA one out) in one pass
             unit.got.add(i)
         else:
-            dst.add_(src.to(torch.float32))
+            dst.add_(src.to(device=dst.device, dtype=torch.float32))
         unit.received += 1
         if unit.received == unit.n_trainable:
             self._reduce(unit)

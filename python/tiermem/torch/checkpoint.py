@@ -14,10 +14,11 @@ the model in memory: the state streams from its tier through one sub-group at a 
 ``load_checkpoint`` verifies every checksum, streams the state back into the engine one sub-group
 at a time (the working parameters are republished from the restored master weights), and
 restores buffers, scheduler and step counters: the run continues bit for bit. At another world
-size the state is re-partitioned as it loads: each rank reads the elements of its new shard from
-the old ranks' files that held them (the manifest gives the old world size and module sizes, the
-layout follows tiermem/shard.h), one sub-group at a time; no conversion step, no rank holding the
-model.
+size the state is re-partitioned as it loads, by the C++ code tiermem-train uses
+(src/train/checkpoint_reshard.h, bound as ``_tiermem.OptimizerStateReshard``): each rank reads the
+elements of its new shard from the old ranks' files that held them (the manifest gives the old
+world size and module sizes, the layout is tiermem/shard.h's), one sub-group at a time; no
+conversion step, no rank holding the model.
 
 ``save_fp32_state_dict(engine, path)`` writes a file plain ``torch.load`` reads and
 ``model.load_state_dict`` accepts (DeepSpeed's zero_to_fp32): every parameter's fp32 master weights
@@ -206,13 +207,12 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
     new_parts = world if int(engine.config["zero_optimization"]["stage"]) > 0 else 1
     resharded = old_parts != new_parts
     if resharded:
-        readers = [r0 if k == 0 else r if k == rank else _tiermem.CheckpointReader(d, k) for k in range(old_parts)]
-        old_n = _layout(header["module_numels"], old_parts, header["alignment_elems"])[2]
-        for rd in readers:
-            for k in _STATE:
-                rd.verify_tensor(f"optimizer.{k}", 4 * old_n)
+        # The C++ re-partitioning tiermem-train uses (src/train/checkpoint_reshard.h): it opens and
+        # verifies the old ranks' files this rank reads, then fills each sub-group from them.
         new_rank = rank if new_parts > 1 else 0
-        source = _reshard_source(readers, header, new_parts, new_rank, header["alignment_elems"])
+        source = _tiermem.OptimizerStateReshard(d, old_parts, [f"optimizer.{k}" for k in _STATE],
+                                                header["module_numels"], header["alignment_elems"], new_parts,
+                                                new_rank)
         header = dict(header, world_size=new_parts, rank=new_rank)
     else:
         if old_world != world:  # stage 0 both: every rank holds the whole state; read rank 0's
@@ -261,56 +261,6 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
         if "rng_state.pt" in names:
             _set_rng_state(_unpickle(r, "rng_state.pt"))
     return d, client_state
-
-
-def _layout(numels, world: int, align: int):
-    """The engine's shard layout (tiermem/shard.h): each module padded to a multiple of
-    world x align and split evenly; a rank's shards back to back. Returns (shard sizes, their
-    rank-flat offsets, the rank-flat total)."""
-    shards, flats, at = [], [], 0
-    for n in numels:
-        unit = world * align
-        shard = (n + unit - 1) // unit * unit // world
-        shards.append(shard)
-        flats.append(at)
-        at += shard
-    return shards, flats, at
-
-
-def _reshard_source(readers, header: dict, world: int, rank: int, align: int):
-    """Fills this rank's optimizer sub-groups under the new world size from the old ranks' files:
-    each element of the new shard is found in the old rank that held it (streamed: one sub-group's
-    pieces at a time, nothing model-sized in memory). Padding elements are zero."""
-    import bisect
-    numels = header["module_numels"]
-    old_world = len(readers)
-    old_shards, old_flats, _ = _layout(numels, old_world, align)
-    new_shards, new_flats, _ = _layout(numels, world, align)
-
-    def source(offset, master, exp_avg, exp_avg_sq):
-        arrays = (master, exp_avg, exp_avg_sq)
-        for a in arrays:
-            a.fill(0)
-        end = offset + len(master)
-        m = max(0, bisect.bisect_right(new_flats, offset) - 1)
-        while m < len(numels) and new_flats[m] < end:
-            lo = max(offset, new_flats[m])
-            hi = min(end, new_flats[m] + new_shards[m])
-            # Module elements of this piece, clipped to the real ones.
-            e0 = rank * new_shards[m] + (lo - new_flats[m])
-            e1 = min(rank * new_shards[m] + (hi - new_flats[m]), numels[m])
-            e = e0
-            while e < e1:
-                k = e // old_shards[m]
-                stop = min(e1, (k + 1) * old_shards[m])
-                src = old_flats[m] + (e - k * old_shards[m])
-                dst = lo - offset + (e - e0)
-                for name, a in zip(_STATE, arrays):
-                    readers[k].read_part(f"optimizer.{name}", 4 * src, a[dst:dst + (stop - e)])
-                e = stop
-            m += 1
-
-    return source
 
 
 def _unpickle(r, name: str):

@@ -137,10 +137,10 @@ def _check_model(model: torch.nn.Module) -> None:
         raise ValueError(f"tiermem.torch.initialize: the model's parameters are on several devices: {listed}; "
                          "move the whole model to one device first (model.to(device))")
     for d, n in devices.items():
-        if d.type != "cpu":
+        if d.type not in ("cpu", "cuda"):
             raise NotImplementedError(
-                f"tiermem.torch.initialize: parameter '{n}' is on {d}; this build of tiermem.torch computes on CPU "
-                "tensors (the engine's device tier is memory the CPU addresses); keep the model on the CPU")
+                f"tiermem.torch.initialize: parameter '{n}' is on {d}; tiermem.torch computes on CPU or CUDA tensors; "
+                "move the model to one of them (model.to('cpu') or model.to('cuda'))")
 
 
 # ---------------------------------------------------------------------------------------- optimizer
