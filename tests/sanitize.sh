@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sanitizer runs for CI (issue 8). Builds only the test binaries each run needs, then runs them.
 #   tests/sanitize.sh debug   ASan+UBSan (preset debug): every unit test of the library tiers
-#                             (core, cpu, gpu, nvme, prefetch, runtime, comm, zero) and the fault
+#                             (core, cpu, gpu, nvme, prefetch, runtime, comm, zero and its parts) and the fault
 #                             tests; not the GPT/trainer tests (src/gpt, src/train, src/plan, tools/; slow at -O0) nor the soak.
 #   tests/sanitize.sh tsan    ThreadSanitizer (preset tsan): the tests labelled `concurrent`
 #                             (TensorStore, SimDevice, PinnedHostPool, io engine), zero_test and
@@ -16,7 +16,7 @@ case "$kind" in
   debug)
     targets=(core_test cpu_test gpu_test nvme_extent_allocator_test io_engine_test swap_space_test
              nvme_fault_test runtime_test prefetch_test prefetch_store_test comm_test zero_test
-             adam_test fault_test)
+             zero_parts_test adam_test fault_test)
     select=(-L unit -LE "slow|soak|crash|bench|gpt|train|mpi")
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
     # hwloc's PCI plugin (hwloc_pci.so -> libpciaccess) leaks ~1 KiB per topology load and is

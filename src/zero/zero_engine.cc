@@ -200,7 +200,7 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::gather: unknown module " + std::to_string(module));
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
-  if (m.pending) {  // the overlapped optimizer step: this module's update, now that it is needed
+  if (I.deferred.pending(module)) {  // the overlapped optimizer step: this module's update, now that it is needed
     I.apply_pending(module, phase == Phase::kOutsideStep ? Phase::kOutsideStep : Phase::kOptimizer);
   } else if (!m.replay.empty() && phase != Phase::kOutsideStep) {
     I.replay_outside_accesses(module);
@@ -378,24 +378,14 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
     I.accumulate_grad(module, 0, grad.data(), grad.size());
     return;
   }
-  const ModuleShard& s = m.shard;
-  const std::size_t n = grad.size();
-  for (const ElemRange& c : make_reduce_chunks(s.shard, I.world, config_.zero.reduce_bucket_size_elems,
+  for (const ElemRange& c : make_reduce_chunks(m.shard.shard, I.world, config_.zero.reduce_bucket_size_elems,
                                                I.opts.alignment_elems)) {
     Impl::Inflight f;
     const std::size_t len = c.size();
-    f.send.assign(len * static_cast<std::size_t>(I.world), 0.0f);
+    f.send = detail::pack_bucket(grad, m.shard, I.world, c);  // grad_reducer.h
     f.recv.assign(len, 0.0f);
     f.module = module;
     f.begin = c.begin;
-    for (int r = 0; r < I.world; ++r) {
-      const std::size_t src = static_cast<std::size_t>(r) * s.shard + c.begin;
-      const std::size_t hi = std::min(src + len, n);
-      if (src < hi) {
-        std::copy(grad.begin() + static_cast<std::ptrdiff_t>(src), grad.begin() + static_cast<std::ptrdiff_t>(hi),
-                  f.send.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * len));
-      }
-    }
     f.handle = I.comm.reduce_scatter_async(f.send.data(), f.recv.data(), len, DType::kF32, ReduceOp::kSum);
     ++I.st.reduce_scatter_calls;
     I.bucket_bytes_live += 4 * (f.send.size() + f.recv.size());
@@ -469,11 +459,10 @@ void ZeroEngine::Impl::zero_grad() {
     std::fill(m.full_grad.begin(), m.full_grad.end(), 0.0f);
     std::fill(m.shard_grad.begin(), m.shard_grad.end(), 0.0f);
     m.grad_calls = 0;
-    m.norm_next = 0;
-    m.norm_broken = false;
+    m.norm.clear();
   }
   for (auto& p : pieces) {
-    if (mods[static_cast<std::size_t>(p.module)].pending) continue;  // its update still reads it
+    if (deferred.pending(p.module)) continue;  // its update still reads it
     if (!p.grad_fresh && p.grad != kInvalidTensor) store->discard(p.grad);  // never written down
     p.grad_fresh = true;  // the next accumulation overwrites
     p.acc_elems = 0;

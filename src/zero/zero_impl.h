@@ -1,9 +1,12 @@
-// src/zero/zero_impl.h — ZeroEngine's internal state, shared by its parts:
+// src/zero/zero_impl.h — ZeroEngine's internal state, shared by its files:
 //   zero_engine.cc      the public calls: construction, gather, reduce_gradients, stats
-//   zero_setup.cc       layout, plan, the TensorStore and every module's tensors (registration)
-//   zero_step.cc        the optimizer step over sub-groups ("pieces"), checkpoints, export
+//   zero_setup.cc       layout, plan, the device and TensorStore, every module's tensors (registration)
+//   zero_step.cc        the optimizer step over sub-groups ("pieces"), in phases; deferred updates applied
+//   zero_state.cc       checkpoints, export_master, set_module_params (one rewrite_state loop)
 //   zero_device.cc      working-param destinations; a device the CPU cannot address
 //   zero_device_step.cc the device-resident optimizer (plan.optimizer_on_device)
+// and the parts it owns, each with its own header and test: partition_layout.h, norm_fold.h,
+// grad_reducer.h, deferred_updates.h, tier_setup.h.
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
 #pragma once
 
@@ -37,6 +40,11 @@
 #include "tiermem/tensor_store.h"
 #include "tiermem/zero_engine.h"
 #include "tiermem/zero_plan.h"
+#include "zero/deferred_updates.h"
+#include "zero/grad_reducer.h"
+#include "zero/norm_fold.h"
+#include "zero/partition_layout.h"
+#include "zero/tier_setup.h"
 
 namespace tiermem::detail {
 
@@ -65,18 +73,7 @@ struct AlignedBuf {
   std::byte* b() const { return static_cast<std::byte*>(p); }
 };
 
-// Sum of squares of g[0, n) in double, in 32 lanes (element i in lane i mod 32) added in lane
-// order: deterministic for a given n (the same on every ISA), and fast. copy_sumsq_lanes copies src[0, n) to dst in the
-// same pass and returns the sum over src[0, n_sum) (n_sum <= n; the same value as sumsq_lanes).
-// copy_lanes is the copy alone. Both store to a 16-byte-aligned dst of 64 Ki floats or more with
-// non-temporal stores, fenced before they return (copy_lanes not when the caller reads dst next,
-// `read_next`). `clear`: nullptr, or src itself (writable), which is then left zero,
-// each block zeroed right after it is read, while its lines are in cache (the gradient hand-off
-// recycles its buffer: one pass over it instead of a copy and a later fill). dst and src must not
-// overlap.
-double sumsq_lanes(const float* g, std::size_t n);
-double copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum, float* clear = nullptr);
-void copy_lanes(float* dst, const float* src, std::size_t n, float* clear = nullptr, bool read_next = false);
+// sumsq_lanes, copy_sumsq_lanes, copy_lanes: the gradient norm's lane sums (norm_fold.h).
 
 // tiermem::adam_step (default options) as a SimAdamKernel: the device optimizer's CPU twin runs
 // exactly the host optimizer's kernel (zero_device_step.cc).
@@ -141,16 +138,11 @@ struct ZeroModule {
   std::vector<float> init_shard;  // deferred registration only (no numels up front)
   std::vector<int> pieces;        // indices into Impl::pieces
   int grad_calls = 0;
-  bool pending = false;           // its AdamW update waits for its next gather (apply_pending)
   // Optimizer-phase accesses its update made outside a step (a checkpoint export, an eval
   // gather): shown to the store's policy at the next in-step gather (touch) so the recorded
   // access trace still matches.
   std::vector<std::pair<TensorId, Tier>> replay;  // the tensor and the tier it was pinned at
-  // The clipping norm folded into accumulation (stages 2-3): the module's running sum of squares
-  // after its first `norm_next` pieces completed, in order, in the latest reduce call.
-  double norm_running = 0;
-  std::size_t norm_next = 0;
-  bool norm_broken = false;  // a piece completed out of order: step() reads the partitions
+  ModuleNormFold norm;  // the clipping norm folded into accumulation (stages 2-3; norm_fold.h)
 };
 
 }  // namespace tiermem::detail
@@ -272,11 +264,25 @@ struct ZeroEngine::Impl {
 
   // zero_step.cc
   StepResult step();
+  // step()'s phases, in the order it runs them.
+  struct NormSum {  // sums of squares so far: of every module done, and of the current module
+    double total = 0, module = 0;
+  };
+  int finish_reductions();                  // stages 0-1; returns the micro-batch count
+  bool folded_sumsq(double& sumsq) const;   // the folded norm, when every module has it
+  bool norm_pre_pass(bool folded, NormSum& sum, StepResult& res);  // false: fp16 overflow, skipped
+  AdamParams step_params(double grad_scale) const;
+  void stream_update(const AdamParams& ap, bool defer, NormSum* norm);
+  void end_step(bool defer);
+  void add_sumsq(NormSum& sum, std::size_t k, const float* g) const;  // piece k's squares, in order
+  double sum_over_ranks(double sumsq);      // the norm's all-reduce (fp32, as tiermem-train's)
+  void prefetch_after(std::size_t k, bool with_state);
   // The overlapped optimizer step (tiermem.overlap_optimizer_step): step() leaves the stored
-  // modules' updates pending with these scalars; apply_pending(m) runs module m's (at its next
-  // gather, or when anything reads the state); replay_outside_accesses(m) (see ZeroModule::replay).
-  AdamParams pending_ap;
-  int pending_modules = 0;
+  // modules' updates pending in `deferred` (its contract: deferred_updates.h); apply_pending(m)
+  // applies module m's, if any, exactly once — called by gather() before it pins the shard, by
+  // reduce_gradients, and by whatever reads or rewrites m's state; apply_all_pending: every one.
+  // replay_outside_accesses(m): see ZeroModule::replay.
+  detail::DeferredUpdates deferred;
   bool deferred_before = false;  // a step has deferred updates (the Prefetcher re-records after it)
   void apply_pending(int module, Phase phase);
   void apply_all_pending(Phase phase);
@@ -293,9 +299,6 @@ struct ZeroEngine::Impl {
   // written down by the store when evicted) and released dirty after its last; other modules
   // write into their engine buffer. Destroyed without finish() (an error), the pin is released
   // clean.
-  // is home and host-addressable, else at the host tier, written back by the store) and released
-  // dirty after its last; other modules write into their engine buffer. Destroyed without
-  // finish() (an error), the pin is released clean.
   // A device the CPU cannot address (opaque): dest() of a device-homed shard is a host staging
   // buffer of one sub-group, copied up to the pinned shard when the next dest() or finish() is
   // called — so the caller must have written every byte of dest(p) by then (sub-groups written
@@ -342,7 +345,14 @@ struct ZeroEngine::Impl {
   // sub-groups homed below the device, one host sub-group of staging (state_stage_live) for
   // device-homed ones.
   void export_state(const std::function<void(const ZeroStateChunk&)>& sink);
-  void import_state(const std::function<void(const ZeroStateChunk&)>& source);
+  // Rewrites the optimizer state of every sub-group (module -1) or of one module's, in order, in
+  // one loop (import_optimizer_state, set_module_params): `fill(p, s)` writes piece p's
+  // s = [master | exp_avg | exp_avg_sq] (3 x p.size() fp32, host memory, valid during the call),
+  // which holds the old state first when `keep`, else undefined (acquired for overwrite). The
+  // piece's working params are rewritten from the new master in the same pass, as step() does.
+  void rewrite_state(int module, bool keep, const std::function<void(const detail::Piece&, float*)>& fill);
+  // All-gathers the new working params of the modules kept whole (every module, or `module`).
+  void publish_whole_modules(int module);
   // `buf`, made one host sub-group of staging at its first use (counted in state_stage_live).
   float* state_stage(detail::AlignedBuf& buf);
   bool fold_norm() const;  // step()'s clipping norm is folded into accumulate_grad
@@ -350,6 +360,7 @@ struct ZeroEngine::Impl {
   std::size_t valid_len(std::size_t k) const;  // piece k's real (not padding) elements, from its begin
   bool module_has_real(const detail::ZeroModule& m) const;   // this rank holds a real element
   bool module_norm_ready(const detail::ZeroModule& m) const;  // every piece folded, in order
+  detail::ModuleNormFold::ValidLen module_valid_len(const detail::ZeroModule& m) const;  // by sub-group
   void validate_import(const ZeroOptimizerState& state, bool vectors) const;
 
   // Helpers.

@@ -1,76 +1,14 @@
 // src/zero/zero_setup.cc — ZeroEngine's set-up: the plan (homes, sub-group size, minimum
 // budgets), the tiers (device, io engine, swap spaces, one TensorStore with the Prefetcher) and
 // each module's tensors, written to their homes as the module is registered.
-#include <sys/stat.h>
-#include <sys/statvfs.h>
-
-#include <cerrno>
-
 #include <algorithm>
-#include <filesystem>
 #include <fmt/format.h>
-#include <map>
 
 #include "tiermem/log.h"
 #include "tiermem/prefetcher.h"
 #include "zero/zero_impl.h"
 
 namespace tiermem {
-namespace {
-
-// <path>/rank<r> for each path; the swap directory and its rank directory are created 0700 when
-// missing (only this user may read or plant files there; missing parents as the umask says).
-// `created`: the rank directories made here (removed with the swap files, when empty). The
-// <path> itself stays, even when made here: other ranks and engines share it, and may be about to
-// make their own rank directory in it.
-std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int rank,
-                                   std::vector<std::string>* created) {
-  std::vector<std::string> out;
-  for (const auto& p : paths) {
-    const std::filesystem::path base = std::filesystem::path(p).lexically_normal();
-    const std::filesystem::path d = base / ("rank" + std::to_string(rank));
-    std::error_code ec;
-    if (base.has_parent_path()) std::filesystem::create_directories(base.parent_path(), ec);
-    for (const std::filesystem::path& x : {base, d}) {
-      if (ec) break;
-      if (::mkdir(x.c_str(), 0700) == 0) {
-        if (x == d) created->push_back(x.string());
-      } else if (errno != EEXIST) {
-        ec = std::error_code(errno, std::generic_category());
-      }
-    }
-    if (ec) throw IoError(d.string(), 0, 0, ec.value(), "mkdir", "ZeroEngine swap directory: " + ec.message());
-    out.push_back(d.string());
-  }
-  return out;
-}
-
-// Refuses a swap directory whose filesystem lacks room for `need` bytes (spread over `paths`).
-void check_free_space(const std::vector<std::string>& paths, std::uint64_t need, const char* key) {
-  if (need == 0 || paths.empty()) return;
-  const std::uint64_t per_path = need / paths.size();
-  std::map<unsigned long, std::pair<std::string, std::uint64_t>> by_fs;  // fsid -> (path, need)
-  for (const auto& p : paths) {
-    struct statvfs sv {};
-    std::filesystem::path probe(p);
-    while (!probe.empty() && !std::filesystem::exists(probe)) probe = probe.parent_path();
-    if (probe.empty()) probe = ".";
-    if (statvfs(probe.c_str(), &sv) != 0) continue;  // the swap space reports its own errors
-    auto& e = by_fs[sv.f_fsid];
-    e.first = p;
-    e.second += per_path;
-    const std::uint64_t free_bytes = static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
-    if (e.second > free_bytes) {
-      throw ConfigError(key, p,
-                        fmt::format("the NVMe state needs {} in '{}' but its filesystem has {} free; free "
-                                    "space there, add nvme_path entries on other filesystems, or offload "
-                                    "less (offload_param / offload_optimizer device cpu)",
-                                    format_bytes(e.second), p, format_bytes(free_bytes)));
-    }
-  }
-}
-
-}  // namespace
 
 void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   ZeroPlanOptions po;
@@ -130,44 +68,10 @@ void ZeroEngine::Impl::fall_back_to_host_optimizer() {
 void ZeroEngine::Impl::make_tiers() {
   const ZeroConfig& z = cfg.zero;
   const bool ratio_auto = z.offload_optimizer.ratio < 0;  // "auto": sized from the device's budget
-  const bool nvme_param = plan.uses_device && plan.param_home == Tier::kNvme;
-  const bool nvme_opt = plan.optimizer_home == Tier::kNvme;
-  if (nvme_param || nvme_opt) {
-    // DeepSpeed's meaning: parameters under offload_param.nvme_path, optimizer state (and swapped
-    // gradients) under offload_optimizer.nvme_path; one swap space when they are the same.
-    const auto& ppaths = z.offload_param.nvme_path.empty() ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path;
-    const auto& opaths = z.offload_optimizer.nvme_path.empty() ? z.offload_param.nvme_path : z.offload_optimizer.nvme_path;
-    const bool same = !nvme_param || !nvme_opt || ppaths == opaths;
-    // The key (or flag, OffloadConfig::nvme_path_from) that gave each path list.
-    auto key = [&](bool optimizer) {
-      const OffloadConfig& own = optimizer ? z.offload_optimizer : z.offload_param;
-      const OffloadConfig& other = optimizer ? z.offload_param : z.offload_optimizer;
-      const OffloadConfig& from = own.nvme_path.empty() ? other : own;
-      if (!from.nvme_path_from.empty()) return from.nvme_path_from;
-      return std::string(&from == &z.offload_optimizer ? "zero_optimization.offload_optimizer.nvme_path"
-                                                       : "zero_optimization.offload_param.nvme_path");
-    };
-    if (same) {
-      const auto& paths = nvme_opt ? opaths : ppaths;
-      check_free_space(paths, plan.nvme_bytes, key(nvme_opt).c_str());
-    } else {
-      check_free_space(ppaths, plan.nvme_param_bytes, key(false).c_str());
-      check_free_space(opaths, plan.nvme_optimizer_bytes, key(true).c_str());
-    }
-    io = make_io_engine(cfg);
-    auto make_swap = [&](const std::vector<std::string>& paths) {
-      std::vector<std::string> created;
-      auto s = std::make_shared<SwapSpace>(cfg, rank_dirs(paths, rank, &created), *io);
-      s->remove_when_done(std::move(created));
-      return s;
-    };
-    if (same) {
-      param_swap = optim_swap = make_swap(nvme_opt ? opaths : ppaths);
-    } else {
-      param_swap = make_swap(ppaths);
-      optim_swap = make_swap(opaths);
-    }
-  }
+  detail::SwapTier swaps = detail::make_swap_tier(cfg, plan, rank);  // tier_setup.h
+  io = std::move(swaps.io);
+  param_swap = std::move(swaps.param_swap);
+  optim_swap = std::move(swaps.optim_swap);
   if (needs_device(plan)) {
     DeviceOptions dopt = DeviceOptions::from_config(cfg);
     dopt.sim_adam_kernel = &detail::device_adam_kernel;  // the host optimizer's kernel: bit for bit
@@ -244,15 +148,23 @@ void ZeroEngine::Impl::make_tiers() {
 
 // Layout bookkeeping of the next module (no I/O).
 void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
+  detail::PartitionOptions po;
+  po.stage = stage;
+  po.world = world;
+  po.opt_world = opt_world;
+  po.alignment_elems = opts.alignment_elems;
+  po.persistence_threshold_elems = cfg.zero.stage3_param_persistence_threshold_elems;
+  const std::size_t flat = mods.empty() ? 0 : mods.back().flat + mods.back().shard.shard;
+  const detail::ModuleLayout l = detail::layout_module(numel, flat, po);
   detail::ZeroModule m;
   m.name = name;
   m.numel = numel;
-  m.shard = make_module_shard(numel, opt_world, opts.alignment_elems);
-  m.flat = mods.empty() ? 0 : mods.back().flat + mods.back().shard.shard;
-  m.persistent = stage == 3 && numel < cfg.zero.stage3_param_persistence_threshold_elems;
-  // One rank: a persistent module is a shard like any other, homed on the device (zero_plan.h).
-  m.stored = stage == 3 && m.shard.shard > 0 && (!m.persistent || world == 1);
+  m.shard = l.shard;
+  m.flat = l.flat;
+  m.persistent = l.persistent;
+  m.stored = l.stored;
   mods.push_back(std::move(m));
+  deferred.resize(mods.size());
 }
 
 // Writes module i's tensors to their homes from its fp32 initial shard: `init` holds the first
@@ -270,13 +182,17 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     std::fill(dst + (v - a), dst + (b - a), 0.0f);
   };
   // Optimizer pieces (and gradient partitions): the module's shard in sub-groups.
-  for (const ElemRange& r : make_sub_groups(n, plan.piece_elems, opts.alignment_elems)) {
+  const detail::ModuleLayout layout{m.shard, m.flat, m.persistent, m.stored};
+  for (const detail::SubGroupLayout& g : detail::layout_sub_groups(layout, plan.piece_elems, opts.alignment_elems,
+                                                                  plan.optimizer_on_device,
+                                                                  plan.device_optimizer_from)) {
+    const ElemRange& r = g.range;
     detail::Piece p;
     p.module = i;
     p.begin = r.begin;
     p.end = r.end;
-    p.flat = m.flat + r.begin;
-    p.on_device = plan.optimizer_on_device || p.flat >= plan.device_optimizer_from;
+    p.flat = g.flat;
+    p.on_device = g.on_device;
     TensorSpec os;
     os.name = fmt::format("zero.optim.{}.{}", m.name, r.begin);
     os.dtype = DType::kF32;

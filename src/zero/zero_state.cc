@@ -138,21 +138,25 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
   }
 }
 
-void ZeroEngine::Impl::import_state(const std::function<void(const ZeroStateChunk&)>& source) {
+void ZeroEngine::Impl::rewrite_state(int module, bool keep,
+                                     const std::function<void(const detail::Piece&, float*)>& fill) {
   detail::AlignedBuf buf;
   const ZeroOnExit uncount{state_stage_live};
   WorkingShardOut working(*this);
   for (const detail::Piece& p : pieces) {
+    if (module >= 0 && p.module != module) continue;  // a module's pieces are consecutive
     const std::size_t n = p.size();
-    TensorStore::Pin state;  // host-tier pin, acquired for overwrite (the old state is never read)
+    TensorStore::Pin state;  // host-tier pin; acquired for overwrite unless the old state is kept
     float* s = nullptr;
     if (p.on_device) {
       s = state_stage(buf);
+      if (keep) store->read(p.optim, std::as_writable_bytes(std::span<float>(s, 3 * n)));
     } else {
-      state = store->acquire_for_overwrite(p.optim, Tier::kHost);
+      state = keep ? store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep)
+                   : store->acquire_for_overwrite(p.optim, Tier::kHost);
       s = state.as<float>();
     }
-    source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+    fill(p, s);
     if (p.on_device) {
       store->write(p.optim, std::as_bytes(std::span<const float>(s, 3 * n)));
     } else {
@@ -161,6 +165,17 @@ void ZeroEngine::Impl::import_state(const std::function<void(const ZeroStateChun
     to_working(s, working.dest(p), n);
   }
   working.finish();
+}
+
+void ZeroEngine::Impl::publish_whole_modules(int module) {
+  for (std::size_t i = 0; i < mods.size(); ++i) {
+    detail::ZeroModule& m = mods[i];
+    if (module >= 0 && static_cast<int>(i) != module) continue;
+    if (m.full.p != nullptr && (stage == 1 || stage == 2 || m.persistent)) {
+      comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, comm_dtype);
+      ++st.all_gather_calls;
+    }
+  }
 }
 
 void ZeroEngine::set_module_params(int module, std::span<const float> values) {
@@ -175,39 +190,16 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
                             m.name, values.size(), m.numel));
   }
   I.sync();
-  if (m.pending) I.apply_pending(module, Phase::kOutsideStep);  // else it would overwrite the new values
+  if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);  // else it would overwrite the new values
   const ElemRange r = m.shard.range(I.opt_rank);
-  detail::AlignedBuf buf;
-  const ZeroOnExit uncount{I.state_stage_live};
-  Impl::WorkingShardOut working(I);
-  for (int pi : m.pieces) {
-    const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
-    const std::size_t n = p.size();
-    TensorStore::Pin state;
-    float* s = nullptr;
-    if (p.on_device) {
-      s = I.state_stage(buf);
-      I.store->read(p.optim, std::as_writable_bytes(std::span<float>(s, 3 * n)));
-    } else {
-      state = I.store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
-      s = state.as<float>();
-    }
-    // Shard elements [p.begin, p.end) are module elements r.begin + [p.begin, p.end); padding
-    // past the module's end stays 0.
+  // The module's sub-groups keep their moments; only the master changes. Shard elements
+  // [p.begin, p.end) are module elements r.begin + [p.begin, p.end); padding past the module's
+  // end stays 0.
+  I.rewrite_state(module, /*keep=*/true, [&](const detail::Piece& p, float* s) {
     const std::size_t lo = std::min(r.begin + p.begin, m.numel), hi = std::min(r.begin + p.end, m.numel);
     std::copy(values.begin() + static_cast<std::ptrdiff_t>(lo), values.begin() + static_cast<std::ptrdiff_t>(hi), s);
-    if (p.on_device) {
-      I.store->write(p.optim, std::as_bytes(std::span<const float>(s, 3 * n)));
-    } else {
-      state.mark_dirty();
-    }
-    I.to_working(s, working.dest(p), n);
-  }
-  working.finish();
-  if (m.full.p != nullptr && (I.stage == 1 || I.stage == 2 || m.persistent)) {
-    I.comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, I.comm_dtype);
-    ++I.st.all_gather_calls;
-  }
+  });
+  I.publish_whole_modules(module);
 }
 
 ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(const ZeroStateChunk&)>& sink) {
@@ -239,29 +231,23 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   I.finalize();
   I.validate_import(header, /*vectors=*/false);
   I.sync();
-  for (auto& m : I.mods) {  // a pending update is overwritten by the imported state: dropped
-    m.pending = false;
-    m.replay.clear();
-  }
-  I.pending_modules = 0;
+  I.deferred.drop_all();  // a pending update is overwritten by the imported state: dropped
+  for (auto& m : I.mods) m.replay.clear();
   I.zero_grad();
 
   // Each sub-group in order: filled in place at the host tier by `source` (acquired for
   // overwrite: the old state is never read) and written back to its home by the store — or, homed
   // on the device, filled in host staging and written there; the working shard of its module is
   // rewritten from the new master in the same pass, as step() publishes it.
-  I.import_state(source);
+  I.rewrite_state(-1, /*keep=*/false, [&](const detail::Piece& p, float* s) {
+    const std::size_t n = p.size();
+    source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+  });
   I.st.steps = header.steps;
   I.st.skipped_steps = header.skipped_steps;
   if (I.scaler) I.scaler->restore(*header.loss_scaler);
 
-  // The modules kept whole: all-gather their new working params.
-  for (auto& m : I.mods) {
-    if (m.full.p != nullptr && (I.stage == 1 || I.stage == 2 || m.persistent)) {
-      I.comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, I.comm_dtype);
-      ++I.st.all_gather_calls;
-    }
-  }
+  I.publish_whole_modules(-1);  // the modules kept whole: all-gather their new working params
 }
 
 void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& state) {

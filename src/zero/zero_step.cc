@@ -5,9 +5,6 @@
 #include <cmath>
 #include <cstdint>
 #include <fmt/format.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "tiermem/adam.h"
 #include "tiermem/log.h"
@@ -32,108 +29,23 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   finalize();
   sync();
   apply_all_pending(Phase::kOptimizer);  // a module not gathered since the last step
-  int micro = 1;
-  for (const auto& m : mods) micro = std::max(micro, m.grad_calls);
-
-  // Finish the reduction stages 0 and 1 left for now.
-  for (auto& m : mods) {
-    if (stage == 0) {
-      all_reduce_sum(comm, m.full_grad.data(), m.full_grad.size());
-    } else if (stage == 1 && m.shard.shard > 0) {
-      comm.reduce_scatter(m.full_grad.data(), m.shard_grad.data(), m.shard.shard, DType::kF32, ReduceOp::kSum);
-      ++st.reduce_scatter_calls;
-    }
-  }
-
-  // The gradient of piece p: host buffers (stages 0-1) or its partition in the store (2-3). A
-  // partition no module wrote since the last step is zero.
-  auto grad_of = [&](detail::Piece& p, TensorStore::Pin& pin) { return piece_grad(p, pin, Phase::kOptimizer); };
-  const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
-  auto prefetch_after = [&](std::size_t k, bool with_state) {
-    std::vector<TensorId> ids;
-    for (std::size_t j = k + 1; j < pieces.size() && j < k + static_cast<std::size_t>(B); ++j) {
-      if (pieces[j].on_device) continue;  // state (and gradient) already where it is used
-      if (with_state) ids.push_back(pieces[j].optim);
-      if (stage >= 2 && !pieces[j].grad_fresh) ids.push_back(pieces[j].grad);
-    }
-    if (!ids.empty()) store->prefetch(ids, Tier::kHost);
-  };
+  int micro = finish_reductions();
 
   StepResult res;
   const bool pre_pass = scaler != nullptr || cfg.gradient_clipping > 0;
-  double sumsq = 0;
-  double module_sumsq = 0;
-  auto add_sumsq = [&](std::size_t k, const float* g) {
-    module_sumsq = piece_sumsq(k, g, module_sumsq);
-    if (static_cast<std::size_t>(mods[static_cast<std::size_t>(pieces[k].module)].pieces.back()) == k) {
-      sumsq += module_sumsq;
-    }
-  };
-  // The norm folded into accumulation (no second read of the gradient partitions) when every
-  // module with a gradient this step had all its pieces complete, in order, in its last reduce.
-  bool folded = fold_norm();
-  auto has_grad = [&](const detail::ZeroModule& m) {
-    return !m.pieces.empty() && !pieces[static_cast<std::size_t>(m.pieces.front())].grad_fresh;
-  };
-  for (const auto& m : mods) {
-    if (folded && has_grad(m) && !module_norm_ready(m)) folded = false;
-  }
-  if (folded) {
-    for (const auto& m : mods) {  // module order, as the pre-pass adds them
-      if (has_grad(m) && module_has_real(m)) sumsq += m.norm_running;
-    }
-  }
-
-  if (pre_pass) {  // overflow check (fp16) and the global norm before anything is updated
-    float bad = 0;
-    for (std::size_t k = 0; k < pieces.size() && !folded; ++k) {
-      prefetch_after(k, false);
-      TensorStore::Pin pin;
-      const float* g = grad_of(pieces[k], pin);
-      const std::size_t n = pieces[k].size();
-      if (scaler) bad += static_cast<float>(count_nonfinite(g, n));
-      add_sumsq(k, g);
-    }
-    if (scaler) {
-      if (stage > 0 && world > 1) comm.all_reduce(&bad, &bad, 1, DType::kF32, ReduceOp::kSum);
-      const double used_scale = scaler->scale();
-      if (scaler->update(bad > 0)) {
-        ++st.skipped_steps;
-        TM_LOG_WARN("ZERO", "fp16 gradient overflow: step skipped, loss scale {} -> {}", used_scale, scaler->scale());
-        zero_grad();
-        store->end_step();
-        store->begin_step();
-        res.skipped = true;
-        res.loss_scale = scaler->scale();
-        res.step = st.steps;
-        return res;
-      }
-      res.loss_scale = used_scale;
-    }
-    if (stage > 0 && world > 1) {
-      float f = static_cast<float>(sumsq);
-      comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum);
-      sumsq = f;
-    }
-  }
+  NormSum sum;
+  const bool folded = folded_sumsq(sum.total);
+  if (pre_pass && !norm_pre_pass(folded, sum, res)) return res;  // fp16 overflow: step skipped
   // In fp32 as tiermem-train's loop computes it for its other engines (bitwise-equal runs).
   if (!opts.mean_over_micro_batches) micro = 1;  // the caller scaled each micro-batch's loss
   double grad_scale = static_cast<float>(1.0 / (static_cast<double>(world) * micro * (scaler ? res.loss_scale : 1.0)));
   if (pre_pass) {
-    res.grad_norm = std::sqrt(sumsq) * grad_scale;
+    res.grad_norm = std::sqrt(sum.total) * grad_scale;
     if (cfg.gradient_clipping > 0 && res.grad_norm > cfg.gradient_clipping) {
       grad_scale = static_cast<float>(grad_scale * cfg.gradient_clipping / (res.grad_norm + 1e-6));
     }
   }
-
-  AdamParams ap;
-  ap.lr = static_cast<float>(cfg.optimizer.lr);
-  ap.beta1 = cfg.optimizer.beta1;  // double: 1 - beta computed from the configured value
-  ap.beta2 = cfg.optimizer.beta2;
-  ap.eps = static_cast<float>(cfg.optimizer.eps);
-  ap.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
-  ap.step = st.steps + 1;
-  ap.grad_scale = static_cast<float>(grad_scale);
+  const AdamParams ap = step_params(grad_scale);
 
   // Overlapped with the next forward (tiermem.overlap_optimizer_step): with the norm known
   // without reading a gradient (folded into accumulation; no fp16 overflow check), each stored
@@ -145,40 +57,142 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   // forward pass; where parameters page through the host pool too they would fight for it (gpt2-xl,
   // 1 GiB device / 2 GiB host: step 2 read 55 GB and took 39.8 s deferred, 35 GB and 25.8 s eager).
   const bool defer = defers_optimizer_step(plan, cfg, publish_tier == Tier::kDevice, folded && !scaler);
-  pending_ap = ap;
+  const bool hook = !pre_pass && !folded;  // the norm is summed as the update reads each gradient
+  stream_update(ap, defer, hook ? &sum : nullptr);
+  if (!pre_pass) res.grad_norm = std::sqrt(sum_over_ranks(sum.total)) * grad_scale;
+  publish_whole_modules(-1);
+  end_step(defer);
+  res.step = st.steps;
+  if (scaler) res.loss_scale = scaler->scale();
+  return res;
+}
 
-  // Sub-groups in order; AdamW writes every element of each module's working shard.
+// Finishes the reduction stages 0 and 1 left for now; returns the micro-batches accumulated (the
+// most reduce calls any module had).
+int ZeroEngine::Impl::finish_reductions() {
+  int micro = 1;
+  for (const auto& m : mods) micro = std::max(micro, m.grad_calls);
+  for (auto& m : mods) {
+    if (stage == 0) {
+      all_reduce_sum(comm, m.full_grad.data(), m.full_grad.size());
+    } else if (stage == 1 && m.shard.shard > 0) {
+      comm.reduce_scatter(m.full_grad.data(), m.shard_grad.data(), m.shard.shard, DType::kF32, ReduceOp::kSum);
+      ++st.reduce_scatter_calls;
+    }
+  }
+  return micro;
+}
+
+// The norm folded into accumulation (no second read of the gradient partitions) when every
+// module with a gradient this step had all its pieces complete, in order, in its last reduce:
+// true, with the modules' sums added to `sumsq` in module order (as the pre-pass adds them).
+bool ZeroEngine::Impl::folded_sumsq(double& sumsq) const {
+  if (!fold_norm()) return false;
+  auto has_grad = [&](const detail::ZeroModule& m) {
+    return !m.pieces.empty() && !pieces[static_cast<std::size_t>(m.pieces.front())].grad_fresh;
+  };
+  for (const auto& m : mods) {
+    if (has_grad(m) && !module_norm_ready(m)) return false;
+  }
+  for (const auto& m : mods) {
+    if (has_grad(m) && module_has_real(m)) sumsq += m.norm.sum();
+  }
+  return true;
+}
+
+void ZeroEngine::Impl::add_sumsq(NormSum& sum, std::size_t k, const float* g) const {
+  sum.module = piece_sumsq(k, g, sum.module);
+  if (static_cast<std::size_t>(mods[static_cast<std::size_t>(pieces[k].module)].pieces.back()) == k) {
+    sum.total += sum.module;
+  }
+}
+
+double ZeroEngine::Impl::sum_over_ranks(double sumsq) {
+  if (stage == 0 || world == 1) return sumsq;  // stage 0: every rank has the whole gradient
+  float f = static_cast<float>(sumsq);
+  comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum);
+  return f;
+}
+
+// Sub-groups k+1 .. k+buffer_count-1 on their way to the host tier (their gradient partitions;
+// with `with_state`, their optimizer state too), skipping those stepped on the device.
+void ZeroEngine::Impl::prefetch_after(std::size_t k, bool with_state) {
+  const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
+  std::vector<TensorId> ids;
+  for (std::size_t j = k + 1; j < pieces.size() && j < k + static_cast<std::size_t>(B); ++j) {
+    if (pieces[j].on_device) continue;  // state (and gradient) already where it is used
+    if (with_state) ids.push_back(pieces[j].optim);
+    if (stage >= 2 && !pieces[j].grad_fresh) ids.push_back(pieces[j].grad);
+  }
+  if (!ids.empty()) store->prefetch(ids, Tier::kHost);
+}
+
+// The overflow check (fp16) and the global norm before anything is updated (the norm summed from
+// the gradients unless `folded` has it in sum.total already). False when an fp16 overflow skips
+// the step: `res` is then the step's result, gradients dropped.
+bool ZeroEngine::Impl::norm_pre_pass(bool folded, NormSum& sum, StepResult& res) {
+  float bad = 0;
+  for (std::size_t k = 0; k < pieces.size() && !folded; ++k) {
+    prefetch_after(k, false);
+    TensorStore::Pin pin;
+    const float* g = piece_grad(pieces[k], pin, Phase::kOptimizer);
+    if (scaler) bad += static_cast<float>(count_nonfinite(g, pieces[k].size()));
+    add_sumsq(sum, k, g);
+  }
+  if (scaler) {
+    if (stage > 0 && world > 1) comm.all_reduce(&bad, &bad, 1, DType::kF32, ReduceOp::kSum);
+    const double used_scale = scaler->scale();
+    if (scaler->update(bad > 0)) {
+      ++st.skipped_steps;
+      TM_LOG_WARN("ZERO", "fp16 gradient overflow: step skipped, loss scale {} -> {}", used_scale, scaler->scale());
+      zero_grad();
+      store->end_step();
+      store->begin_step();
+      res.skipped = true;
+      res.loss_scale = scaler->scale();
+      res.step = st.steps;
+      return false;
+    }
+    res.loss_scale = used_scale;
+  }
+  sum.total = sum_over_ranks(sum.total);
+  return true;
+}
+
+AdamParams ZeroEngine::Impl::step_params(double grad_scale) const {
+  AdamParams ap;
+  ap.lr = static_cast<float>(cfg.optimizer.lr);
+  ap.beta1 = cfg.optimizer.beta1;  // double: 1 - beta computed from the configured value
+  ap.beta2 = cfg.optimizer.beta2;
+  ap.eps = static_cast<float>(cfg.optimizer.eps);
+  ap.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+  ap.step = st.steps + 1;
+  ap.grad_scale = static_cast<float>(grad_scale);
+  return ap;
+}
+
+// AdamW over the sub-groups in order, each module's working shard written whole; with `defer`,
+// a stored module's update is left pending with `ap` instead (apply_pending at its next gather).
+// `norm`: when given, each gradient's squares are added as the update reads it.
+void ZeroEngine::Impl::stream_update(const AdamParams& ap, bool defer, NormSum* norm) {
   WorkingShardOut working(*this);
-  const std::function<void(std::size_t, const float*)> norm_hook =
-      !pre_pass && !folded ? std::function<void(std::size_t, const float*)>(add_sumsq) : nullptr;
+  std::function<void(std::size_t, const float*)> norm_hook;
+  if (norm != nullptr) norm_hook = [this, norm](std::size_t k, const float* g) { add_sumsq(*norm, k, g); };
   for (std::size_t k = 0; k < pieces.size(); ++k) {
-    detail::Piece& p = pieces[k];
-    detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
+    detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[k].module)];
     if (defer && m.stored) {
-      if (!m.pending) ++pending_modules;
-      m.pending = true;
+      deferred.defer(pieces[k].module, ap);
       continue;
     }
     prefetch_after(k, true);
     update_piece(k, ap, working, Phase::kOptimizer, norm_hook);
   }
   working.finish();
-  if (!pre_pass) {
-    if (stage > 0 && world > 1) {
-      float f = static_cast<float>(sumsq);
-      comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum);
-      sumsq = f;
-    }
-    res.grad_norm = std::sqrt(sumsq) * grad_scale;
-  }
+}
 
-  // Publish the new working params of the modules kept whole.
-  for (auto& m : mods) {
-    if (m.full.p != nullptr && (stage == 1 || stage == 2 || m.persistent)) {
-      comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, comm_dtype);
-      ++st.all_gather_calls;
-    }
-  }
+// The step's end: the store's trace, the Prefetcher (re-recording after the first deferred
+// step), the step count, and the gradients cleared.
+void ZeroEngine::Impl::end_step(bool defer) {
   store->end_step();  // the step's trace ends here (the Prefetcher records the first, replays later)
   if (defer && !deferred_before) {
     // The trace recorded so far has no updates inside the forward pass; from now on every step
@@ -189,9 +203,6 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   store->begin_step();
   ++st.steps;
   zero_grad();
-  res.step = st.steps;
-  if (scaler) res.loss_scale = scaler->scale();
-  return res;
 }
 
 const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pin, Phase phase) {
@@ -233,10 +244,9 @@ void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, Working
 }
 
 void ZeroEngine::Impl::apply_pending(int mi, Phase phase) {
+  const std::optional<AdamParams> ap = deferred.take(mi);  // at most once per deferral
+  if (!ap) return;
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
-  if (!m.pending) return;
-  m.pending = false;
-  --pending_modules;
   const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
   WorkingShardOut working(*this);
   for (std::size_t j = 0; j < m.pieces.size(); ++j) {
@@ -250,13 +260,13 @@ void ZeroEngine::Impl::apply_pending(int mi, Phase phase) {
       if (!nxt.grad_fresh) ids.push_back(nxt.grad);
     }
     if (!ids.empty()) store->prefetch(ids, Tier::kHost);
-    update_piece(static_cast<std::size_t>(m.pieces[j]), pending_ap, working, phase, nullptr);
+    update_piece(static_cast<std::size_t>(m.pieces[j]), *ap, working, phase, nullptr);
   }
   working.finish();
 }
 
 void ZeroEngine::Impl::apply_all_pending(Phase phase) {
-  for (int i = 0; i < static_cast<int>(mods.size()) && pending_modules > 0; ++i) apply_pending(i, phase);
+  for (int i = 0; i < static_cast<int>(mods.size()) && deferred.count() > 0; ++i) apply_pending(i, phase);
 }
 
 void ZeroEngine::Impl::replay_outside_accesses(int mi) {
@@ -277,108 +287,6 @@ std::size_t ZeroEngine::Impl::valid_len(std::size_t k) const {
   const ElemRange valid = m.shard.valid(opt_rank);
   const std::size_t valid_end = valid.end - m.shard.range(opt_rank).begin;  // shard-local
   return std::min(p.end, std::max(valid_end, p.begin)) - p.begin;
-}
-
-namespace {
-// 32 double lanes (element i in lane i mod 32) as four 8-wide vectors (GCC vector extensions: the
-// same lanes whatever instructions the compiler picks, so the sum does not depend on the ISA; a
-// float product is exact in double, so neither does FMA contraction). Lane order at the end.
-typedef float F8 __attribute__((vector_size(32), aligned(4)));
-typedef double D8 __attribute__((vector_size(64)));
-constexpr std::size_t kLanes = 32;
-
-inline void add_block(D8 acc[4], const float* x) {
-  for (int q = 0; q < 4; ++q) {
-    F8 f;
-    std::memcpy(&f, x + 8 * q, sizeof f);
-    const D8 d = __builtin_convertvector(f, D8);
-    acc[q] += d * d;
-  }
-}
-
-inline double lane_sum(const D8 acc[4], const float* tail, std::size_t rest) {
-  double lane[kLanes];
-  for (int q = 0; q < 4; ++q)
-    for (int j = 0; j < 8; ++j) lane[8 * q + j] = acc[q][j];
-  for (std::size_t j = 0; j < rest; ++j) lane[j] += static_cast<double>(tail[j]) * tail[j];
-  double sum = 0;
-  for (double x : lane) sum += x;
-  return sum;
-}
-}  // namespace
-
-double detail::sumsq_lanes(const float* g, std::size_t n) {
-  D8 acc[4] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) add_block(acc, g + i);
-  return lane_sum(acc, g + i, n - i);
-}
-
-namespace {
-// One block of kLanes floats from src to dst; with `stream`, by non-temporal stores (dst 16-byte
-// aligned): the destination is a gradient partition the CPU reads next at the optimizer step, or
-// never (it is written to NVMe), so its lines need not be read for ownership nor kept in cache.
-inline void copy_block(float* dst, const float* src, bool stream) {
-#if defined(__x86_64__)
-  if (stream) {
-    for (std::size_t k = 0; k < kLanes; k += 4) _mm_stream_ps(dst + k, _mm_loadu_ps(src + k));
-    return;
-  }
-#endif
-  (void)stream;
-  std::memcpy(dst, src, kLanes * sizeof(float));
-}
-
-inline void stream_fence(bool stream) {
-#if defined(__x86_64__)
-  if (stream) _mm_sfence();  // the streamed stores are seen before the pin's release
-#endif
-  (void)stream;
-}
-
-// Below this many floats the destination may as well stay in cache.
-constexpr std::size_t kStreamMinElems = std::size_t{1} << 16;  // 256 KiB
-
-inline bool streamable(const float* dst, std::size_t n) {
-#if defined(__x86_64__)
-  return n >= kStreamMinElems && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0;
-#else
-  (void)dst, (void)n;
-  return false;
-#endif
-}
-
-// Copies src[0, n) to dst (non-temporal stores when `stream`), whole blocks of kLanes below `m`
-// one at a time, each handed to on_block while in cache and then zeroed in `clear` when given; the
-// rest (the tail, and what lies past m) by memcpy. Returns where the whole blocks ended.
-template <class OnBlock>
-std::size_t copy_blocks(float* dst, const float* src, std::size_t n, std::size_t m, float* clear, bool stream,
-                        OnBlock on_block) {
-  std::size_t i = 0;
-  for (; i + kLanes <= m; i += kLanes) {
-    copy_block(dst + i, src + i, stream);
-    on_block(src + i);
-    if (clear) std::memset(clear + i, 0, kLanes * sizeof(float));  // its lines are in cache now
-  }
-  std::memcpy(dst + i, src + i, (n - i) * sizeof(float));
-  if (clear) std::memset(clear + i, 0, (n - i) * sizeof(float));
-  stream_fence(stream);
-  return i;
-}
-}  // namespace
-
-double detail::copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum, float* clear) {
-  const std::size_t m = std::min(n, n_sum);
-  D8 acc[4] = {};
-  // Whole blocks are summed from src before `clear` zeroes them; the last partial block from its
-  // copy in dst (the same values), since `clear` may be src.
-  const auto add = [&](const float* block) { add_block(acc, block); };
-  const std::size_t i = copy_blocks(dst, src, n, m, clear, streamable(dst, n), add);
-  return lane_sum(acc, dst + i, m - i);
-}
-
-void detail::copy_lanes(float* dst, const float* src, std::size_t n, float* clear, bool read_next) {
-  copy_blocks(dst, src, n, n, clear, !read_next && streamable(dst, n), [](const float*) {});
 }
 
 double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double running,
@@ -404,44 +312,25 @@ bool ZeroEngine::Impl::fold_norm() const { return stage >= 2 && scaler == nullpt
 
 // Piece pi's partition g holds its gradient as of the reduce call that just completed it: the
 // module's running sum of squares moves on by this piece when it is the next in order.
-// Pieces with no real element (all padding: possible on the last ranks) are never completed by
-// an accumulation; they add nothing but their place in the order (the first one resets the sum).
 void ZeroEngine::Impl::fold_piece_norm(int pi, const float* g, std::optional<double> partial) {
-  detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[static_cast<std::size_t>(pi)].module)];
+  const std::size_t k = static_cast<std::size_t>(pi);
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[k].module)];
   const std::size_t first = static_cast<std::size_t>(m.pieces.front());  // a module's pieces are consecutive
-  const std::size_t j = static_cast<std::size_t>(pi) - first;
-  auto skip_empty = [&] {
-    while (m.norm_next < m.pieces.size() && valid_len(first + m.norm_next) == 0) {
-      if (m.norm_next == 0) m.norm_running = 0;
-      ++m.norm_next;
-    }
-  };
-  std::size_t first_real = 0;
-  while (first_real < m.pieces.size() && valid_len(first + first_real) == 0) ++first_real;
-  if (j == first_real) {  // the module's first piece of this reduce call
-    m.norm_next = 0;
-    m.norm_broken = false;
-  }
-  skip_empty();
-  if (j != m.norm_next) {
-    m.norm_broken = true;
-    return;
-  }
-  m.norm_running = piece_sumsq(static_cast<std::size_t>(pi), g, m.norm_running, partial);
-  ++m.norm_next;
-  skip_empty();
+  m.norm.complete(k - first, m.pieces.size(), module_valid_len(m),
+                  [&](double running) { return piece_sumsq(k, g, running, partial); });
+}
+
+detail::ModuleNormFold::ValidLen ZeroEngine::Impl::module_valid_len(const detail::ZeroModule& m) const {
+  const std::size_t first = m.pieces.empty() ? 0 : static_cast<std::size_t>(m.pieces.front());
+  return [this, first](std::size_t j) { return valid_len(first + j); };
 }
 
 bool ZeroEngine::Impl::module_has_real(const detail::ZeroModule& m) const {
-  for (int k : m.pieces) {
-    if (valid_len(static_cast<std::size_t>(k)) > 0) return true;
-  }
-  return false;
+  return detail::has_real(m.pieces.size(), module_valid_len(m));
 }
 
 bool ZeroEngine::Impl::module_norm_ready(const detail::ZeroModule& m) const {
-  if (!module_has_real(m)) return true;  // adds nothing
-  return !m.norm_broken && m.norm_next == m.pieces.size();
+  return m.norm.ready(m.pieces.size(), module_valid_len(m));
 }
 
 }  // namespace tiermem

@@ -1,0 +1,24 @@
+// src/zero/grad_reducer.h — the gradient reducer's pure part: the send buffer of one bucketed
+// reduce-scatter (stages 2-3, several ranks). The buckets' chunks are make_reduce_chunks'
+// (tiermem/shard.h); ZeroEngine::reduce_gradients packs each chunk with pack_bucket, starts the
+// reduce-scatter and accumulates the received part into the gradient partitions later
+// (complete_front), at most max_inflight_buckets in flight.
+//
+// Units: elements. Ownership: the returned buffer is the caller's. Thread-safety: a pure
+// function; thread-safe.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "tiermem/shard.h"
+
+namespace tiermem::detail {
+
+// The send buffer of the reduce-scatter of chunk `chunk` (shard-local) of a module whose full
+// gradient is `grad` (its numel elements, unpadded): world x chunk.size() elements, rank r's part
+// [r x chunk.size(), (r + 1) x chunk.size()) holding the module's elements
+// r x shard.shard + chunk (zero past the module's end: the padding).
+std::vector<float> pack_bucket(std::span<const float> grad, const ModuleShard& shard, int world, ElemRange chunk);
+
+}  // namespace tiermem::detail

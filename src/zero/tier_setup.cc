@@ -1,0 +1,115 @@
+// src/zero/tier_setup.cc — see tier_setup.h.
+#include "zero/tier_setup.h"
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fmt/format.h>
+#include <map>
+
+#include "tiermem/error.h"
+
+namespace tiermem::detail {
+namespace {
+
+// <path>/rank<r> for each path; the swap directory and its rank directory are created 0700 when
+// missing (only this user may read or plant files there; missing parents as the umask says).
+// `created`: the rank directories made here (removed with the swap files, when empty). The
+// <path> itself stays, even when made here: other ranks and engines share it, and may be about to
+// make their own rank directory in it.
+std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int rank,
+                                   std::vector<std::string>* created) {
+  std::vector<std::string> out;
+  for (const auto& p : paths) {
+    const std::filesystem::path base = std::filesystem::path(p).lexically_normal();
+    const std::filesystem::path d = base / ("rank" + std::to_string(rank));
+    std::error_code ec;
+    if (base.has_parent_path()) std::filesystem::create_directories(base.parent_path(), ec);
+    for (const std::filesystem::path& x : {base, d}) {
+      if (ec) break;
+      if (::mkdir(x.c_str(), 0700) == 0) {
+        if (x == d) created->push_back(x.string());
+      } else if (errno != EEXIST) {
+        ec = std::error_code(errno, std::generic_category());
+      }
+    }
+    if (ec) throw IoError(d.string(), 0, 0, ec.value(), "mkdir", "ZeroEngine swap directory: " + ec.message());
+    out.push_back(d.string());
+  }
+  return out;
+}
+
+// Refuses a swap directory whose filesystem lacks room for `need` bytes (spread over `paths`).
+void check_free_space(const std::vector<std::string>& paths, std::uint64_t need, const char* key) {
+  if (need == 0 || paths.empty()) return;
+  const std::uint64_t per_path = need / paths.size();
+  std::map<unsigned long, std::pair<std::string, std::uint64_t>> by_fs;  // fsid -> (path, need)
+  for (const auto& p : paths) {
+    struct statvfs sv {};
+    std::filesystem::path probe(p);
+    while (!probe.empty() && !std::filesystem::exists(probe)) probe = probe.parent_path();
+    if (probe.empty()) probe = ".";
+    if (statvfs(probe.c_str(), &sv) != 0) continue;  // the swap space reports its own errors
+    auto& e = by_fs[sv.f_fsid];
+    e.first = p;
+    e.second += per_path;
+    const std::uint64_t free_bytes = static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
+    if (e.second > free_bytes) {
+      throw ConfigError(key, p,
+                        fmt::format("the NVMe state needs {} in '{}' but its filesystem has {} free; free "
+                                    "space there, add nvme_path entries on other filesystems, or offload "
+                                    "less (offload_param / offload_optimizer device cpu)",
+                                    format_bytes(e.second), p, format_bytes(free_bytes)));
+    }
+  }
+}
+
+}  // namespace
+
+SwapTier make_swap_tier(const Config& cfg, const ZeroPlan& plan, int rank) {
+  const ZeroConfig& z = cfg.zero;
+  SwapTier out;
+  const bool nvme_param = plan.uses_device && plan.param_home == Tier::kNvme;
+  const bool nvme_opt = plan.optimizer_home == Tier::kNvme;
+  if (nvme_param || nvme_opt) {
+    // DeepSpeed's meaning: parameters under offload_param.nvme_path, optimizer state (and swapped
+    // gradients) under offload_optimizer.nvme_path; one swap space when they are the same.
+    const auto& ppaths = z.offload_param.nvme_path.empty() ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path;
+    const auto& opaths = z.offload_optimizer.nvme_path.empty() ? z.offload_param.nvme_path : z.offload_optimizer.nvme_path;
+    const bool same = !nvme_param || !nvme_opt || ppaths == opaths;
+    // The key (or flag, OffloadConfig::nvme_path_from) that gave each path list.
+    auto key = [&](bool optimizer) {
+      const OffloadConfig& own = optimizer ? z.offload_optimizer : z.offload_param;
+      const OffloadConfig& other = optimizer ? z.offload_param : z.offload_optimizer;
+      const OffloadConfig& from = own.nvme_path.empty() ? other : own;
+      if (!from.nvme_path_from.empty()) return from.nvme_path_from;
+      return std::string(&from == &z.offload_optimizer ? "zero_optimization.offload_optimizer.nvme_path"
+                                                       : "zero_optimization.offload_param.nvme_path");
+    };
+    if (same) {
+      const auto& paths = nvme_opt ? opaths : ppaths;
+      check_free_space(paths, plan.nvme_bytes, key(nvme_opt).c_str());
+    } else {
+      check_free_space(ppaths, plan.nvme_param_bytes, key(false).c_str());
+      check_free_space(opaths, plan.nvme_optimizer_bytes, key(true).c_str());
+    }
+    out.io = make_io_engine(cfg);
+    auto make_swap = [&](const std::vector<std::string>& paths) {
+      std::vector<std::string> created;
+      auto s = std::make_shared<SwapSpace>(cfg, rank_dirs(paths, rank, &created), *out.io);
+      s->remove_when_done(std::move(created));
+      return s;
+    };
+    if (same) {
+      out.param_swap = out.optim_swap = make_swap(nvme_opt ? opaths : ppaths);
+    } else {
+      out.param_swap = make_swap(ppaths);
+      out.optim_swap = make_swap(opaths);
+    }
+  }
+  return out;
+}
+
+}  // namespace tiermem::detail
