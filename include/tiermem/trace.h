@@ -5,7 +5,9 @@
 // "allgather", "wait", ...); each track is one row in the viewer, so overlap is visible.
 // The file is {"traceEvents":[...]} with timestamps in microseconds since the recorder started.
 // Enable with Trace::global().start(path) or the environment variable TIERMEM_TRACE=path
-// (read at first use). Disabled recording costs one relaxed atomic load per event.
+// (read at first use; the file is then also written at normal process exit, so a program that
+// never calls save() — a Python script — still gets it). Disabled recording costs one relaxed
+// atomic load per event.
 //
 // Thread-safety: every method is thread-safe. save() writes to "<path>.tmp", fsyncs and renames.
 #pragma once

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
@@ -16,7 +17,16 @@ namespace tiermem {
 Trace& Trace::global() {
   static Trace* t = [] {
     auto* tr = new Trace();  // leaked on purpose: usable from other static destructors
-    if (auto p = env_param("TIERMEM_TRACE")) tr->start(*p);
+    if (auto p = env_param("TIERMEM_TRACE")) {
+      tr->start(*p);
+      // A program that never calls save()/stop() (a Python script, a user's C++ program) still
+      // gets its file: it is written at normal process exit. A program that stopped the trace
+      // itself (tiermem-train) is not written twice.
+      std::atexit([] {
+        Trace& t = Trace::global();
+        if (t.enabled()) t.stop();
+      });
+    }
     return tr;
   }();
   return *t;

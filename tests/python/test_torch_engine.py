@@ -33,3 +33,34 @@ def test_losses_equal_plain_pytorch(torch_or_skip, tmp_path, kind, offload, gas)
         assert st["param_home"] == "nvme" and st["optimizer_home"] == "nvme"
         assert st["nvme_read_bytes"] > 0 and st["nvme_written_bytes"] > 0
     engine.close()
+
+
+def test_tiermem_trace_is_written_at_exit(torch_or_skip, tmp_path):
+    """TIERMEM_TRACE=path from Python: the library records from its first use and writes the file
+    when the process exits (a script never calls save itself): valid Chrome-trace JSON with the
+    engine's NVMe spans."""
+    hf_or_skip()
+    import json
+    import subprocess
+    import sys
+    trace = tmp_path / "run.trace.json"
+    script = f"""
+import sys
+sys.path.insert(0, {repr(str(__import__('os').path.dirname(__file__)))})
+import tiermem.torch as tt
+from torch_models import batches, build, ds_config, engine_losses
+cfg = ds_config({repr(str(tmp_path))}, "nvme", tiermem={{"host_budget_bytes": "1MiB", "device_budget_bytes": "256KiB"}})
+engine, *_ = tt.initialize(model=build("gpt2"), config=cfg)
+engine_losses(engine, batches(2), 2)
+engine.close()
+"""
+    env = dict(__import__("os").environ, TIERMEM_TRACE=str(trace))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(trace.read_text())
+    events = doc["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert spans, tracks
+    assert any("nvme" in t for t in tracks), tracks
+    assert not (tmp_path / "run.trace.json.tmp").exists()
