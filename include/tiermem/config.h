@@ -61,7 +61,7 @@ struct OffloadConfig {
 
 struct ZeroConfig {
   int stage = 0;  // 0..3
-  bool overlap_comm = false;
+  bool overlap_comm = false;  // the parser sets true at stage 3 when the key is absent (DeepSpeed)
   bool contiguous_gradients = true;
   bool reduce_scatter = true;
   std::uint64_t reduce_bucket_size_elems = 500'000'000;

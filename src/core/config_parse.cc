@@ -296,6 +296,7 @@ void read_offload(Section& s, OffloadConfig& o) {
 void read_zero_optimization(Section& s, Config& cfg) {
   auto& z = cfg.zero;
   s.get_int("stage", z.stage, 0, 3);
+  z.overlap_comm = z.stage == 3;  // DeepSpeed's default when the key is absent: on at stage 3 only
   s.get("overlap_comm", z.overlap_comm);
   s.get("contiguous_gradients", z.contiguous_gradients);
   s.inert("contiguous_gradients", "tiermem always packs gradients into contiguous buckets");
