@@ -98,6 +98,7 @@ struct ZeroStats {
   std::uint64_t prefetches_issued = 0;
   std::uint64_t reduce_scatter_calls = 0;   // bucketed reduce-scatter collectives issued
   std::uint64_t all_gather_calls = 0;
+  std::uint64_t all_gathers_prefetched = 0;  // of those, started by prefetch_gather
   std::int64_t steps = 0;                   // optimizer steps taken (skipped ones excluded)
   std::int64_t skipped_steps = 0;           // fp16 overflows
 };
@@ -207,8 +208,19 @@ class ZeroEngine {
   std::size_t module_numel(int module) const;
   DType working_dtype() const { return working_dtype_; }
 
-  // The module's full working parameters (see Gathered). Stage 3: a blocking all-gather.
+  // The module's full working parameters (see Gathered). Stage 3: a blocking all-gather, or the
+  // wait for the one prefetch_gather(module) started.
   Gathered gather(int module, Phase phase = Phase::kOther);
+  // Starts module's stage-3 all-gather now (async on the communicator) so that the compute of the
+  // module before it hides it; the next gather(module) waits for it and takes its buffer. Returns
+  // false, doing nothing, where there is nothing to start: one rank (the Prefetcher already
+  // loads shards ahead), a module not stored, device memory the CPU cannot address. At most two
+  // are pending: a third first completes and frees the oldest (a prediction that did not come
+  // true). step(), synchronize(), zero_grad() and every state import/export complete and free
+  // those not taken. Collective: every rank must call it for the same modules in the same order
+  // as its other collectives. The buffer counts in gathered_bytes_peak from the start.
+  // Errors: as gather(); a CommError of the collective surfaces from the gather that takes it.
+  bool prefetch_gather(int module, Phase phase = Phase::kOther);
 
   // Adds this rank's micro-batch gradient of `module` (full fp32, numel elements; the caller's
   // buffer may be reused when the call returns). Stage 2/3: reduce-scatters it now in buckets

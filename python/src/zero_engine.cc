@@ -108,15 +108,22 @@ class TorchDistCommunicator final : public Communicator {
   std::string_view backend() const override { return "torch.distributed"; }
   bool device_buffers() const override { return false; }
 
+  // The two collectives the engine overlaps with compute run asynchronously on the process group
+  // (DistOps.*_async return a pending object, or None when already done); the rest block.
   CommHandle all_gather_async(const void* send, void* recv, std::size_t count, DType dtype) override {
-    call("all_gather", [&] { ops_.attr("all_gather")(view(send, count, dtype), view(recv, count * world_, dtype)); });
-    return {};
+    nb::object pending;
+    call("all_gather", [&] {
+      pending = ops_.attr("all_gather_async")(view(send, count, dtype), view(recv, count * world_, dtype));
+    });
+    return handle("all_gather", std::move(pending));
   }
   CommHandle reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    nb::object pending;
     call("reduce_scatter", [&] {
-      ops_.attr("reduce_scatter")(view(send, count * world_, dtype), view(recv, count, dtype), op == ReduceOp::kAvg);
+      pending = ops_.attr("reduce_scatter_async")(view(send, count * world_, dtype), view(recv, count, dtype),
+                                                  op == ReduceOp::kAvg);
     });
-    return {};
+    return handle("reduce_scatter", std::move(pending));
   }
   CommHandle all_reduce_async(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     call("all_reduce", [&] {
@@ -144,6 +151,34 @@ class TorchDistCommunicator final : public Communicator {
     return nb::ndarray<nb::pytorch>(const_cast<void*>(p), 1, shape, nb::handle(), nullptr, dt)
         .cast(nb::rv_policy::reference);
   }
+  // A collective torch.distributed runs in the background: wait() blocks (torch releases the GIL
+  // while it waits) and finishes it (DistOps copies the result where the engine expects it).
+  class Pending final : public detail::CommRequest {
+   public:
+    Pending(TorchDistCommunicator& c, const char* op, nb::object p) : c_(c), op_(op), p_(std::move(p)) {}
+    ~Pending() override {
+      nb::gil_scoped_acquire gil;
+      p_.reset();
+    }
+    bool test() override {
+      bool done = false;
+      c_.call(op_, [&] { done = nb::cast<bool>(p_.attr("is_completed")()); });
+      if (done) wait();
+      return done;
+    }
+    void wait() override { c_.call(op_, [&] { p_.attr("wait")(); }); }
+
+   private:
+    TorchDistCommunicator& c_;
+    const char* op_;
+    nb::object p_;
+  };
+  CommHandle handle(const char* op, nb::object pending) {
+    nb::gil_scoped_acquire gil;
+    if (!pending.is_valid() || pending.is_none()) return {};
+    return CommHandle(std::make_unique<Pending>(*this, op, std::move(pending)));
+  }
+
   template <class F>
   void call(const char* op, F&& f) {
     nb::gil_scoped_acquire gil;
@@ -209,6 +244,8 @@ class PyZeroEngine {
     nb::capsule cap(owner.release(), [](void* p) noexcept { delete static_cast<GatheredOwner*>(p); });
     return nb::ndarray<nb::pytorch>(data, 1, shape, cap, nullptr, dlpack_dtype(dt)).cast();
   }
+
+  bool prefetch_gather(int module, const std::string& phase) { return e().prefetch_gather(module, phase_of(phase)); }
 
   void reduce_gradients(int module, nb::handle grad) {
     ZeroEngine& en = e();
@@ -302,6 +339,7 @@ class PyZeroEngine {
     d["stall_ns"] = s.stall_ns;
     d["prefetches_issued"] = s.prefetches_issued;
     d["all_gather_calls"] = s.all_gather_calls;
+    d["all_gathers_prefetched"] = s.all_gathers_prefetched;
     d["reduce_scatter_calls"] = s.reduce_scatter_calls;
     d["steps"] = s.steps;
     d["skipped_steps"] = s.skipped_steps;
@@ -376,6 +414,10 @@ void bind_zero_engine(nb::module_& m) {
       .def("gather", &PyZeroEngine::gather, nb::arg("module"), nb::arg("phase") = "other",
            "The module's full working parameters as a 1-D torch tensor viewing the engine's memory "
            "(float32, bfloat16 or float16: the working dtype). Valid while any view of it lives.")
+      .def("prefetch_gather", &PyZeroEngine::prefetch_gather, nb::arg("module"), nb::arg("phase") = "other",
+           "Starts the module's all-gather now (several ranks, stage 3) so that compute hides it; the next "
+           "gather(module) takes it. False where there is nothing to start (one rank, a module kept whole). "
+           "Collective: every rank must call it for the same modules in the same order.")
       .def("reduce_gradients", &PyZeroEngine::reduce_gradients, nb::arg("module"), nb::arg("grad"),
            "Adds this rank's gradient of the module (float32, numel; copied before the call returns).")
       .def("set_module_params", &PyZeroEngine::set_module_params, nb::arg("module"), nb::arg("values"),

@@ -152,7 +152,11 @@ ZeroEngine::~ZeroEngine() {
   try {
     impl_->sync();
   } catch (const std::exception& e) {
-    TM_LOG_ERROR("ZERO", "reduce-scatter pending at ZeroEngine destruction failed: {}", e.what());
+    TM_LOG_ERROR("ZERO", "a collective pending at ZeroEngine destruction failed: {}", e.what());
+  }
+  try {
+    impl_->drop_pending_gathers();  // sync() stopped at a failure above: free what is left
+  } catch (const std::exception&) {
   }
   impl_->store.reset();  // frees its swap extents, before the swap spaces and the device go
 }
@@ -195,20 +199,129 @@ std::size_t ZeroEngine::module_numel(int module) const {
 
 // --------------------------------------------------------------------------------- gather
 
+void* ZeroEngine::Impl::alloc_gather_buf(const detail::ZeroModule& m, bool on_device) {
+  const std::size_t bytes = m.shard.padded * wsize;
+  if (on_device) return device->allocate(bytes);  // OutOfMemoryError(kDevice) beyond the gather reserve
+  void* buf = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (!buf) throw OutOfMemoryError(Tier::kHost, bytes, 0, "ZeroEngine all-gather buffer");
+  return buf;
+}
+
+void ZeroEngine::Impl::free_gather_buf(const detail::ZeroModule& m, void* buf, bool on_device) noexcept {
+  (void)m;
+  if (on_device) {
+    device->free(buf);
+  } else {
+    std::free(buf);
+  }
+}
+
+void ZeroEngine::Impl::drop_pending_gathers() {
+  std::exception_ptr first;
+  while (!pending_gathers.empty()) {
+    PendingGather pg = std::move(pending_gathers.front());
+    pending_gathers.pop_front();
+    const detail::ZeroModule& m = mods[static_cast<std::size_t>(pg.module)];
+    try {
+      pg.handle.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+    free_gather_buf(m, pg.buf, pg.on_device);
+    gathered_live -= m.shard.padded * wsize;
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+// The module's update of the last step (deferred), or its accesses outside the step, before its
+// working shard is read.
+void ZeroEngine::Impl::before_gather(int module, Phase phase) {
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(module)];
+  if (deferred.pending(module)) {  // the overlapped optimizer step: this module's update, now that it is needed
+    apply_pending(module, phase == Phase::kOutsideStep ? Phase::kOutsideStep : Phase::kOptimizer);
+  } else if (!m.replay.empty() && phase != Phase::kOutsideStep) {
+    replay_outside_accesses(module);
+  }
+}
+
+bool ZeroEngine::prefetch_gather(int module, Phase phase) {
+  Impl& I = *impl_;
+  I.finalize();
+  if (module < 0 || module >= num_modules()) {
+    throw Error("ZeroEngine::prefetch_gather: unknown module " + std::to_string(module));
+  }
+  detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
+  if (I.world == 1 || !m.stored || I.opaque) return false;  // nothing to overlap (one rank: the Prefetcher's)
+  for (const auto& pg : I.pending_gathers) {
+    if (pg.module == module) return true;
+  }
+  // At most two ahead: a prediction that did not come true (a changed module order) holds no more.
+  while (I.pending_gathers.size() >= 2) {
+    Impl::PendingGather old = std::move(I.pending_gathers.front());
+    I.pending_gathers.pop_front();
+    const detail::ZeroModule& om = I.mods[static_cast<std::size_t>(old.module)];
+    try {
+      old.handle.wait();
+    } catch (...) {
+      I.free_gather_buf(om, old.buf, old.on_device);
+      I.gathered_live -= om.shard.padded * I.wsize;
+      throw;
+    }
+    I.free_gather_buf(om, old.buf, old.on_device);
+    I.gathered_live -= om.shard.padded * I.wsize;
+  }
+  I.before_gather(module, phase);
+  TensorStore::Pin pin = I.store->acquire(m.param, I.gather_tier(m), phase);
+  const bool on_device = I.compute_tier == Tier::kDevice;
+  Impl::PendingGather pg;
+  pg.module = module;
+  pg.on_device = on_device;
+  pg.buf = I.alloc_gather_buf(m, on_device);
+  std::byte* mine = static_cast<std::byte*>(pg.buf) + static_cast<std::size_t>(I.rank) * m.shard.shard * I.wsize;
+  std::memcpy(mine, pin.data(), m.shard.shard * I.wsize);
+  pin.release();
+  try {
+    pg.handle = I.comm.all_gather_async(mine, pg.buf, m.shard.shard, I.comm_dtype);  // in place
+  } catch (...) {
+    I.free_gather_buf(m, pg.buf, on_device);
+    throw;
+  }
+  ++I.st.all_gather_calls;
+  ++I.st.all_gathers_prefetched;
+  I.gathered_live += m.shard.padded * I.wsize;
+  I.st.gathered_bytes_peak = std::max(I.st.gathered_bytes_peak, I.gathered_live);
+  I.pending_gathers.push_back(std::move(pg));
+  return true;
+}
+
 ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   Impl& I = *impl_;
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::gather: unknown module " + std::to_string(module));
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
-  if (I.deferred.pending(module)) {  // the overlapped optimizer step: this module's update, now that it is needed
-    I.apply_pending(module, phase == Phase::kOutsideStep ? Phase::kOutsideStep : Phase::kOptimizer);
-  } else if (!m.replay.empty() && phase != Phase::kOutsideStep) {
-    I.replay_outside_accesses(module);
-  }
   Gathered g;
   g.module_ = module;
   g.numel_ = m.numel;
   g.dtype_ = working_dtype_;
+  for (auto it = I.pending_gathers.begin(); it != I.pending_gathers.end(); ++it) {
+    if (it->module != module) continue;
+    // Started by prefetch_gather (its deferred update applied then): wait for its end.
+    Impl::PendingGather pg = std::move(*it);
+    I.pending_gathers.erase(it);
+    try {
+      pg.handle.wait();
+    } catch (...) {
+      I.free_gather_buf(m, pg.buf, pg.on_device);
+      I.gathered_live -= m.shard.padded * I.wsize;
+      throw;
+    }
+    g.data_ = pg.buf;
+    g.owned_ = true;
+    g.owned_on_device_ = pg.on_device;
+    g.engine_ = this;
+    return g;
+  }
+  I.before_gather(module, phase);
   if (!m.stored) {
     g.data_ = I.stage == 0 ? m.mem_shard.p : m.full.p;
     return g;
@@ -229,23 +342,14 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   if (I.opaque) {  // device memory the CPU cannot address: zero_device.cc
     buf = I.all_gather_to_device(m, pin);
   } else {
-    if (on_device) {
-      buf = I.device->allocate(bytes);  // OutOfMemoryError(kDevice) beyond the gather reserve
-    } else {
-      buf = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-      if (!buf) throw OutOfMemoryError(Tier::kHost, bytes, 0, "ZeroEngine all-gather buffer");
-    }
+    buf = I.alloc_gather_buf(m, on_device);
     std::byte* mine = static_cast<std::byte*>(buf) + static_cast<std::size_t>(I.rank) * m.shard.shard * I.wsize;
     std::memcpy(mine, pin.data(), m.shard.shard * I.wsize);
     pin.release();
     try {
       I.comm.all_gather(mine, buf, m.shard.shard, I.comm_dtype);  // in place
     } catch (...) {
-      if (on_device) {
-        I.device->free(buf);
-      } else {
-        std::free(buf);
-      }
+      I.free_gather_buf(m, buf, on_device);
       throw;
     }
   }

@@ -229,6 +229,24 @@ struct ZeroEngine::Impl {
   std::vector<float> grad_spare;
 
   std::uint64_t gathered_live = 0;
+  // Stage-3 all-gathers started ahead of their gather() (ZeroEngine::prefetch_gather, several
+  // ranks, host-addressable buffers): each buffer is counted in gathered_live from its start.
+  struct PendingGather {
+    int module = -1;
+    void* buf = nullptr;
+    bool on_device = false;
+    CommHandle handle;
+  };
+  std::deque<PendingGather> pending_gathers;
+  // The all-gather buffer of module m: host memory, or device memory (addressable) when computing there.
+  void* alloc_gather_buf(const detail::ZeroModule& m, bool on_device);
+  void free_gather_buf(const detail::ZeroModule& m, void* buf, bool on_device) noexcept;
+  // Waits for every pending gather and frees its buffer (they were issued on every rank, so each
+  // completes); rethrows the first CommError after all are freed.
+  void drop_pending_gathers();
+  // Before module's working shard is read for a gather: its deferred update of the last step, or
+  // the replay of its accesses outside the step (zero_engine.cc).
+  void before_gather(int module, Phase phase);
   std::unique_ptr<DynamicLossScaler> scaler;
   ZeroStats st;
 
@@ -388,6 +406,7 @@ struct ZeroEngine::Impl {
   void sync() {
     wait_grad_task();
     while (!inflight.empty()) complete_front();
+    drop_pending_gathers();  // what follows may change the shards they read
   }
   void zero_grad();
 };

@@ -163,8 +163,10 @@ inline void reduce_from_device(ZeroEngine& engine, int module, const std::vector
 // registered (the same data every step). `micro` micro-batches per step (kSamples must divide by
 // world × micro). Gathered params are read through to_f32_host; with `device_grads` (and an
 // engine with a device tier) gradients are handed over from device memory.
+// With `prefetch`, module 1's all-gather is started (prefetch_gather) before module 0's gather,
+// and a prefetch that no gather takes (module 0, after the backward) is left for step() to drop.
 inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, int micro,
-                            bool device_grads = false) {
+                            bool device_grads = false, bool prefetch = false) {
   MlpData D = mlp_data();
   const int per_rank = kSamples / comm.world_size();
   const int per_micro = per_rank / micro;
@@ -174,6 +176,7 @@ inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, i
       const int s0 = comm.rank() * per_rank + mb * per_micro;
       std::vector<float> p0, p1;
       {  // forward + backward of both modules inside their gather scopes
+        if (prefetch) engine.prefetch_gather(1, Phase::kForward);
         auto a = engine.gather(0);
         auto b = engine.gather(1);
         p0 = to_f32_host(engine, a);
@@ -194,6 +197,7 @@ inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, i
         engine.reduce_gradients(1, std::vector<float>(g1));
         engine.reduce_gradients(0, g0);
       }
+      if (prefetch && mb + 1 == micro) engine.prefetch_gather(0, Phase::kForward);  // never taken
     }
     engine.step();
   }
@@ -202,11 +206,11 @@ inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, i
 // Registers the MLP's modules, trains it for `steps` steps through the engine (see
 // mlp_train_steps); returns the exported fp32 masters.
 inline std::vector<std::vector<float>> mlp_train_engine(ZeroEngine& engine, Communicator& comm, int steps, int micro,
-                                                       bool device_grads = false) {
+                                                       bool device_grads = false, bool prefetch = false) {
   auto init = mlp_init();
   engine.register_module("fc1", init[0]);
   engine.register_module("fc2", init[1]);
-  mlp_train_steps(engine, comm, steps, micro, device_grads);
+  mlp_train_steps(engine, comm, steps, micro, device_grads, prefetch);
   return {engine.export_master(0), engine.export_master(1)};
 }
 

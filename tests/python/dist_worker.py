@@ -76,7 +76,8 @@ def main() -> None:
         losses.append(float(value))
         if a.save_at and step + 1 == a.save_at:
             engine.save_checkpoint(a.ckpt)
-    state_bytes = engine.stats()["optimizer_state_bytes"]
+    stats = engine.stats()
+    state_bytes = stats["optimizer_state_bytes"]
     engine.close()
     rss = [load_rss]
     if world > 1:
@@ -84,7 +85,10 @@ def main() -> None:
         dist.all_gather_object(rss, load_rss)
     if rank == 0:
         with open(a.out, "w") as f:
-            json.dump({"losses": losses, "world": world, "load_rss": rss, "optimizer_state_bytes": state_bytes}, f)
+            json.dump({"losses": losses, "world": world, "load_rss": rss, "optimizer_state_bytes": state_bytes,
+                       "all_gather_calls": stats["all_gather_calls"],
+                       "all_gathers_prefetched": stats["all_gathers_prefetched"],
+                       "comm_blocked_s": stats.get("comm_blocked_s", 0.0)}, f)
     if dist.is_initialized():
         dist.destroy_process_group()
 

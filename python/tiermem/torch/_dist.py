@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -61,6 +62,10 @@ class DistOps:
         self.group = None if "gloo" in str(dist.get_backend()) else dist.new_group(backend="gloo")
         self.unit = -1
         self.unit_names: list[str] = []
+        # The time the stepping thread spent blocked in collectives (a synchronous call, or the
+        # wait on an asynchronous one): the communication that compute did not hide. Seconds.
+        self.blocked_s = 0.0
+        self.calls = 0
         # Each rank's host and pid, so that a failed collective can say which rank is gone.
         self.peers: list = [None] * self.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()), group=self.group)
@@ -96,13 +101,22 @@ class DistOps:
         return RuntimeError(f"the engine's {op} failed on rank {self.rank} of {self.world_size}: {why} ({e}). "
                             "Every rank must run the same steps; see the lost rank's own log for why it stopped")
 
-    def _run(self, op: str, fn, *args) -> None:
+    def _run(self, op: str, fn, *args):
+        t0 = time.perf_counter()
         try:
-            fn(*args)
+            return fn(*args)
         except Exception as e:  # gloo's DistBackendError / DistNetworkError, a timeout
             if "the ranks gather different modules" in str(e):
                 raise
             raise self._failed(op, e) from e
+        finally:
+            self.blocked_s += time.perf_counter() - t0
+            self.calls += 1
+
+    def stats(self) -> dict:
+        """comm_blocked_s: seconds the stepping thread was blocked in the engine's collectives since
+        initialize (what compute did not hide); comm_calls: how many it ran."""
+        return {"comm_blocked_s": self.blocked_s, "comm_calls": self.calls}
 
     def _check_same_module(self, count: int) -> None:
         mine = torch.tensor([self.unit, count], dtype=torch.int64)
@@ -154,8 +168,62 @@ class DistOps:
     def all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
         self._run("all-reduce", self._all_reduce, send, recv, average)
 
+    # The asynchronous forms (the engine's prefetched all-gathers, its overlapped reduce-scatter
+    # buckets): the collective runs on the process group's own threads; the engine waits on the
+    # returned object when it needs the result.
+    def all_gather_async(self, send: torch.Tensor, recv: torch.Tensor) -> "_Pending":
+        def start():
+            self._check_same_module(send.numel())
+            src = send
+            if send.data_ptr() == recv.data_ptr() + self.rank * send.numel() * send.element_size():
+                src = send.clone()  # in place (the engine's own slot): gloo needs a separate input
+            work = dist.all_gather_into_tensor(recv, src, group=self.group, async_op=True)
+            return _Pending(self, "all-gather", work, None, src)
+        return self._run("all-gather", start)
+
+    def reduce_scatter_async(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> "_Pending":
+        def start():
+            n = recv.numel()
+            full = send.clone()  # the sum lands in place; the engine's send buffer stays as it was
+            work = dist.all_reduce(full, group=self.group, async_op=True)
+
+            def finish():
+                part = full[self.rank * n:(self.rank + 1) * n]
+                if average:
+                    part.div_(self.world_size)
+                recv.copy_(part)
+            return _Pending(self, "reduce-scatter", work, finish, full)
+        return self._run("reduce-scatter", start)
+
     def broadcast(self, buf: torch.Tensor, root: int) -> None:
         self._run("broadcast", self._broadcast, buf, root)
 
     def barrier(self) -> None:
         self._run("barrier", self._barrier)
+
+
+class _Pending:
+    """One collective in flight: ``wait()`` blocks until it is done and finishes it (its time counts
+    in DistOps.blocked_s); ``is_completed()`` polls. ``keep`` holds the tensors it reads or writes."""
+
+    __slots__ = ("ops", "op", "work", "finish", "keep", "done")
+
+    def __init__(self, ops: DistOps, op: str, work, finish, keep) -> None:
+        self.ops, self.op, self.work, self.finish, self.keep, self.done = ops, op, work, finish, keep, False
+
+    def is_completed(self) -> bool:
+        return self.done or self.work.is_completed()
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        self.done = True
+
+        def run():
+            self.work.wait()
+            if self.finish is not None:
+                self.finish()
+        try:
+            self.ops._run(self.op, run)
+        finally:
+            self.work = self.finish = self.keep = None

@@ -213,6 +213,10 @@ class ParamHooks:
         self.on_backward = None  # called once per backward that produced a gradient
         self.gathered_params_open = 0  # zero.GatheredParameters scopes now open
         self.dist_ops = None  # _dist.DistOps with several ranks
+        # Several ranks: the units gathered so far in this forward / backward, and in the last
+        # ones (what _prefetch_next predicts from).
+        self.order: dict[str, list[int]] = {"forward": [], "backward": []}
+        self.last_order: dict[str, Optional[list[int]]] = {"forward": None, "backward": None}
         # Where the model computes (its parameters' device; initialize checked they agree). The
         # engine's gathered memory is host memory: on another device (CUDA) each gathered unit is
         # copied in, and that copy is what the parameters view. copy_in forces the copy on the CPU
@@ -337,9 +341,43 @@ class ParamHooks:
             return self.engine.gather(unit.index, phase)
         ops.unit = unit.index  # the all-gather checks that every rank gathers this unit
         try:
-            return self.engine.gather(unit.index, phase)
+            flat = self.engine.gather(unit.index, phase)
         finally:
             ops.unit = -1
+        self._prefetch_next(unit, phase)
+        return flat
+
+    def _prefetch_next(self, unit: Unit, phase: str) -> None:
+        """Several ranks: starts the all-gather of the unit the last pass gathered next, so that
+        this unit's compute hides it (the engine's prefetch_gather). The order is what the last
+        forward and backward recorded, position by position; where this pass departs from it
+        (eval, another control flow) nothing is started until the next pass has recorded anew.
+        Every rank records the same order, so every rank starts the same all-gathers."""
+        if phase not in self.order:
+            return
+        cur = self.order[phase]
+        cur.append(unit.index)
+        last = self.last_order[phase]
+        i = len(cur) - 1
+        if last is None or i + 1 >= len(last) or last[i] != unit.index:
+            return
+        nxt = self.units[last[i + 1]]
+        if nxt.flat is not None or (nxt.bw_flat is not None and nxt.bw_flat() is not None):
+            return  # still gathered: its next use will not call the engine
+        ops = self.dist_ops
+        ops.unit = nxt.index
+        try:
+            self.engine.prefetch_gather(nxt.index, phase)
+        finally:
+            ops.unit = -1
+
+    def end_pass(self) -> None:
+        """The end of a backward: the order this forward and backward gathered in becomes the
+        prediction for the next ones."""
+        for phase, cur in self.order.items():
+            if cur:
+                self.last_order[phase] = cur
+                self.order[phase] = []
 
     def _to_compute(self, flat: torch.Tensor, copy: bool = False) -> torch.Tensor:
         """The gathered unit where the model computes: the engine's memory itself on the CPU, else
@@ -478,6 +516,7 @@ class ParamHooks:
 
     def _end_of_backward(self) -> None:
         self.backward_pending = False
+        self.end_pass()
         for u in self.units:
             if u.grad is not None:  # some of its parameters got no gradient: they add zero
                 self._reduce(u)

@@ -406,8 +406,14 @@ class TiermemEngine:
         return save_fp32_state_dict(self, path)
 
     def stats(self) -> dict:
-        """The engine's counters (bytes per tier, peaks, traffic, prefetches): ZeroStats."""
-        return self._zero.stats()
+        """The engine's counters (bytes per tier, peaks, traffic, prefetches): ZeroStats. With
+        several ranks also comm_blocked_s (seconds the training thread waited in collectives, the
+        communication compute did not hide) and comm_calls."""
+        st = self._zero.stats()
+        ops = self._hooks.dist_ops
+        if ops is not None:
+            st.update(ops.stats())
+        return st
 
     def close(self) -> None:
         """Ends the engine: its swap files go once the last gathered tensor is freed. The model
