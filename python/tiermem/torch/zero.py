@@ -201,12 +201,14 @@ class Init:
         self._patched: list = []
         self._depth: dict[int, int] = {}
         self._saved_init_subclass = None
+        self._host_budget = 0  # tiermem.host_budget_bytes of the config (0: none given)
 
     def _staging_dir(self) -> Optional[str]:
         if self.config is None:
             return None
         from .engine import load_config
         _, cfg = load_config(self.config, quiet=True)  # the same parser and errors as initialize
+        self._host_budget = int(cfg.get("tiermem", {}).get("host_budget_bytes", 0) or 0)  # 0: the default
         z = cfg["zero_optimization"]
         for key in ("offload_param", "offload_optimizer"):
             o = z[key]
@@ -222,7 +224,7 @@ class Init:
             return self
         self.stage = _Stage(self._staging_dir())
         from .engine import _fix_malloc_threshold
-        _fix_malloc_threshold()  # the build's freed blocks go back to the system too
+        _fix_malloc_threshold(self._host_budget)  # with a small budget, the build's freed blocks go back too
         for cls in _all_module_classes():
             self._patch(cls)
         # Module classes defined inside the block are wrapped too: transformers imports a model's
