@@ -75,9 +75,11 @@ def test_stage3_nvme_ranks_match_one_rank(torch_or_skip, tmp_path, one_rank, ran
     assert got["all_gathers_prefetched"] <= got["all_gather_calls"], got
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_stages_1_and_2_cpu_offload_match(torch_or_skip, tmp_path, one_rank, stage):
-    got, _ = _launch(tmp_path, f"s{stage}", 2, "--stage", str(stage), "--offload", "cpu")
+@pytest.mark.parametrize("stage,reduce_scatter", [(1, "native"), (2, "native"), (2, "all_reduce")])
+def test_stages_1_and_2_cpu_offload_match(torch_or_skip, tmp_path, one_rank, stage, reduce_scatter):
+    # all_reduce: the path for a gloo without reduce_scatter_tensor (a bucket all-reduced whole)
+    got, _ = _launch(tmp_path, f"s{stage}{reduce_scatter}", 2, "--stage", str(stage), "--offload", "cpu",
+                     env_extra={"TIERMEM_DIST_REDUCE_SCATTER": reduce_scatter})
     _close(got, one_rank)
 
 

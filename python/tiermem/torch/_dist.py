@@ -69,6 +69,22 @@ class DistOps:
         # Each rank's host and pid, so that a failed collective can say which rank is gone.
         self.peers: list = [None] * self.world_size
         dist.all_gather_object(self.peers, (socket.gethostname(), os.getpid()), group=self.group)
+        self.native_reduce_scatter = self._probe_reduce_scatter()
+
+    def _probe_reduce_scatter(self) -> bool:
+        """Whether this torch's gloo runs reduce_scatter_tensor (torch 2.15's does): one collective of
+        world_size elements at start, the same outcome on every rank. Without it a bucket is
+        all-reduced whole (a copy of world_size x bucket) and each rank keeps its part;
+        TIERMEM_DIST_REDUCE_SCATTER=all_reduce chooses that path anyway (set on every rank)."""
+        if os.environ.get("TIERMEM_DIST_REDUCE_SCATTER", "") == "all_reduce":
+            return False
+        try:
+            probe = torch.ones(self.world_size)
+            out = torch.empty(1)
+            dist.reduce_scatter_tensor(out, probe, group=self.group)
+            return float(out) == float(self.world_size)
+        except (RuntimeError, NotImplementedError, ValueError, AttributeError):
+            return False
 
     def lost_ranks(self) -> tuple[list[int], int]:
         """Ranks on this host whose process no longer runs (gone, or a zombie not yet reaped by its
@@ -130,21 +146,6 @@ class DistOps:
             raise RuntimeError(f"the ranks gather different modules ({listed}): the module order must be the same on "
                                "every rank (no rank-dependent control flow around modules)")
 
-    def _all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        self._check_same_module(send.numel())
-        if send.data_ptr() == recv.data_ptr() + self.rank * send.numel() * send.element_size():
-            send = send.clone()  # in place (the engine's own slot): gloo needs a separate input
-        dist.all_gather_into_tensor(recv, send, group=self.group)
-
-    def _reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
-        n = recv.numel()
-        full = send.clone()
-        dist.all_reduce(full, group=self.group)  # gloo has no reduce-scatter: the sum everywhere, then this rank's part
-        part = full[self.rank * n:(self.rank + 1) * n]
-        if average:
-            part.div_(self.world_size)
-        recv.copy_(part)
-
     def _all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
         if recv.data_ptr() != send.data_ptr():
             recv.copy_(send)
@@ -159,12 +160,6 @@ class DistOps:
         dist.barrier(group=self.group)
 
     # The calls the C++ engine makes (TorchDistCommunicator): each names the lost rank on failure.
-    def all_gather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        self._run("all-gather", self._all_gather, send, recv)
-
-    def reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
-        self._run("reduce-scatter", self._reduce_scatter, send, recv, average)
-
     def all_reduce(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> None:
         self._run("all-reduce", self._all_reduce, send, recv, average)
 
@@ -183,6 +178,10 @@ class DistOps:
 
     def reduce_scatter_async(self, send: torch.Tensor, recv: torch.Tensor, average: bool) -> "_Pending":
         def start():
+            if self.native_reduce_scatter:
+                work = dist.reduce_scatter_tensor(recv, send, group=self.group, async_op=True)
+                return _Pending(self, "reduce-scatter", work, (lambda: recv.div_(self.world_size)) if average else None,
+                                None)
             n = recv.numel()
             full = send.clone()  # the sum lands in place; the engine's send buffer stays as it was
             work = dist.all_reduce(full, group=self.group, async_op=True)
