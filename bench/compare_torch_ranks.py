@@ -35,8 +35,7 @@ Per rank: step time = the median wall time of steps 3..--steps (default 10) of f
 the communication share = the growth of engine.stats()["comm_blocked_s"] (seconds the training
 thread was blocked in the engine's collectives) from the start of step 3 to the end of the last
 step, over the sum of those steps' times. At one rank there are no collectives and stats() has no
-comm keys: the share is 0. A tiermem whose stats() lacks comm_blocked_s at N > 1 (one older than
-those counters) gives n/a. Each rank writes its result as JSON to its own file in a temporary
+comm keys: the share is 0. Each rank writes its result as JSON to its own file in a temporary
 directory (--out, with {rank} in the name); the driver reads them.
 
 Per contender and round: step = the slowest rank's step time, RSS = the largest rank's max RSS,
@@ -132,9 +131,9 @@ def worker_body(a, rank, world):
     marks["initialized"] = ct.rss_marks()
 
     def comm_blocked():
-        if a.worker != "tiermem":
+        if a.worker != "tiermem" or world == 1:
             return None
-        return engine.stats().get("comm_blocked_s")
+        return engine.stats()["comm_blocked_s"]
 
     first = 2 if a.steps > 2 else 0  # the measured steps: 3..--steps
     times, losses = [], []
@@ -160,12 +159,10 @@ def worker_body(a, rank, world):
         out["stats"] = {k: v for k, v in st.items() if isinstance(v, (int, float, str))}
         if world == 1:
             out["comm_share"] = 0.0  # no collectives at one rank
-        elif blocked0 is not None and blocked1 is not None:
-            out["comm_blocked_s"] = blocked1 - blocked0
-            out["comm_calls"] = st.get("comm_calls")
-            out["comm_share"] = (blocked1 - blocked0) / sum(measured)
         else:
-            out["comm_share"] = None  # this tiermem's stats() has no comm_blocked_s
+            out["comm_blocked_s"] = blocked1 - blocked0
+            out["comm_calls"] = st["comm_calls"]
+            out["comm_share"] = (blocked1 - blocked0) / sum(measured)
         engine.close()
     return out
 
@@ -306,7 +303,7 @@ def main():
             s = summarize(r)
             s.update(loadavg_before=la, wall_s=r["wall_s"], rss_marks=[x["rss_marks"] for x in r["ranks"]])
             runs[c].append(s)
-            share = "-" if w == "deepspeed" else "n/a" if s["comm_share"] is None else f"{s['comm_share']:.1%}"
+            share = "-" if w == "deepspeed" else f"{s['comm_share']:.1%}"
             print(f"round {rnd + 1} {c:12s} step {s['step_s']:7.3f} s  max RSS {s['max_rss_bytes'] / 2**30:6.2f} GiB"
                   f"  comm {share:>6s}  init {s['init_s']:5.1f} s  load {la:.2f}"
                   f"  per rank {' '.join(f'{t:.3f}' for t in s['step_s_per_rank'])} s"
@@ -358,17 +355,12 @@ def main():
             continue
         if c.startswith("deepspeed"):
             share = "-"
-        elif r["comm_share"] is None:
-            share = "n/a"
         else:
             share = f"{r['comm_share']:.1%}" + (" (no collectives)" if r["ranks"] == 1 else "")
         print(f"| {c} | {r['ranks']} | {r['threads_per_rank']} | {r['step_s']:.3f} | "
               f"{r['max_rss_bytes'] / 2**30:.2f} | {share} | {r['init_s']:.1f} |")
     for k, v in ratios.items():
         print(f"{k}: {'n/a' if v is None else f'{v:.2f}'}")
-    if any(r.get("comm_share", 0) is None and not c.startswith("deepspeed") for c, r in results.items()
-           if "error" not in r):
-        print("comm share n/a: this tiermem's engine.stats() has no comm_blocked_s")
     print(f"load average (1 min) before runs: min {min(loads):.2f} median {statistics.median(loads):.2f} "
           f"max {max(loads):.2f}")
     if a.json:

@@ -72,13 +72,8 @@ std::span<const std::uint16_t> ZeroEngine::Gathered::half() const {
 
 void ZeroEngine::release_gathered(Gathered& g) noexcept {
   if (!g.owned_) return;
-  void* p = const_cast<void*>(g.data_);
-  if (g.owned_on_device_) {
-    impl_->device->free(p);
-  } else {
-    std::free(p);
-  }
-  impl_->gathered_live -= impl_->mods[static_cast<std::size_t>(g.module_)].shard.padded * impl_->wsize;
+  impl_->free_gather_buf(impl_->mods[static_cast<std::size_t>(g.module_)], const_cast<void*>(g.data_),
+                         g.owned_on_device_);
 }
 
 // --------------------------------------------------------------------------------- set-up
@@ -199,21 +194,60 @@ std::size_t ZeroEngine::module_numel(int module) const {
 
 // --------------------------------------------------------------------------------- gather
 
+void ZeroEngine::Impl::count_gather_buf(const detail::ZeroModule& m) {
+  gathered_live += m.shard.padded * wsize;
+  st.gathered_bytes_peak = std::max(st.gathered_bytes_peak, gathered_live);
+}
+
 void* ZeroEngine::Impl::alloc_gather_buf(const detail::ZeroModule& m, bool on_device) {
   const std::size_t bytes = m.shard.padded * wsize;
-  if (on_device) return device->allocate(bytes);  // OutOfMemoryError(kDevice) beyond the gather reserve
-  void* buf = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-  if (!buf) throw OutOfMemoryError(Tier::kHost, bytes, 0, "ZeroEngine all-gather buffer");
+  void* buf = nullptr;
+  if (on_device) {
+    buf = device->allocate(bytes);  // OutOfMemoryError(kDevice) beyond the gather reserve
+  } else {
+    buf = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (!buf) throw OutOfMemoryError(Tier::kHost, bytes, 0, "ZeroEngine all-gather buffer");
+  }
+  count_gather_buf(m);
   return buf;
 }
 
 void ZeroEngine::Impl::free_gather_buf(const detail::ZeroModule& m, void* buf, bool on_device) noexcept {
-  (void)m;
   if (on_device) {
     device->free(buf);
   } else {
     std::free(buf);
   }
+  gathered_live -= m.shard.padded * wsize;
+}
+
+ZeroEngine::Impl::PendingGather ZeroEngine::Impl::start_gather(int module, TensorStore::Pin pin) {
+  const detail::ZeroModule& m = mods[static_cast<std::size_t>(module)];
+  PendingGather pg;
+  pg.module = module;
+  pg.on_device = compute_tier == Tier::kDevice;
+  pg.buf = alloc_gather_buf(m, pg.on_device);
+  std::byte* mine = static_cast<std::byte*>(pg.buf) + static_cast<std::size_t>(rank) * m.shard.shard * wsize;
+  std::memcpy(mine, pin.data(), m.shard.shard * wsize);
+  pin.release();
+  try {
+    pg.handle = comm.all_gather_async(mine, pg.buf, m.shard.shard, comm_dtype);  // in place
+  } catch (...) {
+    free_gather_buf(m, pg.buf, pg.on_device);
+    throw;
+  }
+  ++st.all_gather_calls;
+  return pg;
+}
+
+void* ZeroEngine::Impl::take_gather(PendingGather&& pg) {
+  try {
+    pg.handle.wait();
+  } catch (...) {
+    free_gather_buf(mods[static_cast<std::size_t>(pg.module)], pg.buf, pg.on_device);
+    throw;
+  }
+  return pg.buf;
 }
 
 void ZeroEngine::Impl::drop_pending_gathers() {
@@ -221,14 +255,13 @@ void ZeroEngine::Impl::drop_pending_gathers() {
   while (!pending_gathers.empty()) {
     PendingGather pg = std::move(pending_gathers.front());
     pending_gathers.pop_front();
+    const bool on_device = pg.on_device;
     const detail::ZeroModule& m = mods[static_cast<std::size_t>(pg.module)];
     try {
-      pg.handle.wait();
+      free_gather_buf(m, take_gather(std::move(pg)), on_device);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
-    free_gather_buf(m, pg.buf, pg.on_device);
-    gathered_live -= m.shard.padded * wsize;
   }
   if (first) std::rethrow_exception(first);
 }
@@ -259,38 +292,13 @@ bool ZeroEngine::prefetch_gather(int module, Phase phase) {
   while (I.pending_gathers.size() >= 2) {
     Impl::PendingGather old = std::move(I.pending_gathers.front());
     I.pending_gathers.pop_front();
+    const bool on_device = old.on_device;
     const detail::ZeroModule& om = I.mods[static_cast<std::size_t>(old.module)];
-    try {
-      old.handle.wait();
-    } catch (...) {
-      I.free_gather_buf(om, old.buf, old.on_device);
-      I.gathered_live -= om.shard.padded * I.wsize;
-      throw;
-    }
-    I.free_gather_buf(om, old.buf, old.on_device);
-    I.gathered_live -= om.shard.padded * I.wsize;
+    I.free_gather_buf(om, I.take_gather(std::move(old)), on_device);
   }
   I.before_gather(module, phase);
-  TensorStore::Pin pin = I.store->acquire(m.param, I.gather_tier(m), phase);
-  const bool on_device = I.compute_tier == Tier::kDevice;
-  Impl::PendingGather pg;
-  pg.module = module;
-  pg.on_device = on_device;
-  pg.buf = I.alloc_gather_buf(m, on_device);
-  std::byte* mine = static_cast<std::byte*>(pg.buf) + static_cast<std::size_t>(I.rank) * m.shard.shard * I.wsize;
-  std::memcpy(mine, pin.data(), m.shard.shard * I.wsize);
-  pin.release();
-  try {
-    pg.handle = I.comm.all_gather_async(mine, pg.buf, m.shard.shard, I.comm_dtype);  // in place
-  } catch (...) {
-    I.free_gather_buf(m, pg.buf, on_device);
-    throw;
-  }
-  ++I.st.all_gather_calls;
+  I.pending_gathers.push_back(I.start_gather(module, I.store->acquire(m.param, I.gather_tier(m), phase)));
   ++I.st.all_gathers_prefetched;
-  I.gathered_live += m.shard.padded * I.wsize;
-  I.st.gathered_bytes_peak = std::max(I.st.gathered_bytes_peak, I.gathered_live);
-  I.pending_gathers.push_back(std::move(pg));
   return true;
 }
 
@@ -308,16 +316,9 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
     // Started by prefetch_gather (its deferred update applied then): wait for its end.
     Impl::PendingGather pg = std::move(*it);
     I.pending_gathers.erase(it);
-    try {
-      pg.handle.wait();
-    } catch (...) {
-      I.free_gather_buf(m, pg.buf, pg.on_device);
-      I.gathered_live -= m.shard.padded * I.wsize;
-      throw;
-    }
-    g.data_ = pg.buf;
-    g.owned_ = true;
     g.owned_on_device_ = pg.on_device;
+    g.data_ = I.take_gather(std::move(pg));
+    g.owned_ = true;
     g.engine_ = this;
     return g;
   }
@@ -336,29 +337,15 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
     g.engine_ = this;
     return g;
   }
-  const std::size_t bytes = m.shard.padded * I.wsize;
-  void* buf = nullptr;
-  const bool on_device = I.compute_tier == Tier::kDevice;
+  g.owned_on_device_ = I.compute_tier == Tier::kDevice;
   if (I.opaque) {  // device memory the CPU cannot address: zero_device.cc
-    buf = I.all_gather_to_device(m, pin);
+    g.data_ = I.all_gather_to_device(m, pin);
+    ++I.st.all_gather_calls;
+    I.count_gather_buf(m);
   } else {
-    buf = I.alloc_gather_buf(m, on_device);
-    std::byte* mine = static_cast<std::byte*>(buf) + static_cast<std::size_t>(I.rank) * m.shard.shard * I.wsize;
-    std::memcpy(mine, pin.data(), m.shard.shard * I.wsize);
-    pin.release();
-    try {
-      I.comm.all_gather(mine, buf, m.shard.shard, I.comm_dtype);  // in place
-    } catch (...) {
-      I.free_gather_buf(m, buf, on_device);
-      throw;
-    }
+    g.data_ = I.take_gather(I.start_gather(module, std::move(pin)));
   }
-  ++I.st.all_gather_calls;
-  I.gathered_live += bytes;
-  I.st.gathered_bytes_peak = std::max(I.st.gathered_bytes_peak, I.gathered_live);
-  g.data_ = buf;
   g.owned_ = true;
-  g.owned_on_device_ = on_device;
   g.engine_ = this;
   return g;
 }

@@ -238,9 +238,17 @@ struct ZeroEngine::Impl {
     CommHandle handle;
   };
   std::deque<PendingGather> pending_gathers;
-  // The all-gather buffer of module m: host memory, or device memory (addressable) when computing there.
+  // The all-gather buffer of module m: host memory, or device memory (addressable) when computing
+  // there; counted in gathered_live (and its peak) until freed. count_gather_buf counts one made
+  // elsewhere (the opaque device's, zero_device.cc).
   void* alloc_gather_buf(const detail::ZeroModule& m, bool on_device);
   void free_gather_buf(const detail::ZeroModule& m, void* buf, bool on_device) noexcept;
+  void count_gather_buf(const detail::ZeroModule& m);
+  // Starts module's all-gather (host-addressable buffers) from its pinned working shard, which it
+  // releases; take_gather waits for one and returns its buffer (freed, and the error rethrown,
+  // when the collective failed).
+  PendingGather start_gather(int module, TensorStore::Pin pin);
+  void* take_gather(PendingGather&& pg);
   // Waits for every pending gather and frees its buffer (they were issued on every rank, so each
   // completes); rethrows the first CommError after all are freed.
   void drop_pending_gathers();

@@ -117,7 +117,9 @@ class DistOps:
         return RuntimeError(f"the engine's {op} failed on rank {self.rank} of {self.world_size}: {why} ({e}). "
                             "Every rank must run the same steps; see the lost rank's own log for why it stopped")
 
-    def _run(self, op: str, fn, *args):
+    def _run(self, op: str, fn, *args, issue: bool = True):
+        """Runs one collective's blocking part (`issue`: it starts one, counted in comm_calls; else
+        the wait for one started before)."""
         t0 = time.perf_counter()
         try:
             return fn(*args)
@@ -127,7 +129,7 @@ class DistOps:
             raise self._failed(op, e) from e
         finally:
             self.blocked_s += time.perf_counter() - t0
-            self.calls += 1
+            self.calls += issue
 
     def stats(self) -> dict:
         """comm_blocked_s: seconds the stepping thread was blocked in the engine's collectives since
@@ -223,6 +225,6 @@ class _Pending:
             if self.finish is not None:
                 self.finish()
         try:
-            self.ops._run(self.op, run)
+            self.ops._run(self.op, run, issue=False)
         finally:
             self.work = self.finish = self.keep = None
