@@ -29,7 +29,7 @@ packages=(
 # Pinned PyPI packages of the Python environment (scripts/setup.sh --python).
 python_packages=(
   numpy==2.4.6 pytest==9.2.0 nanobind==3.1.0 scikit-build-core==1.1.2 ninja==1.13.2 torch==2.15.0
-  transformers==5.23.0 accelerate==1.15.0
+  transformers==5.23.0 accelerate==1.15.0 peft==0.21.2 trl==1.16.0
 )
 # Built from its sdist against the torch above (no build isolation: that would fetch torch again);
 # only the interop test uses it (DeepSpeed's swappers driving tiermem.aio_handle).
@@ -72,7 +72,7 @@ if ((want_python)); then
   stamp="$venv/.tiermem-packages"
   want="${python_packages[*]} ${python_packages_no_isolation[*]}"
   if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]] &&
-     "$venv/bin/python" -c "import numpy, pytest, nanobind, scikit_build_core, torch, deepspeed, transformers, accelerate" 2>/dev/null; then
+     "$venv/bin/python" -c "import numpy, pytest, nanobind, scikit_build_core, torch, deepspeed, transformers, accelerate, peft, trl" 2>/dev/null; then
     echo "setup: Python environment $venv is up to date"
   else
     echo "setup: making the Python environment $venv ($want)"
