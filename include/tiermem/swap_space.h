@@ -143,6 +143,7 @@ class SwapSpace {
   IoEngine& engine() noexcept { return engine_; }
   SwapStats stats() const;
   // Directories the caller created for this swap space (innermost first): the destructor removes
+  // each one that is then empty, or holds only tiermem's marker (src/nvme/made_dirs.h);
   // each that is empty once the swap files and locks are gone (rmdir; a non-empty one stays).
   void remove_when_done(std::vector<std::string> created_dirs) { created_dirs_ = std::move(created_dirs); }
 

@@ -3,6 +3,8 @@
 // (tiermem.checksum), hashed and verified on the completion threads.
 #include "tiermem/swap_space.h"
 
+#include "nvme/made_dirs.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -144,11 +146,7 @@ SwapSpace::~SwapSpace() {
       TM_LOG_WARN("NVME", "{}", errno_message("removing swap file " + p->file_path, errno));
     p->lock.reset();  // removes the lock file, releases the flock
   }
-  for (const std::string& d : created_dirs_) {
-    if (::rmdir(d.c_str()) != 0 && errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT) {
-      TM_LOG_DEBUG("NVME", "{}", errno_message("removing swap directory " + d, errno));
-    }
-  }
+  for (const std::string& d : created_dirs_) detail::remove_if_unused(d);  // made_dirs.h
 }
 
 const std::string& SwapSpace::file_path(std::uint32_t path_index) const {

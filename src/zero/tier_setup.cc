@@ -9,34 +9,25 @@
 #include <fmt/format.h>
 #include <map>
 
+#include "nvme/made_dirs.h"
 #include "tiermem/error.h"
 
 namespace tiermem::detail {
 namespace {
 
-// <path>/rank<r> for each path; the swap directory and its rank directory are created 0700 when
-// missing (only this user may read or plant files there; missing parents as the umask says).
-// `created`: the rank directories made here (removed with the swap files, when empty). The
-// <path> itself stays, even when made here: other ranks and engines share it, and may be about to
-// make their own rank directory in it.
+// <path>/rank<r> for each path; the swap directory, its missing parents and its rank directory
+// are created 0700 when missing (only this user may read or plant files there). `created`: the
+// directories removed with the swap files when nothing is left in them — the rank directory made
+// here, and the directories on the way that tiermem made (this engine or another rank's), which
+// the last engine to leave removes (src/nvme/made_dirs.h); a directory the user made stays.
 std::vector<std::string> rank_dirs(const std::vector<std::string>& paths, int rank,
                                    std::vector<std::string>* created) {
   std::vector<std::string> out;
   for (const auto& p : paths) {
     const std::filesystem::path base = std::filesystem::path(p).lexically_normal();
-    const std::filesystem::path d = base / ("rank" + std::to_string(rank));
-    std::error_code ec;
-    if (base.has_parent_path()) std::filesystem::create_directories(base.parent_path(), ec);
-    for (const std::filesystem::path& x : {base, d}) {
-      if (ec) break;
-      if (::mkdir(x.c_str(), 0700) == 0) {
-        if (x == d) created->push_back(x.string());
-      } else if (errno != EEXIST) {
-        ec = std::error_code(errno, std::generic_category());
-      }
-    }
-    if (ec) throw IoError(d.string(), 0, 0, ec.value(), "mkdir", "ZeroEngine swap directory: " + ec.message());
-    out.push_back(d.string());
+    const std::string leaf = "rank" + std::to_string(rank);
+    for (std::string& d : make_marked_dirs(base.string(), leaf)) created->push_back(std::move(d));
+    out.push_back((base / leaf).string());
   }
   return out;
 }

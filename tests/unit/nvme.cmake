@@ -12,3 +12,5 @@ tiermem_test(NAME checksum_test SOURCES checksum_test.cc
   DEPS tiermem::nvme LABELS nvme TIMEOUT 60)
 tiermem_test(NAME device_limits_test SOURCES device_limits_test.cc
   DEPS tiermem::nvme LABELS nvme TIMEOUT 60)
+tiermem_test(NAME made_dirs_test SOURCES made_dirs_test.cc
+  DEPS tiermem::nvme LABELS nvme TIMEOUT 60)
