@@ -106,7 +106,13 @@ struct TensorSpec {
   // an NVMe home's contents undefined until the first write, for tensors that are always
   // overwritten before they are read (acquire_for_overwrite), e.g. gradient partitions.
   bool zero_fill = true;
+  // The caller's label for the NVMe traffic counters (TensorStoreStats::nvme_*_by_group), in
+  // [0, kNumGroups): ZeroEngine splits trainable params, frozen params and optimizer state.
+  std::uint8_t group = 0;
 };
+
+// Labels of TensorSpec::group.
+inline constexpr int kNumGroups = 4;
 
 struct TensorInfo {
   std::string name;
@@ -114,6 +120,7 @@ struct TensorInfo {
   std::vector<std::int64_t> shape;
   std::uint64_t bytes = 0;
   Tier home = Tier::kHost;
+  std::uint8_t group = 0;
 };
 
 // Snapshot of counters since the store was made. Indexed [from][to] / [tier] by Tier value.
@@ -126,6 +133,8 @@ struct TensorStoreStats {
   std::uint64_t pinned_bytes[kNumTiers] = {};            // now: copies with >= 1 pin
   std::uint64_t evictions[kNumTiers] = {};               // copies dropped to make room / by evict()
   std::uint64_t writebacks[kNumTiers] = {};              // dirty copies written down from tier
+  std::uint64_t nvme_read_by_group[kNumGroups] = {};     // bytes read from NVMe, by TensorSpec::group
+  std::uint64_t nvme_written_by_group[kNumGroups] = {};  // bytes written to NVMe, by TensorSpec::group
   std::uint64_t hits = 0;            // acquire/fetch found the copy resident and current
   std::uint64_t misses = 0;          // ... had to load it
   std::uint64_t prefetches_issued = 0;

@@ -60,6 +60,16 @@ struct ZeroEngineOptions {
   // the loss by gradient_accumulation_steps itself, as DeepSpeed's engine.backward does). Both
   // still divide by the world size (the mean over ranks).
   bool mean_over_micro_batches = true;
+  // Module i (in registration order) is frozen: a weight that is used but not trained (a LoRA
+  // base, an RL reference model, a teacher). Its working parameters are partitioned, homed and
+  // gathered exactly as a trainable module's (in the working dtype, on offload_param's tier), but
+  // it has no fp32 master weights, no gradient and no optimizer state, takes no room in the
+  // rank-flat optimizer shard (ZeroOptimizerState lists only the modules that train), and is
+  // never written back once registered (its working shard is only read). reduce_gradients and
+  // gradient_buffer throw Error for it; step() skips it; export_master returns its working
+  // parameters as fp32; set_module_params rewrites them. Empty or shorter than the module list:
+  // the modules past its end train. An engine whose every module is frozen runs forward only.
+  std::vector<bool> frozen_modules;
 };
 
 // What this rank holds and moved, in bytes (for tests, logs and the trainer's summary).
@@ -70,6 +80,7 @@ struct ZeroStats {
   std::uint64_t working_param_bytes = 0;    // working params in engine host buffers (stages 0-2,
                                             // persistent stage-3 modules: shard + full copy)
   std::uint64_t param_store_bytes = 0;      // stage-3 working shards held in the TensorStore
+  std::uint64_t frozen_param_bytes = 0;     // ... of which frozen modules' (ZeroEngineOptions)
   // Homes (ZeroPlan): where each kind of state lives between uses.
   Tier param_home = Tier::kHost, optimizer_home = Tier::kHost, gradient_home = Tier::kHost;
   std::size_t sub_group_elems = 0;          // optimizer sub-group ("piece") size used
@@ -91,6 +102,10 @@ struct ZeroStats {
   // Traffic (TensorStore transfers, every kind of state together).
   std::uint64_t nvme_read_bytes = 0;        // NVMe -> host and NVMe -> device
   std::uint64_t nvme_written_bytes = 0;     // host -> NVMe and device -> NVMe
+  // The same traffic by kind of state: trainable working params, frozen working params (written
+  // once, at registration), optimizer state with the gradient partitions.
+  std::uint64_t nvme_read_trainable_bytes = 0, nvme_read_frozen_bytes = 0, nvme_read_optimizer_bytes = 0;
+  std::uint64_t nvme_written_trainable_bytes = 0, nvme_written_frozen_bytes = 0, nvme_written_optimizer_bytes = 0;
   std::uint64_t host_to_device_bytes = 0;  // and the engine's own staging copies (a device
   std::uint64_t device_to_host_bytes = 0;  // the CPU cannot address: zero_device.cc)
   std::uint64_t store_hits = 0, store_misses = 0;  // acquires that found / had to load a copy
@@ -112,7 +127,7 @@ struct ZeroOptimizerState {
   int world_size = 1;                      // ranks the optimizer state is split over (1: stage 0)
   int rank = 0;                            // this shard's index among them
   std::size_t alignment_elems = 0;         // ZeroEngineOptions::alignment_elems of the writer
-  std::vector<std::size_t> module_numels;  // numel of every registered module, in order
+  std::vector<std::size_t> module_numels;  // numel of every module that trains (not frozen), in order
   std::vector<float> master;               // fp32 master weights
   std::vector<float> exp_avg;              // Adam first moment (m)
   std::vector<float> exp_avg_sq;           // Adam second moment (v)
@@ -124,6 +139,9 @@ struct ZeroOptimizerState {
 // One optimizer sub-group's slice of this rank's shard, as the streamed export/import hand it
 // over: elements [offset, offset + n) of the rank-flat shard (ZeroOptimizerState's layout) of the
 // fp32 master weights and the two Adam moments. Non-owning; valid during the callback only.
+// Which third of a sub-group's optimizer state (export_module_state, set_module_state).
+enum class OptimizerStateKind { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
+
 struct ZeroStateChunk {
   std::size_t offset = 0;  // elements into the rank-flat shard
   std::size_t n = 0;       // elements in each span
@@ -205,6 +223,8 @@ class ZeroEngine {
   int register_module(const std::string& name, std::span<const float> init);
 
   int num_modules() const;
+  // The module was registered frozen (ZeroEngineOptions::frozen_modules). Error for an unknown one.
+  bool is_frozen(int module) const;
   std::size_t module_numel(int module) const;
   DType working_dtype() const { return working_dtype_; }
 
@@ -300,6 +320,23 @@ class ZeroEngine {
   // The module's full fp32 master weights (numel elements), all-gathered — every rank gets them,
   // rank 0 typically saves them. Reads NVMe-resident state as needed.
   std::vector<float> export_master(int module);
+
+  // One module's full fp32 optimizer state of `kind` (numel elements): kMaster is export_master;
+  // kExpAvg / kExpAvgSq the Adam moments, all-gathered from every rank's shard. Between steps;
+  // collective with several ranks (call on every rank). Error for an unknown or frozen module
+  // (it has no optimizer state); IoError from the swap space.
+  std::vector<float> export_module_state(int module, OptimizerStateKind kind);
+  // Replaces one module's fp32 optimizer state of `kind` with `values` (full, numel elements,
+  // identical on every rank); kMaster is set_module_params (the working params republished).
+  // The other two kinds are kept. Between steps; collective. Errors as export_module_state, and
+  // Error for a wrong element count (nothing changed).
+  void set_module_state(int module, OptimizerStateKind kind, std::span<const float> values);
+  // The module's gradient as the next step() would use it (numel fp32 elements): the mean over
+  // ranks of what reduce_gradients was given since the last step (summed over micro-batches, or
+  // their mean with mean_over_micro_batches), divided by the fp16 loss scale; zeros where none
+  // arrived. Valid between the backward and step() (after step() it is zero). Waits for the
+  // reductions in flight; collective with several ranks. Error for an unknown or frozen module.
+  std::vector<float> export_grad(int module);
 
   // Elements of this rank's rank-flat optimizer shard (the size of each vector of
   // ZeroOptimizerState). Finalizes the module registration (collective: call on every rank).

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "tiermem/config.h"
 #include "tiermem/tier.h"
@@ -59,6 +60,11 @@ struct ZeroPlanOptions {
   // The device's budget when tiermem.device_budget_bytes is 0 (the device's own default; 0 =
   // unknown): offload_optimizer.ratio "auto" sizes the device's share from it.
   std::uint64_t device_budget_bytes = 0;
+  // Module i (in module_numels' order) is frozen (ZeroEngineOptions::frozen_modules): its working
+  // shard is placed as any module's, but it has no fp32 master, gradient or optimizer state, so it
+  // adds nothing to R, optimizer_bytes or gradient_bytes. Empty, or shorter than the module
+  // list: the modules past its end train.
+  std::vector<bool> frozen_modules;
 };
 
 struct ZeroPlan {
@@ -88,10 +94,11 @@ struct ZeroPlan {
   // (when some new working params go to host memory). Kept out of the store's device budget.
   std::uint64_t device_scratch_bytes = 0;
   std::size_t piece_elems = 0;        // optimizer sub-group size the engine will use
-  std::size_t rank_flat_elems = 0;    // R
+  std::size_t rank_flat_elems = 0;    // R: this rank's optimizer-shard elements (trainable modules)
 
   // Bytes by home (this rank).
   std::uint64_t param_store_bytes = 0;     // stored working shards (wsize each)
+  std::uint64_t frozen_param_bytes = 0;    // ... of which frozen modules' (never written back)
   std::uint64_t optimizer_bytes = 0;       // 12 R
   std::uint64_t gradient_bytes = 0;        // 4 R (stages 2-3) or 4 x full padded (stages 0-1)
   std::uint64_t host_home_bytes = 0;       // what lives in the host pool for good

@@ -202,7 +202,7 @@ nb::object chunk_view(float* p, std::size_t n) {
 class PyZeroEngine {
  public:
   PyZeroEngine(const PyConfig& cfg, std::vector<std::size_t> numels, bool mean_over_micro_batches,
-               const std::string& comm_backend, nb::object dist_ops)
+               const std::string& comm_backend, nb::object dist_ops, std::vector<bool> frozen)
       : box_(std::make_shared<EngineBox>()) {
     CommOptions co;
     co.backend = comm_backend;
@@ -215,6 +215,10 @@ class PyZeroEngine {
     }
     ZeroEngineOptions opts;
     opts.mean_over_micro_batches = mean_over_micro_batches;
+    if (!frozen.empty() && frozen.size() != numels.size()) {
+      throw nb::value_error("ZeroEngine: frozen must have one flag per module (or be empty)");
+    }
+    opts.frozen_modules = std::move(frozen);
     box_->engine = std::make_unique<ZeroEngine>(cfg.config, *box_->comm, numels, opts);
   }
 
@@ -304,8 +308,33 @@ class PyZeroEngine {
     });
   }
 
-  nb::object export_master(int module) {
-    std::vector<float> v = e().export_master(module);
+  nb::object export_master(int module) { return to_torch(e().export_master(module)); }
+
+  // "master", "exp_avg" or "exp_avg_sq" (DeepSpeed's optim_state_key), else ValueError.
+  static OptimizerStateKind state_kind(const std::string& key) {
+    if (key == "master" || key == "fp32") return OptimizerStateKind::kMaster;
+    if (key == "exp_avg") return OptimizerStateKind::kExpAvg;
+    if (key == "exp_avg_sq") return OptimizerStateKind::kExpAvgSq;
+    throw nb::value_error(("ZeroEngine: optimizer state key '" + key +
+                           "' is not one of 'exp_avg', 'exp_avg_sq' (Adam/AdamW) or 'master'").c_str());
+  }
+
+  nb::object export_module_state(int module, const std::string& key) {
+    return to_torch(e().export_module_state(module, state_kind(key)));
+  }
+
+  void set_module_state(int module, const std::string& key, nb::handle values) {
+    ZeroEngine& en = e();
+    const OptimizerStateKind kind = state_kind(key);
+    const std::size_t n = en.module_numel(module);
+    const float* p = f32_array(values, n, "ZeroEngine.set_module_state", "values");
+    en.set_module_state(module, kind, std::span<const float>(p, n));
+  }
+
+  nb::object export_grad(int module) { return to_torch(e().export_grad(module)); }
+
+  // A new 1-D float32 torch tensor owning `v`.
+  static nb::object to_torch(std::vector<float>&& v) {
     auto* heap = new std::vector<float>(std::move(v));
     nb::capsule cap(heap, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
     const std::size_t shape[1] = {heap->size()};
@@ -319,6 +348,7 @@ class PyZeroEngine {
     d["gradient_bytes"] = s.gradient_bytes;
     d["working_param_bytes"] = s.working_param_bytes;
     d["param_store_bytes"] = s.param_store_bytes;
+    d["frozen_param_bytes"] = s.frozen_param_bytes;
     d["param_home"] = std::string(tier_name(s.param_home));
     d["optimizer_home"] = std::string(tier_name(s.optimizer_home));
     d["gradient_home"] = std::string(tier_name(s.gradient_home));
@@ -332,6 +362,12 @@ class PyZeroEngine {
     d["device_peak_bytes"] = s.device_peak_bytes;
     d["nvme_read_bytes"] = s.nvme_read_bytes;
     d["nvme_written_bytes"] = s.nvme_written_bytes;
+    d["nvme_read_trainable_bytes"] = s.nvme_read_trainable_bytes;
+    d["nvme_read_frozen_bytes"] = s.nvme_read_frozen_bytes;
+    d["nvme_read_optimizer_bytes"] = s.nvme_read_optimizer_bytes;
+    d["nvme_written_trainable_bytes"] = s.nvme_written_trainable_bytes;
+    d["nvme_written_frozen_bytes"] = s.nvme_written_frozen_bytes;
+    d["nvme_written_optimizer_bytes"] = s.nvme_written_optimizer_bytes;
     d["host_to_device_bytes"] = s.host_to_device_bytes;
     d["device_to_host_bytes"] = s.device_to_host_bytes;
     d["store_hits"] = s.store_hits;
@@ -403,12 +439,14 @@ void bind_zero_engine(nb::module_& m) {
 
   nb::class_<PyZeroEngine>(m, "ZeroEngine",
                            "tiermem::ZeroEngine for tiermem.torch (see python/src/zero_engine.cc).")
-      .def(nb::init<const PyConfig&, std::vector<std::size_t>, bool, const std::string&, nb::object>(),
+      .def(nb::init<const PyConfig&, std::vector<std::size_t>, bool, const std::string&, nb::object,
+                    std::vector<bool>>(),
            nb::arg("config"), nb::arg("module_numels"), nb::arg("mean_over_micro_batches") = false,
-           nb::arg("comm") = "single", nb::arg("dist_ops") = nb::none(),
+           nb::arg("comm") = "single", nb::arg("dist_ops") = nb::none(), nb::arg("frozen") = std::vector<bool>{},
            "Plans for the modules' element counts (ValueError naming the budget key and the minimum "
            "when a budget cannot hold them; nothing is written then). register_module must follow "
-           "for each, in order.")
+           "for each, in order. frozen[i]: module i is used but not trained (no master, gradient or "
+           "optimizer state; never written back); empty: every module trains.")
       .def("register_module", &PyZeroEngine::register_module, nb::arg("name"), nb::arg("values"),
            nb::arg("numel"), "Writes the module's initial fp32 parameters (a CPU float32 array of numel) to their homes.")
       .def("gather", &PyZeroEngine::gather, nb::arg("module"), nb::arg("phase") = "other",
@@ -429,7 +467,16 @@ void bind_zero_engine(nb::module_& m) {
       .def("loss_scale", [](PyZeroEngine& p) { return p.e().loss_scale(); })
       .def("module_numel", [](PyZeroEngine& p, int m) { return p.e().module_numel(m); }, nb::arg("module"))
       .def("num_modules", [](PyZeroEngine& p) { return p.e().num_modules(); })
+      .def("is_frozen", [](PyZeroEngine& p, int m) { return p.e().is_frozen(m); }, nb::arg("module"))
       .def("shard_numel", [](PyZeroEngine& p) { return p.e().shard_numel(); })
+      .def("export_module_state", &PyZeroEngine::export_module_state, nb::arg("module"), nb::arg("key"),
+           "The module's full fp32 optimizer state 'exp_avg', 'exp_avg_sq' or 'master' as a new torch tensor "
+           "(collective with several ranks). ValueError for a frozen module or an unknown key.")
+      .def("set_module_state", &PyZeroEngine::set_module_state, nb::arg("module"), nb::arg("key"), nb::arg("values"),
+           "Replaces the module's fp32 optimizer state of `key` (float32, numel; collective).")
+      .def("export_grad", &PyZeroEngine::export_grad, nb::arg("module"),
+           "The module's gradient as the next step would use it (mean over ranks, unscaled), float32 numel; "
+           "valid between backward and step (collective with several ranks).")
       .def("export_master", &PyZeroEngine::export_master, nb::arg("module"),
            "The module's full fp32 master weights as a new torch tensor.")
       .def("export_state", &PyZeroEngine::export_state, nb::arg("sink"))

@@ -191,6 +191,9 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
     throw Error(fmt::format("TensorStore: tensor '{}': initial data has {} bytes, the tensor {}",
                             spec.name, spec.initial.size(), bytes));
   }
+  if (spec.group >= kNumGroups) {
+    throw Error(fmt::format("TensorStore: tensor '{}': group {} is not below {}", spec.name, spec.group, kNumGroups));
+  }
   if (spec.home == Tier::kNvme && !m.swap && !spec.swap) {
     throw NotSupportedError("TensorStore: tensor '" + spec.name + "' has home nvme but no swap space was given");
   }
@@ -198,7 +201,7 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
     throw NotSupportedError("TensorStore: tensor '" + spec.name + "' has home device but no device was given");
   }
   auto e = std::make_unique<Entry>();
-  e->info = TensorInfo{spec.name, spec.dtype, spec.shape, bytes, spec.home};
+  e->info = TensorInfo{spec.name, spec.dtype, spec.shape, bytes, spec.home, spec.group};
   if (spec.home == Tier::kNvme) e->swap = spec.swap ? spec.swap : m.swap.get();
   {
     std::lock_guard lock(m.mu_);

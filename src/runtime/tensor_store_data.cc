@@ -40,6 +40,7 @@ void TensorStore::flush() {
       if (err) std::rethrow_exception(err);
       h.version = std::max(h.version, version);
       m.stats_.bytes_moved[src][idx(home)] += e.info.bytes;
+      if (home == Tier::kNvme) m.stats_.nvme_written_by_group[e.info.group] += e.info.bytes;
       ++m.stats_.moves[src][idx(home)];
       ++m.stats_.writebacks[src];
     }

@@ -127,6 +127,7 @@ void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorI
     }
     dst.version = std::max(dst.version, version);
     stats_.bytes_moved[idx(t)][idx(target)] += e.info.bytes;
+    if (target == Tier::kNvme) stats_.nvme_written_by_group[e.info.group] += e.info.bytes;
     ++stats_.moves[idx(t)][idx(target)];
     ++stats_.writebacks[idx(t)];
   }
@@ -313,6 +314,7 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
     c.state = State::kResident;
     c.version = version;
     stats_.bytes_moved[src][idx(t)] += e.info.bytes;
+    if (src == idx(Tier::kNvme)) stats_.nvme_read_by_group[e.info.group] += e.info.bytes;
     ++stats_.moves[src][idx(t)];
     cv_.notify_all();
     if (c.version == e.latest) {

@@ -187,6 +187,11 @@ int ZeroEngine::register_module(const std::string& name, std::span<const float> 
 
 int ZeroEngine::num_modules() const { return static_cast<int>(impl_->mods.size()); }
 
+bool ZeroEngine::is_frozen(int module) const {
+  if (module < 0 || module >= num_modules()) throw Error("ZeroEngine: unknown module " + std::to_string(module));
+  return impl_->mods[static_cast<std::size_t>(module)].frozen;
+}
+
 std::size_t ZeroEngine::module_numel(int module) const {
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine: unknown module " + std::to_string(module));
   return impl_->mods[static_cast<std::size_t>(module)].numel;
@@ -453,6 +458,10 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
     throw Error("ZeroEngine::reduce_gradients: unknown module " + std::to_string(module));
   }
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
+  if (m.frozen) {
+    throw Error("ZeroEngine::reduce_gradients: module " + std::to_string(module) + " (" + m.name +
+                ") is frozen (ZeroEngineOptions::frozen_modules): it has no gradient to reduce");
+  }
   if (grad.size() != m.numel) {
     throw Error("ZeroEngine::reduce_gradients: module " + std::to_string(module) + " (" + m.name + ") gradient has " +
                 std::to_string(grad.size()) + " elements, expected " + std::to_string(m.numel));
@@ -497,7 +506,7 @@ void ZeroEngine::reduce_gradients(int module, std::vector<float>&& grad) {
   I.finalize();
   I.wait_grad_task();  // one hand-off in flight; its error surfaces here
   if (I.world != 1 || I.stage < 2 || module < 0 || module >= num_modules() ||
-      grad.size() != I.mods[static_cast<std::size_t>(module)].numel) {
+      grad.size() != I.mods[static_cast<std::size_t>(module)].numel || I.mods[static_cast<std::size_t>(module)].frozen) {
     reduce_gradients(module, std::span<const float>(grad));  // synchronous (or bucketed), or its error
     return;
   }
@@ -532,6 +541,10 @@ std::vector<float> ZeroEngine::gradient_buffer(int module) {
   I.finalize();
   if (module < 0 || module >= num_modules()) {
     throw Error("ZeroEngine::gradient_buffer: unknown module " + std::to_string(module));
+  }
+  if (I.mods[static_cast<std::size_t>(module)].frozen) {
+    throw Error("ZeroEngine::gradient_buffer: module " + std::to_string(module) + " (" +
+                I.mods[static_cast<std::size_t>(module)].name + ") is frozen: it has no gradient");
   }
   const std::size_t n = I.mods[static_cast<std::size_t>(module)].numel;
   if (I.grad_spare.capacity() < n) return std::vector<float>(n);
@@ -576,7 +589,14 @@ void ZeroEngine::set_learning_rate(double lr) {
 
 double ZeroEngine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
 
-ZeroEngine::StepResult ZeroEngine::step() { return impl_->step(); }
+ZeroEngine::StepResult ZeroEngine::step() {
+  const auto& mods = impl_->mods;
+  if (!mods.empty() && std::all_of(mods.begin(), mods.end(), [](const detail::ZeroModule& m) { return m.frozen; })) {
+    throw Error("ZeroEngine::step: every module is frozen (ZeroEngineOptions::frozen_modules): this engine runs "
+                "forward only and has nothing to step");
+  }
+  return impl_->step();
+}
 
 std::size_t ZeroEngine::shard_numel() {
   impl_->finalize();
@@ -615,6 +635,7 @@ ZeroStats ZeroEngine::stats() const {
   for (const auto& m : I.mods) {
     s.working_param_bytes += m.mem_shard.bytes + m.full.bytes;
     if (m.stored) s.param_store_bytes += m.shard.shard * I.wsize;
+    if (m.stored && m.frozen) s.frozen_param_bytes += m.shard.shard * I.wsize;
   }
   if (I.store) {
     const TensorStoreStats t = I.store->stats();
@@ -630,6 +651,12 @@ ZeroStats ZeroEngine::stats() const {
     }
     s.nvme_read_bytes = t.bytes_moved[n][h] + t.bytes_moved[n][d];
     s.nvme_written_bytes = t.bytes_moved[h][n] + t.bytes_moved[d][n];
+    s.nvme_read_trainable_bytes = t.nvme_read_by_group[detail::kGroupTrainable];
+    s.nvme_read_frozen_bytes = t.nvme_read_by_group[detail::kGroupFrozen];
+    s.nvme_read_optimizer_bytes = t.nvme_read_by_group[detail::kGroupOptimizer];
+    s.nvme_written_trainable_bytes = t.nvme_written_by_group[detail::kGroupTrainable];
+    s.nvme_written_frozen_bytes = t.nvme_written_by_group[detail::kGroupFrozen];
+    s.nvme_written_optimizer_bytes = t.nvme_written_by_group[detail::kGroupOptimizer];
     s.host_to_device_bytes = t.bytes_moved[h][d] + I.engine_h2d_bytes;
     s.device_to_host_bytes = t.bytes_moved[d][h] + I.engine_d2h_bytes;
     s.store_hits = t.hits;

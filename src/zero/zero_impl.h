@@ -121,6 +121,9 @@ struct Piece {
   std::size_t size() const { return end - begin; }
 };
 
+// TensorSpec::group of the engine's tensors (the NVMe traffic split of ZeroStats).
+inline constexpr std::uint8_t kGroupTrainable = 1, kGroupFrozen = 2, kGroupOptimizer = 3;
+
 struct ZeroModule {
   std::string name;
   std::size_t numel = 0;
@@ -129,6 +132,7 @@ struct ZeroModule {
   bool persistent = false;     // stage 3, below the persistence threshold: kept whole
   bool stored = false;         // stage 3 working shard is a store tensor (`param`)
   bool registered = false;     // tensors written (registration streamed or finalized)
+  bool frozen = false;         // no master, gradient or optimizer state (ZeroEngineOptions)
   TensorId param = kInvalidTensor;
   Tier home = Tier::kHost;     // of `param` (stored modules)
   AlignedBuf mem_shard;        // working shard when !stored (stage 0: the full copy)
@@ -266,6 +270,7 @@ struct ZeroEngine::Impl {
   void fall_back_to_host_optimizer();  // re-plans with the optimizer state in the host pool (logged)
   void add_module(const std::string& name, std::size_t numel);
   void write_module(int i, std::span<const float> init_shard);
+  void write_working(int i, std::span<const float> init_shard);  // working params only (zero_setup.cc)
   void finalize();
   std::uint64_t engine_host_bytes() const;
 
@@ -316,7 +321,9 @@ struct ZeroEngine::Impl {
   // Piece p's gradient for the update (stages 0-1: engine buffers; 2-3: its partition, pinned
   // into `pin`; zero when none arrived since the last step).
   const float* piece_grad(detail::Piece& p, TensorStore::Pin& pin, Phase phase);
-  ZeroOptimizerState state_header() const;  // partition fields, steps, scaler; no vectors
+  ZeroOptimizerState state_header() const;
+  std::vector<float> frozen_params(int module);
+  const detail::ZeroModule& trained_module(int module, const char* call) const;  // or Error  // a frozen module's working params as fp32 (zero_state.cc)  // partition fields, steps, scaler; no vectors
 
   // Where each sub-group's new working parameters go, sub-groups taken in order (a module's are
   // consecutive), as step() and import publish them: a stored module's shard is acquired for

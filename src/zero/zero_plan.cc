@@ -54,7 +54,18 @@ struct Sizing {
         A(std::max<std::size_t>(1, o.alignment_elems)),
         wsize(cfg.bf16 || cfg.fp16.enabled ? 2 : 4),
         layout(make_shard_layout(numels, stage == 0 ? 1 : std::max(1, o.world_size), A)),
-        R(layout.rank_flat) {}
+        trainable_numels(trainable_of(numels, o.frozen_modules)),
+        trained(make_shard_layout(trainable_numels, stage == 0 ? 1 : std::max(1, o.world_size), A)),
+        R(trained.rank_flat) {}
+
+  // The numels of the modules that train (frozen ones have no optimizer state or gradient).
+  static std::vector<std::size_t> trainable_of(std::span<const std::size_t> n, const std::vector<bool>& frozen) {
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < n.size(); ++i) {
+      if (i >= frozen.size() || !frozen[i]) out.push_back(n[i]);
+    }
+    return out;
+  }
 
   const ZeroConfig& z;
   const ZeroPlanOptions& o;
@@ -62,8 +73,10 @@ struct Sizing {
   int stage;
   std::size_t A;          // shard alignment (elements)
   std::uint64_t wsize;    // bytes per working-parameter element
-  ShardLayout layout;
-  std::size_t R;          // this rank's rank-flat elements
+  ShardLayout layout;     // every module: the working shards
+  std::vector<std::size_t> trainable_numels;
+  ShardLayout trained;    // the modules that train: optimizer state and gradients, in order
+  std::size_t R;          // this rank's rank-flat elements (of `trained`)
   // Working-parameter shards by home (plan_param_homes), allocator-rounded.
   std::uint64_t dev_homes = 0, host_homes = 0, nvme_homes = 0;
   std::uint64_t largest_stored = 0;     // largest NVMe-homed shard
@@ -103,6 +116,7 @@ void plan_param_homes(Sizing& s, ZeroPlan& p) {
       const std::uint64_t b = m.shard * s.wsize;
       p.uses_device = true;
       p.param_store_bytes += b;
+      if (i < s.o.frozen_modules.size() && s.o.frozen_modules[i]) p.frozen_param_bytes += b;
       if (home == Tier::kDevice) s.dev_homes += s.dev_round(b);
       if (home == Tier::kHost) s.host_homes += host_round(b);
       if (home == Tier::kNvme) s.nvme_homes += round_up(b, 4096);
@@ -131,7 +145,7 @@ void plan_optimizer_and_gradient_homes(const Sizing& s, ZeroPlan& p) {
                                                                                                    : Tier::kHost;
     if (p.optimizer_on_device && s.o.device_host_addressable) p.gradient_home = Tier::kDevice;
   } else {
-    p.gradient_bytes = 4ull * s.layout.full_flat + (stage == 1 ? 4ull * s.R : 0);
+    p.gradient_bytes = 4ull * s.trained.full_flat + (stage == 1 ? 4ull * s.R : 0);
     p.host_engine_bytes += p.gradient_bytes;
     p.gradient_home = Tier::kHost;
   }
@@ -142,7 +156,7 @@ void plan_reduce_buckets(const Sizing& s, ZeroPlan& p) {
   const int world = s.o.world_size;
   if (s.stage < 2 || world <= 1) return;
   std::uint64_t chunk = 0;
-  for (const ModuleShard& m : s.layout.modules) {
+  for (const ModuleShard& m : s.trained.modules) {
     for (const ElemRange& c : make_reduce_chunks(m.shard, world, s.z.reduce_bucket_size_elems, s.A)) {
       chunk = std::max<std::uint64_t>(chunk, c.size());
     }
@@ -158,14 +172,15 @@ void plan_host_pool(const Sizing& s, ZeroPlan& p) {
   const std::size_t A = s.A;
   const std::size_t R = s.R;
   p.host_home_bytes += s.host_homes;
-  if (p.optimizer_home == Tier::kHost) p.host_home_bytes += host_round(12ull * R) + 4096 * s.numels.size();
-  if (s.stage >= 2 && p.gradient_home == Tier::kHost) p.host_home_bytes += host_round(4ull * R) + 4096 * s.numels.size();
+  const std::size_t trained = s.trainable_numels.size();
+  if (p.optimizer_home == Tier::kHost) p.host_home_bytes += host_round(12ull * R) + 4096 * trained;
+  if (s.stage >= 2 && p.gradient_home == Tier::kHost) p.host_home_bytes += host_round(4ull * R) + 4096 * trained;
   const std::uint64_t step_reserve = s.largest_stored ? host_round(s.largest_stored) : 0;
   const std::uint64_t per_elem = (p.optimizer_home == Tier::kNvme ? 12 : 0) +
                                  (s.stage >= 2 && p.gradient_home == Tier::kNvme ? 4 : 0);
   const std::uint64_t B = static_cast<std::uint64_t>(std::max(1, z.offload_optimizer.buffer_count));
   std::size_t largest_shard = 0;
-  for (const ModuleShard& m : s.layout.modules) largest_shard = std::max(largest_shard, m.shard);
+  for (const ModuleShard& m : s.trained.modules) largest_shard = std::max(largest_shard, m.shard);
   const std::size_t sub = std::max<std::size_t>(A, z.sub_group_size_elems / A * A);
   p.host_min_bytes = p.host_home_bytes + step_reserve + 2 * per_elem * A;
   p.host_min_why = fmt::format("{} of host homes + {} for the largest working shard", format_bytes(p.host_home_bytes),
@@ -199,7 +214,7 @@ void plan_opaque_staging(const Sizing& s, ZeroPlan& p) {
   if (!p.uses_device || s.o.device_host_addressable) return;
   if (s.dev_homes > 0) p.host_engine_bytes += 2 * host_round(p.piece_elems * s.wsize);
   std::size_t largest_numel = 0;
-  for (std::size_t n : s.numels) largest_numel = std::max(largest_numel, n);
+  for (std::size_t n : s.trainable_numels) largest_numel = std::max(largest_numel, n);
   p.host_engine_bytes += host_round(4ull * largest_numel);
   if (s.o.world_size > 1) p.host_engine_bytes += host_round(s.largest_padded);
 }
@@ -209,7 +224,7 @@ void plan_opaque_staging(const Sizing& s, ZeroPlan& p) {
 void plan_device_optimizer(Sizing& s, ZeroPlan& p) {
   if (!p.optimizer_on_device) return;
   const std::size_t pe = p.piece_elems;
-  for (const ModuleShard& m : s.layout.modules) {
+  for (const ModuleShard& m : s.trained.modules) {
     for (std::size_t b = 0; b < m.shard; b += pe) {
       const std::uint64_t n = std::min(pe, m.shard - b);
       s.dev_optim += s.dev_round(12 * n) + (p.gradient_home == Tier::kDevice ? s.dev_round(4 * n) : 0);
@@ -263,8 +278,8 @@ void plan_partial_offload(const Sizing& s, ZeroPlan& p) {
   };
   std::size_t flat_end = s.R;
   bool more = true;
-  for (std::size_t i = s.layout.modules.size(); more && i-- > 0;) {
-    const ModuleShard& m = s.layout.modules[i];
+  for (std::size_t i = s.trained.modules.size(); more && i-- > 0;) {
+    const ModuleShard& m = s.trained.modules[i];
     const std::size_t base = flat_end - m.shard;  // modules are consecutive in the rank-flat order
     const auto groups = make_sub_groups(m.shard, p.piece_elems, s.A);
     for (std::size_t g = groups.size(); g-- > 0;) {

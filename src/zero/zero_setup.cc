@@ -15,6 +15,7 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   po.world_size = world;
   po.alignment_elems = opts.alignment_elems;
   po.max_inflight_buckets = opts.max_inflight_buckets;
+  po.frozen_modules = opts.frozen_modules;
   // The device is made only when the plan needs one, but its kind (and so its addressability) is
   // known now: tiermem.device resolved once, here.
   device_choice = resolve_device(DeviceOptions::from_config(cfg).choice);
@@ -154,10 +155,12 @@ void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
   po.opt_world = opt_world;
   po.alignment_elems = opts.alignment_elems;
   po.persistence_threshold_elems = cfg.zero.stage3_param_persistence_threshold_elems;
-  const std::size_t flat = mods.empty() ? 0 : mods.back().flat + mods.back().shard.shard;
+  // A frozen module takes no room in the rank-flat optimizer shard.
+  const std::size_t flat = mods.empty() ? 0 : mods.back().flat + (mods.back().frozen ? 0 : mods.back().shard.shard);
   const detail::ModuleLayout l = detail::layout_module(numel, flat, po);
   detail::ZeroModule m;
   m.name = name;
+  m.frozen = mods.size() < opts.frozen_modules.size() && opts.frozen_modules[mods.size()];
   m.numel = numel;
   m.shard = l.shard;
   m.flat = l.flat;
@@ -181,11 +184,13 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     if (v > a) std::copy(init.begin() + static_cast<std::ptrdiff_t>(a), init.begin() + static_cast<std::ptrdiff_t>(v), dst);
     std::fill(dst + (v - a), dst + (b - a), 0.0f);
   };
-  // Optimizer pieces (and gradient partitions): the module's shard in sub-groups.
+  // Optimizer pieces (and gradient partitions): the module's shard in sub-groups; none when frozen.
   const detail::ModuleLayout layout{m.shard, m.flat, m.persistent, m.stored};
-  for (const detail::SubGroupLayout& g : detail::layout_sub_groups(layout, plan.piece_elems, opts.alignment_elems,
-                                                                  plan.optimizer_on_device,
-                                                                  plan.device_optimizer_from)) {
+  const std::vector<detail::SubGroupLayout> groups =
+      m.frozen ? std::vector<detail::SubGroupLayout>{}
+               : detail::layout_sub_groups(layout, plan.piece_elems, opts.alignment_elems, plan.optimizer_on_device,
+                                           plan.device_optimizer_from);
+  for (const detail::SubGroupLayout& g : groups) {
     const ElemRange& r = g.range;
     detail::Piece p;
     p.module = i;
@@ -200,6 +205,7 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     os.home = p.on_device ? Tier::kDevice : plan.optimizer_home;
     os.swap = optim_swap.get();
     os.zero_fill = false;
+    os.group = detail::kGroupOptimizer;
     p.optim = store->register_tensor(os);
     {
       TensorStore::Pin pin = store->acquire_for_overwrite(p.optim, fill_tier(os.home));
@@ -224,11 +230,31 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
       p.gtier = gs.home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
       gs.swap = optim_swap.get();
       gs.zero_fill = false;  // always overwritten first (acquire_for_overwrite)
+      gs.group = detail::kGroupOptimizer;
       p.grad = store->register_tensor(gs);
     }
     m.pieces.push_back(static_cast<int>(pieces.size()));
     pieces.push_back(p);
   }
+  write_working(i, init);
+  if (stage <= 1 && !m.frozen) m.full_grad.assign(m.shard.padded, 0.0f);
+  if (stage == 1 && !m.frozen) m.shard_grad.assign(n, 0.0f);
+  m.registered = true;
+}
+
+// Module i's working params from `init` (the first init.size() elements of its fp32 shard, the
+// rest zero), at registration or rewritten later (a frozen module's set_module_params): a stored
+// shard is acquired for overwrite at its home and written back by the store; otherwise the
+// engine's buffer, all-gathered into the full copy where the module keeps one.
+void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(i)];
+  const std::size_t n = m.shard.shard;
+  auto fill_tier = [](Tier home) { return home == Tier::kNvme ? Tier::kHost : home; };
+  auto copy_init = [&](std::size_t a, std::size_t b, float* dst) {
+    const std::size_t v = std::min(b, std::max(a, init.size()));
+    if (v > a) std::copy(init.begin() + static_cast<std::ptrdiff_t>(a), init.begin() + static_cast<std::ptrdiff_t>(v), dst);
+    std::fill(dst + (v - a), dst + (b - a), 0.0f);
+  };
   // Working params, converted piecewise (bounded temporaries) into the pinned shard (copied up
   // when it is device memory the CPU cannot address).
   // pin: the destination when it is a store tensor (null: `dst` is an engine host buffer).
@@ -251,30 +277,30 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     }
   };
   if (m.stored) {
-    TensorSpec ps;
-    ps.name = "zero.param." + m.name;
-    ps.dtype = wdtype;
-    ps.shape = {static_cast<std::int64_t>(n)};
-    m.home = m.persistent ? compute_tier : plan.param_home;
-    ps.home = m.home;
-    ps.swap = param_swap.get();
-    ps.zero_fill = false;
-    m.param = store->register_tensor(ps);
+    if (m.param == kInvalidTensor) {
+      TensorSpec ps;
+      ps.name = "zero.param." + m.name;
+      ps.dtype = wdtype;
+      ps.shape = {static_cast<std::int64_t>(n)};
+      m.home = m.persistent ? compute_tier : plan.param_home;
+      ps.home = m.home;
+      ps.swap = param_swap.get();
+      ps.zero_fill = false;
+      ps.group = m.frozen ? detail::kGroupFrozen : detail::kGroupTrainable;
+      m.param = store->register_tensor(ps);
+    }
     TensorStore::Pin pin = store->acquire_for_overwrite(m.param, fill_tier(m.home));
     to_work(pin.as<std::byte>(), &pin);
     pin.mark_dirty();
   } else {
-    m.mem_shard = detail::AlignedBuf(n * wsize);
+    if (m.mem_shard.p == nullptr) m.mem_shard = detail::AlignedBuf(n * wsize);
     to_work(m.mem_shard.b(), nullptr);
     if (stage == 1 || stage == 2 || m.persistent) {
-      m.full = detail::AlignedBuf(m.shard.padded * wsize);
+      if (m.full.p == nullptr) m.full = detail::AlignedBuf(m.shard.padded * wsize);
       comm.all_gather(m.mem_shard.p, m.full.p, n, comm_dtype);
       ++st.all_gather_calls;
     }
   }
-  if (stage <= 1) m.full_grad.assign(m.shard.padded, 0.0f);
-  if (stage == 1) m.shard_grad.assign(n, 0.0f);
-  m.registered = true;
 }
 
 // Every module is registered: plan (deferred registration) and write what is still in memory.

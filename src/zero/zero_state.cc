@@ -17,6 +17,7 @@ std::vector<float> ZeroEngine::export_master(int module) {
   I.sync();
   I.apply_pending(module, Phase::kOutsideStep);
   const detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
+  if (m.frozen) return I.frozen_params(module);
   std::vector<float> full(m.shard.padded);
   float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
   std::vector<float> tmp;
@@ -31,12 +32,129 @@ std::vector<float> ZeroEngine::export_master(int module) {
   return full;
 }
 
+namespace {
+const char* state_kind_name(OptimizerStateKind k) {
+  return k == OptimizerStateKind::kMaster ? "master" : k == OptimizerStateKind::kExpAvg ? "exp_avg" : "exp_avg_sq";
+}
+}  // namespace
+
+// Module `module` exists and trains, or Error naming `call`.
+const detail::ZeroModule& ZeroEngine::Impl::trained_module(int module, const char* call) const {
+  if (module < 0 || static_cast<std::size_t>(module) >= mods.size()) {
+    throw Error(fmt::format("ZeroEngine::{}: unknown module {}", call, module));
+  }
+  const detail::ZeroModule& m = mods[static_cast<std::size_t>(module)];
+  if (m.frozen) {
+    throw Error(fmt::format("ZeroEngine::{}: module {} (\"{}\") is frozen: it has no gradient or optimizer state",
+                            call, module, m.name));
+  }
+  return m;
+}
+
+std::vector<float> ZeroEngine::export_module_state(int module, OptimizerStateKind kind) {
+  Impl& I = *impl_;
+  I.finalize();
+  const detail::ZeroModule& m = I.trained_module(module, "export_module_state");
+  if (kind == OptimizerStateKind::kMaster) return export_master(module);
+  I.sync();
+  I.apply_pending(module, Phase::kOutsideStep);
+  std::vector<float> full(m.shard.padded);
+  float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
+  const std::size_t third = static_cast<std::size_t>(kind);
+  std::vector<float> tmp;
+  for (int pi : m.pieces) {
+    const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
+    tmp.resize(3 * p.size());
+    I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
+    std::copy_n(tmp.begin() + static_cast<std::ptrdiff_t>(third * p.size()), p.size(), mine + p.begin);
+  }
+  if (I.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
+  full.resize(m.numel);
+  return full;
+}
+
+void ZeroEngine::set_module_state(int module, OptimizerStateKind kind, std::span<const float> values) {
+  Impl& I = *impl_;
+  I.finalize();
+  const detail::ZeroModule& m = I.trained_module(module, "set_module_state");
+  if (kind == OptimizerStateKind::kMaster) return set_module_params(module, values);
+  if (values.size() != m.numel) {
+    throw Error(fmt::format("ZeroEngine::set_module_state(\"{}\", {}): {} values given, the module has {} elements",
+                            m.name, state_kind_name(kind), values.size(), m.numel));
+  }
+  I.sync();
+  if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);
+  const ElemRange r = m.shard.range(I.opt_rank);
+  const std::size_t third = static_cast<std::size_t>(kind);
+  I.rewrite_state(module, /*keep=*/true, [&](const detail::Piece& p, float* s) {
+    const std::size_t lo = std::min(r.begin + p.begin, m.numel), hi = std::min(r.begin + p.end, m.numel);
+    std::copy(values.begin() + static_cast<std::ptrdiff_t>(lo), values.begin() + static_cast<std::ptrdiff_t>(hi),
+              s + third * p.size());
+  });
+}
+
+std::vector<float> ZeroEngine::export_grad(int module) {
+  Impl& I = *impl_;
+  I.finalize();
+  const detail::ZeroModule& m = I.trained_module(module, "export_grad");
+  I.sync();
+  std::vector<float> full(m.shard.padded, 0.0f);
+  if (I.stage <= 1) {  // the whole local gradient, not reduced yet: its sum over ranks
+    std::copy(m.full_grad.begin(), m.full_grad.end(), full.begin());
+    if (I.world > 1) I.comm.all_reduce(full.data(), full.data(), full.size(), DType::kF32, ReduceOp::kSum);
+  } else {  // this rank's reduced partitions, all-gathered
+    float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
+    for (int pi : m.pieces) {
+      const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
+      if (p.grad_fresh) continue;  // no gradient since the last step: zeros
+      I.store->read(p.grad, std::as_writable_bytes(std::span<float>(mine + p.begin, p.size())));
+    }
+    if (I.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
+  }
+  int micro = 1;
+  for (const auto& x : I.mods) micro = std::max(micro, x.grad_calls);
+  double div = static_cast<double>(I.world) * (I.opts.mean_over_micro_batches ? micro : 1);
+  if (I.scaler) div *= I.scaler->scale();
+  const float inv = static_cast<float>(1.0 / div);
+  for (float& x : full) x *= inv;
+  full.resize(m.numel);
+  return full;
+}
+
+// A frozen module has no master: its working parameters, gathered, as fp32.
+std::vector<float> ZeroEngine::Impl::frozen_params(int module) {
+  const detail::ZeroModule& m = mods[static_cast<std::size_t>(module)];
+  std::vector<float> full(m.shard.padded);
+  std::vector<std::byte> work(m.shard.padded * wsize);
+  std::byte* mine = work.data() + static_cast<std::size_t>(opt_rank) * m.shard.shard * wsize;
+  if (m.stored) {
+    store->read(m.param, std::span<std::byte>(mine, m.shard.shard * wsize));  // from any tier; stays clean
+  } else {
+    std::memcpy(mine, m.mem_shard.b(), m.shard.shard * wsize);
+  }
+  if (opt_world > 1 && m.shard.shard > 0) {
+    comm.all_gather(mine, work.data(), m.shard.shard, comm_dtype);
+    ++st.all_gather_calls;
+  }
+  if (wsize == 4) {
+    std::memcpy(full.data(), work.data(), full.size() * sizeof(float));
+  } else {
+    const auto* h = reinterpret_cast<const std::uint16_t*>(work.data());
+    if (wdtype == DType::kBF16) bf16_to_f32_n(h, full.data(), full.size());
+    else f16_to_f32_n(h, full.data(), full.size());
+  }
+  full.resize(m.numel);
+  return full;
+}
+
 ZeroOptimizerState ZeroEngine::Impl::state_header() const {
   ZeroOptimizerState out;
   out.world_size = opt_world;
   out.rank = opt_rank;
   out.alignment_elems = opts.alignment_elems;
-  for (const auto& m : mods) out.module_numels.push_back(m.numel);
+  for (const auto& m : mods) {
+    if (!m.frozen) out.module_numels.push_back(m.numel);  // the modules with optimizer state
+  }
   out.steps = st.steps;
   out.skipped_steps = st.skipped_steps;
   if (scaler) out.loss_scaler = scaler->state();
@@ -62,13 +180,18 @@ void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vec
   if (state.alignment_elems != opts.alignment_elems) {
     throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(opts.alignment_elems));
   }
-  if (state.module_numels.size() != mods.size()) {
-    throw mismatch("the module count", std::to_string(state.module_numels.size()), std::to_string(mods.size()));
+  std::vector<const detail::ZeroModule*> trained;  // frozen modules have no optimizer state
+  for (const auto& m : mods) {
+    if (!m.frozen) trained.push_back(&m);
   }
-  for (std::size_t i = 0; i < mods.size(); ++i) {
-    if (state.module_numels[i] != mods[i].numel) {
-      throw mismatch("module " + std::to_string(i) + " (" + mods[i].name + ")'s numel",
-                     std::to_string(state.module_numels[i]), std::to_string(mods[i].numel));
+  if (state.module_numels.size() != trained.size()) {
+    throw mismatch("the count of modules that train", std::to_string(state.module_numels.size()),
+                   std::to_string(trained.size()));
+  }
+  for (std::size_t i = 0; i < trained.size(); ++i) {
+    if (state.module_numels[i] != trained[i]->numel) {
+      throw mismatch("trained module " + std::to_string(i) + " (" + trained[i]->name + ")'s numel",
+                     std::to_string(state.module_numels[i]), std::to_string(trained[i]->numel));
     }
   }
   for (const auto& [name, vec] : {std::pair<const char*, const std::vector<float>*>{"master", &state.master},
@@ -171,6 +294,7 @@ void ZeroEngine::Impl::publish_whole_modules(int module) {
   for (std::size_t i = 0; i < mods.size(); ++i) {
     detail::ZeroModule& m = mods[i];
     if (module >= 0 && static_cast<int>(i) != module) continue;
+    if (module < 0 && m.frozen) continue;  // a step or an import does not change it
     if (m.full.p != nullptr && (stage == 1 || stage == 2 || m.persistent)) {
       comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, comm_dtype);
       ++st.all_gather_calls;
@@ -190,8 +314,13 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
                             m.name, values.size(), m.numel));
   }
   I.sync();
-  if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);  // else it would overwrite the new values
   const ElemRange r = m.shard.range(I.opt_rank);
+  if (m.frozen) {  // no master: the working params themselves (written back once, by the store)
+    const std::size_t lo = std::min(r.begin, m.numel), hi = std::min(r.end, m.numel);
+    I.write_working(module, values.subspan(lo, hi - lo));
+    return;
+  }
+  if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);  // else it would overwrite the new values
   // The module's sub-groups keep their moments; only the master changes. Shard elements
   // [p.begin, p.end) are module elements r.begin + [p.begin, p.end); padding past the module's
   // end stays 0.

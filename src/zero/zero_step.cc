@@ -73,6 +73,7 @@ int ZeroEngine::Impl::finish_reductions() {
   int micro = 1;
   for (const auto& m : mods) micro = std::max(micro, m.grad_calls);
   for (auto& m : mods) {
+    if (m.frozen) continue;  // no gradient
     if (stage == 0) {
       all_reduce_sum(comm, m.full_grad.data(), m.full_grad.size());
     } else if (stage == 1 && m.shard.shard > 0) {
