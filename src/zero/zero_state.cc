@@ -185,12 +185,12 @@ void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vec
     if (!m.frozen) trained.push_back(&m);
   }
   if (state.module_numels.size() != trained.size()) {
-    throw mismatch("the count of modules that train", std::to_string(state.module_numels.size()),
+    throw mismatch("the module count (modules that train)", std::to_string(state.module_numels.size()),
                    std::to_string(trained.size()));
   }
   for (std::size_t i = 0; i < trained.size(); ++i) {
     if (state.module_numels[i] != trained[i]->numel) {
-      throw mismatch("trained module " + std::to_string(i) + " (" + trained[i]->name + ")'s numel",
+      throw mismatch("module " + std::to_string(trained[i] - mods.data()) + " (" + trained[i]->name + ")'s numel",
                      std::to_string(state.module_numels[i]), std::to_string(trained[i]->numel));
     }
   }
