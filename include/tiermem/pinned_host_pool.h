@@ -120,6 +120,9 @@ class PinnedHostPool {
   void* allocate_wait(std::uint64_t bytes, std::chrono::duration<double> timeout);
   // Returns a block. nullptr is ignored; an unknown pointer is logged and ignored. Never throws.
   void free(void* ptr) noexcept;
+  // Gives the pages of every free ("warm") slot back to the OS (munlock + MADV_DONTNEED): after
+  // it, mapped_bytes() == allocated_bytes(). Returns the bytes released. Never throws.
+  std::uint64_t release_free() noexcept;
 
   // Told every committed slot: on_map after it is committed or resized (its new extent), on_unmap
   // before its pages are released or resized. Setting replays on_map for the slots committed now;

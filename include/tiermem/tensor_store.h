@@ -273,6 +273,14 @@ class TensorStore {
   // Throws the first IoError.
   void flush();
 
+  // Hands memory back (DeepSpeed's offload_states, RL colocation): waits for queued prefetches,
+  // writes every dirty copy home (flush), drops every unpinned copy above its home, then gives
+  // the host pool's free pages back to the OS and the device allocator's cache back to the device.
+  // What stays is what is homed in memory (host/device homes) and pinned copies. Copies are read
+  // back on demand by the next acquire/fetch/prefetch, bit for bit. Returns the bytes of the
+  // copies dropped. Throws the first IoError of a write-back (nothing is dropped before it).
+  std::uint64_t offload();
+
   // Synchronous access to the newest bytes, for checkpoints and export. read(): copies the tensor
   // (out.size() == bytes) from the tier holding its newest copy. write(): replaces the contents at
   // home and drops every cached copy; throws Error when a copy is pinned at another tier.

@@ -289,6 +289,18 @@ class ZeroEngine {
   // Waits for every in-flight reduce-scatter.
   void synchronize();
 
+  // Hands the engine's memory back between training phases (DeepSpeed's offload_states; RL
+  // colocation: room for an inference engine): waits for what is in flight, applies pending
+  // overlapped updates, drops the gradient buffer kept for reuse, writes every dirty tensor to its
+  // home tier and drops every cached copy above it (TensorStore::offload), returns the host
+  // pool's free pages and the device allocator's cache, then glibc's free heap (malloc_trim).
+  // State homed on NVMe leaves memory entirely; state homed in host or device memory (offload
+  // "cpu"/"none", modules kept whole, engine buffers of stages 0-2) stays. Call between steps
+  // (copies a live Gathered pins stay). Nothing needs reloading: the next gather or step reads
+  // what it needs back from its home, bit for bit. Returns the bytes of the copies dropped.
+  // Errors: IoError of a write-back.
+  std::uint64_t offload_states();
+
   // Zeroes the gradient accumulation (step() does this itself after stepping or skipping).
   void zero_grad();
 

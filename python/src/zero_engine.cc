@@ -463,6 +463,9 @@ void bind_zero_engine(nb::module_& m) {
       .def("step", &PyZeroEngine::step, "AdamW over every sub-group; returns {skipped, loss_scale, grad_norm, step}.")
       .def("zero_grad", [](PyZeroEngine& p) { p.e().zero_grad(); })
       .def("synchronize", [](PyZeroEngine& p) { p.e().synchronize(); })
+      .def("offload_states", [](PyZeroEngine& p) { return p.e().offload_states(); },
+           "Writes every dirty tensor home and drops the cached copies above it; returns the host pool's "
+           "free pages and the device's cache (ZeroEngine::offload_states). Returns the bytes dropped.")
       .def("set_learning_rate", [](PyZeroEngine& p, double lr) { p.e().set_learning_rate(lr); }, nb::arg("lr"))
       .def("loss_scale", [](PyZeroEngine& p) { return p.e().loss_scale(); })
       .def("module_numel", [](PyZeroEngine& p, int m) { return p.e().module_numel(m); }, nb::arg("module"))

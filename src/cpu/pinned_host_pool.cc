@@ -256,6 +256,14 @@ void PinnedHostPool::resize_slot_locked(int k, std::uint32_t i, std::uint64_t by
   notify_map_locked(k, i);
 }
 
+std::uint64_t PinnedHostPool::release_free() noexcept {
+  std::lock_guard lock(mu_);
+  const std::uint64_t before = committed_;
+  while (release_one_warm_locked(-1, 0)) {
+  }
+  return before - committed_;
+}
+
 bool PinnedHostPool::release_one_warm_locked(int skip_k, std::uint32_t skip_i) {
   // Largest slots first: fewest system calls for the bytes released.
   for (int k = static_cast<int>(classes_.size()) - 1; k >= 0; --k) {

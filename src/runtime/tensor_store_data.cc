@@ -5,6 +5,34 @@
 
 namespace tiermem {
 
+std::uint64_t TensorStore::offload() {
+  drain();
+  flush();
+  Impl& m = *impl_;
+  std::uint64_t dropped = 0;
+  for (TensorId id = 0; id < size(); ++id) {
+    Tier home;
+    std::uint64_t bytes;
+    {
+      std::lock_guard lock(m.mu_);
+      home = m.entries_[id]->info.home;
+      bytes = m.entries_[id]->info.bytes;
+    }
+    for (Tier t : {Tier::kDevice, Tier::kHost}) {
+      if (idx(t) >= idx(home)) continue;
+      bool resident;
+      {
+        std::lock_guard lock(m.mu_);
+        resident = m.entries_[id]->copy[idx(t)].state != State::kAbsent;
+      }
+      if (resident && evict(id, t)) dropped += bytes;
+    }
+  }
+  if (m.host_pool) m.host_pool->release_free();
+  if (m.device) m.device->empty_cache();
+  return dropped;
+}
+
 void TensorStore::flush() {
   Impl& m = *impl_;
   std::unique_lock lock(m.mu_);

@@ -5,6 +5,8 @@
 // optimizer step in zero_step.cc, the state in and out (checkpoints) in zero_state.cc.
 #include "tiermem/zero_engine.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -555,6 +557,17 @@ std::vector<float> ZeroEngine::gradient_buffer(int module) {
 }
 
 void ZeroEngine::synchronize() { impl_->sync(); }
+
+std::uint64_t ZeroEngine::offload_states() {
+  Impl& I = *impl_;
+  I.finalize();
+  I.sync();
+  I.apply_all_pending(Phase::kOutsideStep);
+  std::vector<float>().swap(I.grad_spare);
+  const std::uint64_t dropped = I.store->offload();
+  ::malloc_trim(0);  // what the engine's own buffers and the steps freed to the heap
+  return dropped;
+}
 
 void ZeroEngine::Impl::zero_grad() {
   sync();

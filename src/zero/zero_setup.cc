@@ -292,6 +292,12 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
     TensorStore::Pin pin = store->acquire_for_overwrite(m.param, fill_tier(m.home));
     to_work(pin.as<std::byte>(), &pin);
     pin.mark_dirty();
+    if (m.frozen && m.home == Tier::kNvme) {
+      // Stored now, once: written to its home and dropped from the host pool (a frozen base need
+      // not sit in the cache until an eviction writes it at some later step).
+      pin.release();
+      store->evict(m.param, Tier::kHost);
+    }
   } else {
     if (m.mem_shard.p == nullptr) m.mem_shard = detail::AlignedBuf(n * wsize);
     to_work(m.mem_shard.b(), nullptr);

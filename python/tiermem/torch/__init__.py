@@ -12,10 +12,12 @@ And AdamW optimizers over tiermem's SIMD kernel for a model that stays where it 
 (``optim.py``)::
 
     from tiermem.torch import CPUAdamW, NVMeAdamW
+
+DeepSpeed's ZeRO-3 utility functions (``safe_get_full_fp32_param`` and friends) are in ``utils``.
 """
 
 from .engine import TiermemEngine, ZeroOptimizer, initialize, set_z3_leaf_modules
 from .optim import CPUAdamW, NVMeAdamW
-from . import zero
+from . import utils, zero
 
-__all__ = ["zero", "initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules", "CPUAdamW", "NVMeAdamW"]
+__all__ = ["zero", "utils", "initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules", "CPUAdamW", "NVMeAdamW"]

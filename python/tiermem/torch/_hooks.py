@@ -7,7 +7,12 @@ marked as a leaf (``set_z3_leaf_modules``: DeepSpeed's ``_z3_leaf`` attribute) i
 every parameter of its subtree, and its children get no hooks. A parameter that appears again
 (tied weights: GPT-2's ``lm_head.weight`` is ``wte.weight``) belongs to the first unit that holds
 it; every other module that holds it gathers that unit too. Frozen parameters
-(``requires_grad=False``) are not engine state: they stay where torch put them.
+(``requires_grad=False`` when ``initialize`` runs: PEFT freezes the base after the model is built)
+are engine state too, in units of their own: a module with both gets a trainable unit and a frozen
+one. A frozen unit is paged, gathered, released and prefetched like any other, in the working
+dtype, but the engine keeps no master weights, gradient or optimizer state for it and never writes
+it back; backward gathers it again only when autograd unpacks a saved view of it (the input
+gradient of a frozen Linear).
 
 Between uses, a parameter's ``.data`` is a placeholder: a zero-stride expansion of one element, so
 ``param.shape`` stays true but the parameter holds no memory. Reading it then gives meaningless
@@ -74,12 +79,13 @@ def _placeholder(shape: torch.Size, dtype: torch.dtype, device: Optional[torch.d
 class Unit:
     """One engine module: parameters laid out back to back in one flat vector."""
 
-    __slots__ = ("index", "name", "params", "slot_of", "numel", "flat", "active", "n_trainable", "grad", "received",
-                 "got", "bw_flat")
+    __slots__ = ("index", "name", "frozen", "params", "slot_of", "numel", "flat", "active", "n_trainable", "grad",
+                 "received", "got", "bw_flat")
 
-    def __init__(self, index: int, name: str) -> None:
+    def __init__(self, index: int, name: str, frozen: bool = False) -> None:
         self.index = index
         self.name = name
+        self.frozen = frozen  # every parameter has requires_grad False: no gradient, no optimizer state
         self.params: list[tuple[torch.nn.Parameter, int, int]] = []  # (param, offset, numel)
         self.slot_of: dict[int, tuple[int, int, int]] = {}  # id(param) -> (index in params, offset, numel)
         self.numel = 0
@@ -151,13 +157,18 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
     """A parameter used while released (outside its module's forward: a tied head computed in the
     parent's forward, ``model.state_dict()``, user code) is gathered for the call and released
     after it; views the call returns keep the gathered memory alive, and autograd's saves of it
-    are packed as usual."""
+    are packed as usual. ``detach()`` of a released parameter returns a copy, not a view: it is
+    how ``state_dict()`` (and PEFT's ``save_pretrained``) read every parameter, and a view each
+    would keep every unit gathered, and pinned in the engine's budgets, at once."""
     if kwargs is None:
         kwargs = {}
     taken = () if _is_metadata(func) else _gather_released(args, kwargs)
     try:
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if taken and func is torch.Tensor.detach:
+                out = out.clone()
+            return out
     finally:
         for h, u in taken:
             if u.active == 0:
@@ -203,7 +214,6 @@ class ParamHooks:
         self.units: list[Unit] = []
         self.unit_of: dict[int, tuple[Unit, torch.nn.Parameter]] = {}  # id(param) -> (unit, param)
         self.module_units: dict[int, list[Unit]] = {}  # id(module) -> units it gathers
-        self.frozen: list[torch.nn.Parameter] = []
         self.engine = None
         self.working_dtype = torch.float32
         self.handles: list = []
@@ -246,7 +256,8 @@ class ParamHooks:
                 params = [p for m in module.modules() for p in m._parameters.values() if p is not None]
             else:
                 params = [p for p in module._parameters.values() if p is not None]
-            unit = None
+            unit = None   # this module's trainable parameters
+            funit = None  # ... and its frozen ones
             needs: list[Unit] = []
             for p in params:
                 if id(p) in seen:  # tied: gather the unit that owns it
@@ -259,15 +270,20 @@ class ParamHooks:
                     raise TypeError(f"tiermem.torch.initialize: parameter '{self._pname(module, p, name)}' is "
                                     f"{p.dtype}; ZeRO pages floating-point parameters only: register it as a buffer "
                                     "(module.register_buffer) instead")
-                if not p.requires_grad:
-                    self.frozen.append(p)
-                    continue
-                if unit is None:
-                    unit = Unit(len(self.units), name or "<root>")
-                    self.units.append(unit)
-                    needs.insert(0, unit)
-                unit.add(p)
-                self.unit_of[id(p)] = (unit, p)
+                if p.requires_grad:
+                    if unit is None:
+                        unit = Unit(len(self.units), name or "<root>")
+                        self.units.append(unit)
+                        needs.insert(0, unit)
+                    target = unit
+                else:
+                    if funit is None:
+                        funit = Unit(len(self.units), (name or "<root>") + "[frozen]", frozen=True)
+                        self.units.append(funit)
+                        needs.insert(1 if unit is not None else 0, funit)
+                    target = funit
+                target.add(p)
+                self.unit_of[id(p)] = (target, p)
             if needs:
                 self.module_units[id(module)] = needs
 
@@ -280,6 +296,12 @@ class ParamHooks:
 
     def numels(self) -> list[int]:
         return [u.numel for u in self.units]
+
+    def frozen_flags(self) -> list[bool]:
+        return [u.frozen for u in self.units]
+
+    def trainable_params(self) -> list[torch.nn.Parameter]:
+        return [p for u in self.units if not u.frozen for p, _, _ in u.params]
 
     def flat_values(self, unit: Unit) -> torch.Tensor:
         """The unit's current parameter values as one new fp32 vector (for registration): from

@@ -3,8 +3,7 @@
 ``save_checkpoint(engine, save_dir, tag)`` writes ``save_dir/tag/rank<r>/`` with the C++ writer
 tiermem-train uses (src/train/checkpoint.h): one state file streamed one optimizer sub-group at a
 time (fp32 master weights and both Adam moments of this rank's shard: ``optimizer.master``,
-``optimizer.exp_avg``, ``optimizer.exp_avg_sq``), the module's persistent buffers and frozen
-parameters, the LR scheduler's, torch's RNG and the caller's state (pickled by torch.save into a ``u8``
+``optimizer.exp_avg``, ``optimizer.exp_avg_sq``), the module's persistent buffers, the LR scheduler's, torch's RNG and the caller's state (pickled by torch.save into a ``u8``
 tensor), and a JSON manifest listing each tensor with its XXH64. The state file is written to a
 temporary name, fsynced and renamed; the manifest likewise, and it is the commit point: a kill -9
 at any moment leaves the previous checkpoint or the new one, never a manifest naming missing data.
@@ -66,17 +65,15 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 def _extras(engine) -> "OrderedDict[str, torch.Tensor]":
-    """Persistent buffers and frozen parameters: state the engine does not hold."""
+    """Persistent buffers: state the engine does not hold. (Frozen parameters are engine state but
+    not training state: they never change, so a checkpoint leaves them out, as DeepSpeed's
+    ``exclude_frozen_parameters`` does; load it into a model built from the same base.)"""
     out: OrderedDict[str, torch.Tensor] = OrderedDict()
     model = engine.module
     for mname, m in model.named_modules():
         for bname, b in m._buffers.items():
             if b is not None and bname not in m._non_persistent_buffers_set:
                 out[f"buffer.{mname + '.' if mname else ''}{bname}"] = b
-    frozen = {id(p) for p in engine._hooks.frozen}
-    for pname, p in model.named_parameters():
-        if id(p) in frozen:
-            out[f"frozen.{pname}"] = p
     return out
 
 
@@ -329,7 +326,6 @@ def save_fp32_state_dict(engine, path: str) -> int:
             del master
         state: OrderedDict[str, Any] = OrderedDict()
         model = engine.module
-        frozen = {id(p) for p in hooks.frozen}
         for mname, m in model.named_modules():
             prefix = mname + "." if mname else ""
             for pname, p in m._parameters.items():
@@ -338,12 +334,6 @@ def save_fp32_state_dict(engine, path: str) -> int:
                 if id(p) in refs:
                     ref, shape, dtype = refs[id(p)]
                     state[prefix + pname] = _TensorRef(ref, shape, dtype)
-                elif id(p) in frozen:
-                    key = str(next(keys))
-                    t = p.detach().float().contiguous()
-                    writer.write_record(f"data/{key}", t.untyped_storage(), t.numel() * 4)
-                    state[prefix + pname] = _TensorRef(_StorageRef(key, t.numel(), torch.float32), t.shape,
-                                                       torch.float32)
             for bname, b in m._buffers.items():
                 if b is None or bname in m._non_persistent_buffers_set:
                     continue

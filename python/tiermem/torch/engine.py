@@ -275,7 +275,7 @@ class TiermemEngine:
     scheduler. ``module`` is the user's model."""
 
     def __init__(self, model: torch.nn.Module, config_obj, config: dict, leaf_types: tuple = (),
-                 lr_scheduler=None, quiet: bool = False) -> None:
+                 lr_scheduler=None, quiet: bool = False, has_optimizer: bool = True) -> None:
         self.module = model
         self.config = config
         self._config_obj = config_obj
@@ -293,8 +293,16 @@ class TiermemEngine:
 
         self._hooks = ParamHooks(model, leaf_types)
         numels = self._hooks.numels()
+        frozen = self._hooks.frozen_flags()
         if not numels:
-            raise ValueError("tiermem.torch.initialize: the model has no trainable floating-point parameters")
+            raise ValueError("tiermem.torch.initialize: the model has no floating-point parameters")
+        # A model with nothing to train (an RL reference model, a teacher) gets a forward-only
+        # engine; asking to optimize it is a contradiction, said before anything is written.
+        self.forward_only = all(frozen)
+        if self.forward_only and has_optimizer:
+            raise ValueError("tiermem.torch.initialize: every parameter of the model has requires_grad=False, but the "
+                             "config has an 'optimizer' section: remove it for a forward-only engine (a reference "
+                             "model), or unfreeze the parameters to train")
         # Construction plans for the modules' sizes and checks budgets and directories: a refused
         # start raises here, before anything is written.
         ops = None
@@ -303,7 +311,8 @@ class TiermemEngine:
             from ._dist import DistOps
             ops = DistOps()
         self._zero = _tiermem.ZeroEngine(config_obj, numels, mean_over_micro_batches=False,
-                                         comm="torch" if ops is not None else "single", dist_ops=ops)
+                                         comm="torch" if ops is not None else "single", dist_ops=ops,
+                                         frozen=frozen)
         if ops is not None:
             ops.unit_names = [u.name for u in self._hooks.units]
             self._hooks.dist_ops = ops
@@ -314,14 +323,12 @@ class TiermemEngine:
         for u in self._hooks.units:
             self._hooks._release(u)
         from .zero import release_staging
-        release_staging(model, self._hooks.frozen)
+        release_staging(model)
         if dtype != torch.float32:  # buffers follow the working dtype (as DeepSpeed's engine does)
             for m in model.modules():
                 for k, b in m._buffers.items():
                     if b is not None and b.is_floating_point():
                         m._buffers[k] = b.to(dtype)
-            for p in self._hooks.frozen:
-                p.data = p.data.to(dtype)
         self._hooks.attach(self._zero, dtype)
         _fix_malloc_threshold(int(self._zero.stats()["host_budget_bytes"]))
         self._hooks.on_backward = self._note_backward
@@ -330,16 +337,18 @@ class TiermemEngine:
         opt = config["optimizer"]["params"]
         hparams = dict(lr=float(opt["lr"]), betas=tuple(opt["betas"]), eps=float(opt["eps"]),
                        weight_decay=float(opt["weight_decay"]))
-        trainable = [p for u in self._hooks.units for p, _, _ in u.params]
-        self.optimizer = ZeroOptimizer(trainable, self, hparams)
-        if lr_scheduler is None and config.get("scheduler", {}).get("type"):
+        self.optimizer = None if self.forward_only else ZeroOptimizer(self._hooks.trainable_params(), self, hparams)
+        if self.forward_only:
+            lr_scheduler = None
+        elif lr_scheduler is None and config.get("scheduler", {}).get("type"):
             lr_scheduler = DeepSpeedLR(self.optimizer, config_obj, hparams["lr"])
         elif callable(lr_scheduler) and not isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
             lr_scheduler = lr_scheduler(self.optimizer)
         self.lr_scheduler = lr_scheduler
         if not quiet:
             st = self._zero.stats()
-            print(f"tiermem.torch: {len(numels)} engine modules, {sum(numels)} parameters, stage "
+            n_frozen = sum(n for n, f in zip(numels, frozen) if f)
+            print(f"tiermem.torch: {len(numels)} engine modules, {sum(numels)} parameters ({n_frozen} frozen), stage "
                   f"{config['zero_optimization']['stage']}: params -> {st['param_home']}, optimizer -> "
                   f"{st['optimizer_home']}, gradients -> {st['gradient_home']} ({self._zero.working_dtype()} working "
                   f"params, fp32 master weights)", file=sys.stderr)
@@ -353,6 +362,7 @@ class TiermemEngine:
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         self._require_open()
+        self._require_trainable("backward")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("TiermemEngine.backward: loss must be a scalar tensor")
         scale = self._zero.loss_scale() / self.gradient_accumulation_steps
@@ -364,6 +374,7 @@ class TiermemEngine:
 
     def step(self) -> None:
         self._require_open()
+        self._require_trainable("step")
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self.optimizer.step()
@@ -386,6 +397,31 @@ class TiermemEngine:
 
     def get_lr(self) -> list[float]:
         return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def offload_states(self, include=None, device=None, pin_memory: bool = True, non_blocking: bool = False) -> int:
+        """DeepSpeed's ``engine.offload_states`` (RL colocation: memory for an inference engine
+        between training phases): every dirty tensor is written to its home tier and the copies
+        cached above it are dropped; the host pool's free pages, the device's cache and the heap's
+        free memory go back to the OS. State homed on NVMe leaves memory entirely; what is homed in
+        host memory (offload "cpu", stages 0-2) stays. ``include``, ``device``, ``pin_memory`` and
+        ``non_blocking`` are accepted for DeepSpeed's signature: tiermem always offloads everything
+        the engine may, to each tensor's own home. Returns the bytes dropped. Call between steps."""
+        self._require_open()
+        if self._hooks.gathered_params_open:
+            raise RuntimeError("TiermemEngine.offload_states: inside zero.GatheredParameters; leave the with-block first")
+        self._hooks.release_all()
+        return int(self._zero.offload_states())
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """DeepSpeed's ``engine.reload_states``: after ``offload_states`` training goes on where it
+        was, bit for bit. Nothing is copied here: the next forward and step read what they need
+        back from each tensor's home, ahead of use by the engine's recorded trace."""
+        self._require_open()
+
+    def gradients_ready(self) -> bool:
+        """A backward has finished since the last optimizer step: the engine holds gradients the
+        next step will use (tiermem.torch.utils.safe_get_full_grad reads them)."""
+        return self._backwards_since_step > 0 and not self._hooks.backward_pending
 
     def get_global_grad_norm(self) -> Optional[float]:
         return self._last_grad_norm
@@ -448,6 +484,11 @@ class TiermemEngine:
         if self._closed:
             raise RuntimeError("TiermemEngine: the engine was closed")
 
+    def _require_trainable(self, call: str) -> None:
+        if self.forward_only:
+            raise RuntimeError(f"TiermemEngine.{call}: this engine runs forward only (every parameter of the model is "
+                               "frozen and the config has no 'optimizer' section): it has nothing to train")
+
     def _optimizer_step(self, lr: float) -> None:
         self._require_open()
         if self._hooks.gathered_params_open:
@@ -472,6 +513,16 @@ class TiermemEngine:
 
     def _note_backward(self) -> None:
         self._backwards_since_step += 1
+
+
+def _declares_optimizer(config) -> bool:
+    """Whether the user's config (a dict or a JSON path, already parsed once by load_config) has an
+    'optimizer' section: a frozen-only model without one gets a forward-only engine."""
+    if isinstance(config, dict):
+        return "optimizer" in config
+    with open(os.fspath(config), encoding="utf-8") as f:
+        doc = json.load(f)
+    return isinstance(doc, dict) and "optimizer" in doc
 
 
 def _closed_model(module, args):
@@ -515,7 +566,8 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     if leaf_modules:
         set_z3_leaf_modules(model, leaf_modules)
     config_obj, cfg = load_config(config, model, world)
-    engine = TiermemEngine(model, config_obj, cfg, lr_scheduler=lr_scheduler)
+    engine = TiermemEngine(model, config_obj, cfg, lr_scheduler=lr_scheduler,
+                           has_optimizer=_declares_optimizer(config))
     loader = None
     if training_data is not None:
         loader = torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu,

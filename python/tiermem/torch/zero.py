@@ -38,7 +38,7 @@ class GatheredParameters:
         for p in self.params:
             h = getattr(p, "_tm_hooks", None)
             if h is None or h.engine is None:
-                continue  # not managed (frozen, or no engine): already whole
+                continue  # not managed (no engine): already whole
             unit, _ = h.unit_of[id(p)]
             by_unit.setdefault((id(h), unit.index), (h, unit))
         for h, unit in by_unit.values():
@@ -73,6 +73,30 @@ class GatheredParameters:
 
 # ------------------------------------------------------------------------------------- Init
 
+# The marker of a directory tiermem made (src/nvme/made_dirs.h): the engine that last uses it
+# removes it once nothing else is in it, so a closed engine leaves only what the user made.
+_MADE_MARKER = ".tiermem-made"
+
+
+def _make_marked_dirs(directory: str) -> None:
+    """Makes `directory` and its missing parents (0700), each with the marker, as the engine's
+    swap set-up does; a directory that exists is left as it is."""
+    missing = []
+    d = os.path.abspath(directory)
+    while not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            continue
+        open(os.path.join(d, _MADE_MARKER), "w").close()
+
+
 class _Stage:
     """Where parameters built under Init wait for initialize(): a file under the config's NVMe path
     (offload_param or offload_optimizer nvme), else host memory (the model then lives in host
@@ -85,7 +109,7 @@ class _Stage:
         self.path = None
         self.end = 0
         if directory:
-            os.makedirs(directory, exist_ok=True)
+            _make_marked_dirs(directory)
             fd, self.path = tempfile.mkstemp(prefix="tiermem-init-", suffix=".bin", dir=directory)
             self.fd = fd
             self._finalizer = weakref.finalize(self, _Stage._remove, fd, self.path)
@@ -312,13 +336,10 @@ def drop_staged(p: torch.nn.Parameter) -> None:
         st._finalizer()
 
 
-def release_staging(model: torch.nn.Module, frozen: Iterable[torch.nn.Parameter] = ()) -> None:
-    """After initialize: frozen parameters staged by Init come back into memory (they are not
-    engine state), and a staging that holds nothing more is closed and its file removed."""
-    frozen_ids = {id(p) for p in frozen}
+def release_staging(model: torch.nn.Module) -> None:
+    """After initialize: a parameter still staged by Init (every one is engine state, so only one
+    that registration did not read) is dropped, and a staging that holds nothing more is closed and
+    its file removed."""
     for p in model.parameters():
         if p.__dict__.get("_tm_stage") is not None:
-            values = take_staged(p)
             drop_staged(p)
-            if id(p) in frozen_ids:  # not engine state: back in memory
-                p.data = values

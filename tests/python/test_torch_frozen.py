@@ -1,0 +1,231 @@
+"""Every weight paged: frozen parameters (a PEFT LoRA base, an RL reference model) are engine state.
+
+- PEFT LoRA on a small Llama and GPT-2 built under zero.Init, params and optimizer on NVMe at
+  budgets small enough that every step pages: losses equal the same PEFT model trained with
+  torch.optim.AdamW (fp32: 1e-5 relative; bf16 against a bf16 reference: 2e-3).
+- The frozen base is written to NVMe at most once and never again: the NVMe traffic split by kind
+  (trainable, frozen, optimizer) shows each step writing the adapters' state only.
+- A model with nothing to train and a config without an 'optimizer' section gets a forward-only
+  engine: the same logits and generate() tokens as the plain model; step() and backward() raise.
+- The adapter saved by PEFT from a tiermem-trained model loads into a plain model.
+- Bad input: a frozen-only model with an 'optimizer' section is refused before anything is written.
+"""
+
+import os
+
+import pytest
+from torch_models import VOCAB, assert_rel_close, batches, build, ds_config, engine_losses, hf_or_skip, reference_losses
+
+TIGHT = {"host_budget_bytes": "1MiB", "device_budget_bytes": "256KiB"}
+TIGHT_128 = {"host_budget_bytes": "1MiB", "device_budget_bytes": "1MiB"}  # hidden 128: larger units
+
+
+def peft_or_skip():
+    try:
+        import peft
+    except Exception as e:  # not installed, or a broken install
+        pytest.skip(f"peft cannot be imported: {e}")
+    return peft
+
+
+def _lora(model, kind: str):
+    peft = peft_or_skip()
+    import torch
+    torch.manual_seed(123)  # the adapters' init: the same in both builds
+    target = ["q_proj", "v_proj"] if kind == "llama" else ["c_attn"]
+    cfg = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=target,
+                          fan_in_fan_out=kind == "gpt2")
+    return peft.get_peft_model(model, cfg)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_lora_under_init_equals_plain_peft(torch_or_skip, tmp_path, kind):
+    hf_or_skip()
+    import tiermem.torch as tt
+    data = batches(10)
+    # hidden 128: the frozen base (1.5 MB) is larger than the 1 MiB host budget, so it pages.
+    want = reference_losses(_lora(build(kind, hidden=128), kind), data, 10)
+    cfg = ds_config(tmp_path, "nvme", tiermem=TIGHT_128)
+    with tt.zero.Init(config=cfg):
+        base = build(kind, hidden=128)
+    model = _lora(base, kind)
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    engine, *_ = tt.initialize(model=model, config=cfg)
+    st0 = engine.stats()
+    assert st0["frozen_param_bytes"] >= 4 * (n_all - n_train)  # each unit's shard padded to 1024 elements
+    assert st0["frozen_param_bytes"] < 4 * (n_all - n_train) + 4 * 1024 * 64
+    # Optimizer state only for the adapters (12 B per element, units aligned to 1024 elements).
+    assert st0["optimizer_state_bytes"] < 12 * (n_train + 1024 * 64)
+    assert st0["optimizer_state_bytes"] < 4 * (n_all - n_train)
+    got = []
+    written = []
+    for b in data:
+        loss = engine(input_ids=b, labels=b).loss
+        engine.backward(loss)
+        engine.step()
+        got.append(loss.item())
+        written.append(engine.stats())
+    assert_rel_close(got, want, 1e-5)
+    st = engine.stats()
+    assert st["nvme_read_frozen_bytes"] > st0["frozen_param_bytes"]  # the base was paged in, more than once
+    # The base reached NVMe once (registration) and was never written again.
+    assert st["nvme_written_frozen_bytes"] <= st0["frozen_param_bytes"]
+    assert written[-1]["nvme_written_frozen_bytes"] == written[1]["nvme_written_frozen_bytes"]
+    per_step = (written[-1]["nvme_written_bytes"] - written[1]["nvme_written_bytes"]) / (len(written) - 2)
+    assert per_step < st0["frozen_param_bytes"] / 2, (per_step, st0["frozen_param_bytes"])
+    engine.close()
+
+
+def test_lora_bf16_within_tolerance(torch_or_skip, tmp_path):
+    """bf16 against the same PEFT model in bf16 with fp32 master copies of the adapters (as in
+    test_torch_errors' bf16 test): 2e-3 relative over 10 steps."""
+    torch = torch_or_skip
+    hf_or_skip()
+    import tiermem.torch as tt
+    data = batches(10)
+    ref = _lora(build("llama"), "llama").to(torch.bfloat16)
+    params = [p for p in ref.parameters() if p.requires_grad]
+    masters = [p.detach().float().clone().requires_grad_(True) for p in params]
+    opt = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.01)
+    want = []
+    for b in data:
+        loss = ref(input_ids=b, labels=b).loss
+        loss.backward()
+        want.append(loss.item())
+        for p, mp in zip(params, masters):
+            mp.grad = p.grad.float()
+            p.grad = None
+        torch.nn.utils.clip_grad_norm_(masters, 1.0)
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            for p, mp in zip(params, masters):
+                p.copy_(mp.to(torch.bfloat16))
+    cfg = ds_config(tmp_path, "nvme", tiermem=TIGHT)
+    cfg["bf16"] = {"enabled": True}
+    with tt.zero.Init(config=cfg):
+        base = build("llama")
+    engine, *_ = tt.initialize(model=_lora(base, "llama"), config=cfg)
+    got = engine_losses(engine, data, 10)
+    assert_rel_close(got, want, 2e-3)
+    engine.close()
+
+
+def _forward_only_config(tmp_path):
+    cfg = ds_config(tmp_path, "nvme", tiermem=TIGHT)
+    del cfg["optimizer"]
+    return cfg
+
+
+def test_reference_model_forward_only(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    hf_or_skip()
+    import tiermem.torch as tt
+    plain = build("llama").eval()
+    plain.requires_grad_(False)
+    model = build("llama").eval()
+    model.requires_grad_(False)
+    engine, optimizer, _, sched = tt.initialize(model=model, config=_forward_only_config(tmp_path))
+    assert optimizer is None and sched is None
+    st = engine.stats()
+    assert st["optimizer_state_bytes"] == 0 and st["frozen_param_bytes"] > 0
+    b = batches(2)[0]
+    with torch.no_grad():
+        assert torch.equal(engine(input_ids=b).logits, plain(input_ids=b).logits)
+    prompt = b[:, :4]
+    want = plain.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    got = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    assert st["param_home"] == "nvme"
+    loss = engine(input_ids=b, labels=b).loss
+    with pytest.raises(RuntimeError, match="forward only"):
+        engine.backward(loss)
+    with pytest.raises(RuntimeError, match="forward only"):
+        engine.step()
+    engine.close()
+
+
+def test_frozen_only_model_with_optimizer_section_is_refused(torch_or_skip, tmp_path):
+    hf_or_skip()
+    import tiermem.torch as tt
+    model = build("gpt2")
+    model.requires_grad_(False)
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    with pytest.raises(ValueError, match="optimizer"):
+        tt.initialize(model=model, config=ds_config(swap, "nvme", tiermem=TIGHT))
+    assert os.listdir(swap) == []  # refused before anything was written
+    # The model is untouched: it still runs as plain torch.
+    b = batches(1)[0]
+    assert model(input_ids=b, labels=b).loss.item() > 0
+
+
+def test_policy_and_reference_engines_dpo_style(torch_or_skip, tmp_path):
+    """A short DPO-style loop: a LoRA policy and its frozen reference, two engines in one process,
+    each on its own budgets; the policy's loss falls and the reference stays where it was."""
+    torch = torch_or_skip
+    hf_or_skip()
+    import tiermem.torch as tt
+    (tmp_path / "p").mkdir()
+    (tmp_path / "r").mkdir()
+    pcfg = ds_config(tmp_path / "p", "nvme", tiermem=TIGHT)
+    pcfg["optimizer"]["params"]["lr"] = 1e-2
+    rcfg = _forward_only_config(tmp_path / "r")
+    rcfg["tiermem"] = {"host_budget_bytes": "2MiB", "device_budget_bytes": "512KiB"}
+    with tt.zero.Init(config=pcfg):
+        base = build("llama")
+    policy, *_ = tt.initialize(model=_lora(base, "llama"), config=pcfg)
+    ref_model = build("llama").eval()
+    ref_model.requires_grad_(False)
+    reference, *_ = tt.initialize(model=ref_model, config=rcfg)
+    assert policy.stats()["host_budget_bytes"] != reference.stats()["host_budget_bytes"]
+    g = torch.Generator().manual_seed(5)
+    chosen = torch.randint(0, VOCAB, (2, 12), generator=g)
+    rejected = torch.randint(0, VOCAB, (2, 12), generator=g)
+
+    def logp(model, ids):
+        logits = model(input_ids=ids).logits[:, :-1]
+        return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)
+
+    losses = []
+    ref_scores = []
+    for _ in range(6):
+        with torch.no_grad():
+            rc, rr = logp(reference, chosen), logp(reference, rejected)
+        ref_scores.append((rc - rr).tolist())
+        pc, pr = logp(policy, chosen), logp(policy, rejected)
+        loss = -torch.nn.functional.logsigmoid(0.1 * ((pc - rc) - (pr - rr))).mean()
+        policy.backward(loss)
+        policy.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    assert all(s == ref_scores[0] for s in ref_scores)  # the reference never changed
+    policy.close()
+    reference.close()
+
+
+def test_peft_save_pretrained_loads_into_a_plain_model(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    hf_or_skip()
+    peft = peft_or_skip()
+    import tiermem.torch as tt
+    cfg = ds_config(tmp_path, "nvme", tiermem=TIGHT)
+    cfg["optimizer"]["params"]["lr"] = 1e-2
+    with tt.zero.Init(config=cfg):
+        base = build("llama")
+    model = _lora(base, "llama")
+    engine, *_ = tt.initialize(model=model, config=cfg)
+    engine_losses(engine, batches(3), 3)
+    out = tmp_path / "adapter"
+    model.save_pretrained(str(out))
+    b = batches(4)[3]
+    with torch.no_grad():
+        want = engine(input_ids=b).logits.clone()
+    engine.close()
+    plain = peft.PeftModel.from_pretrained(build("llama"), str(out)).eval()
+    with torch.no_grad():
+        got = plain(input_ids=b).logits
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    lora_b = [p for n, p in plain.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().max() > 0 for p in lora_b)  # the trained adapter, not its zero init
