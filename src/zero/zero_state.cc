@@ -18,7 +18,7 @@ std::vector<float> ZeroEngine::export_master(int module) {
   I.apply_pending(module, Phase::kOutsideStep);
   const detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   std::vector<float> full(m.shard.padded);
-  float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
+  float* mine = full.data() + static_cast<std::size_t>(I.shape.opt_rank) * m.shard.shard;
   std::vector<float> tmp;
   for (int pi : m.pieces) {
     const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
@@ -26,15 +26,15 @@ std::vector<float> ZeroEngine::export_master(int module) {
     I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
     std::copy(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(p.size()), mine + p.begin);
   }
-  if (I.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
+  if (I.shape.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
   full.resize(m.numel);
   return full;
 }
 
 ZeroOptimizerState ZeroEngine::Impl::state_header() const {
   ZeroOptimizerState out;
-  out.world_size = opt_world;
-  out.rank = opt_rank;
+  out.world_size = shape.opt_world;
+  out.rank = shape.opt_rank;
   out.alignment_elems = opts.alignment_elems;
   for (const auto& m : mods) out.module_numels.push_back(m.numel);
   out.steps = st.steps;
@@ -52,12 +52,12 @@ void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vec
                  want + " in this engine (import the shard this rank exported, with the same world size, "
                  "modules and alignment)");
   };
-  if (state.world_size != opt_world) {
+  if (state.world_size != shape.opt_world) {
     throw mismatch("the optimizer partition's world size", std::to_string(state.world_size),
-                   std::to_string(opt_world));
+                   std::to_string(shape.opt_world));
   }
-  if (state.rank != opt_rank) {
-    throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(opt_rank));
+  if (state.rank != shape.opt_rank) {
+    throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(shape.opt_rank));
   }
   if (state.alignment_elems != opts.alignment_elems) {
     throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(opts.alignment_elems));
@@ -98,31 +98,22 @@ void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vec
 }
 
 namespace {
-// Sets a byte count back to 0 however the scope ends (a checkpoint's staging, uncounted).
-struct ZeroOnExit {
-  std::uint64_t& bytes;
-  ~ZeroOnExit() { bytes = 0; }
+// A checkpoint's staging of device-homed state, uncounted however the scope ends.
+struct StateStageScope {
+  detail::DeviceStaging& staging;
+  ~StateStageScope() { staging.state_done(); }
 };
 }  // namespace
 
-float* ZeroEngine::Impl::state_stage(detail::AlignedBuf& buf) {
-  if (buf.p == nullptr) {
-    buf = detail::AlignedBuf(12 * plan.piece_elems);
-    state_stage_live = buf.bytes;
-    st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
-  }
-  return buf.f();
-}
-
 void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChunk&)>& sink) {
   detail::AlignedBuf buf;
-  const ZeroOnExit uncount{state_stage_live};
+  const StateStageScope uncount{staging};
   const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const detail::Piece& p = pieces[k];
     const std::size_t n = p.size();
     if (p.on_device) {
-      float* f = state_stage(buf);
+      float* f = staging.state_buffer(buf, 12 * plan.piece_elems);
       store->read(p.optim, std::as_writable_bytes(std::span<float>(f, 3 * n)));
       sink(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
       continue;
@@ -141,7 +132,7 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
 void ZeroEngine::Impl::rewrite_state(int module, bool keep,
                                      const std::function<void(const detail::Piece&, float*)>& fill) {
   detail::AlignedBuf buf;
-  const ZeroOnExit uncount{state_stage_live};
+  const StateStageScope uncount{staging};
   WorkingShardOut working(*this);
   for (const detail::Piece& p : pieces) {
     if (module >= 0 && p.module != module) continue;  // a module's pieces are consecutive
@@ -149,7 +140,7 @@ void ZeroEngine::Impl::rewrite_state(int module, bool keep,
     TensorStore::Pin state;  // host-tier pin; acquired for overwrite unless the old state is kept
     float* s = nullptr;
     if (p.on_device) {
-      s = state_stage(buf);
+      s = staging.state_buffer(buf, 12 * plan.piece_elems);
       if (keep) store->read(p.optim, std::as_writable_bytes(std::span<float>(s, 3 * n)));
     } else {
       state = keep ? store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep)
@@ -171,8 +162,8 @@ void ZeroEngine::Impl::publish_whole_modules(int module) {
   for (std::size_t i = 0; i < mods.size(); ++i) {
     detail::ZeroModule& m = mods[i];
     if (module >= 0 && static_cast<int>(i) != module) continue;
-    if (m.full.p != nullptr && (stage == 1 || stage == 2 || m.persistent)) {
-      comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, comm_dtype);
+    if (m.full.p != nullptr && (shape.stage == 1 || shape.stage == 2 || m.persistent)) {
+      comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, shape.comm_dtype);
       ++st.all_gather_calls;
     }
   }
@@ -191,7 +182,7 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
   }
   I.sync();
   if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);  // else it would overwrite the new values
-  const ElemRange r = m.shard.range(I.opt_rank);
+  const ElemRange r = m.shard.range(I.shape.opt_rank);
   // The module's sub-groups keep their moments; only the master changes. Shard elements
   // [p.begin, p.end) are module elements r.begin + [p.begin, p.end); padding past the module's
   // end stays 0.
