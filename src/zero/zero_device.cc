@@ -1,6 +1,7 @@
-// src/zero/zero_device.cc — ZeroEngine's side of the device tier: where each optimizer
-// sub-group's new working parameters go (WorkingShardOut), and everything the engine does with
-// memory of a device the CPU cannot address (CudaDevice; SimDevice with
+// src/zero/zero_device.cc — ZeroEngine's side of the device tier. Where each optimizer
+// sub-group's new working parameters go is WorkingShardOut's (working_shard_out.h), the staging
+// copies DeviceStaging's (device_staging.h); here, what the engine does with memory of a device
+// the CPU cannot address (CudaDevice; SimDevice with
 // tiermem.sim_host_addressable false), where only the Device's copy API may touch it:
 //   publication   new working params of a device-homed shard are written by AdamW into a host
 //                 staging sub-group and copied up (two alternate, so copy k overlaps AdamW k+1);
@@ -18,72 +19,6 @@
 #include "zero/zero_impl.h"
 
 namespace tiermem {
-
-// --------------------------------------------------------------------------------- publication
-
-ZeroEngine::Impl::WorkingShardOut::~WorkingShardOut() {
-  try {
-    wait_uploads();
-  } catch (const std::exception& e) {
-    TM_LOG_ERROR("ZERO", "working-parameter upload failed while abandoning a step: {}", e.what());
-  }
-}
-
-std::byte* ZeroEngine::Impl::WorkingShardOut::dest(const detail::Piece& p) {
-  detail::ZeroModule& m = I_.mods[static_cast<std::size_t>(p.module)];
-  upload_staged();  // the previous sub-group is complete now
-  if (!m.stored) return m.mem_shard.b() + p.begin * I_.shape.wsize;
-  if (module_ != p.module) {
-    finish();
-    pin_ = I_.store->acquire_for_overwrite(m.param,
-                                           m.home == Tier::kDevice ? Tier::kDevice : I_.shape.publish_tier);
-    module_ = p.module;
-  }
-  if (!I_.shape.opaque || pin_.tier() != Tier::kDevice) return pin_.as<std::byte>() + p.begin * I_.shape.wsize;
-  // Opaque device memory: AdamW writes a host staging sub-group, copied up by the next call.
-  const std::size_t bytes = p.size() * I_.shape.wsize;
-  stage_ ^= 1;
-  upload_[stage_].wait();  // its previous copy has left the buffer
-  upload_[stage_] = DeviceEvent();
-  std::byte* buf = I_.staging.publish_buffer(stage_, bytes, I_.plan.piece_elems * I_.shape.wsize);
-  staged_offset_ = p.begin * I_.shape.wsize;
-  staged_bytes_ = bytes;
-  return buf;
-}
-
-std::byte* ZeroEngine::Impl::WorkingShardOut::device_dest(const detail::Piece& p) {
-  detail::ZeroModule& m = I_.mods[static_cast<std::size_t>(p.module)];
-  if (!m.stored) return nullptr;
-  if (module_ != p.module) {
-    finish();
-    pin_ = I_.store->acquire_for_overwrite(m.param,
-                                           m.home == Tier::kDevice ? Tier::kDevice : I_.shape.publish_tier);
-    module_ = p.module;
-  }
-  if (pin_.tier() != Tier::kDevice) return nullptr;
-  return pin_.as<std::byte>() + p.begin * I_.shape.wsize;
-}
-
-void ZeroEngine::Impl::WorkingShardOut::upload_staged() {
-  if (staged_bytes_ == 0) return;
-  upload_[stage_] = I_.staging.publish_async(pin_.as<std::byte>() + staged_offset_, stage_, staged_bytes_);
-  staged_bytes_ = 0;
-}
-
-void ZeroEngine::Impl::WorkingShardOut::wait_uploads() {
-  for (DeviceEvent& e : upload_) {
-    DeviceEvent mine = e;
-    e = DeviceEvent();
-    mine.wait();
-  }
-}
-
-void ZeroEngine::Impl::WorkingShardOut::finish() {
-  upload_staged();
-  wait_uploads();  // the pin is released only once every byte of the shard has arrived
-  if (pin_.valid()) pin_.mark_dirty();
-  pin_.release();
-}
 
 // --------------------------------------------------------------------------------- gradients
 

@@ -31,7 +31,7 @@ void detail::device_adam_kernel(const AdamParams& params, float* master, const f
 }
 
 void ZeroEngine::Impl::update_piece_on_device(
-    std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+    std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
     const std::function<void(std::size_t, const float*)>& on_grad) {
   detail::Piece& p = pieces[k];
   const std::size_t n = p.size();

@@ -8,7 +8,8 @@
 // Impl keeps the plan, the tiers and the store, the modules and their pieces, and the order of a
 // step; the parts it owns hold their own state and counters, each with its own header (contract at
 // its top) and test: Gatherer (gatherer.h), GradientReducer (gradient_reducer.h), NormTracker
-// (norm_tracker.h), DeviceStaging (device_staging.h), DeferredUpdates (deferred_updates.h); and
+// (norm_tracker.h), DeviceStaging (device_staging.h) with WorkingShardOut (working_shard_out.h),
+// DeferredUpdates (deferred_updates.h); and
 // the pure functions they use: partition_layout.h, norm_fold.h, grad_reducer.h, tier_setup.h.
 // Shared plain data (EngineShape, ZeroModule, Piece, the engine's buffers): zero_types.h.
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
@@ -46,6 +47,7 @@
 #include "zero/norm_tracker.h"
 #include "zero/partition_layout.h"
 #include "zero/tier_setup.h"
+#include "zero/working_shard_out.h"
 #include "zero/zero_types.h"
 
 namespace tiermem::detail {
@@ -145,49 +147,15 @@ struct ZeroEngine::Impl {
   const float* piece_grad(detail::Piece& p, TensorStore::Pin& pin, Phase phase);
   ZeroOptimizerState state_header() const;  // partition fields, steps, scaler; no vectors
 
-  // Where each sub-group's new working parameters go, sub-groups taken in order (a module's are
-  // consecutive), as step() and import publish them: a stored module's shard is acquired for
-  // overwrite at its first sub-group (every element gets written; at the device tier when that
-  // is home, else at publish_tier — the device when publishes_working_on_device, else the host —
-  // written down by the store when evicted) and released dirty after its last; other modules
-  // write into their engine buffer. Destroyed without finish() (an error), the pin is released
-  // clean.
-  // A device the CPU cannot address (opaque): dest() of a device-homed shard is a host staging
-  // buffer of one sub-group, copied up to the pinned shard when the next dest() or finish() is
-  // called — so the caller must have written every byte of dest(p) by then (sub-groups written
-  // one after the other, as step() and import do). Two staging buffers alternate, so the copy of
-  // sub-group k overlaps the AdamW of k + 1. (zero_device.cc)
-  class WorkingShardOut {
-   public:
-    explicit WorkingShardOut(Impl& impl) : I_(impl) {}
-    ~WorkingShardOut();  // waits for staged copies still in flight (never throws)
-    WorkingShardOut(const WorkingShardOut&) = delete;
-    WorkingShardOut& operator=(const WorkingShardOut&) = delete;
-    std::byte* dest(const detail::Piece& p);
-    // As dest(), for a writer in device memory (the device-resident optimizer): the sub-group's
-    // place in the module's shard when that is pinned at the device tier (any device: no staging),
-    // else null (the destination is host memory: write it through dest()).
-    std::byte* device_dest(const detail::Piece& p);
-    void finish();  // the last module's shard released dirty
-
-   private:
-    void upload_staged();  // the staged sub-group, if any, on its way to the device
-    void wait_uploads();
-    Impl& I_;
-    TensorStore::Pin pin_;
-    int module_ = -1;
-    int stage_ = 0;                  // publish buffer (DeviceStaging) dest() handed out last
-    std::size_t staged_offset_ = 0;  // bytes into the shard of the staged sub-group
-    std::size_t staged_bytes_ = 0;   // 0: nothing staged
-    DeviceEvent upload_[2];          // copy of publish buffer b in flight
-  };
+  // Where step() and import write each sub-group's new working params (working_shard_out.h).
+  detail::WorkingShardOut working_out() { return {mods, store, shape, staging, plan.piece_elems}; }
   // AdamW on piece k with `ap`, its new working params into `working`; its gradient partition is
   // discarded after (stages 2-3). `on_grad(k, g)` sees the gradient first when given.
-  void update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+  void update_piece(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
                     const std::function<void(std::size_t, const float*)>& on_grad);
   // zero_device_step.cc: the device-resident optimizer (Piece::on_device). AdamW on piece k in
   // device memory (Device::adam_step_async), as update_piece.
-  void update_piece_on_device(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+  void update_piece_on_device(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
                               const std::function<void(std::size_t, const float*)>& on_grad);
   // The checkpoint's state, one sub-group at a time in order (zero_step.cc): host-tier pins for
   // sub-groups homed below the device, one host sub-group of staging (DeviceStaging::state_buffer) for

@@ -133,7 +133,7 @@ void ZeroEngine::Impl::rewrite_state(int module, bool keep,
                                      const std::function<void(const detail::Piece&, float*)>& fill) {
   detail::AlignedBuf buf;
   const StateStageScope uncount{staging};
-  WorkingShardOut working(*this);
+  detail::WorkingShardOut working = working_out();
   for (const detail::Piece& p : pieces) {
     if (module >= 0 && p.module != module) continue;  // a module's pieces are consecutive
     const std::size_t n = p.size();

@@ -117,7 +117,7 @@ AdamParams ZeroEngine::Impl::step_params(double grad_scale) const {
 // a stored module's update is left pending with `ap` instead (apply_pending at its next gather).
 // `norm`: when given, each gradient's squares are added as the update reads it.
 void ZeroEngine::Impl::stream_update(const AdamParams& ap, bool defer, detail::NormTracker::Sum* sum) {
-  WorkingShardOut working(*this);
+  detail::WorkingShardOut working = working_out();
   std::function<void(std::size_t, const float*)> norm_hook;
   if (sum != nullptr) norm_hook = [this, sum](std::size_t k, const float* g) { norm.add(*sum, k, g); };
   for (std::size_t k = 0; k < pieces.size(); ++k) {
@@ -161,7 +161,7 @@ const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pi
   return pin.as<const float>();
 }
 
-void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
                                     const std::function<void(std::size_t, const float*)>& on_grad) {
   detail::Piece& p = pieces[k];
   if (p.on_device) return update_piece_on_device(k, ap, working, phase, on_grad);  // zero_device_step.cc
@@ -189,7 +189,7 @@ void ZeroEngine::Impl::apply_pending(int mi, Phase phase) {
   if (!ap) return;
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
   const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
-  WorkingShardOut working(*this);
+  detail::WorkingShardOut working = working_out();
   for (std::size_t j = 0; j < m.pieces.size(); ++j) {
     // The module's next sub-groups on their way while this one steps (across modules the
     // Prefetcher's look-ahead runs ahead of the gathers).
@@ -216,6 +216,6 @@ void ZeroEngine::Impl::replay_outside_accesses(int mi) {
   m.replay.clear();
 }
 
-// WorkingShardOut (where each sub-group's new working params go): zero_device.cc.
+// WorkingShardOut (where each sub-group's new working params go): working_shard_out.h.
 
 }  // namespace tiermem
