@@ -1,16 +1,17 @@
 // src/zero/zero_impl.h — ZeroEngine's internal state, shared by its files:
-//   zero_engine.cc      the public calls: construction, gather, reduce_gradients, stats
+//   zero_engine.cc      the public calls: construction, gather, reduce_gradients, stats (each part
+//                       adds its counters)
 //   zero_setup.cc       layout, plan, the device and TensorStore, every module's tensors (registration)
 //   zero_step.cc        the optimizer step over sub-groups ("pieces"), in phases; deferred updates applied
 //   zero_state.cc       checkpoints, export_master, set_module_params (one rewrite_state loop)
-//   zero_device.cc      working-param destinations; a device the CPU cannot address
+//   zero_device.cc      reduce_gradients_from_device (a gradient in device memory)
 //   zero_device_step.cc the device-resident optimizer (plan.optimizer_on_device)
 // Impl keeps the plan, the tiers and the store, the modules and their pieces, and the order of a
 // step; the parts it owns hold their own state and counters, each with its own header (contract at
 // its top) and test: Gatherer (gatherer.h), GradientReducer (gradient_reducer.h), NormTracker
 // (norm_tracker.h), DeviceStaging (device_staging.h) with WorkingShardOut (working_shard_out.h),
-// DeferredUpdates (deferred_updates.h); and
-// the pure functions they use: partition_layout.h, norm_fold.h, grad_reducer.h, tier_setup.h.
+// DeferredUpdates (deferred_updates.h); and the pure functions they use: partition_layout.h,
+// norm_fold.h, grad_reducer.h, tier_setup.h.
 // Shared plain data (EngineShape, ZeroModule, Piece, the engine's buffers): zero_types.h.
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
 #pragma once
