@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "tiermem/adam.h"
@@ -42,11 +43,16 @@ class DeferredUpdates {
   // Every pending update dropped, unapplied (the whole state is being replaced).
   void drop_all();
 
+  // A step ended deferring its updates: true the first time only (from then on every step has
+  // updates inside its forward pass; the engine re-records the store's trace once).
+  bool first_deferring_step() { return !std::exchange(deferred_before_, true); }
+
  private:
   std::size_t index(int module, const char* what) const;
   std::vector<bool> pending_;
   std::size_t count_ = 0;
   AdamParams params_;
+  bool deferred_before_ = false;  // a step has deferred updates
 };
 
 }  // namespace tiermem::detail

@@ -1,8 +1,8 @@
 // src/zero/grad_reducer.h — the gradient reducer's pure part: the send buffer of one bucketed
 // reduce-scatter (stages 2-3, several ranks). The buckets' chunks are make_reduce_chunks'
-// (tiermem/shard.h); ZeroEngine::reduce_gradients packs each chunk with pack_bucket, starts the
-// reduce-scatter and accumulates the received part into the gradient partitions later
-// (complete_front), at most max_inflight_buckets in flight.
+// (tiermem/shard.h); the GradientReducer (gradient_reducer.h) packs each chunk with pack_bucket,
+// starts the reduce-scatter and accumulates the received part into the gradient partitions later,
+// at most max_inflight_buckets in flight.
 //
 // Units: elements. Ownership: the returned buffer is the caller's. Thread-safety: a pure
 // function; thread-safe.

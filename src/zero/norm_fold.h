@@ -1,7 +1,7 @@
 // src/zero/norm_fold.h — the gradient reducer's folded clipping norm: one module's running sum
 // of squares, moved on as each of its sub-groups' gradient partitions completes, so that step()
 // has the global norm without a second read of the partitions (stages 2-3, no fp16 overflow
-// check; ZeroEngine::Impl::fold_norm).
+// check; NormTracker, norm_tracker.h, owns one a module).
 //
 // The sum is usable only when the module's sub-groups completed in order, each exactly once, in
 // its latest reduce call: then it equals the sum step()'s pre-pass would add over the same

@@ -31,7 +31,7 @@ void detail::device_adam_kernel(const AdamParams& params, float* master, const f
 }
 
 void ZeroEngine::Impl::update_piece_on_device(
-    std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+    std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
     const std::function<void(std::size_t, const float*)>& on_grad) {
   detail::Piece& p = pieces[k];
   const std::size_t n = p.size();
@@ -47,15 +47,12 @@ void ZeroEngine::Impl::update_piece_on_device(
   const float* g = piece_grad(p, gpin, phase);
   if (on_grad) on_grad(k, g);
   const float* g_dev = g;
-  if (stage < 2 || p.gtier != Tier::kDevice) {
-    grad_scratch.reserve(device, 4ull * plan.piece_elems);
-    device->copy_h2d(grad_scratch.p, g, 4ull * n);
-    engine_h2d_bytes += 4ull * n;
-    g_dev = grad_scratch.f();
+  if (shape.stage < 2 || p.gtier != Tier::kDevice) {
+    g_dev = staging.gradient_to_scratch(g, n, plan.piece_elems);
   }
 
   // Where the new working params go: the shard itself when it is pinned at the device tier.
-  const bool half = wsize == 2;
+  const bool half = shape.wsize == 2;
   std::byte* dev_out = working.device_dest(p);
   DeviceAdamTensor t;
   t.master = s;
@@ -63,22 +60,22 @@ void ZeroEngine::Impl::update_piece_on_device(
   t.m = s + n;
   t.v = s + 2 * n;
   t.n = n;
+  void* scratch = nullptr;  // device memory for the new half params bound for host memory
   if (half) {
-    if (dev_out == nullptr) out_scratch.reserve(device, wsize * plan.piece_elems);
-    t.half = reinterpret_cast<std::uint16_t*>(dev_out != nullptr ? dev_out : out_scratch.b());
+    if (dev_out == nullptr) scratch = staging.out_scratch(shape.wsize * plan.piece_elems);
+    t.half = reinterpret_cast<std::uint16_t*>(dev_out != nullptr ? dev_out : static_cast<std::byte*>(scratch));
   }
-  device->adam_step_async(ap, &t, 1, wdtype).wait();
+  device->adam_step_async(ap, &t, 1, shape.wdtype).wait();
   if (dev_out != nullptr) {
     if (!half) device->copy_d2d_async(dev_out, s, 4ull * n).wait();
   } else {  // host memory (an engine buffer, or a shard published at the host tier)
     std::byte* host_out = working.dest(p);
-    device->copy_d2h(host_out, half ? out_scratch.p : static_cast<const void*>(s), wsize * n);
-    engine_d2h_bytes += wsize * n;
+    staging.copy_down(host_out, half ? scratch : static_cast<const void*>(s), shape.wsize * n);
   }
   state.mark_dirty();
   state.release();
   gpin.release();
-  if (stage >= 2) {  // consumed: the next accumulation overwrites it
+  if (shape.stage >= 2) {  // consumed: the next accumulation overwrites it
     store->discard(p.grad);
     p.grad_fresh = true;
   }

@@ -12,14 +12,14 @@ namespace tiermem {
 
 void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   ZeroPlanOptions po;
-  po.world_size = world;
+  po.world_size = shape.world;
   po.alignment_elems = opts.alignment_elems;
   po.max_inflight_buckets = opts.max_inflight_buckets;
   po.frozen_modules = opts.frozen_modules;
   // The device is made only when the plan needs one, but its kind (and so its addressability) is
   // known now: tiermem.device resolved once, here.
-  device_choice = resolve_device(DeviceOptions::from_config(cfg).choice);
-  const bool gpu = device_choice.kind == DeviceKind::kCuda;
+  plan_in.device_choice = resolve_device(DeviceOptions::from_config(cfg).choice);
+  const bool gpu = plan_in.device_choice.kind == DeviceKind::kCuda;
   po.device_host_addressable = !gpu && cfg.tiermem.sim_host_addressable;
   // tiermem.device_optimizer: on = the device-resident optimizer on any device (SimDevice: its
   // CPU twin); auto = when the device will be a GPU; off = never. It applies to offload_optimizer
@@ -33,13 +33,13 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
                                   "\"none\", or device_optimizer to \"auto\"/\"off\"",
                                   offload_device_name(cfg.zero.offload_optimizer.device)));
   }
-  if (want == "on" && stage == 0) {
+  if (want == "on" && shape.stage == 0) {
     throw ConfigError("tiermem.device_optimizer", want,
                       "tiermem.device_optimizer \"on\" needs zero_optimization.stage 1, 2 or 3 (stage 0 "
                       "keeps its unpartitioned optimizer state in host memory)");
   }
-  plan_opts = po;
-  plan_numels.assign(numels.begin(), numels.end());
+  plan_in.opts = po;
+  plan_in.numels.assign(numels.begin(), numels.end());
   plan = plan_zero(cfg, numels, po);
   if (!plan.fits && plan.optimizer_on_device && want == "auto" && plan.host_budget_bytes >= plan.host_min_bytes) {
     fall_back_to_host_optimizer();  // the device budget cannot hold the state: the host pool does
@@ -49,7 +49,7 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
     throw ConfigError(host ? "tiermem.host_budget_bytes" : "tiermem.device_budget_bytes",
                       std::to_string(host ? plan.host_budget_bytes : plan.device_budget_bytes), plan.why);
   }
-  planned = true;
+  plan_in.planned = true;
   make_tiers();
 }
 
@@ -62,30 +62,27 @@ void ZeroEngine::Impl::fall_back_to_host_optimizer() {
               "(tiermem.device_budget_bytes; {} needed: {}): it stays in host memory and is stepped by "
               "the CPU (set tiermem.device_optimizer \"off\" or offload_optimizer \"cpu\" to silence this)",
               format_bytes(plan.device_budget_bytes), format_bytes(plan.device_min_bytes), plan.device_min_why);
-  plan_opts.device_optimizer = false;
-  plan = plan_zero(cfg, plan_numels, plan_opts);
+  plan_in.opts.device_optimizer = false;
+  plan = plan_zero(cfg, plan_in.numels, plan_in.opts);
 }
 
 void ZeroEngine::Impl::make_tiers() {
   const ZeroConfig& z = cfg.zero;
   const bool ratio_auto = z.offload_optimizer.ratio < 0;  // "auto": sized from the device's budget
-  detail::SwapTier swaps = detail::make_swap_tier(cfg, plan, rank);  // tier_setup.h
-  io = std::move(swaps.io);
-  param_swap = std::move(swaps.param_swap);
-  optim_swap = std::move(swaps.optim_swap);
+  swaps = detail::make_swap_tier(cfg, plan, shape.rank);  // tier_setup.h
   if (needs_device(plan)) {
     DeviceOptions dopt = DeviceOptions::from_config(cfg);
     dopt.sim_adam_kernel = &detail::device_adam_kernel;  // the host optimizer's kernel: bit for bit
-    device = make_device(dopt, device_choice);
+    device = make_device(dopt, plan_in.device_choice);
     // Gathers land in device memory on every device. One the CPU cannot address (CudaDevice,
     // SimDevice with sim_host_addressable false) is only ever reached through its copy API
     // (zero_device.cc): staged all-gathers, publication of new params, gradient hand-over.
-    if (plan.uses_device) compute_tier = Tier::kDevice;
-    opaque = !device->host_addressable();
-    if (ratio_auto && plan_opts.device_budget_bytes == 0) {
+    if (plan.uses_device) shape.compute_tier = Tier::kDevice;
+    shape.opaque = !device->host_addressable();
+    if (ratio_auto && plan_in.opts.device_budget_bytes == 0) {
       // ratio "auto" sizes the device's share from its real budget (CUDA: measured as it is made)
-      plan_opts.device_budget_bytes = device->budget_bytes();
-      plan = plan_zero(cfg, plan_numels, plan_opts);
+      plan_in.opts.device_budget_bytes = device->budget_bytes();
+      plan = plan_zero(cfg, plan_in.numels, plan_in.opts);
     }
     // The device optimizer needs the device's real budget (0 in the config: the device's own).
     if (plan.optimizer_on_device && device->budget_bytes() < plan.device_min_bytes &&
@@ -94,7 +91,7 @@ void ZeroEngine::Impl::make_tiers() {
       fall_back_to_host_optimizer();
       if (!needs_device(plan)) {
         device.reset();
-        opaque = false;
+        shape.opaque = false;
       }
     }
   }
@@ -110,17 +107,17 @@ void ZeroEngine::Impl::make_tiers() {
     }
     so.device_budget_bytes = dev - plan.gather_reserve_bytes - plan.device_scratch_bytes;
     if (publishes_working_on_device(plan, device->host_addressable(), so.device_budget_bytes)) {
-      publish_tier = Tier::kDevice;
+      shape.publish_tier = Tier::kDevice;
     }
   }
   so.pin_memory = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
   std::unique_ptr<ResidencyPolicy> policy =
-      std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, wdtype));
-  store = std::make_unique<TensorStore>(so, device, optim_swap ? optim_swap : param_swap, std::move(policy));
-  grad_tier = plan.gradient_home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+      std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype));
+  store = std::make_unique<TensorStore>(so, device, swaps.optim_swap ? swaps.optim_swap : swaps.param_swap, std::move(policy));
+  shape.grad_tier = plan.gradient_home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
   if (ratio_auto && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {
     TM_LOG_INFO("ZERO", "offload_optimizer.ratio \"auto\": {}; all of the optimizer state is offloaded",
-                stage == 3 && plan.uses_device && cfg.zero.offload_optimizer.device != OffloadDevice::kNone
+                shape.stage == 3 && plan.uses_device && cfg.zero.offload_optimizer.device != OffloadDevice::kNone
                     ? "the device budget has no idle room for a sub-group"
                     : "it applies at stage 3 with offload_optimizer cpu/nvme");
   } else if (cfg.zero.offload_optimizer.ratio < 1.0 && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {
@@ -128,7 +125,7 @@ void ZeroEngine::Impl::make_tiers() {
                 "zero_optimization.offload_optimizer.ratio {} is not used: it keeps part of the optimizer state "
                 "on the device at stage 3 with offload_optimizer cpu/nvme and a stage-3 device tier (stage {}, "
                 "offload_optimizer {})",
-                cfg.zero.offload_optimizer.ratio, stage, offload_device_name(cfg.zero.offload_optimizer.device));
+                cfg.zero.offload_optimizer.ratio, shape.stage, offload_device_name(cfg.zero.offload_optimizer.device));
   } else if (plan.device_optimizer_elems > 0) {
     TM_LOG_INFO("ZERO",
                 "offload_optimizer.ratio {}: {} of {} optimizer-state elements ({}) are homed on the device and "
@@ -141,18 +138,18 @@ void ZeroEngine::Impl::make_tiers() {
   TM_LOG_INFO("ZERO",
               "stage {}, rank {} of {}: {} elements of optimizer state ({} in sub-groups of {} elements, {}); "
               "params {}, gradients {}; host budget {}, device {}",
-              stage, rank, world, plan.rank_flat_elems, format_bytes(plan.optimizer_bytes), plan.piece_elems,
+              shape.stage, shape.rank, shape.world, plan.rank_flat_elems, format_bytes(plan.optimizer_bytes), plan.piece_elems,
               tier_name(plan.optimizer_home), plan.uses_device ? tier_name(plan.param_home) : "engine host buffers",
-              stage >= 2 ? tier_name(plan.gradient_home) : "engine host buffers", format_bytes(plan.host_budget_bytes),
+              shape.stage >= 2 ? tier_name(plan.gradient_home) : "engine host buffers", format_bytes(plan.host_budget_bytes),
               device ? format_bytes(device->budget_bytes()) : std::string("unused"));
 }
 
 // Layout bookkeeping of the next module (no I/O).
 void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
   detail::PartitionOptions po;
-  po.stage = stage;
-  po.world = world;
-  po.opt_world = opt_world;
+  po.stage = shape.stage;
+  po.world = shape.world;
+  po.opt_world = shape.opt_world;
   po.alignment_elems = opts.alignment_elems;
   po.persistence_threshold_elems = cfg.zero.stage3_param_persistence_threshold_elems;
   // A frozen module takes no room in the rank-flat optimizer shard.
@@ -168,6 +165,7 @@ void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
   m.stored = l.stored;
   mods.push_back(std::move(m));
   deferred.resize(mods.size());
+  norm.resize(mods.size());
 }
 
 // Writes module i's tensors to their homes from its fp32 initial shard: `init` holds the first
@@ -203,32 +201,32 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     os.dtype = DType::kF32;
     os.shape = {3, static_cast<std::int64_t>(r.size())};
     os.home = p.on_device ? Tier::kDevice : plan.optimizer_home;
-    os.swap = optim_swap.get();
+    os.swap = swaps.optim_swap.get();
     os.zero_fill = false;
     os.group = detail::kGroupOptimizer;
     p.optim = store->register_tensor(os);
     {
       TensorStore::Pin pin = store->acquire_for_overwrite(p.optim, fill_tier(os.home));
       pin.mark_dirty();
-      if (opaque && pin.tier() == Tier::kDevice) {  // device-resident optimizer on an opaque device
+      if (shape.opaque && pin.tier() == Tier::kDevice) {  // device-resident optimizer on an opaque device
         std::vector<float> tmp(3 * r.size(), 0.0f);
         copy_init(r.begin, r.end, tmp.data());
-        upload(pin, 0, tmp.data(), tmp.size() * sizeof(float));
+        staging.upload(pin, 0, tmp.data(), tmp.size() * sizeof(float));
       } else {
         float* s = pin.as<float>();
         copy_init(r.begin, r.end, s);                         // master
         std::fill(s + r.size(), s + 3 * r.size(), 0.0f);      // exp_avg, exp_avg_sq
       }
     }
-    if (stage >= 2) {
+    if (shape.stage >= 2) {
       TensorSpec gs;
       gs.name = fmt::format("zero.grad.{}.{}", m.name, r.begin);
       gs.dtype = DType::kF32;
       gs.shape = {static_cast<std::int64_t>(r.size())};
       // A device-homed sub-group's gradient lives beside it when the CPU can add into it in place.
-      gs.home = p.on_device && !opaque ? Tier::kDevice : plan.gradient_home;
+      gs.home = p.on_device && !shape.opaque ? Tier::kDevice : plan.gradient_home;
       p.gtier = gs.home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
-      gs.swap = optim_swap.get();
+      gs.swap = swaps.optim_swap.get();
       gs.zero_fill = false;  // always overwritten first (acquire_for_overwrite)
       gs.group = detail::kGroupOptimizer;
       p.grad = store->register_tensor(gs);
@@ -237,8 +235,8 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     pieces.push_back(p);
   }
   write_working(i, init);
-  if (stage <= 1 && !m.frozen) m.full_grad.assign(m.shard.padded, 0.0f);
-  if (stage == 1 && !m.frozen) m.shard_grad.assign(n, 0.0f);
+  if (shape.stage <= 1 && !m.frozen) m.full_grad.assign(m.shard.padded, 0.0f);
+  if (shape.stage == 1 && !m.frozen) m.shard_grad.assign(n, 0.0f);
   m.registered = true;
 }
 
@@ -261,30 +259,30 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
   auto to_work = [&](std::byte* dst, const TensorStore::Pin* pin) {
     std::vector<float> tmp;
     std::vector<std::byte> out;
-    const bool staged = pin != nullptr && opaque && pin->tier() == Tier::kDevice;
+    const bool staged = pin != nullptr && shape.opaque && pin->tier() == Tier::kDevice;
     constexpr std::size_t kStep = 1 << 20;
     for (std::size_t a = 0; a < n; a += kStep) {
       const std::size_t b = std::min(n, a + kStep);
       tmp.resize(b - a);
       copy_init(a, b, tmp.data());
       if (!staged) {
-        to_working(tmp.data(), dst + a * wsize, b - a);
+        to_working(tmp.data(), dst + a * shape.wsize, b - a);
         continue;
       }
-      out.resize((b - a) * wsize);
+      out.resize((b - a) * shape.wsize);
       to_working(tmp.data(), out.data(), b - a);
-      upload(*pin, a * wsize, out.data(), out.size());
+      staging.upload(*pin, a * shape.wsize, out.data(), out.size());
     }
   };
   if (m.stored) {
     if (m.param == kInvalidTensor) {
       TensorSpec ps;
       ps.name = "zero.param." + m.name;
-      ps.dtype = wdtype;
+      ps.dtype = shape.wdtype;
       ps.shape = {static_cast<std::int64_t>(n)};
-      m.home = m.persistent ? compute_tier : plan.param_home;
+      m.home = m.persistent ? shape.compute_tier : plan.param_home;
       ps.home = m.home;
-      ps.swap = param_swap.get();
+      ps.swap = swaps.param_swap.get();
       ps.zero_fill = false;
       ps.group = m.frozen ? detail::kGroupFrozen : detail::kGroupTrainable;
       m.param = store->register_tensor(ps);
@@ -299,11 +297,11 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
       store->evict(m.param, Tier::kHost);
     }
   } else {
-    if (m.mem_shard.p == nullptr) m.mem_shard = detail::AlignedBuf(n * wsize);
+    if (m.mem_shard.p == nullptr) m.mem_shard = detail::AlignedBuf(n * shape.wsize);
     to_work(m.mem_shard.b(), nullptr);
-    if (stage == 1 || stage == 2 || m.persistent) {
-      if (m.full.p == nullptr) m.full = detail::AlignedBuf(m.shard.padded * wsize);
-      comm.all_gather(m.mem_shard.p, m.full.p, n, comm_dtype);
+    if (shape.stage == 1 || shape.stage == 2 || m.persistent) {
+      if (m.full.p == nullptr) m.full = detail::AlignedBuf(m.shard.padded * shape.wsize);
+      comm.all_gather(m.mem_shard.p, m.full.p, n, shape.comm_dtype);
       ++st.all_gather_calls;
     }
   }
@@ -311,12 +309,12 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
 
 // Every module is registered: plan (deferred registration) and write what is still in memory.
 void ZeroEngine::Impl::finalize() {
-  if (finalized) return;
-  if (!expected_numels.empty() && mods.size() != expected_numels.size()) {
+  if (plan_in.finalized) return;
+  if (!plan_in.expected_numels.empty() && mods.size() != plan_in.expected_numels.size()) {
     throw Error(fmt::format("ZeroEngine: {} modules were announced at construction but {} registered",
-                            expected_numels.size(), mods.size()));
+                            plan_in.expected_numels.size(), mods.size()));
   }
-  if (!planned) {
+  if (!plan_in.planned) {
     std::vector<std::size_t> numels;
     for (const auto& m : mods) numels.push_back(m.numel);
     make_plan(numels);
@@ -327,7 +325,7 @@ void ZeroEngine::Impl::finalize() {
     mods[i].init_shard.clear();
     mods[i].init_shard.shrink_to_fit();
   }
-  finalized = true;
+  plan_in.finalized = true;
   store->begin_step();  // the Prefetcher records the first step's accesses
 }
 
@@ -336,7 +334,7 @@ std::uint64_t ZeroEngine::Impl::engine_host_bytes() const {
   for (const auto& m : mods) {
     b += m.mem_shard.bytes + m.full.bytes + 4 * (m.full_grad.size() + m.shard_grad.size() + m.init_shard.size());
   }
-  return b + bucket_bytes_live + grad_task_bytes + grad_spare.capacity() * sizeof(float) + staging_host_bytes();
+  return b + reducer.host_bytes() + staging.host_bytes();
 }
 
 }  // namespace tiermem

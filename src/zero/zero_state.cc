@@ -19,7 +19,7 @@ std::vector<float> ZeroEngine::export_master(int module) {
   const detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   if (m.frozen) return I.frozen_params(module);
   std::vector<float> full(m.shard.padded);
-  float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
+  float* mine = full.data() + static_cast<std::size_t>(I.shape.opt_rank) * m.shard.shard;
   std::vector<float> tmp;
   for (int pi : m.pieces) {
     const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
@@ -27,7 +27,7 @@ std::vector<float> ZeroEngine::export_master(int module) {
     I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
     std::copy(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(p.size()), mine + p.begin);
   }
-  if (I.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
+  if (I.shape.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
   full.resize(m.numel);
   return full;
 }
@@ -59,7 +59,7 @@ std::vector<float> ZeroEngine::export_module_state(int module, OptimizerStateKin
   I.sync();
   I.apply_pending(module, Phase::kOutsideStep);
   std::vector<float> full(m.shard.padded);
-  float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
+  float* mine = full.data() + static_cast<std::size_t>(I.shape.opt_rank) * m.shard.shard;
   const std::size_t third = static_cast<std::size_t>(kind);
   std::vector<float> tmp;
   for (int pi : m.pieces) {
@@ -68,7 +68,7 @@ std::vector<float> ZeroEngine::export_module_state(int module, OptimizerStateKin
     I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
     std::copy_n(tmp.begin() + static_cast<std::ptrdiff_t>(third * p.size()), p.size(), mine + p.begin);
   }
-  if (I.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
+  if (I.shape.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
   full.resize(m.numel);
   return full;
 }
@@ -84,7 +84,7 @@ void ZeroEngine::set_module_state(int module, OptimizerStateKind kind, std::span
   }
   I.sync();
   if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);
-  const ElemRange r = m.shard.range(I.opt_rank);
+  const ElemRange r = m.shard.range(I.shape.opt_rank);
   const std::size_t third = static_cast<std::size_t>(kind);
   I.rewrite_state(module, /*keep=*/true, [&](const detail::Piece& p, float* s) {
     const std::size_t lo = std::min(r.begin + p.begin, m.numel), hi = std::min(r.begin + p.end, m.numel);
@@ -99,21 +99,21 @@ std::vector<float> ZeroEngine::export_grad(int module) {
   const detail::ZeroModule& m = I.trained_module(module, "export_grad");
   I.sync();
   std::vector<float> full(m.shard.padded, 0.0f);
-  if (I.stage <= 1) {  // the whole local gradient, not reduced yet: its sum over ranks
+  if (I.shape.stage <= 1) {  // the whole local gradient, not reduced yet: its sum over ranks
     std::copy(m.full_grad.begin(), m.full_grad.end(), full.begin());
-    if (I.world > 1) I.comm.all_reduce(full.data(), full.data(), full.size(), DType::kF32, ReduceOp::kSum);
+    if (I.shape.world > 1) I.comm.all_reduce(full.data(), full.data(), full.size(), DType::kF32, ReduceOp::kSum);
   } else {  // this rank's reduced partitions, all-gathered
-    float* mine = full.data() + static_cast<std::size_t>(I.opt_rank) * m.shard.shard;
+    float* mine = full.data() + static_cast<std::size_t>(I.shape.opt_rank) * m.shard.shard;
     for (int pi : m.pieces) {
       const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
       if (p.grad_fresh) continue;  // no gradient since the last step: zeros
       I.store->read(p.grad, std::as_writable_bytes(std::span<float>(mine + p.begin, p.size())));
     }
-    if (I.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
+    if (I.shape.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
   }
   int micro = 1;
   for (const auto& x : I.mods) micro = std::max(micro, x.grad_calls);
-  double div = static_cast<double>(I.world) * (I.opts.mean_over_micro_batches ? micro : 1);
+  double div = static_cast<double>(I.shape.world) * (I.opts.mean_over_micro_batches ? micro : 1);
   if (I.scaler) div *= I.scaler->scale();
   const float inv = static_cast<float>(1.0 / div);
   for (float& x : full) x *= inv;
@@ -125,22 +125,22 @@ std::vector<float> ZeroEngine::export_grad(int module) {
 std::vector<float> ZeroEngine::Impl::frozen_params(int module) {
   const detail::ZeroModule& m = mods[static_cast<std::size_t>(module)];
   std::vector<float> full(m.shard.padded);
-  std::vector<std::byte> work(m.shard.padded * wsize);
-  std::byte* mine = work.data() + static_cast<std::size_t>(opt_rank) * m.shard.shard * wsize;
+  std::vector<std::byte> work(m.shard.padded * shape.wsize);
+  std::byte* mine = work.data() + static_cast<std::size_t>(shape.opt_rank) * m.shard.shard * shape.wsize;
   if (m.stored) {
-    store->read(m.param, std::span<std::byte>(mine, m.shard.shard * wsize));  // from any tier; stays clean
+    store->read(m.param, std::span<std::byte>(mine, m.shard.shard * shape.wsize));  // from any tier; stays clean
   } else {
-    std::memcpy(mine, m.mem_shard.b(), m.shard.shard * wsize);
+    std::memcpy(mine, m.mem_shard.b(), m.shard.shard * shape.wsize);
   }
-  if (opt_world > 1 && m.shard.shard > 0) {
-    comm.all_gather(mine, work.data(), m.shard.shard, comm_dtype);
+  if (shape.opt_world > 1 && m.shard.shard > 0) {
+    comm.all_gather(mine, work.data(), m.shard.shard, shape.comm_dtype);
     ++st.all_gather_calls;
   }
-  if (wsize == 4) {
+  if (shape.wsize == 4) {
     std::memcpy(full.data(), work.data(), full.size() * sizeof(float));
   } else {
     const auto* h = reinterpret_cast<const std::uint16_t*>(work.data());
-    if (wdtype == DType::kBF16) bf16_to_f32_n(h, full.data(), full.size());
+    if (shape.wdtype == DType::kBF16) bf16_to_f32_n(h, full.data(), full.size());
     else f16_to_f32_n(h, full.data(), full.size());
   }
   full.resize(m.numel);
@@ -149,8 +149,8 @@ std::vector<float> ZeroEngine::Impl::frozen_params(int module) {
 
 ZeroOptimizerState ZeroEngine::Impl::state_header() const {
   ZeroOptimizerState out;
-  out.world_size = opt_world;
-  out.rank = opt_rank;
+  out.world_size = shape.opt_world;
+  out.rank = shape.opt_rank;
   out.alignment_elems = opts.alignment_elems;
   for (const auto& m : mods) {
     if (!m.frozen) out.module_numels.push_back(m.numel);  // the modules with optimizer state
@@ -170,12 +170,12 @@ void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vec
                  want + " in this engine (import the shard this rank exported, with the same world size, "
                  "modules and alignment)");
   };
-  if (state.world_size != opt_world) {
+  if (state.world_size != shape.opt_world) {
     throw mismatch("the optimizer partition's world size", std::to_string(state.world_size),
-                   std::to_string(opt_world));
+                   std::to_string(shape.opt_world));
   }
-  if (state.rank != opt_rank) {
-    throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(opt_rank));
+  if (state.rank != shape.opt_rank) {
+    throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(shape.opt_rank));
   }
   if (state.alignment_elems != opts.alignment_elems) {
     throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(opts.alignment_elems));
@@ -221,31 +221,22 @@ void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vec
 }
 
 namespace {
-// Sets a byte count back to 0 however the scope ends (a checkpoint's staging, uncounted).
-struct ZeroOnExit {
-  std::uint64_t& bytes;
-  ~ZeroOnExit() { bytes = 0; }
+// A checkpoint's staging of device-homed state, uncounted however the scope ends.
+struct StateStageScope {
+  detail::DeviceStaging& staging;
+  ~StateStageScope() { staging.state_done(); }
 };
 }  // namespace
 
-float* ZeroEngine::Impl::state_stage(detail::AlignedBuf& buf) {
-  if (buf.p == nullptr) {
-    buf = detail::AlignedBuf(12 * plan.piece_elems);
-    state_stage_live = buf.bytes;
-    st.host_engine_peak_bytes = std::max(st.host_engine_peak_bytes, engine_host_bytes());
-  }
-  return buf.f();
-}
-
 void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChunk&)>& sink) {
   detail::AlignedBuf buf;
-  const ZeroOnExit uncount{state_stage_live};
+  const StateStageScope uncount{staging};
   const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const detail::Piece& p = pieces[k];
     const std::size_t n = p.size();
     if (p.on_device) {
-      float* f = state_stage(buf);
+      float* f = staging.state_buffer(buf, 12 * plan.piece_elems);
       store->read(p.optim, std::as_writable_bytes(std::span<float>(f, 3 * n)));
       sink(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
       continue;
@@ -264,15 +255,15 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
 void ZeroEngine::Impl::rewrite_state(int module, bool keep,
                                      const std::function<void(const detail::Piece&, float*)>& fill) {
   detail::AlignedBuf buf;
-  const ZeroOnExit uncount{state_stage_live};
-  WorkingShardOut working(*this);
+  const StateStageScope uncount{staging};
+  detail::WorkingShardOut working = working_out();
   for (const detail::Piece& p : pieces) {
     if (module >= 0 && p.module != module) continue;  // a module's pieces are consecutive
     const std::size_t n = p.size();
     TensorStore::Pin state;  // host-tier pin; acquired for overwrite unless the old state is kept
     float* s = nullptr;
     if (p.on_device) {
-      s = state_stage(buf);
+      s = staging.state_buffer(buf, 12 * plan.piece_elems);
       if (keep) store->read(p.optim, std::as_writable_bytes(std::span<float>(s, 3 * n)));
     } else {
       state = keep ? store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep)
@@ -295,8 +286,8 @@ void ZeroEngine::Impl::publish_whole_modules(int module) {
     detail::ZeroModule& m = mods[i];
     if (module >= 0 && static_cast<int>(i) != module) continue;
     if (module < 0 && m.frozen) continue;  // a step or an import does not change it
-    if (m.full.p != nullptr && (stage == 1 || stage == 2 || m.persistent)) {
-      comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, comm_dtype);
+    if (m.full.p != nullptr && (shape.stage == 1 || shape.stage == 2 || m.persistent)) {
+      comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, shape.comm_dtype);
       ++st.all_gather_calls;
     }
   }
@@ -314,7 +305,7 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
                             m.name, values.size(), m.numel));
   }
   I.sync();
-  const ElemRange r = m.shard.range(I.opt_rank);
+  const ElemRange r = m.shard.range(I.shape.opt_rank);
   if (m.frozen) {  // no master: the working params themselves (written back once, by the store)
     const std::size_t lo = std::min(r.begin, m.numel), hi = std::min(r.end, m.numel);
     I.write_working(module, values.subspan(lo, hi - lo));

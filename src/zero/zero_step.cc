@@ -1,5 +1,6 @@
 // src/zero/zero_step.cc — ZeroEngine's optimizer step (AdamW streamed over sub-groups through the
-// TensorStore), the overlapped step's deferred updates, and the gradient norm's lane sums. The
+// TensorStore), in phases, and the overlapped step's deferred updates; the clipping norm is the
+// NormTracker's (norm_tracker.h), the stage 0-1 reductions the GradientReducer's. The
 // state's export/import (checkpoints, export_master, set_module_params) is in zero_state.cc.
 #include <algorithm>
 #include <cmath>
@@ -12,33 +13,21 @@
 #include "zero/zero_impl.h"
 
 namespace tiermem {
-namespace {
-
-// Collective counts are bounded (MPI uses int); big buffers go in pieces of this many elements.
-constexpr std::size_t kMaxCollectiveElems = std::size_t{1} << 28;
-
-void all_reduce_sum(Communicator& comm, float* buf, std::size_t n) {
-  for (std::size_t b = 0; b < n; b += kMaxCollectiveElems) {
-    comm.all_reduce(buf + b, buf + b, std::min(kMaxCollectiveElems, n - b), DType::kF32, ReduceOp::kSum);
-  }
-}
-
-}  // namespace
 
 ZeroEngine::StepResult ZeroEngine::Impl::step() {
   finalize();
   sync();
   apply_all_pending(Phase::kOptimizer);  // a module not gathered since the last step
-  int micro = finish_reductions();
+  int micro = reducer.finish_step();  // stages 0-1: the collective they deferred
 
   StepResult res;
   const bool pre_pass = scaler != nullptr || cfg.gradient_clipping > 0;
-  NormSum sum;
-  const bool folded = folded_sumsq(sum.total);
+  detail::NormTracker::Sum sum;
+  const bool folded = norm.folded_sumsq(sum.total);
   if (pre_pass && !norm_pre_pass(folded, sum, res)) return res;  // fp16 overflow: step skipped
   // In fp32 as tiermem-train's loop computes it for its other engines (bitwise-equal runs).
   if (!opts.mean_over_micro_batches) micro = 1;  // the caller scaled each micro-batch's loss
-  double grad_scale = static_cast<float>(1.0 / (static_cast<double>(world) * micro * (scaler ? res.loss_scale : 1.0)));
+  double grad_scale = static_cast<float>(1.0 / (static_cast<double>(shape.world) * micro * (scaler ? res.loss_scale : 1.0)));
   if (pre_pass) {
     res.grad_norm = std::sqrt(sum.total) * grad_scale;
     if (cfg.gradient_clipping > 0 && res.grad_norm > cfg.gradient_clipping) {
@@ -56,63 +45,15 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
   // device (publish_tier), so the deferred updates have the host pool to themselves during the
   // forward pass; where parameters page through the host pool too they would fight for it (gpt2-xl,
   // 1 GiB device / 2 GiB host: step 2 read 55 GB and took 39.8 s deferred, 35 GB and 25.8 s eager).
-  const bool defer = defers_optimizer_step(plan, cfg, publish_tier == Tier::kDevice, folded && !scaler);
+  const bool defer = defers_optimizer_step(plan, cfg, shape.publish_tier == Tier::kDevice, folded && !scaler);
   const bool hook = !pre_pass && !folded;  // the norm is summed as the update reads each gradient
   stream_update(ap, defer, hook ? &sum : nullptr);
-  if (!pre_pass) res.grad_norm = std::sqrt(sum_over_ranks(sum.total)) * grad_scale;
+  if (!pre_pass) res.grad_norm = std::sqrt(norm.sum_over_ranks(sum.total)) * grad_scale;
   publish_whole_modules(-1);
   end_step(defer);
   res.step = st.steps;
   if (scaler) res.loss_scale = scaler->scale();
   return res;
-}
-
-// Finishes the reduction stages 0 and 1 left for now; returns the micro-batches accumulated (the
-// most reduce calls any module had).
-int ZeroEngine::Impl::finish_reductions() {
-  int micro = 1;
-  for (const auto& m : mods) micro = std::max(micro, m.grad_calls);
-  for (auto& m : mods) {
-    if (m.frozen) continue;  // no gradient
-    if (stage == 0) {
-      all_reduce_sum(comm, m.full_grad.data(), m.full_grad.size());
-    } else if (stage == 1 && m.shard.shard > 0) {
-      comm.reduce_scatter(m.full_grad.data(), m.shard_grad.data(), m.shard.shard, DType::kF32, ReduceOp::kSum);
-      ++st.reduce_scatter_calls;
-    }
-  }
-  return micro;
-}
-
-// The norm folded into accumulation (no second read of the gradient partitions) when every
-// module with a gradient this step had all its pieces complete, in order, in its last reduce:
-// true, with the modules' sums added to `sumsq` in module order (as the pre-pass adds them).
-bool ZeroEngine::Impl::folded_sumsq(double& sumsq) const {
-  if (!fold_norm()) return false;
-  auto has_grad = [&](const detail::ZeroModule& m) {
-    return !m.pieces.empty() && !pieces[static_cast<std::size_t>(m.pieces.front())].grad_fresh;
-  };
-  for (const auto& m : mods) {
-    if (has_grad(m) && !module_norm_ready(m)) return false;
-  }
-  for (const auto& m : mods) {
-    if (has_grad(m) && module_has_real(m)) sumsq += m.norm.sum();
-  }
-  return true;
-}
-
-void ZeroEngine::Impl::add_sumsq(NormSum& sum, std::size_t k, const float* g) const {
-  sum.module = piece_sumsq(k, g, sum.module);
-  if (static_cast<std::size_t>(mods[static_cast<std::size_t>(pieces[k].module)].pieces.back()) == k) {
-    sum.total += sum.module;
-  }
-}
-
-double ZeroEngine::Impl::sum_over_ranks(double sumsq) {
-  if (stage == 0 || world == 1) return sumsq;  // stage 0: every rank has the whole gradient
-  float f = static_cast<float>(sumsq);
-  comm.all_reduce(&f, &f, 1, DType::kF32, ReduceOp::kSum);
-  return f;
 }
 
 // Sub-groups k+1 .. k+buffer_count-1 on their way to the host tier (their gradient partitions;
@@ -123,7 +64,7 @@ void ZeroEngine::Impl::prefetch_after(std::size_t k, bool with_state) {
   for (std::size_t j = k + 1; j < pieces.size() && j < k + static_cast<std::size_t>(B); ++j) {
     if (pieces[j].on_device) continue;  // state (and gradient) already where it is used
     if (with_state) ids.push_back(pieces[j].optim);
-    if (stage >= 2 && !pieces[j].grad_fresh) ids.push_back(pieces[j].grad);
+    if (shape.stage >= 2 && !pieces[j].grad_fresh) ids.push_back(pieces[j].grad);
   }
   if (!ids.empty()) store->prefetch(ids, Tier::kHost);
 }
@@ -131,17 +72,17 @@ void ZeroEngine::Impl::prefetch_after(std::size_t k, bool with_state) {
 // The overflow check (fp16) and the global norm before anything is updated (the norm summed from
 // the gradients unless `folded` has it in sum.total already). False when an fp16 overflow skips
 // the step: `res` is then the step's result, gradients dropped.
-bool ZeroEngine::Impl::norm_pre_pass(bool folded, NormSum& sum, StepResult& res) {
+bool ZeroEngine::Impl::norm_pre_pass(bool folded, detail::NormTracker::Sum& sum, StepResult& res) {
   float bad = 0;
   for (std::size_t k = 0; k < pieces.size() && !folded; ++k) {
     prefetch_after(k, false);
     TensorStore::Pin pin;
     const float* g = piece_grad(pieces[k], pin, Phase::kOptimizer);
     if (scaler) bad += static_cast<float>(count_nonfinite(g, pieces[k].size()));
-    add_sumsq(sum, k, g);
+    norm.add(sum, k, g);
   }
   if (scaler) {
-    if (stage > 0 && world > 1) comm.all_reduce(&bad, &bad, 1, DType::kF32, ReduceOp::kSum);
+    if (shape.stage > 0 && shape.world > 1) comm.all_reduce(&bad, &bad, 1, DType::kF32, ReduceOp::kSum);
     const double used_scale = scaler->scale();
     if (scaler->update(bad > 0)) {
       ++st.skipped_steps;
@@ -156,7 +97,7 @@ bool ZeroEngine::Impl::norm_pre_pass(bool folded, NormSum& sum, StepResult& res)
     }
     res.loss_scale = used_scale;
   }
-  sum.total = sum_over_ranks(sum.total);
+  sum.total = norm.sum_over_ranks(sum.total);
   return true;
 }
 
@@ -175,10 +116,10 @@ AdamParams ZeroEngine::Impl::step_params(double grad_scale) const {
 // AdamW over the sub-groups in order, each module's working shard written whole; with `defer`,
 // a stored module's update is left pending with `ap` instead (apply_pending at its next gather).
 // `norm`: when given, each gradient's squares are added as the update reads it.
-void ZeroEngine::Impl::stream_update(const AdamParams& ap, bool defer, NormSum* norm) {
-  WorkingShardOut working(*this);
+void ZeroEngine::Impl::stream_update(const AdamParams& ap, bool defer, detail::NormTracker::Sum* sum) {
+  detail::WorkingShardOut working = working_out();
   std::function<void(std::size_t, const float*)> norm_hook;
-  if (norm != nullptr) norm_hook = [this, norm](std::size_t k, const float* g) { add_sumsq(*norm, k, g); };
+  if (sum != nullptr) norm_hook = [this, sum](std::size_t k, const float* g) { norm.add(*sum, k, g); };
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[k].module)];
     if (defer && m.stored) {
@@ -195,11 +136,10 @@ void ZeroEngine::Impl::stream_update(const AdamParams& ap, bool defer, NormSum* 
 // step), the step count, and the gradients cleared.
 void ZeroEngine::Impl::end_step(bool defer) {
   store->end_step();  // the step's trace ends here (the Prefetcher records the first, replays later)
-  if (defer && !deferred_before) {
+  if (defer && deferred.first_deferring_step()) {
     // The trace recorded so far has no updates inside the forward pass; from now on every step
     // has them: record the next step afresh (a new Prefetcher), instead of diverging on it.
-    store->set_policy(std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, wdtype)));
-    deferred_before = true;
+    store->set_policy(std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype)));
   }
   store->begin_step();
   ++st.steps;
@@ -208,8 +148,8 @@ void ZeroEngine::Impl::end_step(bool defer) {
 
 const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pin, Phase phase) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
-  if (stage == 0) return m.full_grad.data() + p.begin;
-  if (stage == 1) return m.shard_grad.data() + p.begin;
+  if (shape.stage == 0) return m.full_grad.data() + p.begin;
+  if (shape.stage == 1) return m.shard_grad.data() + p.begin;
   if (p.grad_fresh) {  // no gradient since the last step: zero
     pin = store->acquire_for_overwrite(p.grad, p.gtier);
     std::memset(pin.data(), 0, pin.bytes());
@@ -221,7 +161,7 @@ const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pi
   return pin.as<const float>();
 }
 
-void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, WorkingShardOut& working, Phase phase,
+void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
                                     const std::function<void(std::size_t, const float*)>& on_grad) {
   detail::Piece& p = pieces[k];
   if (p.on_device) return update_piece_on_device(k, ap, working, phase, on_grad);  // zero_device_step.cc
@@ -234,11 +174,11 @@ void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, Working
   float* s = state.as<float>();
   const std::size_t n = p.size();
   // The new working params are written by the same pass (bf16/fp16 rounded, or an fp32 copy).
-  adam_step(ap, s, g, s + n, s + 2 * n, n, out, wdtype);
+  adam_step(ap, s, g, s + n, s + 2 * n, n, out, shape.wdtype);
   state.mark_dirty();
   state.release();
   gpin.release();
-  if (stage >= 2) {  // consumed: the next accumulation overwrites it, so it is never written down
+  if (shape.stage >= 2) {  // consumed: the next accumulation overwrites it, so it is never written down
     store->discard(p.grad);
     p.grad_fresh = true;
   }
@@ -249,7 +189,7 @@ void ZeroEngine::Impl::apply_pending(int mi, Phase phase) {
   if (!ap) return;
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
   const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
-  WorkingShardOut working(*this);
+  detail::WorkingShardOut working = working_out();
   for (std::size_t j = 0; j < m.pieces.size(); ++j) {
     // The module's next sub-groups on their way while this one steps (across modules the
     // Prefetcher's look-ahead runs ahead of the gathers).
@@ -276,62 +216,6 @@ void ZeroEngine::Impl::replay_outside_accesses(int mi) {
   m.replay.clear();
 }
 
-// WorkingShardOut (where each sub-group's new working params go): zero_device.cc.
-
-// Adds the squares of piece k's real (not padding) gradient elements as tiermem-train's loop does
-// for its other engines — one reduction per module, in element order — so that one rank's clipped
-// steps equal theirs bit for bit (exactly when a module is one sub-group or small enough for one
-// thread). Used by step()'s pre-pass and, folded, by accumulate_grad: the same arithmetic.
-std::size_t ZeroEngine::Impl::valid_len(std::size_t k) const {
-  const detail::Piece& p = pieces[k];
-  const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
-  const ElemRange valid = m.shard.valid(opt_rank);
-  const std::size_t valid_end = valid.end - m.shard.range(opt_rank).begin;  // shard-local
-  return std::min(p.end, std::max(valid_end, p.begin)) - p.begin;
-}
-
-double ZeroEngine::Impl::piece_sumsq(std::size_t k, const float* g, double running,
-                                      std::optional<double> partial) const {
-  const detail::Piece& p = pieces[k];
-  const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
-  const std::int64_t n = static_cast<std::int64_t>(valid_len(k));
-  const bool first = static_cast<std::size_t>(m.pieces.front()) == k;
-  const bool last = static_cast<std::size_t>(m.pieces.back()) == k;
-  if (first && last) {
-    double part = 0;
-#pragma omp parallel for reduction(+ : part) schedule(static) if (n > (1 << 18))
-    for (std::int64_t i = 0; i < n; ++i) part += static_cast<double>(g[i]) * g[i];
-    return part;
-  }
-  // A module of several sub-groups: its sub-groups' sums (sumsq_lanes, or `partial` when the
-  // caller computed it in its own pass over g) added in order.
-  if (first) running = 0;
-  return running + (partial ? *partial : detail::sumsq_lanes(g, static_cast<std::size_t>(n)));
-}
-
-bool ZeroEngine::Impl::fold_norm() const { return stage >= 2 && scaler == nullptr; }
-
-// Piece pi's partition g holds its gradient as of the reduce call that just completed it: the
-// module's running sum of squares moves on by this piece when it is the next in order.
-void ZeroEngine::Impl::fold_piece_norm(int pi, const float* g, std::optional<double> partial) {
-  const std::size_t k = static_cast<std::size_t>(pi);
-  detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[k].module)];
-  const std::size_t first = static_cast<std::size_t>(m.pieces.front());  // a module's pieces are consecutive
-  m.norm.complete(k - first, m.pieces.size(), module_valid_len(m),
-                  [&](double running) { return piece_sumsq(k, g, running, partial); });
-}
-
-detail::ModuleNormFold::ValidLen ZeroEngine::Impl::module_valid_len(const detail::ZeroModule& m) const {
-  const std::size_t first = m.pieces.empty() ? 0 : static_cast<std::size_t>(m.pieces.front());
-  return [this, first](std::size_t j) { return valid_len(first + j); };
-}
-
-bool ZeroEngine::Impl::module_has_real(const detail::ZeroModule& m) const {
-  return detail::has_real(m.pieces.size(), module_valid_len(m));
-}
-
-bool ZeroEngine::Impl::module_norm_ready(const detail::ZeroModule& m) const {
-  return m.norm.ready(m.pieces.size(), module_valid_len(m));
-}
+// WorkingShardOut (where each sub-group's new working params go): working_shard_out.h.
 
 }  // namespace tiermem
