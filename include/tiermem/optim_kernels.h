@@ -25,13 +25,20 @@
 // Both: half[i] = round_to_nearest_even(master[i]) in bf16 or fp16 when half != nullptr (the
 // bits of tiermem::f32_to_bf16 / f32_to_f16, NaN included), or master[i] itself for kF32.
 //
-// Precision: all arithmetic is fp32, in the operation order written above: torch's CPU kernels
-// (aten's add with alpha and addcmul use a fused multiply-add; addcdiv is mul, div, add). Every
-// ISA kernel (scalar, AVX2, AVX-512) performs the same IEEE operations (the scalar twin calls
-// std::fma where the vector kernels use vfmadd), so their results are bit-identical for every
-// input — tests/unit/optim_kernels_test.cc checks it. Against torch: Lion matches lion-pytorch's
-// operations exactly; Adagrad differs only where torch's sqrt (MKL VML when torch is built with
-// MKL) is 1 ulp off the correctly rounded one; measured over 10 steps: see the test file.
+// Precision: all arithmetic is fp32, in the operation order written above, which is torch's on
+// the CPU (measured: add with alpha and addcmul round once, a fused multiply-add; addcdiv is mul,
+// div, add). Every ISA kernel (scalar, AVX2, AVX-512) performs the same IEEE operations (the
+// scalar twin calls std::fma where the vector kernels use vfmadd), so their results are
+// bit-identical for every input — tests/unit/optim_kernels_test.cc checks it.
+// Against torch 2.15 on the CPU (100003 elements, 10 steps, measured once, not a test): Lion is
+// bit-identical to lion-pytorch's update; Adagrad is bit-identical to torch.optim.Adagrad when
+// torch's sqrt is made correctly rounded, and with stock torch (whose CPU sqrt is 1 ulp off on
+// ~20% of inputs) differs on ~5% of elements by at most 2.4e-7 absolute (|master| <= 4.2): the
+// kernels use the correctly rounded IEEE sqrt.
+//
+// Speed (memory-bound; 2 threads of a shared Xeon, 16 M elements, indicative): AVX-512 ~1000
+// Mparam/s, ~700 with the bf16 copy; AVX2 ~700-900; the scalar twin ~100-170 (std::fma is a
+// libm call).
 //
 // NaN/Inf gradients are not filtered (same as torch): the element's state and master go
 // non-finite (Adagrad: sum = +Inf/NaN, master NaN; Lion: m = NaN, master keeps only its decay
