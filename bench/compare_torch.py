@@ -41,7 +41,7 @@ over rounds. The 1-minute load average is recorded before every run; the CPU mod
 has AVX-512 are printed. Ratios: speed = step time of the other / step time of tiermem (> 1:
 tiermem is faster); RSS = tiermem's / the other's.
 
-ds_config (both offloading contenders): stage 3, offload_param {nvme, buffer_count 5,
+ds_config (both offloading contenders; torch_bench_common.ds_config): stage 3, offload_param {nvme, buffer_count 5,
 buffer_size --ds-buffer-size (default 4e7 elements: the smallest round figure over GPT-2's largest
 tensor, wte, 38.6 M; DeepSpeed's own default is 1e8), max_in_cpu 1e9}, offload_optimizer {nvme,
 buffer_count 4}, sub_group_size --sub-group-size (default 1e8; DeepSpeed's default is 1e9),
@@ -70,112 +70,71 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import torch_bench_common as common  # noqa: E402
+
 CONTENDERS = ("deepspeed", "tiermem", "torch", "tiermem_none", "tiermem_init")
-SHAPES = {"small": dict(n_layer=12, n_embd=768, n_head=12), "medium": dict(n_layer=24, n_embd=1024, n_head=16)}
+SHAPES = common.GPT2_SHAPES
 
 
 # ---------------------------------------------------------------- workers (run in their own process)
 
-def build_model(a):
-    import torch
-    import transformers
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(**SHAPES[a.model])
-    return transformers.GPT2LMHeadModel(cfg)
-
-
 def ds_config(a, nvme_dir, offload=True):
-    hidden = SHAPES[a.model]["n_embd"]
-    zero = {"stage": 3, "sub_group_size": int(a.sub_group_size),
-            "reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
-            "stage3_param_persistence_threshold": 10 * hidden}
-    if offload:
-        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False, "buffer_count": 5,
-                                 "buffer_size": int(a.ds_buffer_size), "max_in_cpu": int(1e9)}
-        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False,
-                                     "buffer_count": 4}
-    return {
-        "train_micro_batch_size_per_gpu": a.batch,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                   "weight_decay": 0.01}},
-        "zero_optimization": zero,
-        "aio": {"block_size": 1 << 20, "queue_depth": 8, "single_submit": False, "overlap_events": True,
-                "intra_op_parallelism": 1},
-        "steps_per_print": 1 << 30,
-        "wall_clock_breakdown": False,
-    }
+    """This run's ds_config (common.ds_config for GPT-2 of --model, --batch, --sub-group-size,
+    --ds-buffer-size); the tiermem section per contender."""
+    tiermem = None
+    if a.worker == "tiermem_init":
+        tiermem = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
+    elif a.worker == "tiermem_none" and a.none_host_budget:
+        # tiermem's default host budget (1/16 of RAM, at most 1 GiB) refuses a resident 124 M
+        # model (1.9 GiB of host homes) at offload none: the budget is raised, nothing else.
+        tiermem = {"host_budget_bytes": a.none_host_budget}
+    return common.ds_config(hidden=SHAPES[a.model]["n_embd"], batch=a.batch, nvme_dir=nvme_dir,
+                            sub_group_size=a.sub_group_size, buffer_size=a.ds_buffer_size, offload=offload,
+                            tiermem=tiermem)
 
 
 def run_worker(a):
-    import resource
-
     import torch
     torch.manual_seed(1)
-    data = torch.randint(0, 50257, (a.batch, a.seq))
+    data = torch.randint(0, common.GPT2_VOCAB, (a.batch, a.seq))
     nvme_dir = tempfile.mkdtemp(prefix=f"compare_torch_{a.worker}_", dir=a.dir)
     info = {}
     marks = {}
     try:
-        import transformers
-        # The model's classes imported before any zero.Init, as a script's imports at its top do
-        # (DeepSpeed 0.19.8's Init fails on importing transformers' GPT-2 file inside it, on torch 2.15).
-        transformers.GPT2LMHeadModel, transformers.GPT2Config
+        transformers = common.import_transformers("GPT2LMHeadModel", "GPT2Config")
         t_init = time.perf_counter()
-        marks["imported"] = rss_marks()
+        marks["imported"] = common.rss_marks()
         if a.worker == "deepspeed":
             import deepspeed
-            init_deepspeed_dist()
+            common.init_deepspeed_gloo()
             if a.build == "init":
-                # As DeepSpeed's HF users build it: HfDeepSpeedConfig (kept alive) makes from_config
-                # build under deepspeed.zero.Init (each parameter partitioned to nvme, the config's
-                # offload_param, as its module is built) and initialise the weights gathered.
-                from transformers.integrations import HfDeepSpeedConfig
-                info_keep = HfDeepSpeedConfig(ds_config(a, nvme_dir))  # noqa: F841
-                torch.manual_seed(0)
-                model = transformers.GPT2LMHeadModel._from_config(transformers.GPT2Config(**SHAPES[a.model]))
+                model, info_keep = common.build_under_deepspeed(  # noqa: F841  (kept alive)
+                    transformers.GPT2LMHeadModel, transformers.GPT2Config(**SHAPES[a.model]), ds_config(a, nvme_dir))
             else:
-                model = build_model(a)
+                model = common.build_gpt2(a.model)
         elif a.worker in ("tiermem", "tiermem_init") and a.build == "init":
             # The model built under zero.Init: its parameters go to the NVMe staging module by
             # module, never all in host memory.
             import tiermem.torch as tt
-            cfg = ds_config(a, nvme_dir)
-            if a.worker == "tiermem_init":
-                cfg["tiermem"] = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
-            with tt.zero.Init(config=cfg):
-                model = build_model(a)
+            with tt.zero.Init(config=ds_config(a, nvme_dir)):
+                model = common.build_gpt2(a.model)
         else:
-            model = build_model(a)
-        marks["built"] = rss_marks()
+            model = common.build_gpt2(a.model)
+        marks["built"] = common.rss_marks()
         if a.worker == "deepspeed":
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                               config=ds_config(a, nvme_dir))
             info["deepspeed"] = deepspeed.__version__
 
             def step():
-                loss = engine(input_ids=data, labels=data).loss
-                engine.backward(loss)
-                engine.step()
-                return loss
+                return common.engine_step(engine, data)
         elif a.worker in ("tiermem", "tiermem_none", "tiermem_init"):
             import tiermem.torch as tt
-            cfg = ds_config(a, nvme_dir, offload=a.worker != "tiermem_none")
-            if a.worker == "tiermem_init":
-                cfg["tiermem"] = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
-            if a.worker == "tiermem_none" and a.none_host_budget:
-                # tiermem's default host budget (1/16 of RAM, at most 1 GiB) refuses a resident 124 M
-                # model (1.9 GiB of host homes) at offload none: the budget is raised, nothing else.
-                cfg["tiermem"] = {"host_budget_bytes": a.none_host_budget}
-            engine, *_ = tt.initialize(model=model, config=cfg)
+            engine, *_ = tt.initialize(model=model, config=ds_config(a, nvme_dir, offload=a.worker != "tiermem_none"))
 
             def step():
-                loss = engine(input_ids=data, labels=data).loss
-                engine.backward(loss)
-                engine.step()
-                return loss
+                return common.engine_step(engine, data)
         elif a.worker == "torch":
             model.train()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
@@ -190,59 +149,34 @@ def run_worker(a):
         else:
             raise SystemExit(f"unknown contender {a.worker}")
         info["init_s"] = time.perf_counter() - t_init
-        marks["initialized"] = rss_marks()
+        marks["initialized"] = common.rss_marks()
 
-        times, losses = [], []
-        prof = None
-        for i in range(a.steps):
+        prof = []
+
+        def before(i):
             if a.profile and i == 2:
                 import cProfile
-                prof = cProfile.Profile()
-                prof.enable()
-            t0 = time.perf_counter()
-            loss = step()
-            times.append(time.perf_counter() - t0)
-            losses.append(float(loss.item()))
+                prof.append(cProfile.Profile())
+                prof[0].enable()
+
+        def after(i, seconds, loss):
             if i == 0:
-                marks["step1"] = rss_marks()
-        if prof is not None:
-            prof.disable()
-            report_profile(prof, step, a)
+                marks["step1"] = common.rss_marks()
+
+        times, losses = common.timed_steps(step, a.steps, before, after)
+        if prof:
+            prof[0].disable()
+            report_profile(prof[0], step, a)
         measured = times[2:] if len(times) > 2 else times
         out = {"step_s": statistics.median(measured), "step_times": times, "losses": losses,
-               "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               "threads": torch.get_num_threads(), "rss_marks": marks, **info}
+               "max_rss_bytes": common.max_rss_bytes(), "threads": torch.get_num_threads(), "rss_marks": marks,
+               **info}
         if a.worker.startswith("tiermem"):
-            st = engine.stats()
-            out["stats"] = {k: v for k, v in st.items() if isinstance(v, (int, float, str))}
+            out["stats"] = common.scalar_stats(engine)
             engine.close()
         print(json.dumps(out))
     finally:
         shutil.rmtree(nvme_dir, ignore_errors=True)
-
-
-def init_deepspeed_dist():
-    import logging
-    import socket
-
-    import deepspeed
-    from deepspeed.utils import logger as ds_logger
-    ds_logger.setLevel(logging.WARNING)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
-
-
-def rss_marks():
-    """(VmRSS, VmHWM) of this process now, in bytes: where the max RSS was reached."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for ln in f:
-            if ln.startswith(("VmRSS:", "VmHWM:")):
-                out[ln.split(":")[0]] = int(ln.split()[1]) * 1024
-    return [out.get("VmRSS", 0), out.get("VmHWM", 0)]
 
 
 def report_profile(prof, step, a):
@@ -264,28 +198,8 @@ def report_profile(prof, step, a):
 
 # ---------------------------------------------------------------- driver
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-    except OSError:
-        return "unknown", False
-    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "unknown")
-    flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return name, " avx512f" in flags
-
-
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return float(f.read().split()[0])
-    except OSError:
-        return float("nan")
-
-
 def spawn(a, who, profile=False):
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OMP_WAIT_POLICY="PASSIVE", DS_ACCELERATOR="cpu",
-               TOKENIZERS_PARALLELISM="false")
+    env = common.worker_env(a.threads)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--model", a.model, "--seq", str(a.seq),
            "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir, "--ds-buffer-size",
            str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget,
@@ -335,7 +249,7 @@ def main():
     if a.worker:
         return run_worker(a)
 
-    cpu, avx512 = cpu_name()
+    cpu, avx512 = common.cpu_name()
     print(f"CPU: {cpu} ({'AVX-512' if avx512 else 'no AVX-512'}), {os.cpu_count()} logical CPUs; "
           f"OMP_NUM_THREADS={a.threads} OMP_WAIT_POLICY=PASSIVE for every contender; "
           f"GPT-2 {a.model}, batch {a.batch} x seq {a.seq}, fp32; nvme dir under {a.dir}", flush=True)
@@ -349,7 +263,7 @@ def main():
     for rnd in range(a.rounds):
         order = who[rnd % len(who):] + who[:rnd % len(who)]
         for c in order:
-            la = loadavg()
+            la = common.loadavg()
             loads.append(la)
             r = spawn(a, c)
             r["loadavg_before"] = la

@@ -8,7 +8,8 @@
 
 Model: transformers.GPT2LMHeadModel from GPT2Config (--model small: the defaults, 124 M parameters;
 --model medium: 355 M), built under torch.manual_seed(0) on every rank (no download); fp32; AdamW
-lr 1e-4, weight decay 0.01, clipping 1.0 (compare_torch.py's model and ds_config, imported from it).
+lr 1e-4, weight decay 0.01, clipping 1.0 (compare_torch.py's model and ds_config, both from
+torch_bench_common.py).
 Data: each rank draws one fixed random token batch of --batch x --seq (default 1 x 128) under
 torch.manual_seed(1 + rank), used as input_ids and labels at every step. Weak scaling: the micro
 batch is per rank, so each rank does the same work at every world size and the global batch grows
@@ -25,7 +26,7 @@ OMP_WAIT_POLICY=PASSIVE:
                 DS_ACCELERATOR=cpu, deepspeed.init_distributed(dist_backend="gloo") under
                 torchrun's RANK / WORLD_SIZE); the model built as DeepSpeed's HF users build it:
                 HfDeepSpeedConfig, then _from_config, which builds under deepspeed.zero.Init
-ds_config (both): compare_torch.ds_config: stage 3, offload_param and offload_optimizer on nvme
+ds_config (both): torch_bench_common.ds_config: stage 3, offload_param and offload_optimizer on nvme
 (see compare_torch.py for the buffers and bucket sizes). Each run gets a fresh nvme directory
 under --dir, shared by its ranks: tiermem makes rank<r>/ under it, DeepSpeed names its files per
 rank.
@@ -60,10 +61,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -73,7 +72,9 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import compare_torch as ct  # noqa: E402  (ds_config, build_model, SHAPES, cpu_name, loadavg, rss_marks)
+import torch_bench_common as common  # noqa: E402
+
+SHAPES = common.GPT2_SHAPES
 
 
 # ---------------------------------------------------------------- workers (one per rank, under torchrun)
@@ -98,37 +99,33 @@ def run_worker(a):
 def worker_body(a, rank, world):
     import torch
     torch.manual_seed(1 + rank)
-    data = torch.randint(0, 50257, (a.batch, a.seq))
+    data = torch.randint(0, common.GPT2_VOCAB, (a.batch, a.seq))
     marks = {}
     info = {}
-    import transformers
-    # The model's classes imported before any zero.Init (as in compare_torch.py: DeepSpeed 0.19.8's
-    # Init fails on importing transformers' GPT-2 file inside it, on torch 2.15).
-    transformers.GPT2LMHeadModel, transformers.GPT2Config
+    transformers = common.import_transformers("GPT2LMHeadModel", "GPT2Config")
     t_init = time.perf_counter()
-    marks["imported"] = ct.rss_marks()
-    cfg = ct.ds_config(a, a.nvme_dir)
+    marks["imported"] = common.rss_marks()
+    cfg = common.ds_config(hidden=SHAPES[a.model]["n_embd"], batch=a.batch, nvme_dir=a.nvme_dir,
+                           sub_group_size=a.sub_group_size, buffer_size=a.ds_buffer_size)
     engine = None
     if a.worker == "deepspeed":
         import deepspeed
-        init_deepspeed_dist_env()
-        from transformers.integrations import HfDeepSpeedConfig
-        keep = HfDeepSpeedConfig(cfg)  # noqa: F841  (kept alive: from_config then builds under zero.Init)
-        torch.manual_seed(0)
-        model = transformers.GPT2LMHeadModel._from_config(transformers.GPT2Config(**ct.SHAPES[a.model]))
-        marks["built"] = ct.rss_marks()
+        common.init_deepspeed_gloo(single_process=False)  # torchrun's RANK / WORLD_SIZE / MASTER_*
+        model, keep = common.build_under_deepspeed(  # noqa: F841  (kept alive)
+            transformers.GPT2LMHeadModel, transformers.GPT2Config(**SHAPES[a.model]), cfg)
+        marks["built"] = common.rss_marks()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         info["deepspeed"] = deepspeed.__version__
     elif a.worker == "tiermem":
         import tiermem.torch as tt
         with tt.zero.Init(config=cfg):
-            model = ct.build_model(a)  # torch.manual_seed(0) inside
-        marks["built"] = ct.rss_marks()
+            model = common.build_gpt2(a.model)  # torch.manual_seed(0) inside
+        marks["built"] = common.rss_marks()
         engine, *_ = tt.initialize(model=model, config=cfg)  # makes the gloo group from the env at world > 1
     else:
         raise SystemExit(f"unknown worker {a.worker}")
     info["init_s"] = time.perf_counter() - t_init
-    marks["initialized"] = ct.rss_marks()
+    marks["initialized"] = common.rss_marks()
 
     def comm_blocked():
         if a.worker != "tiermem" or world == 1:
@@ -136,27 +133,25 @@ def worker_body(a, rank, world):
         return engine.stats()["comm_blocked_s"]
 
     first = 2 if a.steps > 2 else 0  # the measured steps: 3..--steps
-    times, losses = [], []
-    blocked0 = blocked1 = None
-    for i in range(a.steps):
+    blocked = {}
+
+    def before(i):
         if i == first:
-            blocked0 = comm_blocked()
-        t0 = time.perf_counter()
-        loss = engine(input_ids=data, labels=data).loss
-        engine.backward(loss)
-        engine.step()
-        times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
+            blocked[0] = comm_blocked()
+
+    def after(i, seconds, loss):
         if i == 0:
-            marks["step1"] = ct.rss_marks()
-    blocked1 = comm_blocked()
+            marks["step1"] = common.rss_marks()
+
+    times, losses = common.timed_steps(lambda: common.engine_step(engine, data), a.steps, before, after)
+    blocked0, blocked1 = blocked.get(0), comm_blocked()
     measured = times[first:]
     out = {"rank": rank, "world_size": world, "step_s": statistics.median(measured), "step_times": times,
-           "losses": losses, "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+           "losses": losses, "max_rss_bytes": common.max_rss_bytes(),
            "threads": torch.get_num_threads(), "rss_marks": marks, **info}
     if a.worker == "tiermem":
         st = engine.stats()
-        out["stats"] = {k: v for k, v in st.items() if isinstance(v, (int, float, str))}
+        out["stats"] = common.scalar_stats(engine)
         if world == 1:
             out["comm_share"] = 0.0  # no collectives at one rank
         else:
@@ -167,23 +162,7 @@ def worker_body(a, rank, world):
     return out
 
 
-def init_deepspeed_dist_env():
-    """deepspeed.init_distributed with gloo from torchrun's RANK / WORLD_SIZE / MASTER_*."""
-    import logging
-
-    import deepspeed
-    from deepspeed.utils import logger as ds_logger
-    ds_logger.setLevel(logging.WARNING)
-    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
-
-
 # ---------------------------------------------------------------- driver
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def tail(text, n=15):
     return " | ".join(text.strip().splitlines()[-n:])
@@ -192,15 +171,14 @@ def tail(text, n=15):
 def spawn(a, who, nproc):
     """One torchrun of `who` at `nproc` ranks; the per-rank results, or {"error": ...}."""
     per_rank_threads = max(1, a.threads // nproc)
-    env = dict(os.environ, OMP_NUM_THREADS=str(per_rank_threads), OMP_WAIT_POLICY="PASSIVE", DS_ACCELERATOR="cpu",
-               TOKENIZERS_PARALLELISM="false")
+    env = common.worker_env(per_rank_threads)
     work = tempfile.mkdtemp(prefix=f"compare_torch_ranks_{who}{nproc}_", dir=a.dir)
     nvme_dir = os.path.join(work, "nvme")
     res_dir = os.path.join(work, "results")
     os.makedirs(nvme_dir)
     os.makedirs(res_dir)
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = [torchrun, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+    cmd = [torchrun, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(common.free_port()),
            os.path.abspath(__file__), "--worker", who, "--out", os.path.join(res_dir, "rank{rank}.json"),
            "--nvme-dir", nvme_dir, "--model", a.model, "--seq", str(a.seq), "--batch", str(a.batch),
            "--steps", str(a.steps), "--ds-buffer-size", str(a.ds_buffer_size),
@@ -261,7 +239,7 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", action="store_true")
     p.add_argument("--dir", default="/tmp", help="where each run's nvme and result directory is made (default /tmp)")
-    p.add_argument("--model", choices=sorted(ct.SHAPES), default="small")
+    p.add_argument("--model", choices=sorted(SHAPES), default="small")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=1, help="micro batch per rank")
     p.add_argument("--steps", type=int, default=10)
@@ -283,7 +261,7 @@ def main():
     tm_ranks = [int(x) for x in a.ranks.split(",") if x.strip()]
     who = [("tiermem", n) for n in tm_ranks] + ([("deepspeed", a.ds_ranks)] if a.ds_ranks > 0 else [])
     names = [f"{w}@{n}" for w, n in who]
-    cpu, avx512 = ct.cpu_name()
+    cpu, avx512 = common.cpu_name()
     print(f"CPU: {cpu} ({'AVX-512' if avx512 else 'no AVX-512'}), {os.cpu_count()} logical CPUs; "
           f"OMP_NUM_THREADS=max(1, {a.threads} // ranks) OMP_WAIT_POLICY=PASSIVE per rank; "
           f"GPT-2 {a.model}, batch {a.batch} x seq {a.seq} per rank, fp32; nvme dir under {a.dir}", flush=True)
@@ -292,7 +270,7 @@ def main():
     for rnd in range(a.rounds):
         k = rnd % len(who)
         for (w, n), c in zip(who[k:] + who[:k], names[k:] + names[:k]):
-            la = ct.loadavg()
+            la = common.loadavg()
             loads.append(la)
             r = spawn(a, w, n)
             r["loadavg_before"] = la

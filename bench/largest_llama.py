@@ -20,9 +20,10 @@ cache too), the step times and losses. Without a writable cgroup v1 memory contr
 stops.
 
 tiermem budgets: --host-budget and --device-budget (default 1 GiB each: the engine's defaults on a
-CPU-only build), written into the config's tiermem section. DeepSpeed: offload_param buffer_count 5
-with buffer_size the largest tensor rounded up (embed_tokens / lm_head), max_in_cpu 1e9,
-sub_group_size 1e8, pin_memory false, aio block 1 MiB / queue depth 8.
+CPU-only build), written into the config's tiermem section. ds_config (torch_bench_common.ds_config,
+as compare_torch.py's): offload_param buffer_count 5 with buffer_size the largest tensor rounded up
+to 1 Mi elements (embed_tokens / lm_head), max_in_cpu 1e9, sub_group_size 1e8, pin_memory false,
+aio block 1 MiB / queue depth 8.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import signal
 import statistics
@@ -38,6 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_bench_common as common  # noqa: E402
 
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
 
@@ -52,55 +55,34 @@ def parse_bytes(text: str) -> int:
 
 
 def llama_config(a):
-    import transformers
+    transformers = common.import_transformers()
     return transformers.LlamaConfig(hidden_size=a.hidden, intermediate_size=a.intermediate,
                                     num_hidden_layers=a.layers, num_attention_heads=a.heads,
                                     num_key_value_heads=a.kv_heads, vocab_size=a.vocab,
                                     max_position_embeddings=max(2048, a.seq), tie_word_embeddings=False)
 
 
-def ds_config(a, nvme_dir):
+def ds_config(a, nvme_dir, tiermem=True):
     largest = a.vocab * a.hidden
-    return {
-        "train_micro_batch_size_per_gpu": a.batch,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                   "weight_decay": 0.01}},
-        "zero_optimization": {
-            "stage": 3, "sub_group_size": int(1e8), "reduce_bucket_size": a.hidden * a.hidden,
-            "stage3_prefetch_bucket_size": int(0.9 * a.hidden * a.hidden),
-            "stage3_param_persistence_threshold": 10 * a.hidden,
-            "offload_param": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False, "buffer_count": 5,
-                              "buffer_size": (largest + (1 << 20) - 1) // (1 << 20) * (1 << 20),
-                              "max_in_cpu": int(1e9)},
-            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False, "buffer_count": 4},
-        },
-        "aio": {"block_size": 1 << 20, "queue_depth": 8, "single_submit": False, "overlap_events": True,
-                "intra_op_parallelism": 1},
-        "tiermem": {"host_budget_bytes": a.host_budget, "device_budget_bytes": a.device_budget},
-        "steps_per_print": 1 << 30,
-    }
+    return common.ds_config(hidden=a.hidden, batch=a.batch, nvme_dir=nvme_dir, sub_group_size=1e8,
+                            buffer_size=(largest + (1 << 20) - 1) // (1 << 20) * (1 << 20),
+                            tiermem={"host_budget_bytes": a.host_budget, "device_budget_bytes": a.device_budget}
+                            if tiermem else None)
 
 
 # ---------------------------------------------------------------- the worker (inside the cgroup)
 
-def max_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def run_worker(a):
     import torch
-    import transformers
-    transformers.logging.set_verbosity_error()
-    from transformers import LlamaForCausalLM  # noqa: F401  (imported before any zero.Init)
+    transformers = common.import_transformers("LlamaForCausalLM")  # before any zero.Init
+    max_rss = common.max_rss_bytes
     nvme_dir = tempfile.mkdtemp(prefix=f"largest_llama_{a.contender}_", dir=a.dir)
     out = {"contender": a.contender}
     try:
-        cfg = ds_config(a, nvme_dir)
         t0 = time.perf_counter()
         if a.contender == "tiermem":
             import tiermem.torch as tt
+            cfg = ds_config(a, nvme_dir)
             torch.manual_seed(0)
             with tt.zero.Init(config=cfg):
                 model = transformers.LlamaForCausalLM(llama_config(a))
@@ -108,20 +90,11 @@ def run_worker(a):
             print(json.dumps({"progress": "built", **out, "max_rss_bytes": max_rss()}), flush=True)
             engine, *_ = tt.initialize(model=model, config=cfg)
         else:
-            import socket
-
             import deepspeed
-            from transformers.integrations import HfDeepSpeedConfig
-            del cfg["tiermem"]
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(port))
-            deepspeed.init_distributed(dist_backend="gloo", verbose=False)
-            keep = HfDeepSpeedConfig(cfg)  # noqa: F841  (from_config builds under zero.Init while it lives)
-            torch.manual_seed(0)
-            model = transformers.LlamaForCausalLM._from_config(llama_config(a))
+            cfg = ds_config(a, nvme_dir, tiermem=False)
+            common.init_deepspeed_gloo()
+            model, keep = common.build_under_deepspeed(  # noqa: F841  (kept alive)
+                transformers.LlamaForCausalLM, llama_config(a), cfg)
             out["build_s"] = time.perf_counter() - t0
             print(json.dumps({"progress": "built", **out, "max_rss_bytes": max_rss()}), flush=True)
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
@@ -130,15 +103,11 @@ def run_worker(a):
         print(json.dumps({"progress": "initialized", **out, "max_rss_bytes": max_rss()}), flush=True)
         torch.manual_seed(1)
         data = torch.randint(0, a.vocab, (a.batch, a.seq))
-        times, losses = [], []
-        for _ in range(a.steps):
-            t = time.perf_counter()
-            loss = engine(input_ids=data, labels=data).loss
-            engine.backward(loss)
-            engine.step()
-            times.append(time.perf_counter() - t)
-            losses.append(float(loss.item()))
-            print(json.dumps({"progress": "step", "step_s": times[-1], "loss": losses[-1]}), flush=True)
+
+        def progress(i, seconds, loss):
+            print(json.dumps({"progress": "step", "step_s": seconds, "loss": loss}), flush=True)
+
+        times, losses = common.timed_steps(lambda: common.engine_step(engine, data), a.steps, after=progress)
         out.update(step_times=times, losses=losses, max_rss_bytes=max_rss())
         if a.contender == "tiermem":
             st = engine.stats()
@@ -196,8 +165,7 @@ def main():
         if os.path.exists(os.path.join(group, "memory.memsw.limit_in_bytes")):
             with open(os.path.join(group, "memory.memsw.limit_in_bytes"), "w") as f:
                 f.write(str(limit))
-        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OMP_WAIT_POLICY="PASSIVE", DS_ACCELERATOR="cpu",
-                   TOKENIZERS_PARALLELISM="false")
+        env = common.worker_env(a.threads)
         cmd = [sys.executable, os.path.abspath(__file__), "--worker"] + sys.argv[1:]
 
         def enter_group():

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""scripts/check-layout.py — the mechanical layout rules of design.md, checked over src/ and tools/.
+"""scripts/check-layout.py — the mechanical layout rules of design.md and style.md: src/ and tools/
+(sizes, includes), python/ (the package's import graph, the extension's includes) and the engine's
+composition (ZeroEngine::Impl's data members).
 
-  scripts/check-layout.py [--root DIR] [--allow FILE]     exit 0: clean; 1: violations (listed)
+  scripts/check-layout.py [--root DIR] [--allow FILE] [--only GROUP,...]
+      exit 0: clean; 1: violations (listed). GROUP: cpp (the first five rules), python
+      (import-cycle, import-in-function, include-private), engine (impl-members); default all.
 
 Rules (each violation is one line "path:line: rule: detail"):
   file-size    a source file (.cc .h .cu) under src/ or tools/ has more than 700 lines
@@ -11,6 +15,15 @@ Rules (each violation is one line "path:line: rule: detail"):
   include-bare a quoted include under src/ or tools/ names no folder ("train_loop.h"): private
                headers are included as "<folder>/<file>.h", public ones as "tiermem/<file>.h"
   allow-stale  an allow-list entry that exempts nothing (the file or function is now within limits)
+  import-cycle modules under python/tiermem import each other in a cycle (one violation per
+               strongly connected set of modules, with one cycle through it spelled out)
+  import-in-function  an import inside a function (or lambda) under python/tiermem, other than of
+               an optional third-party package named in OPTIONAL_PACKAGES below (with its reason)
+  include-private  a file under python/src includes a private header of src/ ("zero/...",
+               "train/...", or any quoted include that is neither "tiermem/..." nor a file
+               beside it in python/src); the extension sees only include/tiermem/
+  impl-members `struct ZeroEngine::Impl` (searched for in src/zero/) declares more than 20
+               non-static data members, or is not found there at all
 
 What the function scan detects, honestly: comments, string, raw-string and character literals
 are blanked, preprocessor lines dropped, then braces are matched. A '{' opened at namespace or
@@ -20,11 +33,33 @@ matching '}'. Lambdas and local classes count toward the function holding them. 
 function whose body starts inside a macro, or a constructor whose member-initialiser list uses
 braces (`a_{1}`) — its body is then not measured.
 
+What the import graph detects, honestly (ast, no import is executed): every `import X` and
+`from X import a` anywhere in a module under python/tiermem, relative ones resolved against the
+module's package, is an edge to the in-tree module it names; `from P import a` names P.a when
+P/a.py or P/a/__init__.py exists, else P itself. The cycle graph takes imports at every depth
+(an import inside a function is a run-time edge too) but not those under `if TYPE_CHECKING:`
+(annotations only, never executed). A package's __init__ is not counted as imported by its
+submodules (Python runs it first, but that is how packages re-export, not a cycle). Not
+detected: importlib.import_module / __import__ with computed names, imports run by exec.
+
+What the member count detects, honestly: the struct's body with comments, literals and
+preprocessor lines blanked; upper-case macro calls (TM_GUARDED_BY(mu)) dropped; then each
+declaration at the body's own brace level, ended by ';' (or by the '}' of a function body):
+  - a function: '(' before any '=' and outside '<...>', or the word `operator` (declarations,
+    definitions, constructors, operators, `= default` / `= delete`); not counted;
+  - a nested struct/class/union/enum, `using`, `typedef`, `friend`, `static_assert`, `static`
+    and `template` declarations: not counted (a declarator after a nested type's '}' is);
+  - anything else is data: one member per top-level ',' separated declarator (commas inside
+    '<>', '()', '{}' and '[]' do not split). Not detected: a default initialiser holding a bare
+    top-level '<' or '>' comparison (miscounts the template depth), a member of function-pointer
+    type written `R (*f)(A)` (taken for a function; use std::function or an alias).
+
 The allow-list (default scripts/layout-allow.txt): one entry a line, "<path>" (a file over the
 size limit), "<path>:<function>" (a function over the length limit) or "<path>:include:<header>"
 (a bare include), then at least one word saying why. '#' starts a comment.
 """
 import argparse
+import ast
 import os
 import re
 import sys
@@ -170,6 +205,365 @@ def check_includes(rel, text, allow, used):
     return problems
 
 
+# --- python/: the package's import graph, the extension's includes --------------------------------
+
+# Optional third-party packages a function under python/tiermem may import (at call time, so that
+# tiermem imports without them): name -> (where: path prefixes under the root, empty = anywhere;
+# why). Anything else imported inside a function is a cycle being hidden or an import to hoist.
+OPTIONAL_PACKAGES = {
+    "transformers": ((), "Hugging Face models/Trainer: only the paths that integrate with them"),
+    "deepspeed": ((), "DeepSpeed interop (its configs and checkpoints); never required"),
+    "peft": ((), "PEFT adapters over frozen bases: only when the model has them"),
+    "accelerate": ((), "Hugging Face Accelerate: only when launched through it"),
+    "trl": ((), "TRL trainers: only when the caller uses them"),
+    "torch": (("python/tiermem/__init__.py",),
+              "the base package works on numpy alone; torch only when a torch tensor comes in "
+              "(tiermem.torch needs torch and imports it at module level)"),
+}
+PY_ROOT = os.path.join("python", "tiermem")
+PY_SRC = os.path.join("python", "src")
+INCLUDE_ANY = re.compile(r'^\s*#\s*include\s+([<"])([^">]+)[">]')
+
+
+def python_modules(root):
+    """{module name: relative path} of every .py file under python/tiermem."""
+    mods = {}
+    base = os.path.join(root, PY_ROOT)
+    for dirpath, dirs, files in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for f in sorted(files):
+            if not f.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, f), root)
+            parts = os.path.relpath(os.path.join(dirpath, f), os.path.join(root, "python"))[:-3].split(os.sep)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = rel
+    return mods
+
+
+def is_type_checking(test):
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(tree):
+    """Yields (node, in_function, under_type_checking) for every import statement of a module."""
+    def walk(node, in_func, tc):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, in_func, tc
+            elif isinstance(child, ast.If) and is_type_checking(child.test):
+                for n in child.body:
+                    yield from walk_one(n, in_func, True)
+                for n in child.orelse:
+                    yield from walk_one(n, in_func, tc)
+                continue
+            yield from walk(child, in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)), tc)
+
+    def walk_one(n, in_func, tc):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            yield n, in_func, tc
+        else:
+            yield from walk(n, in_func or isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)), tc)
+
+    yield from walk(tree, False, False)
+
+
+def import_targets(node, module, is_package, mods):
+    """The in-tree modules an import statement names (see the docstring), and the top-level name of
+    what it imports ("" for a relative import: always in-tree)."""
+    if isinstance(node, ast.Import):
+        out = []
+        for a in node.names:
+            parts = a.name.split(".")
+            for k in range(len(parts), 0, -1):
+                if ".".join(parts[:k]) in mods:
+                    out.append(".".join(parts[:k]))
+                    break
+        return out, node.names[0].name.split(".")[0]
+    if node.level:
+        pkg = module.split(".") if is_package else module.split(".")[:-1]
+        pkg = pkg[:len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+        base = ".".join(pkg + ([node.module] if node.module else []))
+        top = ""
+    else:
+        base, top = node.module, node.module.split(".")[0]
+    out = []
+    for a in node.names:
+        sub = f"{base}.{a.name}"
+        if sub in mods:
+            out.append(sub)
+        elif base in mods:
+            out.append(base)
+    return out, top
+
+
+def check_python(root):
+    problems = []
+    mods = python_modules(root)
+    edges = {m: {} for m in mods}  # module -> {target: first line}
+    for mod, rel in mods.items():
+        with open(os.path.join(root, rel), encoding="utf-8") as fh:
+            try:
+                tree = ast.parse(fh.read(), rel)
+            except SyntaxError as e:
+                problems.append(f"{rel}:{e.lineno}: import-cycle: does not parse: {e.msg}")
+                continue
+        is_package = rel.endswith("__init__.py")
+        for node, in_func, tc in imports_of(tree):
+            targets, top = import_targets(node, mod, is_package, mods)
+            if in_func:
+                where, _ = OPTIONAL_PACKAGES.get(top, (None, None))
+                allowed = top and top != "tiermem" and where is not None and (
+                    not where or any(rel.startswith(w) for w in where))
+                if not allowed:
+                    what = ast.unparse(node)
+                    problems.append(f"{rel}:{node.lineno}: import-in-function: {what} (hoist it to the "
+                                    f"module's top; a cycle it hides goes through a leaf module)")
+            if tc:
+                continue
+            for t in targets:
+                if t != mod:
+                    edges[mod].setdefault(t, node.lineno)
+    for scc in strongly_connected(edges):
+        start = min(scc)
+        cycle = cycle_through(edges, scc, start)
+        rel = mods[start]
+        line = edges[start][cycle[1]]
+        problems.append(f"{rel}:{line}: import-cycle: {' -> '.join(cycle)} "
+                        f"(modules in the cycle: {', '.join(sorted(scc))})")
+    return problems
+
+
+def strongly_connected(edges):
+    """Tarjan's strongly connected components of more than one module, each sorted, in order."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def cycle_through(edges, scc, start):
+    """A shortest cycle from start back to start inside scc, as a list of modules (start twice)."""
+    prev, frontier = {start: None}, [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(edges[v]):
+                if w == start:
+                    path = [v]
+                    while prev[path[-1]] is not None:
+                        path.append(prev[path[-1]])
+                    return list(reversed(path)) + [start]
+                if w in scc and w not in prev:
+                    prev[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return [start, start]
+
+
+def check_python_includes(root):
+    problems = []
+    src_folders = {d for d in os.listdir(os.path.join(root, "src"))
+                   if os.path.isdir(os.path.join(root, "src", d))} if os.path.isdir(os.path.join(root, "src")) else set()
+    base = os.path.join(root, PY_SRC)
+    if not os.path.isdir(base):
+        return problems
+    for dirpath, _, files in os.walk(base):
+        for f in sorted(files):
+            if not f.endswith(SOURCE_EXTS):
+                continue
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, root)
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+            code = blank_comments(text)
+            for n, line in enumerate(code.split("\n"), 1):
+                m = INCLUDE_ANY.match(line)
+                if not m:
+                    continue
+                quote, inc = m.groups()
+                first = inc.split("/")[0]
+                if inc.startswith("tiermem/"):
+                    continue
+                if quote == '"' and os.path.exists(os.path.join(dirpath, inc)):
+                    continue
+                if quote == "<" and first not in src_folders:
+                    continue
+                problems.append(f"{rel}:{n}: include-private: \"{inc}\" is not a public header "
+                                f"(python/src includes \"tiermem/...\" from include/, or its own files)")
+    return problems
+
+
+def blank_comments(text):
+    """text with comments blanked and string literals kept (an #include's "path" must survive)."""
+    out = re.sub(r"/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", out)
+
+
+# --- engine: ZeroEngine::Impl is a composition ----------------------------------------------------
+
+MAX_IMPL_MEMBERS = 20
+IMPL_DEF = re.compile(r"\b(?:struct|class)\s+ZeroEngine::Impl\b[^;{]*\{")
+MACRO_CALL = re.compile(r"\b[A-Z][A-Z0-9_]*\s*\((?:[^()]|\([^()]*\))*\)")
+NOT_DATA = re.compile(r"^(?:using|typedef|friend|static_assert|static|template)\b|"
+                      r"\b(?:struct|class|union|enum)\b")
+
+
+def split_top(text, sep):
+    """Splits at `sep` characters outside (), [], {} and <>; returns the parts."""
+    parts, depth, cur = [], 0, []
+    for c in text:
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>" and depth:
+            depth -= 1
+        if c == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    parts.append("".join(cur))
+    return parts
+
+
+def paren_before_assign(decl):
+    """True when decl has a '(' outside '<>' before any top-level '=': a function (as is any
+    `operator...`, whose name may hold '=' or '<')."""
+    if re.search(r"\boperator\b", decl):
+        return True
+    angle = 0
+    for c in decl:
+        if c == "<":
+            angle += 1
+        elif c == ">" and angle:
+            angle -= 1
+        elif c == "=" and angle == 0:
+            return False
+        elif c == "(" and angle == 0:
+            return True
+    return False
+
+
+def impl_data_members(body):
+    """The data members declared in a class body (its text between the braces): [(line, name)]."""
+    code = blank_literals(body)
+    code = "\n".join("" if line.lstrip().startswith("#") else line for line in code.split("\n"))
+    code = MACRO_CALL.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), code)
+    code = re.sub(r"\b(public|private|protected)\s*:(?!:)", lambda m: " " * len(m.group(0)), code)
+    members, start, i, n, line = [], 0, 0, len(code), 1
+    after_type = False  # the declaration under way follows a nested type's '}'
+    paren = 0  # '{' inside parentheses (a default argument `= {}`) is not a body
+
+    def declarators(decl, at):
+        flat = " ".join(decl.split())
+        if not flat:
+            return
+        for d in split_top(flat, ","):
+            names = re.findall(r"[A-Za-z_]\w*", d.split("=")[0].split("{")[0].split("[")[0])
+            members.append((at, names[-1] if names else "?"))
+
+    while i < n:
+        c = code[i]
+        if c in "()":
+            paren = max(0, paren + (1 if c == "(" else -1))
+        elif paren:
+            pass
+        elif c == ";":
+            decl = code[start:i]
+            flat = " ".join(decl.split())
+            if after_type:
+                declarators(flat, line)
+            elif flat and not NOT_DATA.search(flat.split("=")[0]) and not paren_before_assign(flat):
+                declarators(flat, line)
+            after_type = False
+            start = i + 1
+        elif c == "{":
+            header = " ".join(code[start:i].split())
+            j, depth = i, 0  # skip to the matching '}'
+            while j < n:
+                if code[j] == "{":
+                    depth += 1
+                elif code[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+            line += code[i:j].count("\n")
+            if paren_before_assign(header) and not header.startswith("=") and "=" not in header.split("(")[0]:
+                start = j + 1  # a function body: the declaration ends here
+            elif NOT_DATA.search(header) and "=" not in header and not after_type:
+                after_type = True  # nested type: what follows up to ';' declares members, if anything
+                start = j + 1
+            # else: a brace initialiser; the declaration goes on to its ';'
+            i = j + 1
+            continue
+        if c == "\n":
+            line += 1
+        i += 1
+    return members
+
+
+def check_impl(root):
+    base = os.path.join(root, "src", "zero")
+    for dirpath, _, files in os.walk(base):
+        for f in sorted(files):
+            if not f.endswith(SOURCE_EXTS):
+                continue
+            path = os.path.join(dirpath, f)
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+            m = IMPL_DEF.search(blank_literals(text))
+            if not m:
+                continue
+            rel = os.path.relpath(path, root)
+            open_at = m.end() - 1
+            depth, j = 0, open_at
+            code = blank_literals(text)
+            while j < len(code):
+                if code[j] == "{":
+                    depth += 1
+                elif code[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+            first = text.count("\n", 0, open_at) + 1
+            members = impl_data_members(text[open_at + 1:j])
+            if len(members) > MAX_IMPL_MEMBERS:
+                names = ", ".join(name for _, name in members)
+                return [f"{rel}:{first}: impl-members: ZeroEngine::Impl has {len(members)} data members > "
+                        f"{MAX_IMPL_MEMBERS} ({names})"]
+            return []
+    return [f"src/zero:1: impl-members: no `struct ZeroEngine::Impl {{` definition found under src/zero "
+            f"(the rule counts its data members; update the checker if it moved)"]
+
+
 def load_allow(path):
     allow = {}
     if not os.path.exists(path):
@@ -191,9 +585,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=os.path.dirname(here))
     ap.add_argument("--allow", default=None, help="allow-list (default <root>/scripts/layout-allow.txt)")
+    ap.add_argument("--only", default="cpp,python,engine", help="rule groups: cpp, python, engine")
     a = ap.parse_args()
+    groups = set(a.only.split(","))
+    if groups - {"cpp", "python", "engine"}:
+        ap.error(f"--only: unknown group(s) {sorted(groups - {'cpp', 'python', 'engine'})}")
     allow = load_allow(a.allow or os.path.join(a.root, "scripts", "layout-allow.txt"))
-    problems = scan(a.root, allow)
+    problems = []
+    if "cpp" in groups:
+        problems += scan(a.root, allow)
+    if "python" in groups:
+        problems += check_python(a.root) + check_python_includes(a.root)
+    if "engine" in groups:
+        problems += check_impl(a.root)
     for p in problems:
         print(p)
     if problems:

@@ -123,8 +123,9 @@ struct TiermemConfig {
   std::string log_level = "info";           // trace|debug|info|warn|error|off
 };
 
-// DeepSpeed's `scheduler` section (deepspeed/runtime/lr_schedules.py). tiermem-train maps it onto
-// its learning rate per step (src/train/lr_schedule.h); the library itself has no schedule.
+// DeepSpeed's `scheduler` section (deepspeed/runtime/lr_schedules.py). tiermem-train and
+// tiermem.torch map it onto a learning rate per step (tiermem/lr_schedule.h, tiermem::train_state);
+// the engine itself has no schedule.
 // A parameter that is absent or "auto" stays unset here, and the trainer fills it with its own
 // value (peak lr, warm-up steps, total steps); the shape parameters take DeepSpeed's defaults.
 struct SchedulerConfig {

@@ -6,7 +6,7 @@
 //   ...                                  // budget's free bytes are fewer than the request's
 //   pool.free(p);
 //
-// Why this design (see docs/architecture.md, "The host pool"): a best-fit allocator over mappings
+// Why this design (see docs/design/host-pool.md): a best-fit allocator over mappings
 // the size of the budget can fail a request while the budget holds its bytes in pieces (a
 // TensorStore then waits for a release that never comes). Here the budget counts physical bytes
 // only, and address space is cheap, so the pool separates them:

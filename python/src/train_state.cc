@@ -1,10 +1,11 @@
 // python/src/train_state.cc — tiermem.torch's checkpoints and LR schedules, from the same C++ code
-// tiermem-train uses (src/train: checkpoint.h, lr_schedule.h):
+// tiermem-train uses (tiermem::train_state: tiermem/checkpoint.h, checkpoint_reshard.h,
+// lr_schedule.h):
 //   _tiermem.CheckpointWriter / CheckpointReader   one rank's checkpoint: a JSON manifest that
 //       lists every tensor with its XXH64, and one state file written to a temporary name, fsynced
 //       and renamed (the manifest is the commit point); tensors streamed in parts.
 //   _tiermem.OptimizerStateReshard                 a ZeRO optimizer state saved over another
-//       number of ranks, re-partitioned as it loads (src/train/checkpoint_reshard.h): called as
+//       number of ranks, re-partitioned as it loads (tiermem/checkpoint_reshard.h): called as
 //       the source of ZeroEngine.import_state, it fills this rank's new sub-group from the old
 //       ranks' files (verified when it is made), one sub-group at a time.
 //   _tiermem.lr_at(config, optimizer_lr, t)        the lr of optimizer step t under the config's
@@ -22,11 +23,11 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "tiermem/checkpoint.h"
+#include "tiermem/checkpoint_reshard.h"
 #include "tiermem/config.h"
 #include "tiermem/error.h"
-#include "train/checkpoint.h"
-#include "train/checkpoint_reshard.h"
-#include "train/lr_schedule.h"
+#include "tiermem/lr_schedule.h"
 
 namespace tiermem::py {
 
@@ -44,7 +45,7 @@ std::vector<std::int64_t> shape_of(const std::vector<std::int64_t>& s) { return 
 class PyWriter {
  public:
   PyWriter(const std::string& dir, int rank, int world, int step)
-      : w_(std::make_unique<train::CheckpointWriter>(dir, rank, world, step)) {}
+      : w_(std::make_unique<CheckpointWriter>(dir, rank, world, step)) {}
   int begin_tensor(const std::string& name, const std::string& tier, std::uint64_t bytes,
                    const std::string& dtype, const std::vector<std::int64_t>& shape) {
     return live().begin_tensor(name, tier_of(tier), bytes, dtype, shape_of(shape));
@@ -67,11 +68,11 @@ class PyWriter {
   void abandon() { w_.reset(); }  // the temporary state file is removed
 
  private:
-  train::CheckpointWriter& live() {
+  CheckpointWriter& live() {
     if (!w_) throw nb::value_error("CheckpointWriter: already committed or abandoned");
     return *w_;
   }
-  std::unique_ptr<train::CheckpointWriter> w_;
+  std::unique_ptr<CheckpointWriter> w_;
 };
 
 class PyReader {
@@ -105,7 +106,7 @@ class PyReader {
   }
 
  private:
-  train::CheckpointReader r_;
+  CheckpointReader r_;
 };
 
 // ZeroEngine.import_state's source: (offset, master, exp_avg, exp_avg_sq) with three writable
@@ -132,12 +133,12 @@ class PyReshard {
   std::vector<int> source_ranks() const { return r_.source_ranks(); }
 
  private:
-  static train::OptimizerStateNames names_of(const std::vector<std::string>& n) {
+  static OptimizerStateNames names_of(const std::vector<std::string>& n) {
     if (n.size() != 3)
       throw nb::value_error("OptimizerStateReshard: names must be [master, exp_avg, exp_avg_sq] (3 tensor names)");
     return {n[0], n[1], n[2]};
   }
-  train::OptimizerStateReshard r_;
+  OptimizerStateReshard r_;
 };
 
 }  // namespace
@@ -153,16 +154,16 @@ double lr_at_step(const Config& c, double optimizer_lr, long long t) {
   // DeepSpeed's defaults for what the section leaves out: WarmupLR/WarmupDecayLR peak at
   // warmup_max_lr = 0.001 over warmup_num_steps = 1000; WarmupCosineLR peaks at the optimizer's lr.
   const double peak = sc.type == "WarmupCosineLR" ? optimizer_lr : 0.001;
-  train::LrSchedule s = train::make_lr_schedule(sc, peak, 1000, static_cast<int>(sc.total_num_steps.value_or(0)));
+  LrSchedule s = make_lr_schedule(sc, peak, 1000, static_cast<int>(sc.total_num_steps.value_or(0)));
   // DeepSpeed's engine: the scheduler's constructor sets the lr of iteration -1 (warmup_min_lr, as
   // iteration 0's) and it is stepped after each optimizer step, so optimizer step t runs at
   // iteration t - 2 (steps 1 and 2 both at the start of the warm-up). lr_at(s, u) gives iteration
   // u - 1 (tiermem-train's convention), hence u = t - 1, clamped at iteration 0.
-  return train::lr_at(s, std::max<long long>(1, t - 1));
+  return lr_at(s, std::max<long long>(1, t - 1));
 }
 
 void bind_train_state(nb::module_& m) {
-  nb::class_<PyWriter>(m, "CheckpointWriter", "One rank's checkpoint being written (src/train/checkpoint.h).")
+  nb::class_<PyWriter>(m, "CheckpointWriter", "One rank's checkpoint being written (tiermem/checkpoint.h).")
       .def(nb::init<const std::string&, int, int, int>(), nb::arg("dir"), nb::arg("rank"), nb::arg("world_size"),
            nb::arg("step"), "Creates DIR/rank<rank>/ (umask applies).")
       .def("begin_tensor", &PyWriter::begin_tensor, nb::arg("name"), nb::arg("tier"), nb::arg("bytes"),
@@ -187,7 +188,7 @@ void bind_train_state(nb::module_& m) {
       .def("read_tensor", &PyReader::read_tensor, nb::arg("name"), nb::arg("dst"));
   nb::class_<PyReshard>(m, "OptimizerStateReshard",
                         "A ZeRO optimizer state saved over old_world ranks, re-partitioned for new_world "
-                        "(src/train/checkpoint_reshard.h).")
+                        "(tiermem/checkpoint_reshard.h).")
       .def(nb::init<const std::string&, int, const std::vector<std::string>&, const std::vector<std::size_t>&,
                     std::size_t, int, int>(),
            nb::arg("dir"), nb::arg("old_world"), nb::arg("names"), nb::arg("module_numels"),
@@ -197,7 +198,7 @@ void bind_train_state(nb::module_& m) {
            nb::arg("exp_avg_sq"), "Fills elements [offset, offset + len) of the new shard; padding is 0.")
       .def_prop_ro("shard_numel", &PyReshard::shard_numel)
       .def("source_ranks", &PyReshard::source_ranks);
-  m.def("remove_stale_checkpoint_files", &train::remove_stale_checkpoint_files, nb::arg("dir"), nb::arg("rank"));
+  m.def("remove_stale_checkpoint_files", &remove_stale_checkpoint_files, nb::arg("dir"), nb::arg("rank"));
 }
 
 }  // namespace tiermem::py

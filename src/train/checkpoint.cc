@@ -1,5 +1,5 @@
-// src/train/checkpoint.cc — durable checkpoints with a verified manifest (checkpoint.h).
-#include "train/checkpoint.h"
+// src/train/checkpoint.cc — durable checkpoints with a verified manifest (tiermem/checkpoint.h).
+#include "tiermem/checkpoint.h"
 #include "train/kill_point.h"
 
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 
 #include "tiermem/dir_lock.h"
 
-namespace tiermem::train {
+namespace tiermem {
 namespace fs = std::filesystem;
 
 namespace {
@@ -148,7 +148,7 @@ void CheckpointWriter::write_part(int handle, const void* data, std::uint64_t by
   s.written += bytes;
   if (s.written == t.bytes) {
     t.xxh64 = XXH64_digest(static_cast<XXH64_state_t*>(s.hash.get()));
-    kill_point("ckpt-tensor");  // TEST-ONLY (kill_point.h)
+    train::kill_point("ckpt-tensor");  // TEST-ONLY (kill_point.h)
   }
 }
 
@@ -170,7 +170,7 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta) {
   committed_ = true;
   // The state file's name must be durable before a manifest naming it can be.
   fsync_dir(rank_dir_);
-  kill_point("ckpt-state");  // TEST-ONLY (kill_point.h)
+  train::kill_point("ckpt-state");  // TEST-ONLY (kill_point.h)
 
   nlohmann::json m;
   m["format"] = kCheckpointFormat;
@@ -205,10 +205,10 @@ std::string CheckpointWriter::commit(const nlohmann::json& meta) {
     throw;
   }
   ::close(fd);
-  kill_point("ckpt-manifest");  // TEST-ONLY (kill_point.h)
+  train::kill_point("ckpt-manifest");  // TEST-ONLY (kill_point.h)
   rename_or_throw(manifest_tmp, manifest);
   fsync_dir(rank_dir_);
-  kill_point("ckpt-gc");  // TEST-ONLY (kill_point.h)
+  train::kill_point("ckpt-gc");  // TEST-ONLY (kill_point.h)
   // The new manifest is durable: older state files are garbage now.
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(rank_dir_, ec)) {
@@ -351,4 +351,4 @@ void CheckpointReader::verify_tensor(const std::string& name, std::uint64_t byte
   check_checksum(t, XXH64_digest(h.get()));
 }
 
-}  // namespace tiermem::train
+}  // namespace tiermem

@@ -1,4 +1,4 @@
-// src/train/checkpoint_manifest.cc — parse_manifest (checkpoint.h): the manifest's text to a
+// src/train/checkpoint_manifest.cc — parse_manifest (tiermem/checkpoint.h): the manifest's text to a
 // validated CheckpointManifest, with no file access (fuzzed by tests/fuzz/manifest_fuzz.cc, so it
 // depends on nlohmann-json, fmt and tiermem's error.cc only).
 #include <fmt/format.h>
@@ -6,9 +6,9 @@
 #include <limits>
 #include <utility>
 
-#include "train/checkpoint.h"
+#include "tiermem/checkpoint.h"
 
-namespace tiermem::train {
+namespace tiermem {
 namespace {
 
 [[noreturn]] void bad(const std::string& file, const std::string& what) {
@@ -167,4 +167,4 @@ CheckpointManifest parse_manifest(const std::string& text, const std::string& pa
   return out;
 }
 
-}  // namespace tiermem::train
+}  // namespace tiermem

@@ -1,13 +1,13 @@
 // src/train/checkpoint_reshard.cc — a saved ZeRO optimizer state re-partitioned on load
-// (checkpoint_reshard.h).
-#include "train/checkpoint_reshard.h"
+// (tiermem/checkpoint_reshard.h).
+#include "tiermem/checkpoint_reshard.h"
 
 #include <algorithm>
 #include <fmt/format.h>
 
 #include "tiermem/error.h"
 
-namespace tiermem::train {
+namespace tiermem {
 
 std::vector<ReshardCopy> reshard_copies(const ShardLayout& from, const ShardLayout& to, int to_rank,
                                         ElemRange range) {
@@ -92,4 +92,4 @@ void OptimizerStateReshard::fill(std::size_t offset, std::size_t n, float* maste
   }
 }
 
-}  // namespace tiermem::train
+}  // namespace tiermem

@@ -1,10 +1,10 @@
-// src/train/lr_schedule.cc — learning rate schedules (lr_schedule.h).
-#include "train/lr_schedule.h"
+// src/train/lr_schedule.cc — learning rate schedules (tiermem/lr_schedule.h).
+#include "tiermem/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace tiermem::train {
+namespace tiermem {
 
 LrSchedule make_lr_schedule(const SchedulerConfig& sc, double lr, int warmup, int steps) {
   LrSchedule s;
@@ -69,4 +69,4 @@ double lr_at(const LrSchedule& s, long long t) {
   return s.min_lr + (s.peak_lr - s.min_lr) * gamma;
 }
 
-}  // namespace tiermem::train
+}  // namespace tiermem

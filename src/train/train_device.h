@@ -8,6 +8,8 @@
 //   --device auto  cuda when a CUDA device is visible, else sim; either way one line says which
 //                  and why (the probe's reason when it is sim).
 // The flag wins over the config's tiermem.device; the error names whichever gave the value.
+// The choice itself is resolved by its one owner, tiermem/device_choice.h (resolve_device_kind,
+// with tiermem-train's CUDA probe); this file adds what tiermem-train does with it.
 //
 // Thread-safety: pure functions over their arguments.
 #pragma once

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <fmt/format.h>
 
-#include "train/checkpoint.h"
 #include "tiermem/adam.h"
+#include "tiermem/checkpoint.h"
 
 namespace tiermem::train {
 

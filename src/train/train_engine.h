@@ -25,10 +25,12 @@
 #include "tiermem/residency_policy.h"
 #include "train/train_stats.h"
 
-namespace tiermem::train {
-
-class CheckpointWriter;
+namespace tiermem {
+class CheckpointWriter;  // tiermem/checkpoint.h
 class CheckpointReader;
+}  // namespace tiermem
+
+namespace tiermem::train {
 
 // Counters of an engine since it was made.
 struct EngineStats {

@@ -34,12 +34,12 @@
 #include <fmt/format.h>
 #include <thread>
 
-#include "train/checkpoint.h"
-#include "train/checkpoint_reshard.h"
-#include "train/kill_point.h"
+#include "tiermem/checkpoint.h"
+#include "tiermem/checkpoint_reshard.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 #include "tiermem/trace.h"
+#include "train/kill_point.h"
 #include "train/train_engines.h"
 
 #if defined(TIERMEM_TRAIN_HAVE_ZERO) && defined(TIERMEM_TRAIN_HAVE_COMM)

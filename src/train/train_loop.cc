@@ -2,8 +2,6 @@
 // resume, the step loop, eval, checkpoint, summary.
 #include "train/train_loop.h"
 
-#include "train/lr_schedule.h"
-
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -19,13 +17,14 @@
 #include <optional>
 #include <vector>
 
-#include "train/checkpoint.h"
-#include "train/data.h"
-#include "train/kill_point.h"
+#include "tiermem/checkpoint.h"
 #include "tiermem/dir_lock.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
+#include "tiermem/lr_schedule.h"
 #include "tiermem/trace.h"
+#include "train/data.h"
+#include "train/kill_point.h"
 #include "gpt/kernels_cpu.h"
 #include "gpt/backend.h"
 #include "train/train_device.h"

@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "train/checkpoint.h"
+#include "tiermem/checkpoint.h"
 
 #ifndef TIERMEM_TRAIN_BIN
 #error "TIERMEM_TRAIN_BIN must name the tiermem-train executable"
@@ -38,7 +38,7 @@
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
-using tiermem::train::CheckpointReader;
+using tiermem::CheckpointReader;
 
 constexpr int kSteps = 40;
 

@@ -1,4 +1,4 @@
-// libFuzzer target for tiermem-train's checkpoint manifest parser (src/train/checkpoint.h,
+// libFuzzer target for tiermem-train's checkpoint manifest parser (include/tiermem/checkpoint.h,
 // parse_manifest): any input must give either a valid CheckpointManifest or a CheckpointError
 // naming the key — never a crash, hang, sanitizer report or other exception type. A valid one is
 // checked against the promises the reader relies on (rank < world_size, every tensor inside the
@@ -14,7 +14,7 @@
 #include <set>
 #include <string>
 
-#include "train/checkpoint.h"
+#include "tiermem/checkpoint.h"
 
 namespace {
 [[noreturn]] void fail(const char* what) {
@@ -25,9 +25,9 @@ namespace {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  using tiermem::train::CheckpointManifest;
+  using tiermem::CheckpointManifest;
   try {
-    const CheckpointManifest m = tiermem::train::parse_manifest(text, "<fuzz>");
+    const CheckpointManifest m = tiermem::parse_manifest(text, "<fuzz>");
     if (m.rank < 0 || m.world_size < 1 || m.rank >= m.world_size) fail("has a bad rank");
     if (!m.meta.is_object()) fail("has a non-object meta");
     std::set<std::string> names;
@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (auto d : t.shape)
         if (d < 0) fail("has a negative dimension");
     }
-  } catch (const tiermem::train::CheckpointError& e) {
+  } catch (const tiermem::CheckpointError& e) {
     if (std::string(e.what()).find("<fuzz>") == std::string::npos) {
       std::fprintf(stderr, "error does not name the file: %s\n", e.what());
       std::abort();

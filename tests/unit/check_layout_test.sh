@@ -2,8 +2,11 @@
 # tests/unit/check_layout_test.sh <python3> <check-layout.py> — the layout checker against small
 # trees: a clean one passes; each planted violation (a file over 700 lines, a function over 120,
 # src/ including tools/ and examples/, a header of a higher folder, a bare include, a stale
-# allow-list entry, an entry without a reason) fails with its rule named; an allow-list entry
-# exempts what it names.
+# allow-list entry, an entry without a reason; an import cycle under python/tiermem, an import in
+# a function there, a private include from python/src, ZeroEngine::Impl over 20 data members or
+# missing) fails with its rule named; an allow-list entry exempts what it names; what each rule must
+# let through (TYPE_CHECKING imports, an optional package imported in a function, the extension's
+# own headers, functions, nested types and statics beside Impl's members) passes.
 set -u
 py=$1 checker=$2
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -16,13 +19,54 @@ check() {  # check <expect: pass|fail> <rule or ""> <root> [allow]
   if [ -n "$rule" ] && ! grep -q ": $rule:" <<<"$out"; then echo "FAIL: no '$rule' in: $out"; fails=$((fails+1)); return; fi
   echo "ok: $expect ${rule:-clean} ($root)"
 }
-fresh() {  # a clean tree: src/core, src/zero, tools/x
-  local r=$T/$1; mkdir -p "$r/src/core" "$r/src/zero" "$r/tools/x"
+fresh() {  # a clean tree: src/core, src/zero (with an Impl of 20 members), tools/x, python/
+  local r=$T/$1; mkdir -p "$r/src/core" "$r/src/zero" "$r/tools/x" "$r/python/src" "$r/python/tiermem/torch"
   printf '#pragma once\nnamespace tm { int f(); }\n' >"$r/src/core/a.h"
   printf '#include "core/a.h"\n#include <vector>\nnamespace tm {\nint f() {\n  const char* s = "}{";\n  return s[0];\n}\n}  // namespace tm\n' >"$r/src/core/a.cc"
   printf '#include "core/a.h"\n#include "tiermem/x.h"\nint g() { return tm::f(); }\n' >"$r/src/zero/z.cc"
+  impl 20 >"$r/src/zero/zero_impl.h"
   printf '#include "zero/z.h"\nint main() { return 0; }\n' >"$r/tools/x/main.cc"
+  printf '#pragma once\n#include <nanobind/nanobind.h>\n' >"$r/python/src/bindings.h"
+  printf '#include <vector>\n#include <nanobind/stl/string.h>\n#include "bindings.h"\n#include "tiermem/zero_engine.h"\n// #include "zero/old.h" in a comment\n' >"$r/python/src/m.cc"
+  # tiermem -> _leaf; torch/__init__ re-exports engine (which imports its package's leaf and the
+  # base package): no cycle; engine imports an optional package inside a function.
+  printf 'from . import _leaf\n\ndef f():\n    import torch\n    return torch\n' >"$r/python/tiermem/__init__.py"
+  printf 'X = 1\n' >"$r/python/tiermem/_leaf.py"
+  printf 'from .engine import Engine\nfrom . import engine\n' >"$r/python/tiermem/torch/__init__.py"
+  printf 'from typing import TYPE_CHECKING\nimport torch\nfrom .. import _leaf\nfrom ._units import Unit\nif TYPE_CHECKING:\n    from .checkpoint import Saver\n\nclass Engine:\n    def hf(self):\n        import transformers.modeling_utils as mu\n        return mu\n' >"$r/python/tiermem/torch/engine.py"
+  printf 'import tiermem._leaf\n\nclass Unit:\n    pass\n' >"$r/python/tiermem/torch/_units.py"
+  printf 'from .engine import Engine\n\nclass Saver:\n    pass\n' >"$r/python/tiermem/torch/checkpoint.py"
   echo "$r"
+}
+impl() {  # impl <n>: a ZeroEngine::Impl of n data members, with what must not count beside them
+  echo '#pragma once'
+  echo 'struct ZeroEngine::Impl {'
+  echo '  Communicator& comm;'
+  echo '  int rank = 0, world = 1;                      // two'
+  echo '  std::map<int, std::pair<int, int>> table;     // commas inside <>'
+  echo '  std::function<void(int, float)> on_grad;      // ( inside <>'
+  echo '  DeviceBuf grad_scratch{1, 2}, out_scratch{};  // brace initialisers, two'
+  echo '  std::mutex mu_;'
+  echo '  std::uint64_t live TM_GUARDED_BY(mu_) = 0;    // an annotation, not a function'
+  echo '  static constexpr int kMax = 4;'
+  echo '  using Clock = std::chrono::steady_clock;'
+  echo '  struct Inflight { int a, b; std::vector<float> send; };'
+  echo '  enum class Kind { kA, kB };'
+  echo '  Impl(Communicator& c) : comm(c), rank{0} {}'
+  echo '  ~Impl();'
+  echo '  void f(int k, std::optional<double> partial = {}) const;'
+  echo '  std::size_t g() const { if (rank > 1) { return 1; } return 0; }'
+  echo '  bool operator==(const Impl&) const = default;'
+  echo '  template <class T> T get(int i);'
+  echo '  class Out {'
+  echo '   public:'
+  echo '    void dest();'
+  echo '   private:'
+  echo '    int module_ = -1;'
+  echo '  };'
+  echo ' private:'
+  for i in $(seq 10 "$1"); do echo "  double m$i = 0.5;  // \"; a string ; in a comment"; done
+  echo '};'
 }
 long_function() {  # long_function <lines>: a function body of that many lines
   echo "int long_one(int x) {"; for i in $(seq 3 "$1"); do echo "  x += $i;  // { not a brace"; done; echo "  return x; }"
@@ -52,5 +96,39 @@ printf 'tools/x/main.cc:main  not long at all\n' >"$T/allow-stale"
 check fail allow-stale "$(fresh stale)" "$T/allow-stale"
 printf 'tools/x/long.cc:long_one\n' >"$T/allow-noreason"
 check fail "" "$r" "$T/allow-noreason"
+
+# python/: the import graph, imports in functions, the extension's includes.
+r=$(fresh cycle); printf 'from .engine import Engine\n' >>"$r/python/tiermem/torch/_units.py"
+check fail import-cycle "$r"
+r=$(fresh cycle_init); printf 'from tiermem.torch import Engine\n' >>"$r/python/tiermem/torch/_units.py"
+check fail import-cycle "$r"
+r=$(fresh cycle_fn); printf '\ndef late():\n    from . import engine\n    return engine\n' >>"$r/python/tiermem/torch/_units.py"
+check fail import-cycle "$r"
+check fail import-in-function "$r"
+r=$(fresh fn_stdlib); printf '\nclass K:\n    def f(self):\n        import ctypes\n        return ctypes\n' >>"$r/python/tiermem/_leaf.py"
+check fail import-in-function "$r"
+r=$(fresh fn_torch); printf '\ndef f():\n    import torch.distributed as dist\n    return dist\n' >>"$r/python/tiermem/torch/_units.py"
+check fail import-in-function "$r"
+r=$(fresh fn_optional); printf '\ndef f():\n    from peft import PeftModel\n    import deepspeed, accelerate, trl\n    return PeftModel\n' >>"$r/python/tiermem/torch/_units.py"
+check pass "" "$r"
+r=$(fresh private_quoted); echo '#include "train/checkpoint.h"' >>"$r/python/src/m.cc"
+check fail include-private "$r"
+r=$(fresh private_angle); echo '#include <zero/zero_impl.h>' >>"$r/python/src/m.cc"
+check fail include-private "$r"
+r=$(fresh private_missing); echo '#include "checkpoint.h"' >>"$r/python/src/m.cc"
+check fail include-private "$r"
+# engine: ZeroEngine::Impl's data members.
+r=$(fresh impl21); impl 21 >"$r/src/zero/zero_impl.h"
+check fail impl-members "$r"
+r=$(fresh impl_moved); rm "$r/src/zero/zero_impl.h"; impl 20 | sed 's/ZeroEngine::Impl/ZeroEngine::Body/' >"$r/src/zero/zero_engine.h"
+check fail impl-members "$r"
+r=$(fresh impl_elsewhere); mv "$r/src/zero/zero_impl.h" "$r/src/zero/zero_engine_impl.h"
+check pass "" "$r"
+# --only: a group's rules alone.
+r=$(fresh only); impl 30 >"$r/src/zero/zero_impl.h"; long_function 200 >"$r/tools/x/long.cc"
+out=$("$py" "$checker" --root "$r" --allow /dev/null --only python 2>&1) && echo "ok: --only python skips the others" \
+  || { echo "FAIL: --only python: $out"; fails=$((fails+1)); }
+out=$("$py" "$checker" --root "$r" --allow /dev/null --only engine 2>&1); grep -q ": impl-members:" <<<"$out" && ! grep -q ": function:" <<<"$out" \
+  && echo "ok: --only engine" || { echo "FAIL: --only engine: $out"; fails=$((fails+1)); }
 
 [ $fails -eq 0 ] && echo "PASS: check-layout" || { echo "$fails check(s) failed"; exit 1; }

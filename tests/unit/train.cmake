@@ -33,7 +33,7 @@ if(TARGET tiermem_train AND TARGET tiermem_zero)
   target_compile_definitions(train_budget_test PRIVATE TIERMEM_TRAIN_BIN="$<TARGET_FILE:tiermem-train>")
   add_dependencies(train_budget_test tiermem-train)
 endif()
-# The re-partitioning of a saved ZeRO optimizer state (src/train/checkpoint_reshard.h), on
+# The re-partitioning of a saved ZeRO optimizer state (include/tiermem/checkpoint_reshard.h), on
 # synthetic checkpoints.
 tiermem_test(NAME train_reshard_test SOURCES train_reshard_test.cc
              DEPS tiermem::train_state LABELS train TIMEOUT 60)

@@ -1,6 +1,6 @@
-// Tests of tiermem-train's checkpoint files (src/train/checkpoint.h): round trip, and clear
+// Tests of tiermem-train's checkpoint files (include/tiermem/checkpoint.h): round trip, and clear
 // errors for corrupt, truncated and partial checkpoints.
-#include "train/checkpoint.h"
+#include "tiermem/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

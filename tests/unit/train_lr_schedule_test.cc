@@ -1,8 +1,8 @@
-// tiermem-train's learning rate schedules (src/train/lr_schedule.h) against reference curves:
+// tiermem-train's learning rate schedules (include/tiermem/lr_schedule.h) against reference curves:
 // values computed by hand from DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py:
 // WarmupLR, WarmupDecayLR, WarmupCosineLR) at last_batch_iteration = step - 1, and the trainer's
 // own warm-up + cosine schedule.
-#include "train/lr_schedule.h"
+#include "tiermem/lr_schedule.h"
 
 #include <gtest/gtest.h>
 

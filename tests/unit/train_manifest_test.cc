@@ -1,15 +1,15 @@
-// parse_manifest (src/train/checkpoint.h) against bad manifests: every input is either a valid
+// parse_manifest (include/tiermem/checkpoint.h) against bad manifests: every input is either a valid
 // manifest or a CheckpointError that names the file and the key. Cases found by
 // tests/fuzz/manifest_fuzz.cc are kept here (and in tests/fuzz/corpus/manifest/crash-*).
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "train/checkpoint.h"
+#include "tiermem/checkpoint.h"
 
 namespace {
-using tiermem::train::CheckpointError;
-using tiermem::train::parse_manifest;
+using tiermem::CheckpointError;
+using tiermem::parse_manifest;
 
 const char* kGood = R"({"format":"tiermem-train-checkpoint","version":1,"rank":0,"world_size":1,
  "step":4,"state_file":"state-00000004.bin","state_bytes":8192,"meta":{"seed":7},

@@ -205,7 +205,7 @@ TEST(TrainMpi, TwoRankCheckpointResumesBitForBit) {
 }
 
 // Resume at another world size (issue 33): the ZeRO optimizer state is re-partitioned as it loads
-// (src/train/checkpoint_reshard.h). Saved by 2 ranks with --batch 3 after step 4, resumed by 3
+// (include/tiermem/checkpoint_reshard.h). Saved by 2 ranks with --batch 3 after step 4, resumed by 3
 // ranks with --batch 2 and by 1 rank with --batch 6 (the same global batch of 6 sequences, so the
 // same data): steps 5..8 equal those of a resume at 2 ranks within 1e-5 relative (the state is the
 // same numbers; only fp32 summation orders in the reduce-scatter and the loss all-reduce differ).

@@ -1,8 +1,8 @@
-// Tests of the re-partitioning of a saved ZeRO optimizer state (src/train/checkpoint_reshard.h):
+// Tests of the re-partitioning of a saved ZeRO optimizer state (include/tiermem/checkpoint_reshard.h):
 // synthetic checkpoints written at one world size, read back at another, every element checked.
 // Module sizes are odd (not multiples of world × alignment), so every layout has padding, and
 // some ranks' shards of the small modules are all padding.
-#include "train/checkpoint_reshard.h"
+#include "tiermem/checkpoint_reshard.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

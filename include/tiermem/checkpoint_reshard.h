@@ -1,7 +1,8 @@
-// src/train/checkpoint_reshard.h — re-partitions a ZeRO optimizer state saved at one world size
+// tiermem/checkpoint_reshard.h — re-partitions a ZeRO optimizer state saved at one world size
 // for another, as it loads: each rank reads the elements of its new shard straight from the old
-// ranks' checkpoint files that hold them. Used by tiermem-train (ZeroTrainEngine::load) and by
-// tiermem.torch's load_checkpoint (through the binding in python/src/train_state.cc).
+// ranks' checkpoint files (tiermem/checkpoint.h) that hold them. Used by tiermem-train
+// (ZeroTrainEngine::load) and by tiermem.torch's load_checkpoint (through the binding in
+// python/src/train_state.cc); the library is tiermem::train_state (src/train/checkpoint_reshard.cc).
 //
 // The state is three fp32 tensors per old rank (master weights and the two Adam moments), each
 // that rank's RANK-FLAT shard as tiermem/shard.h lays it out: every module padded to a multiple
@@ -14,8 +15,10 @@
 // buffers; nothing model-sized is ever in memory.
 //
 // Units: every count and offset is in ELEMENTS (fp32) unless the name ends in _bytes.
+// Ownership: fill() writes the caller's three buffers during the call only; an
+// OptimizerStateReshard owns the old ranks' readers (files open until it is destroyed).
 // Thread-safety: reshard_copies is pure (thread-safe); an OptimizerStateReshard is used by one
-// thread. Errors: CheckpointError naming the file and what is wrong (an old rank's directory or
+// thread at a time. Errors: CheckpointError naming the file and what is wrong (an old rank's directory or
 // manifest missing, a tensor of another size, a checksum mismatch); tiermem::Error for arguments
 // that do not fit together (module lists of different lengths, a range past the shard).
 #pragma once
@@ -26,9 +29,9 @@
 #include <vector>
 
 #include "tiermem/shard.h"
-#include "train/checkpoint.h"
+#include "tiermem/checkpoint.h"
 
-namespace tiermem::train {
+namespace tiermem {
 
 // One contiguous run of elements to copy: `n` elements at `old_offset` of old rank `old_rank`'s
 // rank-flat shard go to `dst` elements into the requested range of the new shard.
@@ -83,4 +86,4 @@ class OptimizerStateReshard {
   std::vector<std::unique_ptr<CheckpointReader>> readers_;  // by old rank; null = not needed
 };
 
-}  // namespace tiermem::train
+}  // namespace tiermem

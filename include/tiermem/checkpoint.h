@@ -1,5 +1,12 @@
-// src/train/checkpoint.h — tiermem-train checkpoints: a JSON manifest plus one state file per
-// rank, written durably, verified by xxHash64 on load.
+// tiermem/checkpoint.h — one rank's checkpoint: a JSON manifest plus one state file, written
+// durably, verified by xxHash64 on load. The format tiermem-train (src/train) and tiermem.torch
+// (python/src/train_state.cc: _tiermem.CheckpointWriter / CheckpointReader) both write and read;
+// the library is tiermem::train_state (src/train/checkpoint.cc, checkpoint_manifest.cc).
+//
+// Units: every size and offset is in BYTES (std::uint64_t), a step is an optimizer step count.
+// Ownership: the caller's buffers are only read (add_tensor, write_part) or written (read_tensor,
+// read_part) during the call; writer and reader own their file descriptors and close them in
+// their destructors (which never throw).
 //
 // Layout of `--save DIR` (one subdirectory per rank, so ranks never write the same file):
 //   DIR/rank<r>/manifest.json         the manifest (the commit point)
@@ -25,7 +32,9 @@
 // (expected vs found bytes), a checksum mismatch (tensor name, expected vs found), a tensor of
 // another size than the program expects. I/O failures while writing are IoError (path, offset).
 //
-// Thread-safety: writer and reader objects are used by one thread.
+// Thread-safety: a writer or reader object is used by one thread at a time; different objects
+// (other ranks, other directories) are independent. parse_manifest and checksum64 are pure and
+// reentrant. One writer per rank directory at a time (remove_stale_checkpoint_files too).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +47,7 @@
 #include "tiermem/error.h"
 #include "tiermem/tier.h"
 
-namespace tiermem::train {
+namespace tiermem {
 
 class CheckpointError : public Error {
  public:
@@ -165,4 +174,4 @@ class CheckpointReader {
   std::vector<CheckpointTensor> tensors_;
 };
 
-}  // namespace tiermem::train
+}  // namespace tiermem

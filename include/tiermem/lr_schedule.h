@@ -1,17 +1,22 @@
-// src/train/lr_schedule.h — tiermem-train's learning rate per optimizer step: its own schedule
+// tiermem/lr_schedule.h — the learning rate per optimizer step: tiermem-train's own schedule
 // (linear warm-up, cosine decay to lr / 10) or DeepSpeed's `scheduler` section (WarmupLR,
-// WarmupDecayLR, WarmupCosineLR; deepspeed/runtime/lr_schedules.py), as plain functions.
+// WarmupDecayLR, WarmupCosineLR; deepspeed/runtime/lr_schedules.py), as plain functions. Used by
+// tiermem-train and by tiermem.torch (_tiermem.lr_at); the library is tiermem::train_state
+// (src/train/lr_schedule.cc).
+//
+// Units: learning rates are plain doubles; steps and iterations are counts (long long).
+// Errors: none thrown; a config's missing required keys are the caller's to check (ConfigError).
 //
 // Step numbering: the trainer's steps are 1-based; DeepSpeed's schedulers are indexed by
 // last_batch_iteration, 0-based. Optimizer step t uses DeepSpeed's lr at iteration t - 1, so
 // step 1 of WarmupLR runs at warmup_min_lr.
 //
-// Thread-safety: plain values and pure functions.
+// Ownership: plain values, nothing held. Thread-safety: pure functions, reentrant.
 #pragma once
 
 #include "tiermem/config.h"
 
-namespace tiermem::train {
+namespace tiermem {
 
 struct LrSchedule {
   enum class Kind { kTrainer, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
@@ -33,4 +38,4 @@ LrSchedule make_lr_schedule(const SchedulerConfig& scheduler, double lr, int war
 // The learning rate of 1-based optimizer step t.
 double lr_at(const LrSchedule& schedule, long long t);
 
-}  // namespace tiermem::train
+}  // namespace tiermem

@@ -1,0 +1,189 @@
+"""bench/torch_bench_common.py — what the torch-face benches share: the model set-up, the ds_config
+both offloading contenders train with, DeepSpeed's one-process group on the CPU, the timed step
+loop, the memory readings, the worker environment and the machine's description. Imported by
+bench/compare_torch.py, compare_torch_ranks.py and largest_llama.py (each puts bench/ on
+sys.path); not a program.
+
+torch, transformers and deepspeed are imported inside the functions that need them, never at the
+top: the drivers read --help, spawn workers and print tables without them (only the workers train).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import time
+
+# GPT-2's shapes (transformers.GPT2Config's defaults for small; GPT-2 medium's), vocab 50257.
+GPT2_SHAPES = {"small": dict(n_layer=12, n_embd=768, n_head=12), "medium": dict(n_layer=24, n_embd=1024, n_head=16)}
+GPT2_VOCAB = 50257
+
+
+# ---------------------------------------------------------------- models
+
+def import_transformers(*classes):
+    """transformers, quiet, with `classes` (names) imported now: a model's classes must be imported
+    before any zero.Init, as a script's imports at its top are (DeepSpeed 0.19.8's Init fails when
+    transformers imports a model's file inside it, on torch 2.15)."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    for c in classes:
+        getattr(transformers, c)
+    return transformers
+
+
+def build_gpt2(shape):
+    """transformers.GPT2LMHeadModel of GPT2_SHAPES[shape], built under torch.manual_seed(0) (no
+    download), under whatever zero.Init the caller has opened."""
+    import torch
+    transformers = import_transformers()
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_SHAPES[shape]))
+
+
+def build_under_deepspeed(model_class, model_config, ds_cfg):
+    """As DeepSpeed's HF users build a model: HfDeepSpeedConfig(ds_cfg), kept alive, makes
+    _from_config build under deepspeed.zero.Init (each parameter partitioned to the config's
+    offload_param as its module is built) and initialise the weights gathered; under
+    torch.manual_seed(0). Returns (model, keep): hold `keep` as long as the model is used."""
+    import torch
+    from transformers.integrations import HfDeepSpeedConfig
+    keep = HfDeepSpeedConfig(ds_cfg)
+    torch.manual_seed(0)
+    return model_class._from_config(model_config), keep
+
+
+# ---------------------------------------------------------------- configuration
+
+def ds_config(*, hidden, batch, nvme_dir, sub_group_size, buffer_size, offload=True, tiermem=None):
+    """The ds_config of every offloading contender: stage 3; bucket sizes as HF's "auto" derives
+    them from the hidden size (reduce_bucket_size H*H, stage3_prefetch_bucket_size 0.9*H*H,
+    stage3_param_persistence_threshold 10*H); with `offload`, offload_param {nvme, buffer_count 5,
+    buffer_size (elements), max_in_cpu 1e9} and offload_optimizer {nvme, buffer_count 4} in
+    nvme_dir, pin_memory false (the CPU accelerator has none); AdamW lr 1e-4, betas (0.9, 0.999),
+    eps 1e-8, weight decay 0.01; clipping 1.0; aio block 1 MiB, queue depth 8. `tiermem`: the
+    config's tiermem section, when given."""
+    zero = {"stage": 3, "sub_group_size": int(sub_group_size),
+            "reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+            "stage3_param_persistence_threshold": 10 * hidden}
+    if offload:
+        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False, "buffer_count": 5,
+                                 "buffer_size": int(buffer_size), "max_in_cpu": int(1e9)}
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False,
+                                     "buffer_count": 4}
+    cfg = {
+        "train_micro_batch_size_per_gpu": batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                   "weight_decay": 0.01}},
+        "zero_optimization": zero,
+        "aio": {"block_size": 1 << 20, "queue_depth": 8, "single_submit": False, "overlap_events": True,
+                "intra_op_parallelism": 1},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    if tiermem:
+        cfg["tiermem"] = dict(tiermem)
+    return cfg
+
+
+def worker_env(threads):
+    """The environment of a worker process: OMP_NUM_THREADS=threads, OMP_WAIT_POLICY=PASSIVE,
+    DS_ACCELERATOR=cpu, TOKENIZERS_PARALLELISM=false, over this process's."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE", DS_ACCELERATOR="cpu",
+                TOKENIZERS_PARALLELISM="false")
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_deepspeed_gloo(single_process=True):
+    """deepspeed.init_distributed with gloo, DeepSpeed's logger at WARNING. single_process: as rank
+    0 of 1 on a free local port (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_* set here); else from
+    torchrun's environment."""
+    import logging
+
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+    ds_logger.setLevel(logging.WARNING)
+    if single_process:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+
+
+# ---------------------------------------------------------------- measuring
+
+def engine_step(engine, data):
+    """One training step of a DeepSpeed-shaped engine (DeepSpeed's or tiermem.torch's) on one token
+    batch used as input_ids and labels; returns the loss."""
+    loss = engine(input_ids=data, labels=data).loss
+    engine.backward(loss)
+    engine.step()
+    return loss
+
+
+def timed_steps(step, steps, before=None, after=None):
+    """Runs step() `steps` times; returns (wall seconds of each, float loss of each). before(i) is
+    called before step i is timed, after(i, seconds, loss) after it (both optional, outside the
+    timing)."""
+    times, losses = [], []
+    for i in range(steps):
+        if before:
+            before(i)
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.item()))
+        if after:
+            after(i, times[-1], losses[-1])
+    return times, losses
+
+
+def max_rss_bytes():
+    """This process's peak resident set (getrusage ru_maxrss), in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_marks():
+    """(VmRSS, VmHWM) of this process now, in bytes: where the max RSS was reached."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith(("VmRSS:", "VmHWM:")):
+                out[ln.split(":")[0]] = int(ln.split()[1]) * 1024
+    return [out.get("VmRSS", 0), out.get("VmHWM", 0)]
+
+
+def scalar_stats(engine):
+    """tiermem.torch engine.stats() without its nested values (what a result's JSON keeps)."""
+    return {k: v for k, v in engine.stats().items() if isinstance(v, (int, float, str))}
+
+
+# ---------------------------------------------------------------- the machine
+
+def cpu_name():
+    """(the CPU's model name, whether it has AVX-512F), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return "unknown", False
+    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "unknown")
+    flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return name, " avx512f" in flags
+
+
+def loadavg():
+    """The 1-minute load average (nan when /proc/loadavg cannot be read)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except OSError:
+        return float("nan")
