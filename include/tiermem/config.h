@@ -85,12 +85,17 @@ struct Fp16Config {
   double min_loss_scale = 1;
 };
 
+// optimizer: type "adam"/"adamw" (AdamW, decoupled decay), "lion" (Chen et al. 2023: betas
+// default [0.9, 0.99], decoupled decay) or "adagrad" (torch.optim.Adagrad's rule: L2 decay added to
+// the gradient, eps default 1e-10, lr_decay, initial_accumulator_value). Parsed lowercase.
 struct OptimizerConfig {
   std::string type = "AdamW";
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  double lr_decay = 0.0;                   // adagrad
+  double initial_accumulator_value = 0.0;  // adagrad: the sum's starting value
 };
 
 // Our own keys (the `tiermem` section). Sizes in bytes, bandwidths in GB/s (1e9 bytes/s).

@@ -65,6 +65,9 @@ struct ZeroPlanOptions {
   // adds nothing to R, optimizer_bytes or gradient_bytes. Empty, or shorter than the module
   // list: the modules past its end train.
   std::vector<bool> frozen_modules;
+  // false: no sub-group's state is homed on the device under offload_optimizer.ratio (the
+  // engine's optimizer type is one the device does not step: Lion, Adagrad).
+  bool device_share = true;
 };
 
 struct ZeroPlan {

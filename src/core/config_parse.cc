@@ -199,11 +199,19 @@ void read_fp16(Section& s, Config& cfg) {
 }
 
 void read_optimizer(Section& s, Config& cfg) {
-  // Every optimizer in tiermem is Adam with decoupled weight decay (DeepSpeed's adam_w_mode).
-  s.get_choice("type", cfg.optimizer.type, {"adam", "adamw"});
+  // Adam is AdamW (decoupled weight decay: DeepSpeed's adam_w_mode); Lion and Adagrad as
+  // DeepSpeed's CPU optimizers name them (tiermem/optim_kernels.h has their rules).
+  s.get_choice("type", cfg.optimizer.type, {"adam", "adamw", "lion", "adagrad"});
+  const bool lion = cfg.optimizer.type == "lion", adagrad = cfg.optimizer.type == "adagrad";
+  if (lion) cfg.optimizer.beta2 = 0.99;  // Lion's defaults (betas [0.9, 0.99])
+  if (adagrad) cfg.optimizer.eps = 1e-10;  // torch.optim.Adagrad's
   if (auto p = s.sub("params")) {
     p->get_double("lr", cfg.optimizer.lr, 0, 1e6);
     p->get_double("eps", cfg.optimizer.eps, 0, 1);
+    if (adagrad) {
+      p->get_double("lr_decay", cfg.optimizer.lr_decay, 0, 1e6);
+      p->get_double("initial_accumulator_value", cfg.optimizer.initial_accumulator_value, 0, 1e6);
+    }
     p->get_double("weight_decay", cfg.optimizer.weight_decay, 0, 1e6);
     if (const json* b = p->find("betas")) {
       if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number()) {

@@ -89,10 +89,26 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptio
   if (options.alignment_elems == 0) throw Error("ZeroEngineOptions::alignment_elems must be >= 1");
   check_sub_group_size(z, options.alignment_elems);
   std::string opt = lower(config_.optimizer.type);
-  if (opt != "adamw" && opt != "adam") {
+  if (opt != "adamw" && opt != "adam" && opt != "lion" && opt != "adagrad") {
     throw ConfigError("optimizer.type", config_.optimizer.type,
                       "config key 'optimizer.type' = \"" + config_.optimizer.type +
-                          "\" is not supported by ZeroEngine (Adam, AdamW)");
+                          "\" is not supported by ZeroEngine (Adam, AdamW, Lion, Adagrad)");
+  }
+  I.shape.optimizer = opt == "lion"      ? detail::OptimizerKind::kLion
+                      : opt == "adagrad" ? detail::OptimizerKind::kAdagrad
+                                         : detail::OptimizerKind::kAdamW;
+  if (I.shape.optimizer != detail::OptimizerKind::kAdamW) {
+    // The device-resident optimizer (and its share under offload_optimizer.ratio) runs AdamW only.
+    if (config_.tiermem.device_optimizer == "on") {
+      throw ConfigError("tiermem.device_optimizer", "on",
+                        "tiermem.device_optimizer \"on\" steps AdamW on the device; optimizer.type \"" + opt +
+                            "\" is stepped by the CPU: set device_optimizer to \"auto\" or \"off\"");
+    }
+    if (z.offload_optimizer.ratio >= 0 && z.offload_optimizer.ratio < 1.0) {
+      throw ConfigError("zero_optimization.offload_optimizer.ratio", fmt::format("{}", z.offload_optimizer.ratio),
+                        "offload_optimizer.ratio < 1 steps part of the state on the device, which runs AdamW only; "
+                        "optimizer.type \"" + opt + "\" needs ratio 1");
+    }
   }
   if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
     throw ConfigError("zero_optimization.offload_optimizer.device",

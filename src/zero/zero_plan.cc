@@ -267,7 +267,7 @@ void plan_partial_offload(const Sizing& s, ZeroPlan& p) {
   const double ratio = s.z.offload_optimizer.ratio;
   const bool grad_on_device = s.o.device_host_addressable;
   const std::size_t want = partial_offload_want(s, p);
-  if (!(want > 0 && s.stage == 3 && p.uses_device && !p.optimizer_on_device &&
+  if (!(want > 0 && s.o.device_share && s.stage == 3 && p.uses_device && !p.optimizer_on_device &&
         s.z.offload_optimizer.device != OffloadDevice::kNone && s.R > 0)) {
     return;
   }

@@ -25,7 +25,9 @@ void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   // CPU twin); auto = when the device will be a GPU; off = never. It applies to offload_optimizer
   // none at stages 1-3 (plan_zero checks those).
   const std::string& want = cfg.tiermem.device_optimizer;
-  po.device_optimizer = want == "on" || (want == "auto" && gpu);
+  const bool adamw = shape.optimizer == detail::OptimizerKind::kAdamW;  // the device steps AdamW only
+  po.device_optimizer = adamw && (want == "on" || (want == "auto" && gpu));
+  po.device_share = adamw;
   if (want == "on" && cfg.zero.offload_optimizer.device != OffloadDevice::kNone) {
     throw ConfigError("tiermem.device_optimizer", want,
                       fmt::format("tiermem.device_optimizer \"on\" keeps the optimizer state on the device, "
@@ -216,6 +218,9 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
         float* s = pin.as<float>();
         copy_init(r.begin, r.end, s);                         // master
         std::fill(s + r.size(), s + 3 * r.size(), 0.0f);      // exp_avg, exp_avg_sq
+        if (shape.optimizer == detail::OptimizerKind::kAdagrad) {  // its sum starts there (slot 2)
+          std::fill(s + 2 * r.size(), s + 3 * r.size(), static_cast<float>(cfg.optimizer.initial_accumulator_value));
+        }
       }
     }
     if (shape.stage >= 2) {

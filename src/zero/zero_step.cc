@@ -10,6 +10,7 @@
 #include "tiermem/adam.h"
 #include "tiermem/log.h"
 #include "tiermem/prefetcher.h"
+#include "tiermem/optim_kernels.h"
 #include "zero/zero_impl.h"
 
 namespace tiermem {
@@ -174,7 +175,21 @@ void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, detail:
   float* s = state.as<float>();
   const std::size_t n = p.size();
   // The new working params are written by the same pass (bf16/fp16 rounded, or an fp32 copy).
-  adam_step(ap, s, g, s + n, s + 2 * n, n, out, shape.wdtype);
+  switch (shape.optimizer) {
+    case detail::OptimizerKind::kAdamW:
+      adam_step(ap, s, g, s + n, s + 2 * n, n, out, shape.wdtype);
+      break;
+    case detail::OptimizerKind::kLion:
+      // lr as the step was given it (a deferred update keeps its step's); the rest as configured.
+      lion_step(LionParams{ap.lr, ap.beta1, ap.beta2, cfg.optimizer.weight_decay, ap.grad_scale}, s, g, s + n, n,
+                out, shape.wdtype);
+      break;
+    case detail::OptimizerKind::kAdagrad:
+      adagrad_step(AdagradParams{ap.lr, cfg.optimizer.lr_decay, cfg.optimizer.weight_decay, cfg.optimizer.eps,
+                                 ap.step, ap.grad_scale},
+                   s, g, s + 2 * n, n, out, shape.wdtype);
+      break;
+  }
   state.mark_dirty();
   state.release();
   gpin.release();

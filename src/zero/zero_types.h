@@ -26,8 +26,14 @@ namespace tiermem::detail {
 // The engine's shape: what the configuration and the communicator fix at construction (rank,
 // world, stage, dtypes) and what make_tiers decides once (the tiers). Filled before any part
 // runs; the parts read it through a const reference and never change it.
+// The update rule step() runs on each sub-group (optimizer.type). The sub-group's fp32 state is
+// [master | slot 1 | slot 2] for all: AdamW's exp_avg and exp_avg_sq; Lion's exp_avg in slot 1
+// (slot 2 unused, zero); Adagrad's sum in slot 2 (DeepSpeed's "exp_avg_sq"; slot 1 unused).
+enum class OptimizerKind { kAdamW, kLion, kAdagrad };
+
 struct EngineShape {
   int rank = 0, world = 1;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
   int opt_world = 1, opt_rank = 0;  // stage 0: optimizer state is not partitioned
   int stage = 0;
   std::size_t wsize = 4;            // bytes of one working-parameter element
