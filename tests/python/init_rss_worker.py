@@ -36,7 +36,7 @@ def main() -> None:
             engine.backward(loss)
             engine.step()
         st = engine.stats()
-        out.update(params=sum(u.numel for u in engine._hooks.units), optimizer_state_bytes=st["optimizer_state_bytes"],
+        out.update(params=sum(u.numel for u in engine.units), optimizer_state_bytes=st["optimizer_state_bytes"],
                    nvme_written_bytes=st["nvme_written_bytes"], host_pool_peak_bytes=st["host_pool_peak_bytes"],
                    loss=float(loss))
         engine.close()

@@ -27,7 +27,7 @@ def test_tied_weights_stay_tied_and_train_as_one(torch_or_skip, tmp_path):
     engine, *_ = tt.initialize(model=model, config=_nvme_cfg(tmp_path))
     assert model.lm_head.weight is model.transformer.wte.weight
     # One engine unit holds the tied matrix; lm_head gathers it rather than owning a copy.
-    names = [u.name for u in engine._hooks.units]
+    names = [u.name for u in engine.units]
     assert "transformer.wte" in names and "lm_head" not in names
     assert_rel_close(engine_losses(engine, data, STEPS), want, 1e-5)
     engine.close()

@@ -88,7 +88,7 @@ def test_fp32_export_loads_into_the_plain_model(torch_or_skip, tmp_path):
     engine_losses(a, data, 4)
     path = str(tmp_path / "model.pt")
     written = a.save_fp32_model(path)
-    assert written == 4 * sum(u.numel for u in a._hooks.units)
+    assert written == 4 * sum(u.numel for u in a.units)
     sd = torch.load(path)  # plain torch.load, weights_only default
     plain = build("gpt2")
     plain.load_state_dict(sd)

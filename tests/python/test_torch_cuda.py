@@ -1,5 +1,5 @@
 """tiermem.torch with a model on CUDA: each gathered unit is copied from the engine's host memory
-to the model's device, and gradients are copied back out (see tiermem/torch/_hooks.py, "CUDA").
+to the model's device, and gradients are copied back out (see tiermem/torch/_unit.py, "CUDA").
 No GPU exists on the machines that run this suite, so the copy path is also run on the CPU
 (``copy_in``: the CUDA path's CPU twin) and must give the same losses bit for bit as the
 zero-copy CPU path. The test on a real CUDA device skips, saying so, when there is none."""
@@ -19,16 +19,17 @@ def _nvme_cfg(tmp_path, **kw):
 def _train(tt, kind, cfg, data, copy_in, gas=1):
     model = build(kind)
     engine, *_ = tt.initialize(model=model, config=cfg)
-    engine._hooks.copy_in = copy_in
+    link = engine._hooks.link  # what the model's units share: where they compute, and how
+    link.copy_in = copy_in
     copies = []
-    to_compute = engine._hooks._to_compute
+    to_compute = link.to_compute
 
     def watched(flat, copy=False):
         out = to_compute(flat, copy)
         copies.append(out.data_ptr() != flat.data_ptr())
         return out
 
-    engine._hooks._to_compute = watched
+    link.to_compute = watched
     losses = engine_losses(engine, data, STEPS, gas)
     engine.close()
     return losses, copies
@@ -67,7 +68,7 @@ def test_model_on_cuda_matches_plain_torch(torch_or_skip, tmp_path):
     want = reference_losses(build("gpt2").cuda(), data, STEPS)
     model = build("gpt2").cuda()
     engine, *_ = tt.initialize(model=model, config=_nvme_cfg(tmp_path))
-    assert engine._hooks.compute_device.type == "cuda"
+    assert engine._hooks.link.compute_device.type == "cuda"
     got = engine_losses(engine, data, STEPS)
     assert all(p.device.type == "cuda" for p in model.parameters())
     engine.close()

@@ -1,9 +1,10 @@
 """Checkpoints of a tiermem.torch engine, and the consolidated fp32 export.
 
 ``save_checkpoint(engine, save_dir, tag)`` writes ``save_dir/tag/rank<r>/`` with the C++ writer
-tiermem-train uses (src/train/checkpoint.h): one state file streamed one optimizer sub-group at a
+tiermem-train uses (tiermem/checkpoint.h): one state file streamed one optimizer sub-group at a
 time (fp32 master weights and both Adam moments of this rank's shard: ``optimizer.master``,
-``optimizer.exp_avg``, ``optimizer.exp_avg_sq``), the module's persistent buffers, the LR scheduler's, torch's RNG and the caller's state (pickled by torch.save into a ``u8``
+``optimizer.exp_avg``, ``optimizer.exp_avg_sq``), the module's persistent buffers, the LR
+scheduler's, torch's RNG and the caller's state (pickled by torch.save into a ``u8``
 tensor), and a JSON manifest listing each tensor with its XXH64. The state file is written to a
 temporary name, fsynced and renamed; the manifest likewise, and it is the commit point: a kill -9
 at any moment leaves the previous checkpoint or the new one, never a manifest naming missing data.
@@ -14,7 +15,7 @@ the model in memory: the state streams from its tier through one sub-group at a 
 at a time (the working parameters are republished from the restored master weights), and
 restores buffers, scheduler and step counters: the run continues bit for bit. At another world
 size the state is re-partitioned as it loads, by the C++ code tiermem-train uses
-(src/train/checkpoint_reshard.h, bound as ``_tiermem.OptimizerStateReshard``): each rank reads the
+(tiermem/checkpoint_reshard.h, bound as ``_tiermem.OptimizerStateReshard``): each rank reads the
 elements of its new shard from the old ranks' files that held them (the manifest gives the old
 world size and module sizes, the layout is tiermem/shard.h's), one sub-group at a time; no
 conversion step, no rank holding the model.
@@ -24,6 +25,12 @@ conversion step, no rank holding the model.
 and the buffers, under the model's own names (tied parameters under each name, as
 ``model.state_dict()`` gives them), written unit by unit (one unit's parameters in memory at a
 time) in torch's zip format.
+
+Each function takes the engine (``TiermemEngine``) and reaches it through its public state
+interface only: ``check_open``, ``global_rank``, ``world_size``, ``units``, ``working_dtype``, ``optimizer_home``, ``optimizer_shard_numel``, ``export_optimizer_state``,
+``import_optimizer_state``, ``master_weights``, besides DeepSpeed's attributes (``module``,
+``config``, ``optimizer``, ``lr_scheduler``, the step counters). The engine's checkpoint methods
+call these functions; nothing here imports the engine.
 """
 
 from __future__ import annotations
@@ -90,12 +97,11 @@ def _bytes_view(t: torch.Tensor) -> torch.Tensor:
 
 def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_state: Optional[dict] = None,
                     save_latest: bool = True) -> str:
-    engine._require_open()
+    engine.check_open()
     tag = str(tag if tag is not None else f"global_step{engine.global_steps}")
     if not tag or "/" in tag or tag in (".", ".."):
         raise ValueError(f"save_checkpoint: tag {tag!r} must be a plain directory name")
-    z = engine._zero
-    rank, world = z.rank(), z.world_size()
+    rank, world = engine.global_rank, engine.world_size
     d = os.path.join(save_dir, tag)
     if os.path.exists(save_dir) and not os.path.isdir(save_dir):
         raise NotADirectoryError(f"save_checkpoint: save_dir '{save_dir}' is a file, not a directory")
@@ -103,15 +109,15 @@ def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_sta
     _tiermem.remove_stale_checkpoint_files(d, rank) if os.path.isdir(d) else None
     w = _tiermem.CheckpointWriter(d, rank, world, engine.global_steps)
     try:
-        n = z.shard_numel()
-        tier = z.stats()["optimizer_home"]
+        n = engine.optimizer_shard_numel
+        tier = engine.optimizer_home
         handles = [w.begin_tensor(f"optimizer.{k}", tier, 4 * n, "f32", [n]) for k in _STATE]
 
         def sink(offset, master, exp_avg, exp_avg_sq):
             for h, a in zip(handles, (master, exp_avg, exp_avg_sq)):
                 w.write_part(h, a)
 
-        header = z.export_state(sink)
+        header = engine.export_optimizer_state(sink)
         for name, t in _extras(engine).items():
             w.add_tensor(name, "host", _bytes_view(t), _DTYPES.get(t.dtype, "u8"), [t.numel() * t.element_size()]
                          if t.dtype not in _DTYPES or t.dtype == torch.bool else list(t.shape))
@@ -125,11 +131,11 @@ def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_sta
         meta = {
             "format": _FORMAT,
             "engine": header,
-            "units": [[u.name, u.numel] for u in engine._hooks.units],
+            "units": [[u.name, u.numel] for u in engine.units],
             "global_steps": engine.global_steps,
             "micro_steps": engine.micro_steps,
             "skipped_steps": engine.skipped_steps,
-            "working_dtype": z.working_dtype(),
+            "working_dtype": engine.working_dtype,
             "lr": [float(g["lr"]) for g in engine.optimizer.param_groups],  # what the next step uses
         }
         w.commit(json.dumps(meta))
@@ -176,21 +182,20 @@ def _read_latest(load_dir: str) -> str:
 def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optimizer_states: bool = True,
                     load_lr_scheduler_states: bool = True, load_module_only: bool = False):
     """Returns (path, client_state) as DeepSpeed's engine.load_checkpoint does."""
-    engine._require_open()
+    engine.check_open()
     tag = str(tag) if tag is not None else _read_latest(load_dir)
     d = os.path.join(load_dir, tag)
-    z = engine._zero
-    rank, world = z.rank(), z.world_size()
+    rank, world = engine.global_rank, engine.world_size
     r0 = _tiermem.CheckpointReader(d, 0)  # parses and validates the manifest
     old_world = r0.world_size
     # This rank's own files when the checkpoint has them (same or smaller world), else rank 0's:
-    # buffers, frozen parameters, scheduler and RNG state are the same on every rank.
+    # buffers, scheduler and RNG state are the same on every rank.
     r = r0 if rank == 0 or rank >= old_world else _tiermem.CheckpointReader(d, rank)
     where = r.manifest_path
     meta = json.loads(r.meta())
     if meta.get("format") != _FORMAT:
         raise ValueError(f"load_checkpoint: {where} is not a tiermem.torch checkpoint (format {meta.get('format')!r})")
-    units = [[u.name, u.numel] for u in engine._hooks.units]
+    units = [[u.name, u.numel] for u in engine.units]
     if meta["units"] != units:
         for i, (a, b) in enumerate(zip(meta["units"], units)):
             if a != b:
@@ -198,7 +203,7 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
                                  f"the checkpoint but {b[0]!r} with {b[1]} in this model: not the same model")
         raise ValueError(f"load_checkpoint: {where} has {len(meta['units'])} engine modules, this model {len(units)}")
     header = meta["engine"]
-    n = z.shard_numel()
+    n = engine.optimizer_shard_numel
     # The optimizer state's partition: over every rank at stages 1-3, whole on each at stage 0.
     old_parts = int(header["world_size"])
     new_parts = world if int(engine.config["zero_optimization"]["stage"]) > 0 else 1
@@ -225,11 +230,11 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
     names = {t["name"] for t in r.tensors()}
     for name, t in extras.items():
         if name not in names:
-            raise ValueError(f"load_checkpoint: {where} has no tensor {name!r} (a buffer or frozen parameter of this "
+            raise ValueError(f"load_checkpoint: {where} has no tensor {name!r} (a buffer of this "
                              "model)")
 
     if load_optimizer_states and not load_module_only:
-        z.import_state(header, source)
+        engine.import_optimizer_state(header, source)
     else:  # weights only: the master weights, with fresh moments and step count
         fresh = dict(header, steps=0, skipped_steps=0)
 
@@ -238,7 +243,7 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
             exp_avg.fill(0)
             exp_avg_sq.fill(0)
 
-        z.import_state(fresh, weights_only)
+        engine.import_optimizer_state(fresh, weights_only)
     with torch.no_grad():
         for name, t in extras.items():
             dst = torch.empty_like(t, memory_format=torch.contiguous_format)
@@ -306,17 +311,15 @@ def _storage_type(dtype: torch.dtype):
 def save_fp32_state_dict(engine, path: str) -> int:
     """Writes the model's state dict with fp32 master weights to `path` (torch.load format), one
     engine unit at a time. Returns the number of parameter bytes written."""
-    engine._require_open()
-    z = engine._zero
-    hooks = engine._hooks
+    engine.check_open()
     tmp = path + ".tmp"
     writer = torch._C.PyTorchFileWriter(tmp)
     refs: dict[int, tuple[_StorageRef, torch.Size, torch.dtype]] = {}
     keys = iter(range(1 << 62))
     written = 0
     try:
-        for u in hooks.units:
-            master = z.export_master(u.index)
+        for u in engine.units:
+            master = engine.master_weights(u.index)
             for p, off, n in u.params:
                 key = str(next(keys))
                 piece = master[off:off + n].clone()

@@ -27,16 +27,20 @@ Thread-safety: one thread drives an engine.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import warnings
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 
 from .. import _tiermem
+from . import checkpoint
+from ._config import load_config
+from ._dist import DistOps, ensure_process_group, launched_world_size
 from ._hooks import ParamHooks
+from ._malloc import fix_malloc_threshold
+from ._staging import release_staging
 
 __all__ = ["initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules"]
 
@@ -52,120 +56,6 @@ def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes: Iterable[ty
             m._z3_leaf = True
             marked.append(m)
     return marked
-
-
-# ---------------------------------------------------------------------------------------- config
-
-_HF_AUTO_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
-
-
-def _hidden_size(model: torch.nn.Module) -> Optional[int]:
-    cfg = getattr(model, "config", None)
-    if cfg is None:
-        return None
-    for key in ("hidden_size", "n_embd", "d_model"):
-        v = getattr(cfg, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    sizes = getattr(cfg, "hidden_sizes", None)
-    if isinstance(sizes, (list, tuple)) and sizes:
-        return max(sizes)
-    return None
-
-
-def load_config(config: Any, model: Optional[torch.nn.Module] = None, world_size: int = 1, quiet: bool = False):
-    """Parses `config` (a path to a ds_config JSON file, or a dict) with tiermem's parser.
-
-    Where HF's DeepSpeed integration derives an "auto" from the model, the same is done here from
-    ``model.config``'s hidden size H: reduce_bucket_size = H*H, stage3_prefetch_bucket_size =
-    0.9*H*H, stage3_param_persistence_threshold = 10*H (one line says what each became). Every
-    other "auto" takes tiermem's default (listed on one line). Returns (Config, dict of every key)."""
-    if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise ValueError(f"tiermem.torch.initialize: cannot read config file {path}: {e.strerror}") from None
-        source = path
-    elif isinstance(config, dict):
-        try:
-            text = json.dumps(config)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"tiermem.torch.initialize: config dict is not JSON-serialisable: {e}") from None
-        source = "<config dict>"
-    else:
-        raise TypeError(f"tiermem.torch.initialize: config must be a path or a dict, got {type(config).__name__}")
-    parsed = _tiermem.parse_config(text, source)  # duplicate keys, types and ranges checked here
-    doc = json.loads(text)
-    zero = doc.get("zero_optimization") if isinstance(doc, dict) else None
-    hidden = _hidden_size(model) if model is not None else None
-    if isinstance(zero, dict) and hidden:
-        derived = {"reduce_bucket_size": hidden * hidden,
-                   "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
-                   "stage3_param_persistence_threshold": 10 * hidden}
-        done = []
-        for key in _HF_AUTO_KEYS:
-            if zero.get(key) == "auto":
-                zero[key] = derived[key]
-                done.append(f"zero_optimization.{key}={derived[key]}")
-        if done:
-            if not quiet:
-                print(f"tiermem.torch: \"auto\" from the model (hidden size {hidden}): {', '.join(done)}",
-                      file=sys.stderr)
-            parsed = _tiermem.parse_config(json.dumps(doc), source)
-    parsed.resolve_batch_sizes(world_size)
-    line = parsed.auto_resolved_line()
-    if line and not quiet:
-        print(f"tiermem.torch: \"auto\" resolved: {line}", file=sys.stderr)
-    return parsed, json.loads(parsed.to_json())
-
-
-# ---------------------------------------------------------------------------------------- host memory
-
-_MMAP_THRESHOLD_BYTES = 128 << 10
-_SMALL_HOST_BUDGET = 512 << 20
-_malloc_fixed = False
-
-
-def _fix_malloc_threshold(host_budget_bytes: int = 0) -> None:
-    """Fixes glibc's mmap threshold at 128 KiB (its starting value) for a run short of host memory:
-    once per process, when the engine's host budget is at most 512 MiB (TIERMEM_MMAP_THRESHOLD,
-    bytes, overrides the choice either way; 0 leaves glibc's malloc as it is).
-
-    glibc raises the threshold to the size of each mmapped block that is freed (up to 32 MiB), so
-    after the first step torch's activations and gradients (0.1-30 MB each) come from the heap,
-    whose freed pages mostly stay in the process. Fixed, each such block is its own mapping,
-    returned to the system when torch frees it, and faulted in page by page when the next is
-    made. Measured on GPT-2 124 M with NVMe offload (docs/benchmarks.md): at 256 MiB budgets max
-    RSS 1.76 GiB fixed against 2.29 GiB not, at 1 GiB budgets 2.70 against 3.06 GiB; the step is
-    14-19 % slower fixed (4.34 against 3.81 s, 2.55 against 2.15 s). So the fixed threshold is what
-    a small budget asks for, and the default budgets keep glibc's. Not glibc (musl, macOS): nothing."""
-    global _malloc_fixed
-    if _malloc_fixed or not sys.platform.startswith("linux"):
-        return
-    value = os.environ.get("TIERMEM_MMAP_THRESHOLD")
-    if value is None:
-        if not 0 < host_budget_bytes <= _SMALL_HOST_BUDGET:
-            return  # glibc's own behaviour; a later engine with a small budget may still fix it
-        threshold = _MMAP_THRESHOLD_BYTES
-    else:
-        try:
-            threshold = int(value)
-        except ValueError:
-            raise ValueError(f"TIERMEM_MMAP_THRESHOLD={value!r}: expected bytes as an integer (0 leaves glibc's "
-                             f"malloc as it is; unset: {_MMAP_THRESHOLD_BYTES} when the host budget is at most "
-                             f"{_SMALL_HOST_BUDGET >> 20} MiB)") from None
-    _malloc_fixed = True
-    if threshold <= 0:
-        return
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        if hasattr(libc, "gnu_get_libc_version"):
-            libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
 
 
 # ---------------------------------------------------------------------------------------- model checks
@@ -275,7 +165,8 @@ class TiermemEngine:
     scheduler. ``module`` is the user's model."""
 
     def __init__(self, model: torch.nn.Module, config_obj, config: dict, leaf_types: tuple = (),
-                 lr_scheduler=None, quiet: bool = False, has_optimizer: bool = True) -> None:
+                 lr_scheduler=None, quiet: bool = False,
+                 has_optimizer: bool = True) -> None:
         self.module = model
         self.config = config
         self._config_obj = config_obj
@@ -292,8 +183,9 @@ class TiermemEngine:
         dtype = torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
 
         self._hooks = ParamHooks(model, leaf_types)
-        numels = self._hooks.numels()
-        frozen = self._hooks.frozen_flags()
+        units = self._hooks.units
+        numels = units.numels()
+        frozen = units.frozen_flags()
         if not numels:
             raise ValueError("tiermem.torch.initialize: the model has no floating-point parameters")
         # A model with nothing to train (an RL reference model, a teacher) gets a forward-only
@@ -308,36 +200,33 @@ class TiermemEngine:
         ops = None
         if torch.distributed.is_available() and torch.distributed.is_initialized() and \
                 torch.distributed.get_world_size() > 1:
-            from ._dist import DistOps
             ops = DistOps()
         self._zero = _tiermem.ZeroEngine(config_obj, numels, mean_over_micro_batches=False,
                                          comm="torch" if ops is not None else "single", dist_ops=ops,
                                          frozen=frozen)
         if ops is not None:
-            ops.unit_names = [u.name for u in self._hooks.units]
-            self._hooks.dist_ops = ops
-        for u in self._hooks.units:
-            self._zero.register_module(u.name, self._hooks.flat_values(u), u.numel)
+            ops.unit_names = [u.name for u in units.units]
+        for u in units.units:
+            self._zero.register_module(u.name, u.flat_values(), u.numel)
         # Only now, with every unit in the engine, does the model give up its own copies: an
         # initialize that fails above leaves the model as it was.
-        for u in self._hooks.units:
-            self._hooks._release(u)
-        from .zero import release_staging
+        for u in units.units:
+            u.release()
         release_staging(model)
         if dtype != torch.float32:  # buffers follow the working dtype (as DeepSpeed's engine does)
             for m in model.modules():
                 for k, b in m._buffers.items():
                     if b is not None and b.is_floating_point():
                         m._buffers[k] = b.to(dtype)
-        self._hooks.attach(self._zero, dtype)
-        _fix_malloc_threshold(int(self._zero.stats()["host_budget_bytes"]))
+        self._hooks.attach(self._zero, dtype, ops)
+        fix_malloc_threshold(int(self._zero.stats()["host_budget_bytes"]))
         self._hooks.on_backward = self._note_backward
         model._tiermem_engine = self
 
         opt = config["optimizer"]["params"]
         hparams = dict(lr=float(opt["lr"]), betas=tuple(opt["betas"]), eps=float(opt["eps"]),
                        weight_decay=float(opt["weight_decay"]))
-        self.optimizer = None if self.forward_only else ZeroOptimizer(self._hooks.trainable_params(), self, hparams)
+        self.optimizer = None if self.forward_only else ZeroOptimizer(units.trainable_params(), self, hparams)
         if self.forward_only:
             lr_scheduler = None
         elif lr_scheduler is None and config.get("scheduler", {}).get("type"):
@@ -361,7 +250,7 @@ class TiermemEngine:
         return self.module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
-        self._require_open()
+        self.check_open()
         self._require_trainable("backward")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("TiermemEngine.backward: loss must be a scalar tensor")
@@ -373,7 +262,7 @@ class TiermemEngine:
         return (self.micro_steps + 1) % self.gradient_accumulation_steps == 0
 
     def step(self) -> None:
-        self._require_open()
+        self.check_open()
         self._require_trainable("step")
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
@@ -406,17 +295,16 @@ class TiermemEngine:
         host memory (offload "cpu", stages 0-2) stays. ``include``, ``device``, ``pin_memory`` and
         ``non_blocking`` are accepted for DeepSpeed's signature: tiermem always offloads everything
         the engine may, to each tensor's own home. Returns the bytes dropped. Call between steps."""
-        self._require_open()
-        if self._hooks.gathered_params_open:
+        self.check_open()
+        if self._hooks.link.gathered_params_open:
             raise RuntimeError("TiermemEngine.offload_states: inside zero.GatheredParameters; leave the with-block first")
-        self._hooks.release_all()
         return int(self._zero.offload_states())
 
     def reload_states(self, non_blocking: bool = False) -> None:
         """DeepSpeed's ``engine.reload_states``: after ``offload_states`` training goes on where it
         was, bit for bit. Nothing is copied here: the next forward and step read what they need
         back from each tensor's home, ahead of use by the engine's recorded trace."""
-        self._require_open()
+        self.check_open()
 
     def gradients_ready(self) -> bool:
         """A backward has finished since the last optimizer step: the engine holds gradients the
@@ -436,29 +324,26 @@ class TiermemEngine:
                         save_latest: bool = True) -> str:
         """Writes save_dir/tag (default "global_step<N>"): this rank's optimizer state streamed from
         its tier, checksummed, crash-safe; returns the directory (see checkpoint.py)."""
-        from .checkpoint import save_checkpoint
-        return save_checkpoint(self, save_dir, tag, client_state, save_latest)
+        return checkpoint.save_checkpoint(self, save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(self, load_dir: str, tag: Optional[str] = None, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False):
         """Restores a checkpoint of this model (tag default: save_dir/latest); returns
         (path, client_state). The run then continues bit for bit."""
-        from .checkpoint import load_checkpoint
-        return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
-                               load_module_only)
+        return checkpoint.load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
+                                          load_module_only)
 
     def save_fp32_model(self, path: str) -> int:
         """The consolidated fp32 state dict (DeepSpeed's zero_to_fp32) written to `path`, unit by
         unit: ``model.load_state_dict(torch.load(path))`` restores the trained weights."""
-        from .checkpoint import save_fp32_state_dict
-        return save_fp32_state_dict(self, path)
+        return checkpoint.save_fp32_state_dict(self, path)
 
     def stats(self) -> dict:
         """The engine's counters (bytes per tier, peaks, traffic, prefetches): ZeroStats. With
         several ranks also comm_blocked_s (seconds the training thread waited in collectives, the
         communication compute did not hide) and comm_calls."""
         st = self._zero.stats()
-        ops = self._hooks.dist_ops
+        ops = self._hooks.link.dist_ops
         if ops is not None:
             st.update(ops.stats())
         return st
@@ -476,11 +361,12 @@ class TiermemEngine:
     def __reduce_ex__(self, protocol):
         return self._hooks.__reduce_ex__(protocol)  # the same TypeError
 
-    # -------------------------------------------------------------------- internals
-    _last_skipped = False
-    _last_grad_norm: Optional[float] = None
+    # -------------------------------------------------------------------- state (checkpoint.py's interface)
+    # What a checkpoint reads and restores, besides the public attributes above (module, config,
+    # optimizer, lr_scheduler, global_steps, micro_steps, skipped_steps). One thread, as every call.
 
-    def _require_open(self) -> None:
+    def check_open(self) -> None:
+        """Raises RuntimeError when the engine was closed."""
         if self._closed:
             raise RuntimeError("TiermemEngine: the engine was closed")
 
@@ -489,9 +375,65 @@ class TiermemEngine:
             raise RuntimeError(f"TiermemEngine.{call}: this engine runs forward only (every parameter of the model is "
                                "frozen and the config has no 'optimizer' section): it has nothing to train")
 
+    @property
+    def global_rank(self) -> int:
+        """This process's rank among the engine's ranks (0 with one)."""
+        return self._zero.rank()
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks the engine runs on."""
+        return self._zero.world_size()
+
+    @property
+    def units(self) -> list:
+        """The engine modules in engine order (``_unit.Unit``: ``index``, ``name``, ``numel``, and
+        ``params``: (parameter, offset, numel) in the unit's flat vector). Read only."""
+        return self._hooks.units.units
+
+    @property
+    def working_dtype(self) -> str:
+        """The engine's name for the working parameters' dtype ("f32", "bf16", "f16")."""
+        return self._zero.working_dtype()
+
+    @property
+    def optimizer_home(self) -> str:
+        """The tier this rank's optimizer state lives on ("device", "host", "nvme")."""
+        return self._zero.stats()["optimizer_home"]
+
+    @property
+    def optimizer_shard_numel(self) -> int:
+        """Elements of this rank's shard of the optimizer state (each of master weights, exp_avg,
+        exp_avg_sq is that many fp32 values)."""
+        return self._zero.shard_numel()
+
+    def export_optimizer_state(self, sink) -> dict:
+        """Streams this rank's optimizer state out, one sub-group at a time: ``sink(offset, master,
+        exp_avg, exp_avg_sq)`` gets fp32 arrays valid during the call only, `offset` in elements of
+        the shard. Returns the header (world size, rank, module sizes, alignment, step counts, loss
+        scaler) that import_optimizer_state needs back."""
+        return self._zero.export_state(sink)
+
+    def import_optimizer_state(self, header: dict, source) -> None:
+        """Restores this rank's optimizer state from a header of export_optimizer_state (its rank
+        and world size this engine's): ``source(offset, master, exp_avg, exp_avg_sq)`` fills the
+        fp32 arrays of one sub-group. The working parameters are republished from the master
+        weights."""
+        self._zero.import_state(header, source)
+
+    def master_weights(self, unit: int) -> torch.Tensor:
+        """Engine module `unit`'s full fp32 master weights, as a new tensor (all-gathered with several
+        ranks: a collective, every rank calls it). A frozen unit has no master: its working values
+        as fp32."""
+        return self._zero.export_master(unit)
+
+    # -------------------------------------------------------------------- internals
+    _last_skipped = False
+    _last_grad_norm: Optional[float] = None
+
     def _optimizer_step(self, lr: float) -> None:
-        self._require_open()
-        if self._hooks.gathered_params_open:
+        self.check_open()
+        if self._hooks.link.gathered_params_open:
             raise RuntimeError("tiermem.torch: optimizer step inside zero.GatheredParameters: the parameters shown there "
                                "are a copy the step would not update; leave the with-block first")
         if self._backwards_since_step == 0:
@@ -508,7 +450,7 @@ class TiermemEngine:
             self.global_steps += 1
 
     def _zero_grad(self) -> None:
-        self._require_open()
+        self.check_open()
         self._zero.zero_grad()
 
     def _note_backward(self) -> None:
@@ -544,7 +486,7 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     - ``training_data``: a torch Dataset, returned as a DataLoader of
       ``train_micro_batch_size_per_gpu`` (with ``collate_fn``).
     - ``model_parameters`` is accepted for compatibility: every trainable parameter of ``model``
-      is trained (frozen ones stay frozen).
+      is trained; the frozen ones are paged as frozen units (no optimizer state).
     - ``leaf_modules``: classes whose instances are gathered as one unit (set_z3_leaf_modules).
     """
     if model is None:
@@ -559,10 +501,9 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     if config is None:
         raise ValueError("tiermem.torch.initialize: no config given (config=ds_config.json or a dict)")
     _check_model(model)
-    from . import _dist
-    world = _dist.launched_world_size()
+    world = launched_world_size()
     if world > 1:
-        _dist.ensure_process_group()
+        ensure_process_group()
     if leaf_modules:
         set_z3_leaf_modules(model, leaf_modules)
     config_obj, cfg = load_config(config, model, world)

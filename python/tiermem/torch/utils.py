@@ -34,14 +34,13 @@ __all__ = ["safe_get_full_fp32_param", "safe_set_full_fp32_param", "safe_get_ful
 
 
 def _slot(param, call: str):
-    """(hooks, unit, offset, numel) of a managed parameter, or TypeError."""
-    hooks = param.__dict__.get("_tm_hooks") if isinstance(param, torch.Tensor) else None
-    if hooks is None or hooks.engine is None:
+    """(C++ engine, unit, offset, numel) of a managed parameter, or TypeError."""
+    unit = param.__dict__.get("_tm_unit") if isinstance(param, torch.Tensor) else None
+    if unit is None or unit.link.engine is None:
         raise TypeError(f"tiermem.torch.utils.{call}: the parameter is not managed by a tiermem engine (pass a "
                         "parameter of a model given to tiermem.torch.initialize, before engine.close())")
-    unit, _ = hooks.unit_of[id(param)]
     _, off, n = unit.slot_of[id(param)]
-    return hooks, unit, off, n
+    return unit.link.engine, unit, off, n
 
 
 def _values(value, param, call: str) -> torch.Tensor:
@@ -54,16 +53,16 @@ def _values(value, param, call: str) -> torch.Tensor:
 
 
 def safe_get_full_fp32_param(param) -> torch.Tensor:
-    hooks, unit, off, n = _slot(param, "safe_get_full_fp32_param")
-    return hooks.engine.export_master(unit.index)[off:off + n].clone().view(param.shape)
+    zero, unit, off, n = _slot(param, "safe_get_full_fp32_param")
+    return zero.export_master(unit.index)[off:off + n].clone().view(param.shape)
 
 
 def safe_set_full_fp32_param(param, value: torch.Tensor) -> None:
-    hooks, unit, off, n = _slot(param, "safe_set_full_fp32_param")
+    zero, unit, off, n = _slot(param, "safe_set_full_fp32_param")
     v = _values(value, param, "safe_set_full_fp32_param")
-    full = hooks.engine.export_master(unit.index)
+    full = zero.export_master(unit.index)
     full[off:off + n] = v
-    hooks.engine.set_module_params(unit.index, full)
+    zero.set_module_params(unit.index, full)
 
 
 def _state_key(key: str, call: str) -> str:
@@ -74,31 +73,31 @@ def _state_key(key: str, call: str) -> str:
 
 
 def safe_get_full_optimizer_state(param, optim_state_key: str) -> Optional[torch.Tensor]:
-    hooks, unit, off, n = _slot(param, "safe_get_full_optimizer_state")
+    zero, unit, off, n = _slot(param, "safe_get_full_optimizer_state")
     key = _state_key(optim_state_key, "safe_get_full_optimizer_state")
     if unit.frozen:
         return None
-    return hooks.engine.export_module_state(unit.index, key)[off:off + n].clone().view(param.shape)
+    return zero.export_module_state(unit.index, key)[off:off + n].clone().view(param.shape)
 
 
 def safe_set_full_optimizer_state(param, value: torch.Tensor, optim_state_key: str) -> None:
-    hooks, unit, off, n = _slot(param, "safe_set_full_optimizer_state")
+    zero, unit, off, n = _slot(param, "safe_set_full_optimizer_state")
     key = _state_key(optim_state_key, "safe_set_full_optimizer_state")
     if unit.frozen:
         raise ValueError("tiermem.torch.utils.safe_set_full_optimizer_state: the parameter is frozen "
                          "(requires_grad=False at initialize): it has no optimizer state")
     v = _values(value, param, "safe_set_full_optimizer_state")
-    full = hooks.engine.export_module_state(unit.index, key)
+    full = zero.export_module_state(unit.index, key)
     full[off:off + n] = v
-    hooks.engine.set_module_state(unit.index, key, full)
+    zero.set_module_state(unit.index, key, full)
 
 
 def safe_get_full_grad(param) -> Optional[torch.Tensor]:
-    hooks, unit, off, n = _slot(param, "safe_get_full_grad")
+    zero, unit, off, n = _slot(param, "safe_get_full_grad")
     if unit.frozen:
         return None
-    engine = getattr(hooks.model, "_tiermem_engine", None)
+    engine = getattr(unit.link.model, "_tiermem_engine", None)
     if engine is None or not engine.gradients_ready():
         raise RuntimeError("tiermem.torch.utils.safe_get_full_grad: no gradient now: it is valid between "
                            "engine.backward(loss) (or loss.backward()) and the optimizer step that consumes it")
-    return hooks.engine.export_grad(unit.index)[off:off + n].clone().view(param.shape)
+    return zero.export_grad(unit.index)[off:off + n].clone().view(param.shape)

@@ -1,0 +1,72 @@
+"""Parameters between uses, and the parameter classes tiermem.torch gives them (shared by the
+engine's units, ``_unit.py``, and zero.Init's staging, ``_staging.py``).
+
+Between uses, a parameter's ``.data`` is a placeholder: a zero-stride expansion of one element, so
+``param.shape`` stays true but the parameter holds no memory. Reading it then gives meaningless
+values, writing it fails.
+
+A parameter whose memory is elsewhere (in the engine, or in Init's staging) gets a class of its
+own: a subclass of its class with a ``__torch_function__`` that brings the values in for a call
+that reads them (``param_subclass``). Calls that read no values (``is_metadata``: sizes, strides,
+hooks, property accessors) are answered by the placeholder.
+
+Thread-safety: the caches here are filled from the thread that drives the model.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = ["placeholder", "param_subclass", "is_metadata"]
+
+_PLACEHOLDERS: dict[tuple, torch.Tensor] = {}
+
+
+def placeholder(shape: torch.Size, dtype: torch.dtype, device: Optional[torch.device] = None) -> torch.Tensor:
+    """A tensor of `shape` holding one element of `dtype` on `device` (one per dtype and device,
+    shared): what a parameter's ``.data`` is while its values are elsewhere."""
+    key = (dtype, device)
+    base = _PLACEHOLDERS.get(key)
+    if base is None:
+        base = torch.zeros((), dtype=dtype, device=device)
+        _PLACEHOLDERS[key] = base
+    return base.expand(shape)
+
+
+# Tensor calls that read no parameter values: a released parameter answers them without a gather.
+def _metadata_calls() -> frozenset:
+    T = torch.Tensor
+    names = ["size", "dim", "numel", "nelement", "element_size", "is_floating_point", "is_complex",
+             "stride", "storage_offset", "is_contiguous", "requires_grad_", "register_hook",
+             "register_post_accumulate_grad_hook", "data_ptr", "untyped_storage", "_is_view",
+             "get_device", "type", "__len__"]
+    out = set()
+    for n in names:
+        f = getattr(T, n, None)
+        if f is not None:
+            out.add(f)
+    return frozenset(out)
+
+
+_METADATA = _metadata_calls()
+
+
+def is_metadata(func) -> bool:
+    """Whether the torch call `func` reads no parameter values (it needs no gather)."""
+    # Property accessors (shape, dtype, device, data, grad, requires_grad, _base, ...) read no values.
+    return func in _METADATA or getattr(func, "__name__", "") in ("__get__", "__set__", "__delete__")
+
+
+_SUBCLASSES: dict[tuple, type] = {}
+
+
+def param_subclass(cls: type, prefix: str, torch_function) -> type:
+    """`cls` (a Parameter class) with `torch_function` as its __torch_function__, made once per
+    (class, prefix) and named <prefix><cls name>."""
+    sub = _SUBCLASSES.get((cls, prefix))
+    if sub is None:
+        sub = type(f"{prefix}{cls.__name__}", (cls,), {"__torch_function__": classmethod(torch_function)})
+        _SUBCLASSES[(cls, prefix)] = sub
+    return sub

@@ -1,0 +1,187 @@
+"""Where parameters built under ``zero.Init`` wait for ``initialize``, and how they are reached
+meanwhile.
+
+Each parameter goes, as soon as its module's ``__init__`` returns, to a staging file under the
+config's NVMe path (host memory when the config offloads nothing to NVMe), its ``.data`` a
+placeholder of the right shape and its class a subclass of its own (``stage_param``).
+Initialisation code that runs later on the whole model (HF's ``post_init``, ``tie_weights``)
+reaches each parameter through that class's ``__torch_function__``: loaded, changed in place,
+written back. ``initialize`` then registers each engine unit from the staging (``take_staged``),
+one unit at a time, and once every unit is in the engine ``release_staging`` drops the staging
+(the file goes with its last parameter). A failed ``initialize`` leaves the staging as it was.
+
+Thread-safety: single-threaded, as module construction is.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+import weakref
+from typing import Optional
+
+import torch
+
+from ._params import is_metadata, param_subclass, placeholder
+
+__all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_staging", "make_marked_dirs", "MADE_MARKER"]
+
+
+# The marker of a directory tiermem made (src/nvme/made_dirs.h): the engine that last uses it
+# removes it once nothing else is in it, so a closed engine leaves only what the user made.
+MADE_MARKER = ".tiermem-made"
+
+
+def make_marked_dirs(directory: str) -> None:
+    """Makes `directory` and its missing parents (0700), each with the marker, as the engine's
+    swap set-up does; a directory that exists is left as it is."""
+    missing = []
+    d = os.path.abspath(directory)
+    while not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            continue
+        open(os.path.join(d, MADE_MARKER), "w").close()
+
+
+class Stage:
+    """Where parameters built under Init wait for initialize(): a file under the config's NVMe path
+    (offload_param or offload_optimizer nvme), else host memory (the model then lives in host
+    memory anyway). Values keep their dtype. Single-threaded, as module construction is."""
+
+    def __init__(self, directory: Optional[str]) -> None:
+        self.slots: dict[int, tuple[int, int, torch.dtype, torch.Size]] = {}  # id(p) -> (offset, bytes, dtype, shape)
+        self.mem: dict[int, torch.Tensor] = {}
+        self.fd = -1
+        self.path = None
+        self.end = 0
+        if directory:
+            make_marked_dirs(directory)
+            fd, self.path = tempfile.mkstemp(prefix="tiermem-init-", suffix=".bin", dir=directory)
+            self.fd = fd
+            self._finalizer = weakref.finalize(self, Stage._remove, fd, self.path)
+
+    @staticmethod
+    def _remove(fd: int, path: str) -> None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    def store(self, p: torch.Tensor, values: torch.Tensor) -> None:
+        values = values.detach().contiguous()
+        if self.fd < 0:
+            self.mem[id(p)] = values.clone() if values.data_ptr() == p.data_ptr() else values
+            self.slots[id(p)] = (0, 0, values.dtype, values.shape)
+            return
+        nbytes = values.numel() * values.element_size()
+        slot = self.slots.get(id(p))
+        if slot is None or slot[1] != nbytes:
+            slot = (self.end, nbytes, values.dtype, values.shape)
+            self.end += (nbytes + 4095) // 4096 * 4096
+            self.slots[id(p)] = slot
+        raw = values.view(torch.uint8).reshape(-1).numpy() if nbytes else b""
+        view = memoryview(raw)
+        done = 0
+        while done < nbytes:  # short writes are retried
+            done += os.pwrite(self.fd, view[done:], slot[0] + done)
+
+    def load(self, p: torch.Tensor) -> torch.Tensor:
+        offset, nbytes, dtype, shape = self.slots[id(p)]
+        if self.fd < 0:
+            return self.mem[id(p)]
+        out = torch.empty(shape, dtype=dtype)
+        buf = memoryview(out.view(torch.uint8).reshape(-1).numpy()) if nbytes else memoryview(b"")
+        done = 0
+        while done < nbytes:
+            n = os.preadv(self.fd, [buf[done:]], offset + done)
+            if n <= 0:
+                raise OSError(errno.EIO, f"zero.Init: staging file {self.path} ended at byte {offset + done} "
+                                         f"(expected {nbytes} bytes at {offset})", self.path)
+            done += n
+        return out
+
+    def drop(self, p: torch.Tensor) -> None:
+        self.slots.pop(id(p), None)
+        self.mem.pop(id(p), None)
+
+
+def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
+    """A parameter staged by Init, used by code that runs after its module was built (HF's
+    post_init weight initialisation, tie_weights, user code): loaded for the call, written back
+    after it (the call may have initialised it in place), released again."""
+    if kwargs is None:
+        kwargs = {}
+    staged = []
+    if not is_metadata(func):
+        for a in list(args) + list(kwargs.values()):
+            items = a if isinstance(a, (list, tuple)) else (a,)
+            for x in items:
+                st = getattr(x, "_tm_stage", None) if isinstance(x, torch.nn.Parameter) else None
+                if st is not None and id(x) in st.slots and not any(x is y for y, _ in staged):
+                    x.data = st.load(x)
+                    staged.append((x, st))
+    try:
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    finally:
+        for x, st in staged:
+            st.store(x, x.data)
+            x.data = placeholder(x.shape, x.dtype)
+
+
+def _init_param_class(cls: type) -> type:
+    return param_subclass(cls, "ZeroInit", _init_param_torch_function)
+
+
+def stage_param(p: torch.nn.Parameter, stage: Stage) -> None:
+    """Moves `p`'s values into `stage`: its class becomes the staged subclass of its own and its
+    ``.data`` a placeholder of the right shape."""
+    stage.store(p, p.data)
+    p._tm_stage = stage
+    p._tm_init_class = type(p)
+    p.__class__ = _init_param_class(type(p))
+    p.data = placeholder(p.shape, p.dtype)
+
+
+def take_staged(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
+    """For initialize(): the value Init staged for `p` (None if it was not built under Init). The
+    staging keeps it until drop_staged (an initialize that fails leaves the model as it was)."""
+    st = p.__dict__.get("_tm_stage")
+    if st is None:
+        return None
+    return st.load(p)
+
+
+def drop_staged(p: torch.nn.Parameter) -> None:
+    """After a successful initialize: the parameter gets its own class back and its staging copy
+    is dropped (the staging file goes with its last one)."""
+    st = p.__dict__.get("_tm_stage")
+    if st is None:
+        return
+    st.drop(p)
+    p.__class__ = p.__dict__.pop("_tm_init_class")
+    del p.__dict__["_tm_stage"]
+    if not st.slots and st.fd >= 0:
+        st._finalizer()
+
+
+def release_staging(model: torch.nn.Module) -> None:
+    """After initialize: a parameter still staged by Init (every one is engine state, so only one
+    that registration did not read) is dropped, and a staging that holds nothing more is closed and
+    its file removed."""
+    for p in model.parameters():
+        if p.__dict__.get("_tm_stage") is not None:
+            drop_staged(p)
