@@ -9,6 +9,20 @@
 #include "zero/zero_impl.h"
 
 namespace tiermem {
+namespace {
+
+// Where a tensor is filled in place for its home: NVMe homes through the host tier.
+Tier fill_tier_of(Tier home) { return home == Tier::kNvme ? Tier::kHost : home; }
+
+// Copies shard elements [a, b) of the initial values `init` (zero beyond it) to dst as fp32.
+void copy_shard_init(std::span<const float> init, std::size_t a, std::size_t b, float* dst) {
+  const std::size_t v = std::min(b, std::max(a, init.size()));
+  if (v > a) std::copy(init.begin() + static_cast<std::ptrdiff_t>(a), init.begin() + static_cast<std::ptrdiff_t>(v), dst);
+  std::fill(dst + (v - a), dst + (b - a), 0.0f);
+}
+
+}  // namespace
+
 
 void ZeroEngine::Impl::make_plan(std::span<const std::size_t> numels) {
   ZeroPlanOptions po;
@@ -177,13 +191,7 @@ void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
 void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(i)];
   const std::size_t n = m.shard.shard;
-  auto fill_tier = [](Tier home) { return home == Tier::kNvme ? Tier::kHost : home; };
-  // Copies shard elements [a, b) of the initial values (zero beyond init) to dst as fp32.
-  auto copy_init = [&](std::size_t a, std::size_t b, float* dst) {
-    const std::size_t v = std::min(b, std::max(a, init.size()));
-    if (v > a) std::copy(init.begin() + static_cast<std::ptrdiff_t>(a), init.begin() + static_cast<std::ptrdiff_t>(v), dst);
-    std::fill(dst + (v - a), dst + (b - a), 0.0f);
-  };
+  auto copy_init = [&](std::size_t a, std::size_t b, float* dst) { copy_shard_init(init, a, b, dst); };
   // Optimizer pieces (and gradient partitions): the module's shard in sub-groups; none when frozen.
   const detail::ModuleLayout layout{m.shard, m.flat, m.persistent, m.stored};
   const std::vector<detail::SubGroupLayout> groups =
@@ -208,7 +216,7 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     os.group = detail::kGroupOptimizer;
     p.optim = store->register_tensor(os);
     {
-      TensorStore::Pin pin = store->acquire_for_overwrite(p.optim, fill_tier(os.home));
+      TensorStore::Pin pin = store->acquire_for_overwrite(p.optim, fill_tier_of(os.home));
       pin.mark_dirty();
       if (shape.opaque && pin.tier() == Tier::kDevice) {  // device-resident optimizer on an opaque device
         std::vector<float> tmp(3 * r.size(), 0.0f);
@@ -252,12 +260,7 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
 void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(i)];
   const std::size_t n = m.shard.shard;
-  auto fill_tier = [](Tier home) { return home == Tier::kNvme ? Tier::kHost : home; };
-  auto copy_init = [&](std::size_t a, std::size_t b, float* dst) {
-    const std::size_t v = std::min(b, std::max(a, init.size()));
-    if (v > a) std::copy(init.begin() + static_cast<std::ptrdiff_t>(a), init.begin() + static_cast<std::ptrdiff_t>(v), dst);
-    std::fill(dst + (v - a), dst + (b - a), 0.0f);
-  };
+  auto copy_init = [&](std::size_t a, std::size_t b, float* dst) { copy_shard_init(init, a, b, dst); };
   // Working params, converted piecewise (bounded temporaries) into the pinned shard (copied up
   // when it is device memory the CPU cannot address).
   // pin: the destination when it is a store tensor (null: `dst` is an engine host buffer).
@@ -292,7 +295,7 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
       ps.group = m.frozen ? detail::kGroupFrozen : detail::kGroupTrainable;
       m.param = store->register_tensor(ps);
     }
-    TensorStore::Pin pin = store->acquire_for_overwrite(m.param, fill_tier(m.home));
+    TensorStore::Pin pin = store->acquire_for_overwrite(m.param, fill_tier_of(m.home));
     to_work(pin.as<std::byte>(), &pin);
     pin.mark_dirty();
     if (m.frozen && m.home == Tier::kNvme) {
