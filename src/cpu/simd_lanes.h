@@ -1,16 +1,19 @@
 // src/cpu/simd_lanes.h — the vector operations of one ISA that the CPU kernel drivers
-// (adam_driver.h, cast_driver.h) are written over, so each driver is one template on lane width:
+// (adam_driver.h, cast_driver.h, optim_kernels_driver.h) are written over, so each driver is one
+// template on lane width:
 //   Avx2Lanes     8 fp32 lanes (__m256), 8 16-bit lanes (__m128i); AVX2 + F16C (+ FMA for fmadd)
 //   Avx512Lanes  16 fp32 lanes (__m512), 16 16-bit lanes (__m256i); AVX-512 F + BW + VL
 // Each has: load/store (unaligned) of a whole vector of fp32 (F) or 16-bit (H) values, their
 // partial forms over len < kLanes elements (load_part fills the other lanes with 0; store_part
 // writes only len elements and nothing past them), a streaming (non-temporal) store of H, the
-// arithmetic AdamW needs, and the conversions fp32 <-> bf16/fp16 (bf16 by simd_bf16.h's integer
+// arithmetic AdamW, Lion and Adagrad need (optim_kernels_driver.h: add, sub and Lion's
+// lr * sign(c) as sign_step), and the conversions fp32 <-> bf16/fp16 (bf16 by simd_bf16.h's integer
 // rounding; fp16 by vcvtps2ph with an immediate round-to-nearest-even, MXCSR not consulted).
 // Partial forms: AVX2 goes through a zero-padded stack copy, AVX-512 through masks; the lanes of
 // an element compute the same bits either way.
 //
-// Include only from a file compiled with the matching ISA flags (src/cpu/adam.cmake, cast.cmake):
+// Include only from a file compiled with the matching ISA flags (src/cpu/adam.cmake, cast.cmake,
+// optim_kernels.cmake):
 // each struct is defined only when its ISA is enabled and lives in an unnamed namespace, so a copy
 // built with other flags cannot be linked in its place. Everything is static and stateless.
 #pragma once
@@ -57,9 +60,16 @@ struct Avx2Lanes {
     _mm_store_si128(reinterpret_cast<__m128i*>(t), x);
     std::memcpy(p, t, len * sizeof(std::uint16_t));
   }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F sqrt(F a) { return _mm256_sqrt_ps(a); }
+  // mag with c's sign bit xor-ed in where c is neither zero nor NaN, else +0 (Lion's lr * sign(c)).
+  static F sign_step(F mag, F c) {
+    const F nonzero = _mm256_cmp_ps(c, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    return _mm256_and_ps(nonzero, _mm256_xor_ps(mag, _mm256_and_ps(c, _mm256_set1_ps(-0.0f))));
+  }
 #if defined(__FMA__)  // AdamW's files have it; the casts' (-mavx2 -mf16c) need none
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }    // a * b + c
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
@@ -87,9 +97,17 @@ struct Avx512Lanes {
   static void store_part(float* p, F x, std::size_t len) { _mm512_mask_storeu_ps(p, mask(len), x); }
   static H load_h_part(const std::uint16_t* p, std::size_t len) { return _mm256_maskz_loadu_epi16(mask(len), p); }
   static void store_h_part(std::uint16_t* p, H x, std::size_t len) { _mm256_mask_storeu_epi16(p, mask(len), x); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F sign_step(F mag, F c) {  // as Avx2Lanes::sign_step
+    const __mmask16 nonzero = _mm512_cmp_ps_mask(c, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    const __m512i sign =
+        _mm512_and_si512(_mm512_castps_si512(c), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+    return _mm512_castsi512_ps(_mm512_maskz_xor_epi32(nonzero, _mm512_castps_si512(mag), sign));
+  }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static H to_bf16(F x) { return bf16_round_avx512(x); }
