@@ -258,6 +258,7 @@ def run_lora_worker(a):
             out["deepspeed"] = deepspeed.__version__
             out["ds_variant"] = a.ds_variant
             out["ds_zero_config"] = {k: v for k, v in cfg["zero_optimization"].items()}
+            progress("config", ds_variant=a.ds_variant, ds_zero_config=out["ds_zero_config"])
             common.init_deepspeed_gloo()
             base, keep = common.build_under_deepspeed(  # noqa: F841  (kept alive)
                 transformers.LlamaForCausalLM, common.llama_config(shape, a.seq), cfg)
@@ -418,7 +419,8 @@ def spawn_lora(a, who, variant="base", limit=None):
         tail = [ln for ln in (stderr or "").strip().splitlines() if not ln.startswith("[transformers]")][-15:]
         exit_ = rc if rc is None or rc >= 0 else f"signal {-rc}"
         err = next((ln for ln in reversed(tail) if "Error" in ln or "assert" in ln.lower()), tail[-1] if tail else "")
-        res = {"error": f"exit {cg['exit'] if cg else exit_}: {err}", "stderr_tail": tail}
+        res = {"error": f"exit {cg['exit'] if cg else exit_}: {err}", "stderr_tail": tail[-6:],
+               "ds_zero_config": next((x["ds_zero_config"] for x in prog if "ds_zero_config" in x), None)}
     res["wall_s"] = wall
     res["ds_variant"] = variant if who == "deepspeed" else None
     if prog:
