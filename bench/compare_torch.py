@@ -440,7 +440,7 @@ def ds_attempt(a, ds, limit):
         return spawn_lora(a, "deepspeed", ds["variant"], limit)
     if ds["attempts"]:
         return {"error": "no DeepSpeed variant ran (see ds_attempts)"}
-    good = None
+    good = first_fail = None
     for v in [x.strip() for x in a.ds_variants.split(",") if x.strip()]:
         r = spawn_lora(a, "deepspeed", v, limit)
         ok = "error" not in r
@@ -450,13 +450,17 @@ def ds_attempt(a, ds, limit):
                                "last_progress": (r.get("last_progress") or {}).get("progress"),
                                "ds_zero_config": r.get("ds_zero_config"), "cgroup": r.get("cgroup")})
         print(f"  deepspeed variant {v:24s} {'ran' if ok else 'FAILED ' + r['error'][:300]}", flush=True)
+        if not ok and first_fail is None:
+            first_fail = r
         if ok and good is None:
             good = r
             ds["variant"] = v
             if not a.ds_try_all:
                 break
-    return good or {"error": "no DeepSpeed variant ran: " + "; ".join(
-        f"{x['variant']}: {(x['error'] or '')[:160]}" for x in ds["attempts"])}
+    if good:
+        return good
+    return dict(first_fail, error="no DeepSpeed variant ran: " + "; ".join(
+        f"{x['variant']}: {(x['error'] or '')[:160]}" for x in ds["attempts"]))
 
 
 def gib(x):
@@ -548,7 +552,10 @@ def lora_main(a):
                 lp = (r.get("last_progress") or {}).get("progress", "nothing")
                 how = (f"killed by the OOM killer (oom_kill {cg.get('oom_kills')})"
                        if cg.get("oom_kills") else r["error"][:160])
-                print(f"| {c} | {how}; last reached: {lp} | {gib(r.get('max_rss_bytes_at_last_progress'))} at it"
+                at = r.get("max_rss_bytes_at_last_progress")
+                if c == "deepspeed" and ds["attempts"]:
+                    how = f"{ds['attempts'][0]['variant']}: {how} (every variant: see DeepSpeed attempts)"
+                print(f"| {c} | {how}; last reached: {lp} | {gib(at) + ' at it' if at else '—'}"
                       f" | {gib(cg.get('cgroup_max_usage_bytes'))} | {r.get('steps_done') or 0} | |")
             else:
                 print(f"| {c} | finished, exit 0 | {gib(r['max_rss_bytes'])} | {gib(cg.get('cgroup_max_usage_bytes'))}"
