@@ -5,6 +5,8 @@
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --rounds 3 --json --dir /mnt/nvme
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --model medium --contenders deepspeed,tiermem
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --profile tiermem   # where its time goes
+    ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --lora --llama 1b --rounds 1 --json    # PEFT LoRA
+    ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --lora --llama 1b --cgroup-limit half --json
 
 Model: transformers.GPT2LMHeadModel from GPT2Config (--model small: the defaults, n_layer 12,
 n_embd 768, vocab 50257, 124 M parameters; --model medium: n_layer 24, n_embd 1024, 355 M), built
@@ -51,6 +53,30 @@ reduce_bucket_size / stage3_prefetch_bucket_size / stage3_param_persistence_thre
 
 --json prints one object as the last line: {"results": {contender: {step_s, max_rss_bytes, ...}},
 "ratios": {...}, "loadavg": [...], "cpu": ..., "avx512": bool, ...}.
+
+--lora: the LoRA workload (issue 40). transformers.LlamaForCausalLM of --llama (torch_bench_common.
+LLAMA_SHAPES: tiny, 2 layers, hidden 256, intermediate 688, 4 heads, vocab 32000, 18.0 M parameters,
+seconds a step; 1b, TinyLlama-1.1B's shape, 1.10 B; --llama-layers / --llama-hidden /
+--llama-intermediate override the preset), untied head, built under each contender's zero.Init
+(tiermem.torch.zero.Init; DeepSpeed through HfDeepSpeedConfig + from_config) under a fixed seed,
+then peft.get_peft_model(LoraConfig(r=8, lora_alpha=16, lora_dropout=0, target_modules=[q_proj,
+v_proj])) (the adapters made outside any Init, under seed 2); batch 1 x seq 128, fp32, params and
+optimizer on nvme (buffer_size the largest tensor rounded up to 1 Mi elements, as largest_llama.py).
+Contenders (default deepspeed,tiermem,torch; tiermem_init too): deepspeed.initialize with the
+trainable parameters; tiermem.torch.initialize; the plain PEFT model with torch.optim.AdamW on its
+trainable parameters. Per contender: step time (median of steps 3..), max RSS, NVMe bytes per
+measured step from /proc/self/io (read_bytes / write_bytes: storage I/O of the whole process) and,
+for tiermem, engine.stats()'s nvme_{read,written}_{frozen,trainable,optimizer}_bytes, losses.
+DeepSpeed fails on this workload in 0.19.8 (a swap-buffer assertion in the forward that follows
+the traced first step): --ds-variants lists configurations (DS_VARIANTS: buffer_count, max_in_cpu,
+stage3_prefetch_bucket_size 0, max_live_parameters, offload_param on cpu) tried in order until one
+runs (--ds-try-all: every one); each attempt (configuration, error, steps done) goes to the output
+and to "ds_attempts" in --json; later rounds use the one that ran.
+--cgroup-limit half|SIZE (with --lora, root, cgroup v1): each contender (default tiermem_init,
+deepspeed,torch) once, --steps (default 3) steps, in a fresh memory cgroup (largest_llama.
+run_in_cgroup: no swap) of SIZE bytes or, with 'half', half the frozen base's fp32 bytes; per
+contender whether it finished, its max RSS, the group's max usage, or how it died (exit, signal,
+oom_kill count, the last progress line it printed: config / built / initialized / step n).
 
 --profile CONTENDER runs that contender once more under cProfile over steps 3..--steps and prints
 its top functions by cumulative and by own time (the hooks, the engine's gather / reduce / step,
