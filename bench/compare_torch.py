@@ -472,7 +472,8 @@ def ds_attempt(a, ds, limit):
         ok = "error" not in r
         ds["attempts"].append({"variant": v, "knobs": [DS_VARIANTS[n] for n in v.split("+")], "ran": ok,
                                "error": r.get("error"), "stderr_tail": r.get("stderr_tail"),
-                               "steps_done": r.get("steps_done", 0),
+                               "steps_done": r.get("steps_done", 0), "max_rss_bytes": r.get("max_rss_bytes"),
+                               "step_s": r.get("step_s"),
                                "last_progress": (r.get("last_progress") or {}).get("progress"),
                                "ds_zero_config": r.get("ds_zero_config"), "cgroup": r.get("cgroup")})
         print(f"  deepspeed variant {v:24s} {'ran' if ok else 'FAILED ' + r['error'][:300]}", flush=True)
