@@ -5,6 +5,8 @@
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --rounds 3 --json --dir /mnt/nvme
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --model medium --contenders deepspeed,tiermem
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --profile tiermem   # where its time goes
+    ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --lora --llama 1b --rounds 1 --json    # PEFT LoRA
+    ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --lora --llama 1b --cgroup-limit half --json
 
 Model: transformers.GPT2LMHeadModel from GPT2Config (--model small: the defaults, n_layer 12,
 n_embd 768, vocab 50257, 124 M parameters; --model medium: n_layer 24, n_embd 1024, 355 M), built
@@ -52,6 +54,30 @@ reduce_bucket_size / stage3_prefetch_bucket_size / stage3_param_persistence_thre
 --json prints one object as the last line: {"results": {contender: {step_s, max_rss_bytes, ...}},
 "ratios": {...}, "loadavg": [...], "cpu": ..., "avx512": bool, ...}.
 
+--lora: the LoRA workload (issue 40). transformers.LlamaForCausalLM of --llama (torch_bench_common.
+LLAMA_SHAPES: tiny, 2 layers, hidden 256, intermediate 688, 4 heads, vocab 32000, 18.0 M parameters,
+seconds a step; 1b, TinyLlama-1.1B's shape, 1.10 B; --llama-layers / --llama-hidden /
+--llama-intermediate override the preset), untied head, built under each contender's zero.Init
+(tiermem.torch.zero.Init; DeepSpeed through HfDeepSpeedConfig + from_config) under a fixed seed,
+then peft.get_peft_model(LoraConfig(r=8, lora_alpha=16, lora_dropout=0, target_modules=[q_proj,
+v_proj])) (the adapters made outside any Init, under seed 2); batch 1 x seq 128, fp32, params and
+optimizer on nvme (buffer_size the largest tensor rounded up to 1 Mi elements, as largest_llama.py).
+Contenders (default deepspeed,tiermem,torch; tiermem_init too): deepspeed.initialize with the
+trainable parameters; tiermem.torch.initialize; the plain PEFT model with torch.optim.AdamW on its
+trainable parameters. Per contender: step time (median of steps 3..), max RSS, NVMe bytes per
+measured step from /proc/self/io (read_bytes / write_bytes: storage I/O of the whole process) and,
+for tiermem, engine.stats()'s nvme_{read,written}_{frozen,trainable,optimizer}_bytes, losses.
+DeepSpeed fails on this workload in 0.19.8 (a swap-buffer assertion in the forward that follows
+the traced first step): --ds-variants lists configurations (DS_VARIANTS: buffer_count, max_in_cpu,
+stage3_prefetch_bucket_size 0, max_live_parameters, offload_param on cpu) tried in order until one
+runs (--ds-try-all: every one); each attempt (configuration, error, steps done) goes to the output
+and to "ds_attempts" in --json; later rounds use the one that ran.
+--cgroup-limit half|SIZE (with --lora, root, cgroup v1): each contender (default tiermem_init,
+deepspeed,torch) once, --steps (default 3) steps, in a fresh memory cgroup (largest_llama.
+run_in_cgroup: no swap) of SIZE bytes or, with 'half', half the frozen base's fp32 bytes; per
+contender whether it finished, its max RSS, the group's max usage, or how it died (exit, signal,
+oom_kill count, the last progress line it printed: config / built / initialized / step n).
+
 --profile CONTENDER runs that contender once more under cProfile over steps 3..--steps and prints
 its top functions by cumulative and by own time (the hooks, the engine's gather / reduce / step,
 torch's compute) plus torch.profiler's top operators.
@@ -71,9 +97,27 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import largest_llama  # noqa: E402  (its memory cgroup: run_in_cgroup)
 import torch_bench_common as common  # noqa: E402
 
 CONTENDERS = ("deepspeed", "tiermem", "torch", "tiermem_none", "tiermem_init")
+LORA_CONTENDERS = ("deepspeed", "tiermem", "torch")
+CGROUP_CONTENDERS = ("tiermem_init", "deepspeed", "torch")
+# DeepSpeed knobs tried by --lora (--ds-variants; "a+b" applies both): changes to zero_optimization
+# over the base ds_config (offload_param buffer_count 5, buffer_size the largest tensor rounded up to
+# 1 Mi elements, max_in_cpu 1e9; stage3_prefetch_bucket_size 0.9 H*H; max_live_parameters
+# DeepSpeed's default 1e9).
+DS_VARIANTS = {
+    "base": {},
+    "buffers16": {"offload_param": {"buffer_count": 16}},
+    "buffers32": {"offload_param": {"buffer_count": 32}},
+    "max_in_cpu0": {"offload_param": {"max_in_cpu": 0}},
+    "noprefetch": {"stage3_prefetch_bucket_size": 0},
+    "live1e7": {"stage3_max_live_parameters": int(1e7)},
+    "param_cpu": {"offload_param": {"device": "cpu"}},  # parameters in host RAM: not the benchmark's case
+}
+NVME_STATS = ("nvme_read_bytes", "nvme_written_bytes") + tuple(
+    f"nvme_{d}_{k}_bytes" for d in ("read", "written") for k in ("trainable", "frozen", "optimizer"))
 SHAPES = common.GPT2_SHAPES
 
 
@@ -179,6 +223,145 @@ def run_worker(a):
         shutil.rmtree(nvme_dir, ignore_errors=True)
 
 
+# ---------------------------------------------------------------- the LoRA workload (--lora)
+
+def lora_shape(a):
+    return common.llama_shape(a.llama, a.llama_layers, a.llama_hidden, a.llama_intermediate)
+
+
+def ds_variant(zero, name):
+    """zero_optimization with the knobs of DS_VARIANTS[n] for each n of name.split('+')."""
+    zero = json.loads(json.dumps(zero))
+    for n in name.split("+"):
+        for k, v in DS_VARIANTS[n].items():
+            if isinstance(v, dict):
+                zero.setdefault(k, {}).update(v)
+            else:
+                zero[k] = v
+    if zero.get("offload_param", {}).get("device") == "cpu":
+        zero["offload_param"].pop("nvme_path", None)
+    return zero
+
+
+def lora_ds_config(a, nvme_dir):
+    """common.ds_config for the Llama of lora_shape(a): buffer_size the largest tensor (embed_tokens,
+    lm_head) rounded up to 1 Mi elements, as largest_llama.py; DeepSpeed's knobs of --ds-variant;
+    tiermem_init's budgets in the tiermem section."""
+    shape = lora_shape(a)
+    largest = shape["vocab_size"] * shape["hidden_size"]
+    tiermem = None
+    if a.worker == "tiermem_init":
+        tiermem = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
+    cfg = common.ds_config(hidden=shape["hidden_size"], batch=a.batch, nvme_dir=nvme_dir,
+                           sub_group_size=a.sub_group_size,
+                           buffer_size=(largest + (1 << 20) - 1) // (1 << 20) * (1 << 20), tiermem=tiermem)
+    if a.worker == "deepspeed":
+        cfg["zero_optimization"] = ds_variant(cfg["zero_optimization"], a.ds_variant)
+    return cfg
+
+
+def progress(stage, **kw):
+    """A progress line (what a worker killed in the cgroup had reached)."""
+    print(json.dumps({"progress": stage, "max_rss_bytes": common.max_rss_bytes(), **kw}), flush=True)
+
+
+def run_lora_worker(a):
+    import torch
+    transformers = common.import_transformers("LlamaForCausalLM")  # before any zero.Init
+    import peft  # noqa: F401  (likewise)
+    shape = lora_shape(a)
+    torch.manual_seed(1)
+    data = torch.randint(0, shape["vocab_size"], (a.batch, a.seq))
+    nvme_dir = tempfile.mkdtemp(prefix=f"compare_torch_lora_{a.worker}_", dir=a.dir)
+    out = {"contender": a.worker}
+    marks = {"imported": common.rss_marks()}
+    try:
+        t_init = time.perf_counter()
+        io0 = common.proc_io()
+        cfg = lora_ds_config(a, nvme_dir)
+        if a.worker == "deepspeed":
+            import deepspeed
+            out["deepspeed"] = deepspeed.__version__
+            out["ds_variant"] = a.ds_variant
+            out["ds_zero_config"] = {k: v for k, v in cfg["zero_optimization"].items()}
+            progress("config", ds_variant=a.ds_variant, ds_zero_config=out["ds_zero_config"])
+            common.init_deepspeed_gloo()
+            base, keep = common.build_under_deepspeed(  # noqa: F841  (kept alive)
+                transformers.LlamaForCausalLM, common.llama_config(shape, a.seq), cfg)
+        elif a.worker in ("tiermem", "tiermem_init"):
+            import tiermem.torch as tt
+            torch.manual_seed(0)
+            with tt.zero.Init(config=cfg):
+                base = transformers.LlamaForCausalLM(common.llama_config(shape, a.seq))
+        elif a.worker == "torch":
+            torch.manual_seed(0)
+            base = transformers.LlamaForCausalLM(common.llama_config(shape, a.seq))
+        else:
+            raise SystemExit(f"contender {a.worker} has no LoRA run (deepspeed, tiermem, tiermem_init, torch)")
+        model = common.lora_wrap(base)
+        numel = [(getattr(q, "ds_numel", None) or q.numel(), q.requires_grad) for q in model.parameters()]
+        out["trainable_params"] = sum(n for n, t in numel if t)
+        out["frozen_params"] = sum(n for n, t in numel if not t)
+        marks["built"] = common.rss_marks()
+        progress("built", t=time.perf_counter() - t_init)
+        if a.worker == "deepspeed":
+            engine, *_ = deepspeed.initialize(model=model, config=cfg,
+                                              model_parameters=[q for q in model.parameters() if q.requires_grad])
+
+            def step():
+                return common.engine_step(engine, data)
+        elif a.worker.startswith("tiermem"):
+            engine, *_ = tt.initialize(model=model, config=cfg)
+
+            def step():
+                return common.engine_step(engine, data)
+        else:
+            model.train()
+            trainable = [q for q in model.parameters() if q.requires_grad]
+            opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+            def step():
+                loss = model(input_ids=data, labels=data).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+                opt.step()
+                opt.zero_grad()
+                return loss
+        out["init_s"] = time.perf_counter() - t_init
+        marks["initialized"] = common.rss_marks()
+        progress("initialized", t=out["init_s"])
+
+        def counters():
+            c = dict(zip(("proc_read_bytes", "proc_write_bytes"), common.proc_io()))
+            if a.worker.startswith("tiermem"):
+                st = engine.stats()
+                c.update({k: st[k] for k in NVME_STATS if k in st})
+            return c
+
+        snaps = [counters()]
+        out["init_io"] = {k: snaps[0][k] - v for k, v in
+                          zip(("proc_read_bytes", "proc_write_bytes"), io0)}
+
+        def after(i, seconds, loss):
+            snaps.append(counters())
+            if i == 0:
+                marks["step1"] = common.rss_marks()
+            progress("step", step=i + 1, step_s=seconds, loss=loss)
+
+        times, losses = common.timed_steps(step, a.steps, after=after)
+        first = 2 if len(times) > 2 else 0  # the measured steps: 3.. (all when there are 2 or fewer)
+        per_step = {k: (snaps[-1][k] - snaps[first][k]) / (len(times) - first) for k in snaps[0]}
+        out.update(step_s=statistics.median(times[first:]), step_times=times, losses=losses,
+                   max_rss_bytes=common.max_rss_bytes(), threads=torch.get_num_threads(), rss_marks=marks,
+                   io_per_step=per_step, measured_steps=[first + 1, len(times)])
+        if a.worker.startswith("tiermem"):
+            out["stats"] = common.scalar_stats(engine)
+            engine.close()
+        print(json.dumps(out))
+    finally:
+        shutil.rmtree(nvme_dir, ignore_errors=True)
+
+
 def report_profile(prof, step, a):
     import io
     import pstats
@@ -219,6 +402,224 @@ def spawn(a, who, profile=False):
     return res
 
 
+# ---------------------------------------------------------------- the LoRA driver
+
+def spawn_lora(a, who, variant="base", limit=None):
+    """One LoRA worker in a fresh process (in a memory cgroup of `limit` bytes when given): its
+    result, or {"error": ...}; in the cgroup also how it ended (exit, OOM kills, the group's usage)
+    and the last progress line it printed."""
+    env = common.worker_env(a.threads)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--lora", "--llama", a.llama,
+           "--seq", str(a.seq), "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir,
+           "--sub-group-size", str(a.sub_group_size), "--init-host-budget", a.init_host_budget,
+           "--init-device-budget", a.init_device_budget, "--ds-variant", variant]
+    for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
+                    ("--llama-intermediate", a.llama_intermediate)):
+        if v:
+            cmd += [flag, str(v)]
+    t0 = time.perf_counter()
+    if limit:
+        r = largest_llama.run_in_cgroup(cmd, env, limit, a.timeout, f"compare_torch_{os.getpid()}_{who}")
+        rc, stdout, stderr = r.pop("rc"), r.pop("stdout"), r.pop("stderr")
+        cg = r
+    else:
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
+            rc, stdout, stderr = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, stdout, stderr = None, e.stdout or "", f"timed out after {a.timeout} s"
+            stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
+        cg = None
+    wall = time.perf_counter() - t0
+    lines = []
+    for ln in stdout.splitlines():
+        if ln.startswith("{"):
+            try:
+                lines.append(json.loads(ln))
+            except ValueError:
+                pass
+    final = next((x for x in reversed(lines) if "progress" not in x), None)
+    prog = [x for x in lines if "progress" in x]
+    res = dict(final) if (rc == 0 and final is not None) else {}
+    if rc != 0 or final is None:
+        tail = [ln for ln in (stderr or "").strip().splitlines() if not ln.startswith("[transformers]")][-15:]
+        exit_ = rc if rc is None or rc >= 0 else f"signal {-rc}"
+        err = next((ln for ln in reversed(tail) if "Error" in ln or "assert" in ln.lower()), tail[-1] if tail else "")
+        res = {"error": f"exit {cg['exit'] if cg else exit_}: {err}", "stderr_tail": tail[-6:],
+               "ds_zero_config": next((x["ds_zero_config"] for x in prog if "ds_zero_config" in x), None)}
+    res["wall_s"] = wall
+    res["ds_variant"] = variant if who == "deepspeed" else None
+    if prog:
+        res["last_progress"] = prog[-1]
+        res["steps_done"] = sum(1 for x in prog if x["progress"] == "step")
+        if "max_rss_bytes" not in res:
+            res["max_rss_bytes_at_last_progress"] = prog[-1]["max_rss_bytes"]
+    if cg is not None:
+        res["cgroup"] = cg
+    return res
+
+
+def ds_attempt(a, ds, limit):
+    """DeepSpeed's LoRA run: the variant that ran before, or --ds-variants in order until one
+    finishes (all of them with --ds-try-all); every attempt recorded in ds["attempts"]."""
+    if ds["variant"]:
+        return spawn_lora(a, "deepspeed", ds["variant"], limit)
+    if ds["attempts"]:
+        return {"error": "no DeepSpeed variant ran (see ds_attempts)"}
+    good = first_fail = None
+    for v in [x.strip() for x in a.ds_variants.split(",") if x.strip()]:
+        r = spawn_lora(a, "deepspeed", v, limit)
+        ok = "error" not in r
+        ds["attempts"].append({"variant": v, "knobs": [DS_VARIANTS[n] for n in v.split("+")], "ran": ok,
+                               "error": r.get("error"), "stderr_tail": r.get("stderr_tail"),
+                               "steps_done": r.get("steps_done", 0), "max_rss_bytes": r.get("max_rss_bytes"),
+                               "step_s": r.get("step_s"),
+                               "last_progress": (r.get("last_progress") or {}).get("progress"),
+                               "ds_zero_config": r.get("ds_zero_config"), "cgroup": r.get("cgroup")})
+        print(f"  deepspeed variant {v:24s} {'ran' if ok else 'FAILED ' + r['error'][:300]}", flush=True)
+        if not ok and first_fail is None:
+            first_fail = r
+        if ok and good is None:
+            good = r
+            ds["variant"] = v
+            if not a.ds_try_all:
+                break
+    if good:
+        return good
+    return dict(first_fail, error="no DeepSpeed variant ran: " + "; ".join(
+        f"{x['variant']}: {(x['error'] or '')[:160]}" for x in ds["attempts"]))
+
+
+def gib(x):
+    return f"{x / 2**30:.2f}" if x is not None else "—"
+
+
+def mb(x):
+    return f"{x / 1e6:.1f}" if x is not None else "—"
+
+
+def lora_main(a):
+    shape = lora_shape(a)
+    n_base = common.llama_param_count(shape)
+    base_fp32 = 4 * n_base
+    limit = None
+    if a.cgroup_limit:
+        if not largest_llama.cgroup_available():
+            raise SystemExit(f"compare_torch: {largest_llama.CGROUP_ROOT} is not writable (needs root and the "
+                             "cgroup v1 memory controller)")
+        limit = base_fp32 // 2 if a.cgroup_limit == "half" else largest_llama.parse_bytes(a.cgroup_limit)
+    cpu, avx512 = common.cpu_name()
+    print(f"CPU: {cpu} ({'AVX-512' if avx512 else 'no AVX-512'}), {os.cpu_count()} logical CPUs; "
+          f"OMP_NUM_THREADS={a.threads} OMP_WAIT_POLICY=PASSIVE for every contender", flush=True)
+    print(f"LoRA: LlamaForCausalLM {a.llama} {shape} ({n_base:,} base parameters, frozen base "
+          f"{base_fp32 / 2**30:.2f} GiB fp32), peft LoraConfig {common.LORA}, batch {a.batch} x seq {a.seq}, fp32, "
+          f"{a.steps} steps, params and optimizer on nvme under {a.dir}", flush=True)
+    if limit:
+        rule = "" if limit * 2 <= base_fp32 else " (ABOVE half the frozen base's fp32 bytes: not the issue's case)"
+        print(f"memory cgroup: limit {limit / 2**30:.3f} GiB = {limit / base_fp32:.3f} x the frozen base's "
+              f"fp32 bytes{rule}; swap not given", flush=True)
+    default = CGROUP_CONTENDERS if limit else LORA_CONTENDERS
+    who = [c.strip() for c in (a.contenders or ",".join(default)).split(",") if c.strip()]
+    runs = {c: [] for c in who}
+    ds = {"variant": None, "attempts": []}
+    loads = []
+    rounds = 1 if limit else a.rounds
+    for rnd in range(rounds):
+        order = who[rnd % len(who):] + who[:rnd % len(who)]
+        for c in order:
+            la = common.loadavg()
+            loads.append(la)
+            r = ds_attempt(a, ds, limit) if c == "deepspeed" else spawn_lora(a, c, limit=limit)
+            r["loadavg_before"] = la
+            runs[c].append(r)
+            if "error" in r:
+                print(f"round {rnd + 1} {c:13s} FAILED {r['error'][:400]}", flush=True)
+            else:
+                io = r["io_per_step"]
+                print(f"round {rnd + 1} {c:13s} step {r['step_s']:7.3f} s  max RSS {gib(r['max_rss_bytes'])} GiB"
+                      f"  init {r['init_s']:5.1f} s  load {la:.2f}  io/step read {mb(io['proc_read_bytes'])} MB "
+                      f"written {mb(io['proc_write_bytes'])} MB  losses {r['losses'][0]:.4f}..{r['losses'][-1]:.4f}",
+                      flush=True)
+    results = {}
+    for c, rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            results[c] = {k: rs[0].get(k) for k in ("error", "stderr_tail", "steps_done", "last_progress",
+                                                    "max_rss_bytes_at_last_progress", "cgroup", "ds_variant")}
+            continue
+        r0 = ok[0]
+        results[c] = {"step_s": statistics.median(r["step_s"] for r in ok),
+                      "max_rss_bytes": statistics.median(r["max_rss_bytes"] for r in ok),
+                      "init_s": statistics.median(r["init_s"] for r in ok),
+                      "rounds": len(ok), "step_s_each": [r["step_s"] for r in ok], "losses": r0["losses"],
+                      "io_per_step": r0["io_per_step"], "init_io": r0["init_io"],
+                      "measured_steps": r0["measured_steps"], "trainable_params": r0["trainable_params"],
+                      "frozen_params": r0["frozen_params"], "rss_marks": r0["rss_marks"],
+                      "ds_variant": r0.get("ds_variant"), "ds_zero_config": r0.get("ds_zero_config"),
+                      "stats": r0.get("stats"), "cgroup": r0.get("cgroup")}
+
+    def ratio(num, den, key, invert=False):
+        x, y = results.get(num, {}), results.get(den, {})
+        if x.get(key) is None or y.get(key) is None:
+            return None
+        return y[key] / x[key] if invert else x[key] / y[key]
+
+    ratios = {f"{t}_vs_{o}_{k}": ratio(t, o, key, invert=(k == "speed"))
+              for t in ("tiermem", "tiermem_init") for o in ("deepspeed", "torch")
+              for k, key in (("speed", "step_s"), ("rss", "max_rss_bytes"))}
+    ratios = {k: v for k, v in ratios.items() if v is not None}
+    print()
+    if limit:
+        print(f"memory cgroup {limit / 2**30:.3f} GiB ({limit / base_fp32:.3f} x frozen base fp32), {a.steps} steps:")
+        print("| contender | outcome | max RSS (GiB) | cgroup max usage (GiB) | steps done | losses |")
+        print("|---|---|---|---|---|---|")
+        for c, r in results.items():
+            cg = r.get("cgroup") or {}
+            if "error" in r and r["error"]:
+                lp = (r.get("last_progress") or {}).get("progress", "nothing")
+                how = (f"killed by the OOM killer (oom_kill {cg.get('oom_kills')})"
+                       if cg.get("oom_kills") else r["error"][:160])
+                at = r.get("max_rss_bytes_at_last_progress")
+                if c == "deepspeed" and ds["attempts"]:
+                    how = f"{ds['attempts'][0]['variant']}: {how} (every variant: see DeepSpeed attempts)"
+                print(f"| {c} | {how}; last reached: {lp} | {gib(at) + ' at it' if at else '—'}"
+                      f" | {gib(cg.get('cgroup_max_usage_bytes'))} | {r.get('steps_done') or 0} | |")
+            else:
+                print(f"| {c} | finished, exit 0 | {gib(r['max_rss_bytes'])} | {gib(cg.get('cgroup_max_usage_bytes'))}"
+                      f" | {len(r['losses'])} | {', '.join(f'{x:.4f}' for x in r['losses'])} |")
+    else:
+        print("| contender | step (s, median) | max RSS (GiB) | init (s) | NVMe read / written per step (MB, "
+              "/proc/self/io) | tiermem NVMe read per step: frozen / trainable / optimizer (MB) | written: frozen / "
+              "trainable / optimizer (MB) | losses |")
+        print("|---|---|---|---|---|---|---|---|")
+        for c, r in results.items():
+            if r.get("error"):
+                print(f"| {c} | failed: {r['error'][:160]} | | | | | | |")
+                continue
+            io = r["io_per_step"]
+            split = ["—", "—"]
+            if "nvme_read_frozen_bytes" in io:
+                split = [" / ".join(mb(io.get(f"nvme_{d}_{k}_bytes")) for k in ("frozen", "trainable", "optimizer"))
+                         for d in ("read", "written")]
+            name = c + (f" ({r['ds_variant']})" if r.get("ds_variant") else "")
+            print(f"| {name} | {r['step_s']:.3f} | {gib(r['max_rss_bytes'])} | {r['init_s']:.1f} | "
+                  f"{mb(io['proc_read_bytes'])} / {mb(io['proc_write_bytes'])} | {split[0]} | {split[1]} | "
+                  f"{r['losses'][0]:.4f}..{r['losses'][-1]:.4f} |")
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}")
+    if ds["attempts"]:
+        print("DeepSpeed attempts: " + "; ".join(
+            f"{x['variant']}: {'ran' if x['ran'] else (x['error'] or '')[:200]}" for x in ds["attempts"]))
+    print(f"load average (1 min) before runs: min {min(loads):.2f} median {statistics.median(loads):.2f} "
+          f"max {max(loads):.2f}")
+    if a.json:
+        print(json.dumps({"workload": "lora", "llama": a.llama, "shape": shape, "base_params": n_base,
+                          "frozen_base_fp32_bytes": base_fp32, "lora": common.LORA, "cgroup_limit_bytes": limit,
+                          "results": results, "ratios": ratios, "ds_attempts": ds["attempts"], "loadavg": loads,
+                          "cpu": cpu, "avx512": avx512, "threads": a.threads, "seq": a.seq, "batch": a.batch,
+                          "steps": a.steps, "rounds": rounds}))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=2)
@@ -227,9 +628,11 @@ def main():
     p.add_argument("--model", choices=sorted(SHAPES), default="small")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default 10; 3 with --cgroup-limit)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--contenders", default=None,
+                   help=f"default {','.join(CONTENDERS)}; with --lora {','.join(LORA_CONTENDERS)}; "
+                        f"with --cgroup-limit {','.join(CGROUP_CONTENDERS)}")
     p.add_argument("--ds-buffer-size", type=float, default=4e7)
     p.add_argument("--sub-group-size", type=float, default=1e8)
     p.add_argument("--timeout", type=int, default=1800)
@@ -242,12 +645,35 @@ def main():
                         "as a user short of memory does (HF: HfDeepSpeedConfig); plain: outside it")
     p.add_argument("--profile", nargs="?", const="tiermem", default=None,
                    help="run CONTENDER (default tiermem) once under cProfile and torch.profiler")
+    p.add_argument("--lora", action="store_true",
+                   help="the LoRA workload: a Llama under each contender's zero.Init, peft LoRA r 8 on q/v_proj")
+    p.add_argument("--llama", choices=sorted(common.LLAMA_SHAPES), default="tiny",
+                   help="--lora's Llama shape (tiny: 2 layers, hidden 256; 1b: TinyLlama-1.1B's)")
+    p.add_argument("--llama-layers", type=int, default=None, help="override the preset's num_hidden_layers")
+    p.add_argument("--llama-hidden", type=int, default=None, help="override the preset's hidden_size")
+    p.add_argument("--llama-intermediate", type=int, default=None, help="override the preset's intermediate_size")
+    p.add_argument("--ds-variants", default="base,buffers16,noprefetch,max_in_cpu0,buffers32+noprefetch,param_cpu",
+                   help=f"--lora: DeepSpeed's configurations tried in order until one runs ({', '.join(DS_VARIANTS)}; "
+                        "'a+b' both)")
+    p.add_argument("--ds-try-all", action="store_true", help="--lora: try every --ds-variants entry, not up to "
+                   "the first that runs")
+    p.add_argument("--cgroup-limit", default=None,
+                   help="--lora: run each contender once, --steps (default 3) steps, in a memory cgroup of this "
+                        "size ('half': half the frozen base's fp32 bytes; or e.g. 1.5GiB); needs root")
+    p.add_argument("--ds-variant", default="base", help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.steps is None:
+        a.steps = 3 if a.cgroup_limit else 10
+    if a.cgroup_limit and not a.lora:
+        p.error("--cgroup-limit needs --lora")
     a.ds_buffer_size = int(float(a.ds_buffer_size))
     a.sub_group_size = int(float(a.sub_group_size))
     if a.worker:
-        return run_worker(a)
+        return run_lora_worker(a) if a.lora else run_worker(a)
+    if a.lora:
+        return lora_main(a)
+    a.contenders = a.contenders or ",".join(CONTENDERS)
 
     cpu, avx512 = common.cpu_name()
     print(f"CPU: {cpu} ({'AVX-512' if avx512 else 'no AVX-512'}), {os.cpu_count()} logical CPUs; "

@@ -119,7 +119,7 @@ def run_worker(a):
         shutil.rmtree(nvme_dir, ignore_errors=True)
 
 
-# ---------------------------------------------------------------- the driver (outside it)
+# ---------------------------------------------------------------- the memory cgroup (also compare_torch.py --lora --cgroup-limit)
 
 def read(group: str, name: str) -> str:
     try:
@@ -128,6 +128,60 @@ def read(group: str, name: str) -> str:
     except OSError:
         return ""
 
+
+def cgroup_available() -> bool:
+    """Whether a cgroup v1 memory group can be made here (root and the controller mounted)."""
+    return os.access(CGROUP_ROOT, os.W_OK)
+
+
+def run_in_cgroup(cmd, env, limit, timeout, name):
+    """Runs cmd in a fresh cgroup v1 memory group CGROUP_ROOT/name with memory.limit_in_bytes =
+    limit (and memsw the same when the kernel has it: no swap), waits up to timeout seconds (then
+    kills it), removes the group. Returns {rc, exit ("signal SIGKILL" for a kill), wall_s,
+    cgroup_limit_bytes, cgroup_max_usage_bytes (counts page cache too), cgroup_failcnt, oom_kills,
+    timed_out, stdout, stderr}."""
+    group = os.path.join(CGROUP_ROOT, name)
+    os.mkdir(group)
+    try:
+        with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(limit))
+        if os.path.exists(os.path.join(group, "memory.memsw.limit_in_bytes")):
+            with open(os.path.join(group, "memory.memsw.limit_in_bytes"), "w") as f:
+                f.write(str(limit))
+
+        def enter_group():
+            with open(os.path.join(group, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=enter_group)
+        timed_out = False
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        wall = time.perf_counter() - t0
+        rc = proc.returncode
+        oom = read(group, "memory.oom_control")
+        return {"rc": rc, "exit": rc if rc >= 0 else f"signal {signal.Signals(-rc).name}", "wall_s": wall,
+                "cgroup_limit_bytes": limit,
+                "cgroup_max_usage_bytes": int(read(group, "memory.max_usage_in_bytes") or 0),
+                "cgroup_failcnt": int(read(group, "memory.failcnt") or 0),
+                "oom_kills": next((int(x.split()[1]) for x in oom.splitlines() if x.startswith("oom_kill ")), None),
+                "timed_out": timed_out, "stdout": stdout, "stderr": stderr}
+    finally:
+        for _ in range(50):  # the group can be removed once its last task has gone
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- the driver (outside it)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -152,63 +206,28 @@ def main():
     if a.worker:
         return run_worker(a)
 
-    if not os.access(CGROUP_ROOT, os.W_OK):
+    if not cgroup_available():
         raise SystemExit(f"largest_llama: {CGROUP_ROOT} is not writable (needs root and the cgroup v1 memory "
                          "controller); run as root, or use systemd-run --scope -p MemoryMax=6G on the worker")
     free = shutil.disk_usage(a.dir).free
-    group = os.path.join(CGROUP_ROOT, f"largest_llama_{os.getpid()}")
-    os.mkdir(group)
     limit = parse_bytes(a.limit)
-    try:
-        with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
-            f.write(str(limit))
-        if os.path.exists(os.path.join(group, "memory.memsw.limit_in_bytes")):
-            with open(os.path.join(group, "memory.memsw.limit_in_bytes"), "w") as f:
-                f.write(str(limit))
-        env = common.worker_env(a.threads)
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker"] + sys.argv[1:]
-
-        def enter_group():
-            with open(os.path.join(group, "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-
-        print(f"largest_llama: {a.contender}, LlamaConfig(hidden {a.hidden}, intermediate {a.intermediate}, "
-              f"layers {a.layers}, heads {a.heads}/{a.kv_heads}, vocab {a.vocab}), batch {a.batch} x seq {a.seq}, "
-              f"fp32, cgroup limit {limit / 2**30:.2f} GiB, nvme dir under {a.dir} ({free / 2**30:.0f} GiB free)",
-              flush=True)
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=enter_group)
-        try:
-            stdout, stderr = proc.communicate(timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        wall = time.perf_counter() - t0
-        rc = proc.returncode
-        lines = [json.loads(ln) for ln in stdout.splitlines() if ln.startswith("{")]
-        final = next((x for x in reversed(lines) if "progress" not in x), None)
-        oom = read(group, "memory.oom_control")
-        summary = {"contender": a.contender, "exit": rc if rc >= 0 else f"signal {signal.Signals(-rc).name}",
-                   "wall_s": wall, "cgroup_limit_bytes": limit,
-                   "cgroup_max_usage_bytes": int(read(group, "memory.max_usage_in_bytes") or 0),
-                   "cgroup_failcnt": int(read(group, "memory.failcnt") or 0),
-                   "oom_kills": next((int(x.split()[1]) for x in oom.splitlines() if x.startswith("oom_kill ")), None),
-                   "progress": [x for x in lines if "progress" in x]}
-        if final is not None:
-            summary.update(final)
-            if final.get("step_times"):
-                summary["step_s_median"] = statistics.median(final["step_times"])
-        if rc != 0:
-            summary["stderr_tail"] = [ln for ln in stderr.strip().splitlines() if not ln.startswith("[transformers]")][-8:]
-        print(json.dumps(summary, indent=1))
-    finally:
-        for _ in range(50):  # the group can be removed once its last task has gone
-            try:
-                os.rmdir(group)
-                break
-            except OSError:
-                time.sleep(0.1)
+    print(f"largest_llama: {a.contender}, LlamaConfig(hidden {a.hidden}, intermediate {a.intermediate}, "
+          f"layers {a.layers}, heads {a.heads}/{a.kv_heads}, vocab {a.vocab}), batch {a.batch} x seq {a.seq}, "
+          f"fp32, cgroup limit {limit / 2**30:.2f} GiB, nvme dir under {a.dir} ({free / 2**30:.0f} GiB free)",
+          flush=True)
+    r = run_in_cgroup([sys.executable, os.path.abspath(__file__), "--worker"] + sys.argv[1:],
+                      common.worker_env(a.threads), limit, a.timeout, f"largest_llama_{os.getpid()}")
+    lines = [json.loads(ln) for ln in r.pop("stdout").splitlines() if ln.startswith("{")]
+    final = next((x for x in reversed(lines) if "progress" not in x), None)
+    stderr = r.pop("stderr")
+    summary = {"contender": a.contender, **r, "progress": [x for x in lines if "progress" in x]}
+    if final is not None:
+        summary.update(final)
+        if final.get("step_times"):
+            summary["step_s_median"] = statistics.median(final["step_times"])
+    if r["rc"] != 0:
+        summary["stderr_tail"] = [ln for ln in stderr.strip().splitlines() if not ln.startswith("[transformers]")][-8:]
+    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,17 @@ import time
 GPT2_SHAPES = {"small": dict(n_layer=12, n_embd=768, n_head=12), "medium": dict(n_layer=24, n_embd=1024, n_head=16)}
 GPT2_VOCAB = 50257
 
+# Llama shapes (LlamaConfig keywords; the head is untied). tiny: a functional check in seconds;
+# 1b: TinyLlama-1.1B's shape (1,100,048,384 parameters), largest_llama.py's default.
+LLAMA_SHAPES = {
+    "tiny": dict(num_hidden_layers=2, hidden_size=256, intermediate_size=688, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=32000),
+    "1b": dict(num_hidden_layers=22, hidden_size=2048, intermediate_size=5632, num_attention_heads=32,
+               num_key_value_heads=4, vocab_size=32000),
+}
+# The LoRA of compare_torch.py --lora: peft.LoraConfig's keywords.
+LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+
 
 # ---------------------------------------------------------------- models
 
@@ -52,6 +63,38 @@ def build_under_deepspeed(model_class, model_config, ds_cfg):
     keep = HfDeepSpeedConfig(ds_cfg)
     torch.manual_seed(0)
     return model_class._from_config(model_config), keep
+
+
+def llama_shape(preset, layers=None, hidden=None, intermediate=None):
+    """LLAMA_SHAPES[preset] with the given fields replaced (None: the preset's)."""
+    shape = dict(LLAMA_SHAPES[preset])
+    for k, v in (("num_hidden_layers", layers), ("hidden_size", hidden), ("intermediate_size", intermediate)):
+        if v:
+            shape[k] = v
+    return shape
+
+
+def llama_config(shape, seq):
+    """transformers.LlamaConfig of `shape` (a LLAMA_SHAPES value), untied head, positions for seq."""
+    transformers = import_transformers()
+    return transformers.LlamaConfig(**shape, max_position_embeddings=max(2048, seq), tie_word_embeddings=False)
+
+
+def llama_param_count(shape):
+    """The parameter count of LlamaForCausalLM of `shape` (untied head, no biases), by arithmetic."""
+    h, i, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    kv = h // shape["num_attention_heads"] * shape["num_key_value_heads"]
+    layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    return 2 * v * h + shape["num_hidden_layers"] * layer + h
+
+
+def lora_wrap(model):
+    """peft.get_peft_model(model, LoraConfig(**LORA)) under torch.manual_seed(2): the adapters are
+    made outside any zero.Init (the engine takes them at initialize), the same in every contender."""
+    import peft
+    import torch
+    torch.manual_seed(2)
+    return peft.get_peft_model(model, peft.LoraConfig(**LORA))
 
 
 # ---------------------------------------------------------------- configuration
@@ -149,6 +192,20 @@ def timed_steps(step, steps, before=None, after=None):
 def max_rss_bytes():
     """This process's peak resident set (getrusage ru_maxrss), in bytes."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def proc_io():
+    """(read_bytes, write_bytes) of this process from /proc/self/io: what it had the block layer
+    read and write (storage I/O, all threads; page-cache hits are not counted, dirtied pages are)."""
+    out = {}
+    try:
+        with open("/proc/self/io") as f:
+            for ln in f:
+                k, _, v = ln.partition(":")
+                out[k] = int(v)
+    except OSError:
+        return (0, 0)
+    return (out.get("read_bytes", 0), out.get("write_bytes", 0))
 
 
 def rss_marks():
