@@ -12,13 +12,10 @@
 #include "tiermem/env.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
+#include "cpu/step_dispatch.h"
 
 namespace tiermem {
 namespace {
-
-// Elements per OpenMP work item: big enough to amortise scheduling, small enough (~3 MiB of
-// traffic) to balance 2..64 threads. A multiple of 64 so every chunk but the last is whole vectors.
-constexpr std::size_t kChunkElems = 1 << 16;
 
 bool cpu_has_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -94,41 +91,15 @@ void adam_kernel_scalar(const AdamCoeffs& c, float* master, const float* grad, f
 
 void adam_step(const AdamParams& params, float* master, const float* grad, float* m, float* v,
                std::size_t n, void* half, DType half_dtype, const AdamOptions& options) {
-  int half_kind = 0;
-  float* copy32 = nullptr;  // fp32 copy of the new master: copied per chunk while in cache
-  if (half != nullptr) {
-    if (half_dtype == DType::kBF16) half_kind = 1;
-    else if (half_dtype == DType::kF16) half_kind = 2;
-    else if (half_dtype == DType::kF32) copy32 = static_cast<float*>(half);
-    else
-      throw NotSupportedError("adam_step: copy dtype " + std::string(dtype_name(half_dtype)) +
-                              " is not bf16, f16 or f32");
-  }
-  AdamIsa isa = options.isa == AdamIsa::kAuto ? adam_best_isa() : options.isa;
-  if (!adam_isa_supported(isa)) {
-    throw NotSupportedError("adam_step: this CPU does not support the " +
-                            std::string(adam_isa_name(isa)) + " kernel");
-  }
+  const detail::MasterCopy copy = detail::master_copy(half, half_dtype, "adam_step");
+  const AdamIsa isa = detail::checked_isa(options, "adam_step");
   auto kernel = isa == AdamIsa::kAvx512 ? &detail::adam_kernel_avx512
                 : isa == AdamIsa::kAvx2 ? &detail::adam_kernel_avx2
                                         : &detail::adam_kernel_scalar;
   const detail::AdamCoeffs c = detail::adam_coeffs(params);
-  auto* h = half_kind != 0 ? static_cast<std::uint16_t*>(half) : nullptr;
-  const std::size_t chunks = (n + kChunkElems - 1) / kChunkElems;
-  if (chunks <= 1) {
-    kernel(c, master, grad, m, v, n, h, half_kind);
-    if (copy32 != nullptr && n > 0) std::memcpy(copy32, master, n * sizeof(float));
-    return;
-  }
-  int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
-  threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), chunks));
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::size_t k = 0; k < chunks; ++k) {
-    std::size_t b = k * kChunkElems;
-    std::size_t len = std::min(kChunkElems, n - b);
-    kernel(c, master + b, grad + b, m + b, v + b, len, h ? h + b : nullptr, half_kind);
-    if (copy32 != nullptr) std::memcpy(copy32 + b, master + b, len * sizeof(float));
-  }
+  detail::for_step_chunks(n, options, copy, master, [&](std::size_t b, std::size_t len) {
+    kernel(c, master + b, grad + b, m + b, v + b, len, copy.half ? copy.half + b : nullptr, copy.half_kind);
+  });
 }
 
 std::size_t count_nonfinite(const float* x, std::size_t n) {

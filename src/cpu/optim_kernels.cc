@@ -12,18 +12,16 @@
 #include <string>
 
 #include "tiermem/error.h"
+#include "cpu/step_dispatch.h"
 
 namespace tiermem {
 namespace {
-
-// Elements per OpenMP work item (as adam_step's): ~1.5 MiB of traffic, whole vectors.
-constexpr std::size_t kChunkElems = 1 << 16;
 
 template <class Coeffs>
 using Kernel = void (*)(const Coeffs&, float*, const float*, float*, std::size_t, std::uint16_t*,
                         int);
 
-// Checks the arguments, picks the kernel and runs it over chunks of kChunkElems on up to
+// Checks the arguments, picks the kernel and runs it over chunks (step_dispatch.h) on up to
 // options.threads OpenMP threads. Throws before touching any buffer.
 template <class Coeffs>
 void run_step(const char* who, const char* state_name, const Coeffs& c, float* master,
@@ -35,40 +33,13 @@ void run_step(const char* who, const char* state_name, const Coeffs& c, float* m
                 (master == nullptr ? "master" : grad == nullptr ? "grad" : state_name) +
                 " is null");
   }
-  int half_kind = 0;
-  float* copy32 = nullptr;  // fp32 copy of the new master: copied per chunk while in cache
-  if (half != nullptr) {
-    if (half_dtype == DType::kBF16) half_kind = 1;
-    else if (half_dtype == DType::kF16) half_kind = 2;
-    else if (half_dtype == DType::kF32) copy32 = static_cast<float*>(half);
-    else
-      throw NotSupportedError(std::string(who) + ": copy dtype " +
-                              std::string(dtype_name(half_dtype)) + " is not bf16, f16 or f32");
-  }
-  const AdamIsa isa = options.isa == AdamIsa::kAuto ? adam_best_isa() : options.isa;
-  if (!adam_isa_supported(isa)) {
-    throw NotSupportedError(std::string(who) + ": this CPU does not support the " +
-                            std::string(adam_isa_name(isa)) + " kernel");
-  }
+  const detail::MasterCopy copy = detail::master_copy(half, half_dtype, who);
+  const AdamIsa isa = detail::checked_isa(options, who);
   const Kernel<Coeffs> kernel =
       isa == AdamIsa::kAvx512 ? avx512 : isa == AdamIsa::kAvx2 ? avx2 : scalar;
-  auto* h = half_kind != 0 ? static_cast<std::uint16_t*>(half) : nullptr;
-  const std::size_t chunks = (n + kChunkElems - 1) / kChunkElems;
-  if (chunks <= 1) {
-    if (n == 0) return;
-    kernel(c, master, grad, state, n, h, half_kind);
-    if (copy32 != nullptr) std::memcpy(copy32, master, n * sizeof(float));
-    return;
-  }
-  int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
-  threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), chunks));
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::size_t k = 0; k < chunks; ++k) {
-    const std::size_t b = k * kChunkElems;
-    const std::size_t len = std::min(kChunkElems, n - b);
-    kernel(c, master + b, grad + b, state + b, len, h ? h + b : nullptr, half_kind);
-    if (copy32 != nullptr) std::memcpy(copy32 + b, master + b, len * sizeof(float));
-  }
+  detail::for_step_chunks(n, options, copy, master, [&](std::size_t b, std::size_t len) {
+    kernel(c, master + b, grad + b, state + b, len, copy.half ? copy.half + b : nullptr, copy.half_kind);
+  });
 }
 
 inline void store_half(std::uint16_t* half, int half_kind, std::size_t i, float p) {

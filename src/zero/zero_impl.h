@@ -148,7 +148,12 @@ struct ZeroEngine::Impl {
   // into `pin`; zero when none arrived since the last step).
   const float* piece_grad(detail::Piece& p, TensorStore::Pin& pin, Phase phase);
   ZeroOptimizerState state_header() const;  // partition fields, steps, scaler; no vectors
-  std::vector<float> frozen_params(int module);  // a frozen module's working params as fp32 (zero_state.cc)
+  std::vector<float> frozen_params(int module);
+  // One third of module's fp32 state (0 master, 1 exp_avg, 2 exp_avg_sq) over every rank's shard
+  // (numel elements; collective); set_state rewrites it from full values (the working params
+  // republished from the master, as rewrite_state does). zero_state.cc.
+  std::vector<float> gather_state(int module, std::size_t third);
+  void set_state(int module, std::size_t third, std::span<const float> values);  // a frozen module's working params as fp32 (zero_state.cc)
   const detail::ZeroModule& trained_module(int module, const char* call) const;  // or Error
 
   // Where step() and import write each sub-group's new working params (working_shard_out.h).

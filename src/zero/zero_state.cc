@@ -16,20 +16,36 @@ std::vector<float> ZeroEngine::export_master(int module) {
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::export_master: unknown module " + std::to_string(module));
   I.sync();
   I.apply_pending(module, Phase::kOutsideStep);
-  const detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
-  if (m.frozen) return I.frozen_params(module);
+  if (I.mods[static_cast<std::size_t>(module)].frozen) return I.frozen_params(module);
+  return I.gather_state(module, 0);
+}
+
+std::vector<float> ZeroEngine::Impl::gather_state(int module, std::size_t third) {
+  const detail::ZeroModule& m = mods[static_cast<std::size_t>(module)];
   std::vector<float> full(m.shard.padded);
-  float* mine = full.data() + static_cast<std::size_t>(I.shape.opt_rank) * m.shard.shard;
+  float* mine = full.data() + static_cast<std::size_t>(shape.opt_rank) * m.shard.shard;
   std::vector<float> tmp;
   for (int pi : m.pieces) {
-    const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
+    const detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
     tmp.resize(3 * p.size());
-    I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
-    std::copy(tmp.begin(), tmp.begin() + static_cast<std::ptrdiff_t>(p.size()), mine + p.begin);
+    store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
+    std::copy_n(tmp.begin() + static_cast<std::ptrdiff_t>(third * p.size()), p.size(), mine + p.begin);
   }
-  if (I.shape.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
+  if (shape.opt_world > 1) comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
   full.resize(m.numel);
   return full;
+}
+
+void ZeroEngine::Impl::set_state(int module, std::size_t third, std::span<const float> values) {
+  const detail::ZeroModule& m = mods[static_cast<std::size_t>(module)];
+  const ElemRange r = m.shard.range(shape.opt_rank);
+  // Shard elements [p.begin, p.end) are module elements r.begin + [p.begin, p.end); padding past
+  // the module's end stays 0. The other thirds of each sub-group are kept.
+  rewrite_state(module, /*keep=*/true, [&](const detail::Piece& p, float* s) {
+    const std::size_t lo = std::min(r.begin + p.begin, m.numel), hi = std::min(r.begin + p.end, m.numel);
+    std::copy(values.begin() + static_cast<std::ptrdiff_t>(lo), values.begin() + static_cast<std::ptrdiff_t>(hi),
+              s + third * p.size());
+  });
 }
 
 namespace {
@@ -54,23 +70,10 @@ const detail::ZeroModule& ZeroEngine::Impl::trained_module(int module, const cha
 std::vector<float> ZeroEngine::export_module_state(int module, OptimizerStateKind kind) {
   Impl& I = *impl_;
   I.finalize();
-  const detail::ZeroModule& m = I.trained_module(module, "export_module_state");
-  if (kind == OptimizerStateKind::kMaster) return export_master(module);
+  I.trained_module(module, "export_module_state");
   I.sync();
   I.apply_pending(module, Phase::kOutsideStep);
-  std::vector<float> full(m.shard.padded);
-  float* mine = full.data() + static_cast<std::size_t>(I.shape.opt_rank) * m.shard.shard;
-  const std::size_t third = static_cast<std::size_t>(kind);
-  std::vector<float> tmp;
-  for (int pi : m.pieces) {
-    const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
-    tmp.resize(3 * p.size());
-    I.store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
-    std::copy_n(tmp.begin() + static_cast<std::ptrdiff_t>(third * p.size()), p.size(), mine + p.begin);
-  }
-  if (I.shape.opt_world > 1) I.comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
-  full.resize(m.numel);
-  return full;
+  return I.gather_state(module, static_cast<std::size_t>(kind));
 }
 
 void ZeroEngine::set_module_state(int module, OptimizerStateKind kind, std::span<const float> values) {
@@ -84,13 +87,7 @@ void ZeroEngine::set_module_state(int module, OptimizerStateKind kind, std::span
   }
   I.sync();
   if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);
-  const ElemRange r = m.shard.range(I.shape.opt_rank);
-  const std::size_t third = static_cast<std::size_t>(kind);
-  I.rewrite_state(module, /*keep=*/true, [&](const detail::Piece& p, float* s) {
-    const std::size_t lo = std::min(r.begin + p.begin, m.numel), hi = std::min(r.begin + p.end, m.numel);
-    std::copy(values.begin() + static_cast<std::ptrdiff_t>(lo), values.begin() + static_cast<std::ptrdiff_t>(hi),
-              s + third * p.size());
-  });
+  I.set_state(module, static_cast<std::size_t>(kind), values);
 }
 
 std::vector<float> ZeroEngine::export_grad(int module) {
@@ -305,20 +302,14 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
                             m.name, values.size(), m.numel));
   }
   I.sync();
-  const ElemRange r = m.shard.range(I.shape.opt_rank);
   if (m.frozen) {  // no master: the working params themselves (written back once, by the store)
+    const ElemRange r = m.shard.range(I.shape.opt_rank);
     const std::size_t lo = std::min(r.begin, m.numel), hi = std::min(r.end, m.numel);
     I.write_working(module, values.subspan(lo, hi - lo));
     return;
   }
   if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);  // else it would overwrite the new values
-  // The module's sub-groups keep their moments; only the master changes. Shard elements
-  // [p.begin, p.end) are module elements r.begin + [p.begin, p.end); padding past the module's
-  // end stays 0.
-  I.rewrite_state(module, /*keep=*/true, [&](const detail::Piece& p, float* s) {
-    const std::size_t lo = std::min(r.begin + p.begin, m.numel), hi = std::min(r.begin + p.end, m.numel);
-    std::copy(values.begin() + static_cast<std::ptrdiff_t>(lo), values.begin() + static_cast<std::ptrdiff_t>(hi), s);
-  });
+  I.set_state(module, 0, values);  // the moments are kept; only the master changes
   I.publish_whole_modules(module);
 }
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from torch_models import batches, build, ds_config, hf_or_skip
+from torch_models import batches, bf16_master_reference, build, ds_config, hf_or_skip
 
 
 def _small(torch):
@@ -110,23 +110,7 @@ def test_bf16_within_tolerance_of_a_bf16_reference(torch_or_skip, tmp_path):
     hf_or_skip()
     import tiermem.torch as tt
     data = batches(10)
-    ref = build("gpt2").to(torch.bfloat16)
-    masters = [p.detach().float().clone().requires_grad_(True) for p in build("gpt2").parameters()]
-    opt = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.01)
-    want = []
-    for b in data:
-        loss = ref(input_ids=b, labels=b).loss
-        loss.backward()
-        want.append(loss.item())
-        for p, mp in zip(ref.parameters(), masters):
-            mp.grad = p.grad.float()
-            p.grad = None
-        torch.nn.utils.clip_grad_norm_(masters, 1.0)
-        opt.step()
-        opt.zero_grad()
-        with torch.no_grad():
-            for p, mp in zip(ref.parameters(), masters):
-                p.copy_(mp.to(torch.bfloat16))
+    want = bf16_master_reference(build("gpt2"), data)
     model = build("gpt2")
     cfg = ds_config(tmp_path, "nvme", tiermem={"host_budget_bytes": "1MiB", "device_budget_bytes": "256KiB"})
     cfg["bf16"] = {"enabled": True}

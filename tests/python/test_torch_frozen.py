@@ -14,7 +14,8 @@
 import os
 
 import pytest
-from torch_models import VOCAB, assert_rel_close, batches, build, ds_config, engine_losses, hf_or_skip, reference_losses
+from torch_models import (VOCAB, assert_rel_close, batches, bf16_master_reference, build, ds_config, engine_losses,
+                          hf_or_skip, reference_losses)
 
 TIGHT = {"host_budget_bytes": "1MiB", "device_budget_bytes": "256KiB"}
 TIGHT_128 = {"host_budget_bytes": "1MiB", "device_budget_bytes": "1MiB"}  # hidden 128: larger units
@@ -80,28 +81,10 @@ def test_lora_under_init_equals_plain_peft(torch_or_skip, tmp_path, kind):
 def test_lora_bf16_within_tolerance(torch_or_skip, tmp_path):
     """bf16 against the same PEFT model in bf16 with fp32 master copies of the adapters (as in
     test_torch_errors' bf16 test): 2e-3 relative over 10 steps."""
-    torch = torch_or_skip
     hf_or_skip()
     import tiermem.torch as tt
     data = batches(10)
-    ref = _lora(build("llama"), "llama").to(torch.bfloat16)
-    params = [p for p in ref.parameters() if p.requires_grad]
-    masters = [p.detach().float().clone().requires_grad_(True) for p in params]
-    opt = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.01)
-    want = []
-    for b in data:
-        loss = ref(input_ids=b, labels=b).loss
-        loss.backward()
-        want.append(loss.item())
-        for p, mp in zip(params, masters):
-            mp.grad = p.grad.float()
-            p.grad = None
-        torch.nn.utils.clip_grad_norm_(masters, 1.0)
-        opt.step()
-        opt.zero_grad()
-        with torch.no_grad():
-            for p, mp in zip(params, masters):
-                p.copy_(mp.to(torch.bfloat16))
+    want = bf16_master_reference(_lora(build("llama"), "llama"), data)
     cfg = ds_config(tmp_path, "nvme", tiermem=TIGHT)
     cfg["bf16"] = {"enabled": True}
     with tt.zero.Init(config=cfg):

@@ -83,6 +83,33 @@ def reference_losses(model, data, steps: int, gas: int = 1, clip: float = 1.0, l
     return out
 
 
+def bf16_master_reference(model, data, clip: float = 1.0, lr: float = 1e-3):
+    """Mixed-precision training as the reference for bf16 runs: a bf16 copy of `model` computes,
+    fp32 master copies of its trainable parameters (the fp32 model's values) are clipped and
+    stepped by torch.optim.AdamW, then copied back rounded to nearest even. Returns the losses."""
+    import torch
+    ref = copy.deepcopy(model).to(torch.bfloat16)
+    params = [p for p in ref.parameters() if p.requires_grad]
+    masters = [p.detach().float().clone().requires_grad_(True) for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(masters, lr=lr, weight_decay=0.01)
+    out = []
+    for b in data:
+        loss = ref(input_ids=b, labels=b).loss
+        loss.backward()
+        out.append(loss.item())
+        for p, mp in zip(params, masters):
+            mp.grad = p.grad.float()
+            p.grad = None
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(masters, clip)
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            for p, mp in zip(params, masters):
+                p.copy_(mp.to(torch.bfloat16))
+    return out
+
+
 def engine_losses(engine, data, steps: int, gas: int = 1):
     out = []
     for s in range(steps):
