@@ -17,11 +17,12 @@
 // in stripe unit x / stripe_bytes, which is on directory (first + unit) % n. A smaller extent lives
 // whole in the directory with the most free space.
 //
-// Integrity (tiermem.checksum, on by default): each write's XXH3-64 is computed on the engine's
-// completion thread once the write has completed (the source buffer is still the caller's and
-// untouched, see Buffers), before the request reports completion, so the calling thread pays
-// nothing; a read of what was last written is verified on the completion thread before it
-// reports completion. A mismatch is re-read once with pread(2) (a transient fault on the bus or in
+// Integrity (tiermem.checksum, on by default): each write's XXH3-64 is computed on the calling
+// thread while the drive takes the bytes (the source buffer is the caller's and untouched until
+// completion, see Buffers; it was usually just written, so it is in cache) and recorded before
+// the request reports completion; a read of what was last written is verified on the swap
+// space's hash thread (src/nvme/hash_worker.h) before it reports completion. Neither runs on the
+// engine's completion thread, which only reaps. A mismatch is re-read once with pread(2) (a transient fault on the bus or in
 // a transfer is forgiven, with one warning); a second mismatch completes the read with
 // IoError::corrupt (path and offset of the extent's first piece, both hashes). Only whole-extent
 // reads of exactly the length last written are verified; a shorter read is not.
@@ -44,6 +45,7 @@
 // undefined, nothing else is harmed).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -56,6 +58,9 @@
 namespace tiermem {
 
 struct Config;
+namespace detail {
+class HashWorker;
+}
 
 // Settings of a SwapSpace; from_config reads the `tiermem` section.
 struct SwapSpaceOptions {
@@ -100,6 +105,10 @@ struct SwapStats {
   std::uint64_t free_runs = 0;
   std::uint64_t extents = 0;           // live extents
   std::uint64_t alignment_bytes = 0;   // allocation unit
+  // tiermem.checksum's CPU cost so far: bytes hashed (writes and verified reads) and the
+  // nanoseconds the hashing took, on whichever thread ran it.
+  std::uint64_t checksum_bytes = 0;
+  std::uint64_t checksum_ns = 0;
   std::vector<Path> paths;
 };
 
@@ -126,11 +135,12 @@ class SwapSpace {
   void free(const SwapExtent& extent);
 
   // Writes `bytes` (<= extent.bytes) from `src` to the start of the extent. With checksums, the
-  // XXH3-64 of these bytes is remembered for the extent when the write has completed (computed on
-  // the completion thread, before the request completes; until then reads are not verified).
+  // XXH3-64 of these bytes is computed on this thread after the write is submitted (so the call
+  // returns once the bytes are hashed) and remembered for the extent before the request completes
+  // (until then reads are not verified).
   IoRequest write(const SwapExtent& extent, const void* src, std::uint64_t bytes);
   // Reads the first `bytes` (<= extent.bytes) of the extent into `dst`. With checksums, when
-  // `bytes` equals the length last written the data is verified on the completion thread; a
+  // `bytes` equals the length last written the data is verified on the hash thread; a
   // mismatch is re-read once (pread into `dst`), and a second one completes the request with
   // IoError::corrupt(path of the first piece, its offset, bytes, "checksum mismatch ...": the
   // hash read, the re-read's and the one written).
@@ -165,6 +175,10 @@ class SwapSpace {
   void record_checksum(std::uint64_t id, std::uint64_t write, std::uint64_t checksum,
                        std::uint64_t bytes);
   std::unordered_map<std::uint64_t, Live> extents_;
+  // XXH3-64 of `bytes` at `data`, counted in checksum_bytes_/checksum_ns_.
+  std::uint64_t timed_checksum(const void* data, std::uint64_t bytes);
+  std::atomic<std::uint64_t> checksum_bytes_{0}, checksum_ns_{0};
+  std::unique_ptr<detail::HashWorker> hasher_;  // verifies reads (src/nvme/hash_worker.h)
   std::uint64_t next_id_ = 1;
   std::uint32_t next_first_path_ = 0;
 };

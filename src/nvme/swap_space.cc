@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +25,7 @@
 
 #include "nvme/checksum.h"
 #include "nvme/extent_allocator.h"
+#include "nvme/hash_worker.h"
 #include "tiermem/config.h"
 #include "tiermem/dir_lock.h"
 #include "tiermem/error.h"
@@ -80,7 +83,7 @@ SwapSpace::SwapSpace(const Config& c, std::vector<std::string> d, IoEngine& e)
 
 SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::vector<std::string> dirs,
                      IoEngine& engine)
-    : options_(options), dirs_(std::move(dirs)), engine_(engine) {
+    : options_(options), dirs_(std::move(dirs)), engine_(engine), hasher_(std::make_unique<detail::HashWorker>()) {
   if (dirs_.empty())
     throw ConfigError("zero_optimization.offload_param.nvme_path", "",
                       "SwapSpace needs at least one nvme_path directory");
@@ -140,6 +143,7 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::vector<std::string> d
 }
 
 SwapSpace::~SwapSpace() {
+  hasher_.reset();  // every verification posted has run (their requests completed before this)
   for (auto& p : paths_) {
     engine_.close_file(p->file);
     if (::unlink(p->file_path.c_str()) != 0)
@@ -369,16 +373,41 @@ IoRequest SwapSpace::write(const SwapExtent& extent, const void* src, std::uint6
   auto ops = make_ops(extent, IoOpKind::kWrite, static_cast<char*>(const_cast<void*>(src)), bytes, files);
   if (!options_.checksum || bytes == 0) return engine_.submit(ops);
 
-  // Hashed on the completion thread once the bytes are on disk; `src` is still the caller's and
-  // unchanged until this request completes (swap_space.h, Buffers), which is after the hash.
+  // Hashed here, on the calling thread, while the drive takes the bytes (`src` is the caller's
+  // and unchanged until this request completes, swap_space.h Buffers): the bytes were usually
+  // just written by whoever releases them, so they are still in cache, and the engine's
+  // completion thread only reaps (hash_worker.h says why). The checksum is recorded by whichever
+  // of the two ends last, before the request reports completion.
+  struct Join {
+    std::atomic<int> left{2};
+    std::uint64_t hash = 0;
+    std::exception_ptr err;
+  };
   auto outer = std::make_shared<detail::IoRequestState>(1);
-  IoRequest inner = engine_.submit(ops);
+  auto join = std::make_shared<Join>();
   const std::uint64_t id = extent.id;
-  inner.on_complete([this, outer, src, bytes, id, write_no](std::exception_ptr err) {
-    if (!err) record_checksum(id, write_no, detail::extent_checksum(src, bytes), bytes);
-    outer->finish_one(err);
+  auto finish = [this, outer, join, bytes, id, write_no] {
+    if (!join->err) record_checksum(id, write_no, join->hash, bytes);
+    outer->finish_one(join->err);
+  };
+  IoRequest inner = engine_.submit(ops);
+  inner.on_complete([join, finish](std::exception_ptr err) {
+    join->err = err;  // ordered before the other side's read by the acq_rel decrement
+    if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
   });
+  join->hash = timed_checksum(src, bytes);
+  if (join->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
   return IoRequest(outer);
+}
+
+std::uint64_t SwapSpace::timed_checksum(const void* data, std::uint64_t bytes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::uint64_t h = detail::extent_checksum(data, bytes);
+  checksum_ns_.fetch_add(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - t0).count()),
+                         std::memory_order_relaxed);
+  checksum_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return h;
 }
 
 void SwapSpace::record_checksum(std::uint64_t id, std::uint64_t write, std::uint64_t checksum,
@@ -410,14 +439,20 @@ IoRequest SwapSpace::read(const SwapExtent& extent, void* dst, std::uint64_t byt
   auto outer = std::make_shared<detail::IoRequestState>(1);
   IoRequest inner = engine_.submit(ops);
   const std::uint64_t expected = live.checksum;
-  // The engine outlives every request (io_engine.h), so the re-read may use its file table.
-  inner.on_complete([outer, dst, bytes, expected, ops = std::move(ops),
-                     engine = &engine_](std::exception_ptr err) {
-    if (!err) {
-      const std::uint64_t got = detail::extent_checksum(dst, bytes);
-      if (got != expected) err = verify_after_reread(*engine, ops, bytes, got, expected);
+  // Verified on the hash worker, not on the completion thread (hash_worker.h). The engine
+  // outlives every request (io_engine.h), so the re-read may use its file table; the worker is
+  // this SwapSpace's, whose requests complete before it is destroyed (swap_space.h).
+  inner.on_complete([this, outer, dst, bytes, expected, ops = std::move(ops)](std::exception_ptr err) mutable {
+    if (err) {
+      outer->finish_one(err);
+      return;
     }
-    outer->finish_one(err);
+    hasher_->post([this, outer, dst, bytes, expected, ops = std::move(ops)] {
+      std::exception_ptr e;
+      const std::uint64_t got = timed_checksum(dst, bytes);
+      if (got != expected) e = verify_after_reread(engine_, ops, bytes, got, expected);
+      outer->finish_one(e);
+    });
   });
   return IoRequest(outer);
 }
@@ -427,6 +462,8 @@ SwapStats SwapSpace::stats() const {
   SwapStats s;
   s.alignment_bytes = align_;
   s.extents = extents_.size();
+  s.checksum_bytes = checksum_bytes_.load(std::memory_order_relaxed);
+  s.checksum_ns = checksum_ns_.load(std::memory_order_relaxed);
   for (auto& p : paths_) {
     SwapStats::Path ps;
     ps.dir = p->dir;

@@ -5,14 +5,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fcntl.h>
-#include <thread>
-#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <thread>
 #include <sys/stat.h>
 
 #include "unit/nvme_test_util.h"
@@ -220,6 +221,64 @@ TEST(SwapSpace, ChecksumOffReadsWhatIsOnDisk) {
   ::close(fd);
   swap.read(e, r.data, r.size).wait();
   EXPECT_EQ(r.data[10], c);
+}
+
+// The hashes leave the engine's completion thread (src/nvme/hash_worker.h): a write is hashed on
+// the calling thread, a read verified on the swap space's hash thread; both are counted in
+// SwapStats::checksum_bytes / checksum_ns, and many reads in flight at once still each verify
+// (and each catch a flipped byte) with their own result.
+TEST(SwapSpace, ChecksumsRunOffTheCompletionThreadAndAreCounted) {
+  TempDir d;
+  auto engine = make_io_engine(IoEngineOptions{});
+  SwapSpaceOptions o;
+  o.initial_bytes_per_path = 8 << 20;
+  SwapSpace swap(o, {d.path()}, *engine);
+  constexpr int kExtents = 24;
+  constexpr std::size_t kBytes = 256 << 10;
+  std::vector<SwapExtent> ext;
+  std::vector<std::unique_ptr<AlignedBuf>> src, dst;
+  std::vector<IoRequest> reqs;
+  for (int i = 0; i < kExtents; ++i) {
+    ext.push_back(swap.allocate(kBytes));
+    src.push_back(std::make_unique<AlignedBuf>(kBytes));
+    dst.push_back(std::make_unique<AlignedBuf>(kBytes));
+    test::fill_pattern(src.back()->data, kBytes, 100 + i);
+    reqs.push_back(swap.write(ext.back(), src.back()->data, kBytes));
+  }
+  wait_all(reqs);
+  EXPECT_EQ(swap.stats().checksum_bytes, kExtents * kBytes);
+  // Flip one byte in every third extent on disk.
+  const int fd = ::open(swap.file_path(0).c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < kExtents; i += 3) {
+    const char c = static_cast<char>(src[static_cast<std::size_t>(i)]->data[777] ^ 0x10);
+    ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(ext[static_cast<std::size_t>(i)].pieces[0].offset + 777)), 1);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  reqs.clear();
+  std::atomic<int> on_completion_thread{0};
+  const auto me = std::this_thread::get_id();
+  for (int i = 0; i < kExtents; ++i) {
+    reqs.push_back(swap.read(ext[static_cast<std::size_t>(i)], dst[static_cast<std::size_t>(i)]->data, kBytes));
+    reqs.back().on_complete([&, me](std::exception_ptr) {
+      if (std::this_thread::get_id() != me) ++on_completion_thread;
+    });
+  }
+  for (int i = 0; i < kExtents; ++i) {
+    const IoRequest& r = reqs[static_cast<std::size_t>(i)];
+    if (i % 3 == 0) {
+      EXPECT_THROW(r.wait(), IoError) << "extent " << i;
+    } else {
+      EXPECT_NO_THROW(r.wait()) << "extent " << i;
+      EXPECT_EQ(std::memcmp(dst[static_cast<std::size_t>(i)]->data, src[static_cast<std::size_t>(i)]->data, kBytes), 0);
+    }
+  }
+  EXPECT_GT(on_completion_thread.load(), 0);  // reads completed on another thread than the caller's
+  const SwapStats st = swap.stats();
+  // Every read was hashed once, and each corrupt one once more after its re-read.
+  EXPECT_EQ(st.checksum_bytes, 2 * kExtents * kBytes);
+  EXPECT_GT(st.checksum_ns, 0u);
 }
 
 TEST(SwapSpace, MaxSizeGivesOutOfMemoryErrorAndFreeMakesRoom) {
