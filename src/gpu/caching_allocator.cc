@@ -1,6 +1,8 @@
 // caching_allocator.cc — see caching_allocator.h.
 #include "gpu/caching_allocator.h"
 
+#include <iterator>
+
 namespace tiermem::detail {
 
 void* CachingAllocator::try_allocate(std::uint64_t bytes) {
@@ -14,7 +16,7 @@ void* CachingAllocator::try_allocate(std::uint64_t bytes) {
     cached_ -= size;
     ++hits_;
   } else {
-    if (allocated_ + cached_ + size > budget_) empty_cache_locked();
+    if (allocated_ + cached_ + size > budget_) trim_cache_locked(allocated_ + size);
     if (allocated_ + cached_ + size > budget_) return nullptr;
     p = alloc_(size);
     if (p == nullptr && cached_ > 0) {  // backend fragmentation: retry on an empty cache
@@ -48,6 +50,16 @@ void CachingAllocator::empty_cache_locked() {
   for (auto& [size, p] : cache_) free_(p, size);
   cache_.clear();
   cached_ = 0;
+}
+
+void CachingAllocator::trim_cache_locked(std::uint64_t need) {
+  // Largest first: the fewest blocks given back, and the small ones, cheap to keep, kept for reuse.
+  while (cached_ > 0 && need + cached_ > budget_) {
+    auto it = std::prev(cache_.end());
+    free_(it->second, it->first);
+    cached_ -= it->first;
+    cache_.erase(it);
+  }
 }
 
 void CachingAllocator::empty_cache() {

@@ -1,7 +1,8 @@
 // caching_allocator.h (internal) — the caching allocator shared by SimDevice and CudaDevice:
 // exact-size bins of freed blocks over a backend (host memory or cudaMalloc), within a hard budget
-// on allocated + cached bytes. When a request does not fit, the whole cache is released to the
-// backend first; only then does it fail.
+// on allocated + cached bytes. When a request does not fit, cached blocks are released to the
+// backend, largest first, until it does (all of them when the backend itself fails: its
+// fragmentation); only then does it fail.
 //
 // Thread-safety: all methods are thread-safe (one leaf mutex). The backend functions are called
 // with that mutex held and must not call back.
@@ -46,6 +47,8 @@ class CachingAllocator {
 
  private:
   void empty_cache_locked();
+  // Releases cached blocks, largest first, until `need` + what stays cached fits the budget.
+  void trim_cache_locked(std::uint64_t need);
   std::uint64_t budget_;
   std::function<void*(std::uint64_t)> alloc_;
   std::function<void(void*, std::uint64_t)> free_;

@@ -190,14 +190,26 @@ class SimDevice::OpaqueMemory {
 
 SimDevice::SimDevice(SimDeviceOptions options) : options_(options) {
   if (options_.host_addressable) {
+    // "Device memory" is the process's own mappings, not malloc's: blocks of 0.1-150 MB freed and
+    // made again as tensors move in and out of the device tier would otherwise fragment glibc's
+    // heap (whose freed pages stay in the process: max RSS +0.5 GiB on GPT-2 124 M at 256 MiB
+    // budgets) or, with a low mmap threshold, be faulted in anew; here a freed block goes back
+    // to the system at once and the heap is never touched. Small blocks (below a page) keep
+    // malloc. The CachingAllocator above reuses blocks of the same size without either.
     alloc_ = std::make_unique<detail::CachingAllocator>(
         options_.budget_bytes,
         [](std::uint64_t bytes) -> void* {
-          void* p = nullptr;
-          std::size_t align = bytes >= 4096 ? 4096 : 256;
-          return posix_memalign(&p, align, bytes) == 0 ? p : nullptr;
+          if (bytes < 4096) {
+            void* p = nullptr;
+            return posix_memalign(&p, 256, bytes) == 0 ? p : nullptr;
+          }
+          void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+          return p == MAP_FAILED ? nullptr : p;
         },
-        [](void* p, std::uint64_t) { std::free(p); });
+        [](void* p, std::uint64_t bytes) {
+          if (bytes < 4096) std::free(p);
+          else munmap(p, bytes);
+        });
   } else {
     opaque_ = std::make_unique<OpaqueMemory>();
     alloc_ = std::make_unique<detail::CachingAllocator>(

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <set>
+#include <vector>
 
 namespace tiermem::detail {
 namespace {
@@ -12,6 +13,7 @@ namespace {
 struct Backend {
   std::set<void*> live;
   int allocs = 0, frees = 0;
+  std::vector<std::uint64_t> freed_sizes;
   CachingAllocator make(std::uint64_t budget) {
     return CachingAllocator(
         budget,
@@ -21,8 +23,9 @@ struct Backend {
           ++allocs;
           return p;
         },
-        [this](void* p, std::uint64_t) {
+        [this](void* p, std::uint64_t n) {
           live.erase(p);
+          freed_sizes.push_back(n);
           ++frees;
           std::free(p);
         });
@@ -77,6 +80,30 @@ TEST(CachingAllocator, ReleasesCacheBeforeFailingAndNeverExceedsBudget) {
   EXPECT_TRUE(a.contains(static_cast<char*>(z) + 100, 1000));
   EXPECT_FALSE(a.contains(static_cast<char*>(z) + 100, 64 << 10));
   a.free(z);
+}
+
+// A request that does not fit releases cached blocks largest first, only as many as it needs:
+// the small blocks stay cached and are reused without a backend call.
+TEST(CachingAllocator, ReleasesOnlyWhatARequestNeedsLargestFirst) {
+  Backend b;
+  CachingAllocator a = b.make(256 << 10);
+  void* big = a.try_allocate(128 << 10);
+  void* mid = a.try_allocate(64 << 10);
+  void* small = a.try_allocate(16 << 10);
+  ASSERT_NE(small, nullptr);
+  a.free(big);
+  a.free(mid);
+  a.free(small);  // 208 KiB cached, 48 KiB free in the budget
+  void* want = a.try_allocate(96 << 10);  // needs 48 KiB more: the 128 KiB block goes
+  ASSERT_NE(want, nullptr);
+  EXPECT_EQ(b.freed_sizes, std::vector<std::uint64_t>{128u << 10});
+  const int allocs = b.allocs;
+  EXPECT_EQ(a.try_allocate(16 << 10), small);  // still cached
+  EXPECT_EQ(a.try_allocate(64 << 10), mid);
+  EXPECT_EQ(b.allocs, allocs);
+  DeviceStats s;
+  a.fill_stats(s);
+  EXPECT_LE(s.peak_reserved_bytes, 256u << 10);
 }
 
 }  // namespace

@@ -26,10 +26,12 @@ Thread-safety: one thread drives an engine.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
 import warnings
+import weakref
 from typing import Iterable, Optional
 
 import torch
@@ -43,6 +45,21 @@ from ._malloc import fix_malloc_threshold
 from ._staging import release_staging
 
 __all__ = ["initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules"]
+
+# Engines not closed yet. A script that never calls close() (DeepSpeed's users never do) still
+# leaves no swap files behind: at interpreter exit each is closed here, while the modules it needs
+# are still alive (objects alive at shutdown are not reliably destroyed, so the C++ engine, which
+# removes its swap files and directories, would otherwise never run its destructor).
+_open_engines: "weakref.WeakSet[TiermemEngine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for engine in list(_open_engines):
+        try:
+            engine.close()
+        except Exception as e:  # noqa: BLE001 - at exit: report, and close the others
+            print(f"tiermem.torch: closing an engine at exit failed: {e}", file=sys.stderr)
 
 
 def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes: Iterable[type]) -> list:
@@ -204,6 +221,7 @@ class TiermemEngine:
         self._zero = _tiermem.ZeroEngine(config_obj, numels, mean_over_micro_batches=False,
                                          comm="torch" if ops is not None else "single", dist_ops=ops,
                                          frozen=frozen)
+        _open_engines.add(self)
         if ops is not None:
             ops.unit_names = [u.name for u in units.units]
         for u in units.units:
@@ -298,6 +316,7 @@ class TiermemEngine:
         self.check_open()
         if self._hooks.link.gathered_params_open:
             raise RuntimeError("TiermemEngine.offload_states: inside zero.GatheredParameters; leave the with-block first")
+        self._hooks.link.grad_buffers.clear()  # the kept gradient buffers go too (before the heap is trimmed)
         return int(self._zero.offload_states())
 
     def reload_states(self, non_blocking: bool = False) -> None:
@@ -353,6 +372,7 @@ class TiermemEngine:
         cannot run afterwards."""
         if not self._closed:
             self._hooks.detach()
+            self._hooks.link.grad_buffers.clear()
             self._zero.close()
             self._closed = True
             self.module._tiermem_engine = None

@@ -1,0 +1,42 @@
+"""A script that never calls engine.close() (as DeepSpeed's users write them) leaves no swap files
+behind: at interpreter exit tiermem.torch closes every engine still open, so the directories the
+engine made under nvme_path (its rank directory with the swap file and lock) are gone, and the
+user's own directory stays, empty. Run in a child process, which exits with the engine alive."""
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CHILD = r"""
+import sys, torch
+import tiermem.torch as tt
+from torch_models import batches, build, ds_config
+torch.set_num_threads(1)
+cfg = ds_config(sys.argv[1], "nvme", tiermem={"host_budget_bytes": "16MiB", "device_budget_bytes": "16MiB"})
+model = build("gpt2", layers=2, hidden=64)
+engine, *_ = tt.initialize(model=model, config=cfg)
+b = batches(1)[0]
+loss = engine(input_ids=b, labels=b).loss
+engine.backward(loss)
+engine.step()
+found = [f for _, _, fs in __import__("os").walk(sys.argv[1]) for f in fs]
+print("files while training:", sorted(found), flush=True)
+# no engine.close(): the interpreter exits with the engine (and its gathered views) alive
+"""
+
+
+def test_swap_files_are_removed_at_exit_without_close(torch_or_skip, tmp_path):
+    user_dir = tmp_path / "swap"
+    user_dir.mkdir()  # the user's: stays
+    nvme = user_dir / "run"  # the engine's to make and remove
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", CHILD, str(nvme)], capture_output=True, text=True, timeout=300,
+                       cwd=HERE, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    assert "tiermem-swap-" in p.stdout, p.stdout  # the run did put a swap file there
+    left = [os.path.join(r, f) for r, _, fs in os.walk(user_dir) for f in fs]
+    assert left == [], f"left behind at exit: {left}\n{p.stderr[-3000:]}"
+    assert user_dir.is_dir()
+    assert not nvme.exists(), sorted(os.listdir(nvme))
