@@ -121,6 +121,9 @@ struct TiermemConfig {
   // ZeRO-3: each module's AdamW update at its next gather; unset ("auto"): on when the optimizer
   // state is on NVMe (offload_optimizer.device nvme)
   std::optional<bool> overlap_optimizer_step;
+  // fp32 training, ZeRO-3: a module's working shard is its fp32 master (one copy on its home tier,
+  // not two) when the parameters and the optimizer state share a home tier
+  bool fp32_single_copy = true;
   bool host_eviction_plan = true;           // Prefetcher: Belady plan of the host tier (write-behind, read-ahead room)
   std::string device_optimizer = "auto";    // auto | on | off: offload_optimizer none on the device
   double acquire_timeout_s = 30;            // wait for a release before OutOfMemoryError

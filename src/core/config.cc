@@ -312,6 +312,7 @@ std::string config_to_json(const Config& c, int indent) {
         {"sqpoll", t.sqpoll},
         {"fixed_buffers", t.fixed_buffers},
         {"checksum", t.checksum},
+        {"fp32_single_copy", t.fp32_single_copy},
         {"stripe_bytes", t.stripe_bytes},
         {"swap_initial_bytes", t.swap_initial_bytes},
         {"swap_max_bytes", t.swap_max_bytes},

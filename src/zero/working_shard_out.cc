@@ -18,8 +18,14 @@ WorkingShardOut::~WorkingShardOut() {
 void WorkingShardOut::open(const Piece& p) {
   if (module_ == p.module) return;
   finish();
-  const ZeroModule& m = mods_[static_cast<std::size_t>(p.module)];
-  pin_ = store_->acquire_for_overwrite(m.param, m.home == Tier::kDevice ? Tier::kDevice : shape_.publish_tier);
+  ZeroModule& m = mods_[static_cast<std::size_t>(p.module)];
+  const Tier tier = m.home == Tier::kDevice ? Tier::kDevice : shape_.publish_tier;
+  if (m.shared_master) {  // the master weights: read, then updated in place
+    pin_ = store_->acquire(m.param, tier, phase_);
+    if (phase_ == Phase::kOutsideStep) m.replay.emplace_back(m.param, tier);
+  } else {
+    pin_ = store_->acquire_for_overwrite(m.param, tier);
+  }
   module_ = p.module;
 }
 

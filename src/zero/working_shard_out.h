@@ -6,6 +6,10 @@
 // released dirty after its last; other modules write into their engine buffer (mem_shard).
 // Destroyed without finish() (an error), the pin is released clean.
 //
+// A module whose working shard is its fp32 master (ZeroModule::shared_master) is acquired with
+// its contents instead (at `phase`; an access outside the step is added to the module's replay
+// list), and dest(p) is then also where sub-group p's master is read and written in place.
+//
 // A device the CPU cannot address (shape.opaque): dest() of a device-homed shard is a host
 // staging buffer of one sub-group (DeviceStaging's publish buffers), copied up to the pinned
 // shard when the next dest() or finish() is called — so the caller must have written every byte
@@ -34,8 +38,9 @@ class WorkingShardOut {
  public:
   // `piece_elems`: the plan's sub-group size (a publish buffer is made at least that large).
   WorkingShardOut(std::vector<ZeroModule>& mods, const std::unique_ptr<TensorStore>& store,
-                  const EngineShape& shape, DeviceStaging& staging, std::size_t piece_elems)
-      : mods_(mods), store_(store), shape_(shape), staging_(staging), piece_elems_(piece_elems) {}
+                  const EngineShape& shape, DeviceStaging& staging, std::size_t piece_elems,
+                  Phase phase = Phase::kOptimizer)
+      : mods_(mods), store_(store), shape_(shape), staging_(staging), piece_elems_(piece_elems), phase_(phase) {}
   ~WorkingShardOut();  // waits for staged copies still in flight (never throws)
   WorkingShardOut(const WorkingShardOut&) = delete;
   WorkingShardOut& operator=(const WorkingShardOut&) = delete;
@@ -57,6 +62,7 @@ class WorkingShardOut {
   const EngineShape& shape_;
   DeviceStaging& staging_;
   const std::size_t piece_elems_;
+  const Phase phase_;              // of a shared-master module's acquire
   TensorStore::Pin pin_;
   int module_ = -1;
   int stage_ = 0;                  // publish buffer dest() handed out last

@@ -157,7 +157,9 @@ struct ZeroEngine::Impl {
   const detail::ZeroModule& trained_module(int module, const char* call) const;  // or Error
 
   // Where step() and import write each sub-group's new working params (working_shard_out.h).
-  detail::WorkingShardOut working_out() { return {mods, store, shape, staging, plan.piece_elems}; }
+  detail::WorkingShardOut working_out(Phase phase = Phase::kOptimizer) {
+    return {mods, store, shape, staging, plan.piece_elems, phase};
+  }
   // AdamW on piece k with `ap`, its new working params into `working`; its gradient partition is
   // discarded after (stages 2-3). `on_grad(k, g)` sees the gradient first when given.
   void update_piece(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,

@@ -198,6 +198,13 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
       m.frozen ? std::vector<detail::SubGroupLayout>{}
                : detail::layout_sub_groups(layout, plan.piece_elems, opts.alignment_elems, plan.optimizer_on_device,
                                            plan.device_optimizer_from);
+  // One fp32 copy (tiermem.fp32_single_copy): the working shard is the master where it is homed
+  // with the optimizer state and the CPU steps it in place (ZeroModule::shared_master).
+  const Tier param_home = m.persistent ? shape.compute_tier : plan.param_home;
+  m.shared_master = cfg.tiermem.fp32_single_copy && shape.wdtype == DType::kF32 && m.stored && !m.frozen &&
+                    !shape.opaque && param_home != Tier::kDevice && param_home == plan.optimizer_home &&
+                    std::none_of(groups.begin(), groups.end(), [](const detail::SubGroupLayout& g) { return g.on_device; });
+  const std::size_t slots = m.shared_master ? 2 : 3;  // [master |] exp_avg | exp_avg_sq
   for (const detail::SubGroupLayout& g : groups) {
     const ElemRange& r = g.range;
     detail::Piece p;
@@ -209,7 +216,7 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
     TensorSpec os;
     os.name = fmt::format("zero.optim.{}.{}", m.name, r.begin);
     os.dtype = DType::kF32;
-    os.shape = {3, static_cast<std::int64_t>(r.size())};
+    os.shape = {static_cast<std::int64_t>(slots), static_cast<std::int64_t>(r.size())};
     os.home = p.on_device ? Tier::kDevice : plan.optimizer_home;
     os.swap = swaps.optim_swap.get();
     os.zero_fill = false;
@@ -224,10 +231,12 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
         staging.upload(pin, 0, tmp.data(), tmp.size() * sizeof(float));
       } else {
         float* s = pin.as<float>();
-        copy_init(r.begin, r.end, s);                         // master
-        std::fill(s + r.size(), s + 3 * r.size(), 0.0f);      // exp_avg, exp_avg_sq
+        float* moments = s + (slots - 2) * r.size();  // the master, when here, is slot 0
+        if (!m.shared_master) copy_init(r.begin, r.end, s);  // else write_working writes it
+        std::fill(moments, moments + 2 * r.size(), 0.0f);      // exp_avg, exp_avg_sq
         if (shape.optimizer == detail::OptimizerKind::kAdagrad) {  // its sum starts there (slot 2)
-          std::fill(s + 2 * r.size(), s + 3 * r.size(), static_cast<float>(cfg.optimizer.initial_accumulator_value));
+          std::fill(moments + r.size(), moments + 2 * r.size(),
+                    static_cast<float>(cfg.optimizer.initial_accumulator_value));
         }
       }
     }

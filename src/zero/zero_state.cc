@@ -25,11 +25,16 @@ std::vector<float> ZeroEngine::Impl::gather_state(int module, std::size_t third)
   std::vector<float> full(m.shard.padded);
   float* mine = full.data() + static_cast<std::size_t>(shape.opt_rank) * m.shard.shard;
   std::vector<float> tmp;
-  for (int pi : m.pieces) {
-    const detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
-    tmp.resize(3 * p.size());
-    store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
-    std::copy_n(tmp.begin() + static_cast<std::ptrdiff_t>(third * p.size()), p.size(), mine + p.begin);
+  if (m.shared_master && third == 0) {  // the master is the fp32 working shard
+    store->read(m.param, std::as_writable_bytes(std::span<float>(mine, m.shard.shard)));
+  } else {
+    const std::size_t slots = m.shared_master ? 2 : 3, slot = m.shared_master ? third - 1 : third;
+    for (int pi : m.pieces) {
+      const detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
+      tmp.resize(slots * p.size());
+      store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
+      std::copy_n(tmp.begin() + static_cast<std::ptrdiff_t>(slot * p.size()), p.size(), mine + p.begin);
+    }
   }
   if (shape.opt_world > 1) comm.all_gather(mine, full.data(), m.shard.shard, DType::kF32);
   full.resize(m.numel);
@@ -229,6 +234,8 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
   detail::AlignedBuf buf;
   const StateStageScope uncount{staging};
   const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
+  TensorStore::Pin master_pin;  // a shared_master module's working shard, while its pieces go out
+  int master_module = -1;
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const detail::Piece& p = pieces[k];
     const std::size_t n = p.size();
@@ -244,21 +251,49 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
     }
     if (!ahead.empty()) store->prefetch(ahead, Tier::kHost);
     TensorStore::Pin pin = store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
-    float* s = pin.as<float>();  // [master | m | v]
-    sink(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+    float* s = pin.as<float>();  // [master | m | v], or [m | v] with the master in the working shard
+    const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
+    if (!m.shared_master) {
+      sink(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
+      continue;
+    }
+    if (master_module != p.module) {
+      master_pin = TensorStore::Pin();
+      master_pin = store->acquire(m.param, Tier::kHost, Phase::kOutsideStep);
+      master_module = p.module;
+    }
+    sink(ZeroStateChunk{p.flat, n, master_pin.as<float>() + p.begin, s, s + n});
   }
 }
 
 void ZeroEngine::Impl::rewrite_state(int module, bool keep,
                                      const std::function<void(const detail::Piece&, float*)>& fill) {
-  detail::AlignedBuf buf;
+  detail::AlignedBuf buf, whole;  // whole: [master | m | v] of a shared_master sub-group
   const StateStageScope uncount{staging};
-  detail::WorkingShardOut working = working_out();
+  detail::WorkingShardOut working = working_out(Phase::kOutsideStep);
   for (const detail::Piece& p : pieces) {
     if (module >= 0 && p.module != module) continue;  // a module's pieces are consecutive
     const std::size_t n = p.size();
     TensorStore::Pin state;  // host-tier pin; acquired for overwrite unless the old state is kept
     float* s = nullptr;
+    if (mods[static_cast<std::size_t>(p.module)].shared_master) {
+      // `fill` sees the three slots as always; the master goes to (and comes from) the working
+      // shard, which dest(p) holds with its contents, and the moments to the 2-slot state.
+      if (whole.bytes < 12 * n) whole = detail::AlignedBuf(12 * n);
+      float* w = whole.f();
+      float* master = reinterpret_cast<float*>(working.dest(p));
+      state = keep ? store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep)
+                   : store->acquire_for_overwrite(p.optim, Tier::kHost);
+      if (keep) {
+        std::copy_n(master, n, w);
+        std::copy_n(state.as<float>(), 2 * n, w + n);
+      }
+      fill(p, w);
+      std::copy_n(w + n, 2 * n, state.as<float>());
+      state.mark_dirty();
+      std::copy_n(w, n, master);
+      continue;
+    }
     if (p.on_device) {
       s = staging.state_buffer(buf, 12 * plan.piece_elems);
       if (keep) store->read(p.optim, std::as_writable_bytes(std::span<float>(s, 3 * n)));

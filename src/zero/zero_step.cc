@@ -62,12 +62,19 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
 void ZeroEngine::Impl::prefetch_after(std::size_t k, bool with_state) {
   const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
   std::vector<TensorId> ids;
+  std::vector<TensorId> masters;  // the working shards that hold the master (shared_master)
   for (std::size_t j = k + 1; j < pieces.size() && j < k + static_cast<std::size_t>(B); ++j) {
     if (pieces[j].on_device) continue;  // state (and gradient) already where it is used
     if (with_state) ids.push_back(pieces[j].optim);
     if (shape.stage >= 2 && !pieces[j].grad_fresh) ids.push_back(pieces[j].grad);
+    const detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[j].module)];
+    if (with_state && m.shared_master && pieces[j].module != pieces[k].module &&
+        std::find(masters.begin(), masters.end(), m.param) == masters.end()) {
+      masters.push_back(m.param);
+    }
   }
   if (!ids.empty()) store->prefetch(ids, Tier::kHost);
+  if (!masters.empty()) store->prefetch(masters, shape.publish_tier);
 }
 
 // The overflow check (fp16) and the global norm before anything is updated (the norm summed from
@@ -174,20 +181,26 @@ void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, detail:
   std::byte* out = working.dest(p);
   float* s = state.as<float>();
   const std::size_t n = p.size();
-  // The new working params are written by the same pass (bf16/fp16 rounded, or an fp32 copy).
+  // The master: slot 0 of the state, or (shared_master) the fp32 working params themselves,
+  // updated in place, with no copy to write. Else the new working params are written by the same
+  // pass (bf16/fp16 rounded, or an fp32 copy).
+  const bool shared = mods[static_cast<std::size_t>(p.module)].shared_master;
+  float* master = shared ? reinterpret_cast<float*>(out) : s;
+  float* m1 = shared ? s : s + n;  // slot 1 (exp_avg), then slot 2 (exp_avg_sq) at m1 + n
+  void* copy = shared ? nullptr : out;
   switch (shape.optimizer) {
     case detail::OptimizerKind::kAdamW:
-      adam_step(ap, s, g, s + n, s + 2 * n, n, out, shape.wdtype);
+      adam_step(ap, master, g, m1, m1 + n, n, copy, shape.wdtype);
       break;
     case detail::OptimizerKind::kLion:
       // lr as the step was given it (a deferred update keeps its step's); the rest as configured.
-      lion_step(LionParams{ap.lr, ap.beta1, ap.beta2, cfg.optimizer.weight_decay, ap.grad_scale}, s, g, s + n, n,
-                out, shape.wdtype);
+      lion_step(LionParams{ap.lr, ap.beta1, ap.beta2, cfg.optimizer.weight_decay, ap.grad_scale}, master, g, m1, n,
+                copy, shape.wdtype);
       break;
     case detail::OptimizerKind::kAdagrad:
       adagrad_step(AdagradParams{ap.lr, cfg.optimizer.lr_decay, cfg.optimizer.weight_decay, cfg.optimizer.eps,
                                  ap.step, ap.grad_scale},
-                   s, g, s + 2 * n, n, out, shape.wdtype);
+                   master, g, m1 + n, n, copy, shape.wdtype);
       break;
   }
   state.mark_dirty();
@@ -204,7 +217,7 @@ void ZeroEngine::Impl::apply_pending(int mi, Phase phase) {
   if (!ap) return;
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
   const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
-  detail::WorkingShardOut working = working_out();
+  detail::WorkingShardOut working = working_out(phase);
   for (std::size_t j = 0; j < m.pieces.size(); ++j) {
     // The module's next sub-groups on their way while this one steps (across modules the
     // Prefetcher's look-ahead runs ahead of the gathers).

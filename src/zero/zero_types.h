@@ -109,7 +109,8 @@ struct Piece {
   int module = 0;
   std::size_t begin = 0, end = 0;  // within the module's shard (elements)
   std::size_t flat = 0;            // rank-flat offset of `begin`
-  TensorId optim = kInvalidTensor; // fp32 [master | exp_avg | exp_avg_sq], 3 x size()
+  TensorId optim = kInvalidTensor; // fp32 [master | exp_avg | exp_avg_sq], 3 x size(); without the
+                                   // master (2 x size()) when its module's shared_master
   TensorId grad = kInvalidTensor;  // stages 2-3: fp32 gradient partition, size()
   bool grad_fresh = true;          // no gradient since the last step: contents undefined
   // Its state is homed on the device and stepped there (the device-resident optimizer, or the
@@ -133,6 +134,11 @@ struct ZeroModule {
   bool stored = false;         // stage 3 working shard is a store tensor (`param`)
   bool registered = false;     // tensors written (registration streamed or finalized)
   bool frozen = false;         // no master, gradient or optimizer state (ZeroEngineOptions)
+  // fp32 working params that are the master weights (tiermem.fp32_single_copy): `param` holds
+  // the fp32 master, and each sub-group's `optim` holds only its two moment slots (2 x size()).
+  // Set at registration for a stored, trained module homed where the optimizer state is (host or
+  // NVMe, not the device), on a host-addressable device, stepped by the CPU.
+  bool shared_master = false;
   TensorId param = kInvalidTensor;
   Tier home = Tier::kHost;     // of `param` (stored modules)
   AlignedBuf mem_shard;        // working shard when !stored (stage 0: the full copy)
