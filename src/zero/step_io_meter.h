@@ -34,7 +34,8 @@ class StepIoMeter {
     std::uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0, stall_ns = 0;
   };
   // NVMe rates in GB/s; 0: unknown (no bound is computed).
-  StepIoMeter(double read_gbps = 0, double write_gbps = 0) : read_gbps_(read_gbps), write_gbps_(write_gbps) {}
+  StepIoMeter(double read_gbps = 0, double write_gbps = 0)
+      : read_gbps_(read_gbps), write_gbps_(write_gbps) {}
 
   // True between open() and close(): an in-step call need not read the counters again.
   bool is_open() const { return open_; }
