@@ -117,7 +117,7 @@ DS_VARIANTS = {
     "param_cpu": {"offload_param": {"device": "cpu"}},  # parameters in host RAM: not the benchmark's case
 }
 NVME_STATS = ("nvme_read_bytes", "nvme_written_bytes") + tuple(
-    f"nvme_{d}_{k}_bytes" for d in ("read", "written") for k in ("trainable", "frozen", "optimizer"))
+    f"nvme_{d}_{k}_bytes" for d in ("read", "written") for k in ("trainable", "frozen", "optimizer", "gradient"))
 SHAPES = common.GPT2_SHAPES
 
 
@@ -589,8 +589,8 @@ def lora_main(a):
                       f" | {len(r['losses'])} | {', '.join(f'{x:.4f}' for x in r['losses'])} |")
     else:
         print("| contender | step (s, median) | max RSS (GiB) | init (s) | NVMe read / written per step (MB, "
-              "/proc/self/io) | tiermem NVMe read per step: frozen / trainable / optimizer (MB) | written: frozen / "
-              "trainable / optimizer (MB) | losses |")
+              "/proc/self/io) | tiermem NVMe read per step: frozen / trainable / optimizer / gradient (MB) | written: "
+              "frozen / trainable / optimizer / gradient (MB) | losses |")
         print("|---|---|---|---|---|---|---|---|")
         for c, r in results.items():
             if r.get("error"):
@@ -599,8 +599,8 @@ def lora_main(a):
             io = r["io_per_step"]
             split = ["—", "—"]
             if "nvme_read_frozen_bytes" in io:
-                split = [" / ".join(mb(io.get(f"nvme_{d}_{k}_bytes")) for k in ("frozen", "trainable", "optimizer"))
-                         for d in ("read", "written")]
+                kinds = ("frozen", "trainable", "optimizer", "gradient")
+                split = [" / ".join(mb(io.get(f"nvme_{d}_{k}_bytes")) for k in kinds) for d in ("read", "written")]
             name = c + (f" ({r['ds_variant']})" if r.get("ds_variant") else "")
             print(f"| {name} | {r['step_s']:.3f} | {gib(r['max_rss_bytes'])} | {r['init_s']:.1f} | "
                   f"{mb(io['proc_read_bytes'])} / {mb(io['proc_write_bytes'])} | {split[0]} | {split[1]} | "

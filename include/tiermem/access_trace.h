@@ -39,8 +39,6 @@ struct Access {
   bool operator==(const Access&) const = default;
 };
 
-std::string_view phase_name(Phase p);  // "forward", "backward", "optimizer", "other", "eval"
-
 class AccessTrace {
  public:
   enum class State {

@@ -127,6 +127,11 @@ struct TiermemConfig {
   bool host_eviction_plan = true;           // Prefetcher: Belady plan of the host tier (write-behind, read-ahead room)
   std::string device_optimizer = "auto";    // auto | on | off: offload_optimizer none on the device
   double acquire_timeout_s = 30;            // wait for a release before OutOfMemoryError
+  // The NVMe's rates, for ZeroStats' I/O bound of a step (nothing else reads them); 0 = unknown:
+  // machine_profile's, when given. resolve_nvme_rates says which apply.
+  double nvme_read_gbps = 0;
+  double nvme_write_gbps = 0;
+  std::string machine_profile;              // path of tiermem-bench profile --json's output; "" = none
   std::string trace_path;                   // Chrome trace output ("" = off; env TIERMEM_TRACE)
   std::string log_level = "info";           // trace|debug|info|warn|error|off
 };
@@ -220,6 +225,20 @@ void resolve_batch_sizes(Config& config, int world_size);
 // ("train_micro_batch_size_per_gpu=8 (--batch)"). Empty when no key was "auto".
 std::string auto_resolved_line(
     const Config& config, const std::vector<std::pair<std::string, std::string>>& sources = {});
+
+// The NVMe rates (GB/s = 1e9 bytes/s) ZeroStats prices a step's I/O at: each of
+// tiermem.nvme_read_gbps / nvme_write_gbps when > 0, else the figure of the profile
+// tiermem.machine_profile names (the JSON tiermem-bench profile --json prints, its last line
+// {"profile": {...}}, or a written profile object), else 0 (unknown). `source` says where they came
+// from ("config", "profile <path>", "config and profile <path>", "" when both are 0). Reads the
+// profile file only when a rate is not in the config. Throws ConfigError naming
+// tiermem.machine_profile, the path and what to do when the file cannot be read, is not JSON, or
+// lacks a positive, finite nvme_read_gbps / nvme_write_gbps.
+struct NvmeRates {
+  double read_gbps = 0, write_gbps = 0;
+  std::string source;
+};
+NvmeRates resolve_nvme_rates(const Config& config);
 
 // Parses JSON text. `source` names it in errors (a path or "<string>"). Logs one warning listing
 // unknown keys and one warning per key read but not acted on (Config::inert_keys); the "auto"

@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "tiermem/tier.h"
@@ -29,6 +30,19 @@ inline constexpr TensorId kInvalidTensor = std::numeric_limits<TensorId>::max();
 // evaluation pass between steps. Policies see it for recency only: the Prefetcher neither records
 // it in nor matches it against the step's access trace, so it never makes the trace diverge.
 enum class Phase : std::uint8_t { kForward, kBackward, kOptimizer, kOther, kOutsideStep };
+inline constexpr int kNumPhases = 5;  // Phase values are 0 .. kNumPhases - 1 (per-phase counters)
+
+// "forward", "backward", "optimizer", "other", "outside-step" (traces, logs).
+constexpr std::string_view phase_name(Phase p) {
+  switch (p) {
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kOptimizer: return "optimizer";
+    case Phase::kOther: return "other";
+    case Phase::kOutsideStep: return "outside-step";
+  }
+  return "?";
+}
 
 // A request the policy makes: bring `id` up to `tier` ahead of use.
 struct PrefetchHint {

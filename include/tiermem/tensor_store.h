@@ -45,7 +45,15 @@
 // destroyed; the destructor waits for outstanding fetches/prefetches.
 //
 // Tracing: every move is a span on track "<src>-><dst>" (e.g. "nvme->device") and every wait
-// a span on track "wait" when Trace::global() is enabled (API or TIERMEM_TRACE=path).
+// a span on track "wait" when Trace::global() is enabled (API or TIERMEM_TRACE=path); an
+// acquire's miss span has its phase in args ({"phase": "forward"}), and each change of the
+// store's current phase (the latest acquire's) is a sample of the counter "store phase" (the
+// Phase value: 0 forward, 1 backward, 2 optimizer, 3 other, 4 outside-step).
+//
+// Phases. The counters of stats().phases split the NVMe traffic, stalls and I/O busy time by
+// training phase: an acquire's stall by its `phase`; bytes and busy time by the store's current
+// phase, the phase of the latest acquire() on any thread (with several threads acquiring in
+// different phases, an approximation).
 #pragma once
 
 #include <chrono>
@@ -107,12 +115,13 @@ struct TensorSpec {
   // overwritten before they are read (acquire_for_overwrite), e.g. gradient partitions.
   bool zero_fill = true;
   // The caller's label for the NVMe traffic counters (TensorStoreStats::nvme_*_by_group), in
-  // [0, kNumGroups): ZeroEngine splits trainable params, frozen params and optimizer state.
+  // [0, kNumGroups): ZeroEngine splits trainable params, frozen params, optimizer state and
+  // gradient partitions.
   std::uint8_t group = 0;
 };
 
-// Labels of TensorSpec::group.
-inline constexpr int kNumGroups = 4;
+// Labels of TensorSpec::group: 0 .. kNumGroups - 1 (0: unlabelled; ZeroEngine uses 1-4).
+inline constexpr int kNumGroups = 5;
 
 struct TensorInfo {
   std::string name;
@@ -121,6 +130,26 @@ struct TensorInfo {
   std::uint64_t bytes = 0;
   Tier home = Tier::kHost;
   std::uint8_t group = 0;
+};
+
+// The NVMe traffic and the waits of one training phase (TensorStoreStats::phases). Counts the
+// same transfers as TensorStoreStats::bytes_moved to and from NVMe (loads, write-backs, flush;
+// not read()/write()/register_tensor's own I/O), so that summed over phases each figure is the
+// store's total.
+struct PhaseIoStats {
+  // Bytes read from / written to NVMe by transfers ISSUED while this phase was current (the
+  // phase of the latest acquire() on any thread; Phase::kOther before the first).
+  std::uint64_t nvme_read_bytes = 0;
+  std::uint64_t nvme_written_bytes = 0;
+  // Time callers waited (TensorStoreStats::stall_ns): an acquire() by its `phase` argument; an
+  // acquire_for_overwrite() that had to wait or make room by the current phase.
+  std::uint64_t stall_ns = 0;
+  // Wall time during which at least one of those NVMe transfers was in flight, counted to the
+  // phase current at each moment (overlapping transfers once).
+  std::uint64_t io_busy_ns = 0;
+  // The I/O time callers did not wait for: max(0, io_busy_ns - stall_ns). An estimate: a stall
+  // may also wait for room or a device copy, and busy time counts I/O a stall waited on once.
+  std::uint64_t hidden_io_ns() const { return io_busy_ns > stall_ns ? io_busy_ns - stall_ns : 0; }
 };
 
 // Snapshot of counters since the store was made. Indexed [from][to] / [tier] by Tier value.
@@ -139,10 +168,17 @@ struct TensorStoreStats {
   std::uint64_t misses = 0;          // ... had to load it
   std::uint64_t prefetches_issued = 0;
   std::uint64_t prefetches_dropped = 0;  // did not fit without waiting, or failed
-  std::uint64_t stall_ns = 0;        // total time acquire() calls that missed spent (waits + loads)
+  // Total time callers waited: acquire() calls that missed (waits + loads), and
+  // acquire_for_overwrite() calls that had to wait for a transfer or make room (evictions and
+  // their write-backs). fetch() and prefetch() wait on worker threads: never counted.
+  std::uint64_t stall_ns = 0;
   std::uint64_t oom_errors = 0;      // OutOfMemoryError thrown by acquire/fetch
   std::uint64_t discards = 0;        // discard() calls
   std::uint64_t discarded_dirty_bytes = 0;  // newest bytes discard() dropped: write-backs saved
+  // NVMe traffic, stalls and I/O busy time by training phase, indexed by Phase value
+  // (kForward .. kOutsideStep); each sums over phases to the total above (bytes_moved to and
+  // from NVMe, stall_ns).
+  PhaseIoStats phases[kNumPhases] = {};
   // Leak checks (tests/fault/soak_test.cc). Both are gauges read now, not counters.
   // Bytes the store's PinnedHostPool has handed out (host homes + cached host copies, rounded);
   // equals resident_bytes[kHost] unless a block leaked.
@@ -228,7 +264,8 @@ class TensorStore {
   // transfer uses the copy as its source (a prefetch to another tier waits or loads from
   // elsewhere), so nothing copies half-written bytes. Does not call the policy (the access needs
   // no prefetch). Throws as acquire(); Error when another pin of `id` exists at any
-  // tier (its bytes would silently become stale).
+  // tier (its bytes would silently become stale). When it has to wait for a transfer of `id` or
+  // make room, its time counts in stats().stall_ns (to the current phase).
   Pin acquire_for_overwrite(TensorId id, Tier tier);
 
   // Starts making `id` resident and current at `tier` on a worker thread; the future completes

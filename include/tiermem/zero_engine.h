@@ -102,14 +102,30 @@ struct ZeroStats {
   // Traffic (TensorStore transfers, every kind of state together).
   std::uint64_t nvme_read_bytes = 0;        // NVMe -> host and NVMe -> device
   std::uint64_t nvme_written_bytes = 0;     // host -> NVMe and device -> NVMe
-  // The same traffic by kind of state: trainable working params, frozen working params (written
-  // once, at registration), optimizer state with the gradient partitions.
+  // The same traffic by kind of state (the four sum to the totals above): trainable working
+  // params, frozen working params (written once, at registration), optimizer state (fp32 master
+  // and moments, without the gradients), and the stage 2-3 gradient partitions.
   std::uint64_t nvme_read_trainable_bytes = 0, nvme_read_frozen_bytes = 0, nvme_read_optimizer_bytes = 0;
   std::uint64_t nvme_written_trainable_bytes = 0, nvme_written_frozen_bytes = 0, nvme_written_optimizer_bytes = 0;
+  std::uint64_t nvme_read_gradient_bytes = 0, nvme_written_gradient_bytes = 0;
   std::uint64_t host_to_device_bytes = 0;  // and the engine's own staging copies (a device
   std::uint64_t device_to_host_bytes = 0;  // the CPU cannot address: zero_device.cc)
   std::uint64_t store_hits = 0, store_misses = 0;  // acquires that found / had to load a copy
-  std::uint64_t stall_ns = 0;               // time acquires waited for loads (compute + step)
+  std::uint64_t stall_ns = 0;               // time acquires waited for loads and room (compute + step)
+  // The NVMe traffic, stalls and I/O busy time by training phase (TensorStoreStats::phases,
+  // indexed by Phase value; the phase is the one gather()/the step passed to the store). Each sums
+  // over phases to nvme_read_bytes, nvme_written_bytes, stall_ns.
+  PhaseIoStats phases[kNumPhases] = {};
+  // The last step (step_io_meter.h): from the first gather/reduce_gradients after the previous
+  // step() (or the first ever) to the end of the latest step(), skipped steps included; 0 before
+  // the first. wall: its wall time; compute: wall - stall; io_bound: the time the NVMe needs for
+  // its traffic, read / nvme_read_gbps + written / nvme_write_gbps (0 when a rate is unknown).
+  std::uint64_t last_step_nvme_read_bytes = 0, last_step_nvme_written_bytes = 0;
+  std::uint64_t last_step_stall_ns = 0, last_step_wall_ns = 0, last_step_compute_ns = 0;
+  std::uint64_t last_step_io_bound_ns = 0;
+  // The NVMe rates io_bound uses, GB/s (1e9 bytes/s): tiermem.nvme_read_gbps / nvme_write_gbps,
+  // else tiermem.machine_profile's (resolve_nvme_rates); 0 = unknown.
+  double nvme_read_gbps = 0, nvme_write_gbps = 0;
   std::uint64_t prefetches_issued = 0;
   std::uint64_t reduce_scatter_calls = 0;   // bucketed reduce-scatter collectives issued
   std::uint64_t all_gather_calls = 0;

@@ -368,11 +368,36 @@ class PyZeroEngine {
     d["nvme_written_trainable_bytes"] = s.nvme_written_trainable_bytes;
     d["nvme_written_frozen_bytes"] = s.nvme_written_frozen_bytes;
     d["nvme_written_optimizer_bytes"] = s.nvme_written_optimizer_bytes;
+    d["nvme_read_gradient_bytes"] = s.nvme_read_gradient_bytes;
+    d["nvme_written_gradient_bytes"] = s.nvme_written_gradient_bytes;
     d["host_to_device_bytes"] = s.host_to_device_bytes;
     d["device_to_host_bytes"] = s.device_to_host_bytes;
     d["store_hits"] = s.store_hits;
     d["store_misses"] = s.store_misses;
     d["stall_ns"] = s.stall_ns;
+    // By phase, named as gather() takes them ("outside": Phase::kOutsideStep).
+    nb::dict phases;
+    static constexpr const char* kPhaseKeys[kNumPhases] = {"forward", "backward", "optimizer", "other", "outside"};
+    for (int p = 0; p < kNumPhases; ++p) {
+      const PhaseIoStats& x = s.phases[p];
+      nb::dict ph;
+      ph["nvme_read_bytes"] = x.nvme_read_bytes;
+      ph["nvme_written_bytes"] = x.nvme_written_bytes;
+      ph["stall_ns"] = x.stall_ns;
+      ph["io_busy_ns"] = x.io_busy_ns;
+      ph["hidden_io_ns"] = x.hidden_io_ns();
+      phases[kPhaseKeys[p]] = ph;
+    }
+    d["phases"] = phases;
+    // The last step (ZeroStats::last_step_*), seconds; the NVMe rates its bound used (GB/s, 0: unknown).
+    d["last_step_nvme_read_bytes"] = s.last_step_nvme_read_bytes;
+    d["last_step_nvme_written_bytes"] = s.last_step_nvme_written_bytes;
+    d["step_wall_s"] = static_cast<double>(s.last_step_wall_ns) / 1e9;
+    d["stall_s"] = static_cast<double>(s.last_step_stall_ns) / 1e9;
+    d["compute_s"] = static_cast<double>(s.last_step_compute_ns) / 1e9;
+    d["io_bound_s"] = static_cast<double>(s.last_step_io_bound_ns) / 1e9;
+    d["nvme_read_gbps"] = s.nvme_read_gbps;
+    d["nvme_write_gbps"] = s.nvme_write_gbps;
     d["prefetches_issued"] = s.prefetches_issued;
     d["all_gather_calls"] = s.all_gather_calls;
     d["all_gathers_prefetched"] = s.all_gathers_prefetched;

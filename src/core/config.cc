@@ -228,6 +228,66 @@ Config load_config(const std::string& path) {
   }
 }
 
+namespace {
+
+// The profile object of the file tiermem-bench profile --json wrote (its last line that is a JSON
+// object, {"profile": {...}}) or of a written profile (the whole file, with or without "profile").
+json read_profile(const std::string& path) {
+  const std::string key = "tiermem.machine_profile";
+  const std::string make = "write one with: tiermem-bench profile --json > profile.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw ConfigError(key, path,
+                      errno_message("config key '" + key + "' = \"" + path + "\": cannot read the profile", errno) +
+                          "; " + make);
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    std::istringstream lines(ss.str());
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] != '{') continue;
+      json l = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!l.is_discarded()) j = std::move(l);
+    }
+  }
+  if (j.is_discarded() || !j.is_object()) {
+    throw ConfigError(key, path,
+                      "config key '" + key + "' = \"" + path + "\" is not a machine profile (no JSON object); " + make);
+  }
+  return j.contains("profile") ? j["profile"] : j;
+}
+
+// The profile's rate `name` (GB/s): a positive, finite number, else a ConfigError.
+double profile_rate(const json& profile, const char* name, const std::string& path) {
+  const json* v = profile.is_object() && profile.contains(name) ? &profile.at(name) : nullptr;
+  if (v == nullptr || !v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() <= 0) {
+    throw ConfigError("tiermem.machine_profile", path,
+                      "config key 'tiermem.machine_profile' = \"" + path + "\": the profile has no positive " + name +
+                          (v ? " (it is " + v->dump() + ")" : std::string()) +
+                          "; measure it with: tiermem-bench profile --json > profile.json, or set tiermem." + name);
+  }
+  return v->get<double>();
+}
+
+}  // namespace
+
+NvmeRates resolve_nvme_rates(const Config& config) {
+  const TiermemConfig& t = config.tiermem;
+  NvmeRates r{t.nvme_read_gbps, t.nvme_write_gbps, ""};
+  const bool from_config = r.read_gbps > 0 || r.write_gbps > 0;
+  if ((r.read_gbps > 0 && r.write_gbps > 0) || t.machine_profile.empty()) {
+    r.source = from_config ? "config" : "";
+    return r;
+  }
+  const json profile = read_profile(t.machine_profile);
+  if (r.read_gbps <= 0) r.read_gbps = profile_rate(profile, "nvme_read_gbps", t.machine_profile);
+  if (r.write_gbps <= 0) r.write_gbps = profile_rate(profile, "nvme_write_gbps", t.machine_profile);
+  r.source = (from_config ? "config and profile " : "profile ") + t.machine_profile;
+  return r;
+}
+
 // Keys read but not acted on (Config::inert_keys) are left out: they would say something the run
 // does not do, and a document written by this function reads back without warnings.
 std::string config_to_json(const Config& c, int indent) {
@@ -322,7 +382,10 @@ std::string config_to_json(const Config& c, int indent) {
         {"overlap_optimizer_step", t.overlap_optimizer_step ? json(*t.overlap_optimizer_step) : json("auto")},
         {"host_eviction_plan", t.host_eviction_plan},
         {"device_optimizer", t.device_optimizer},
-        {"acquire_timeout_s", t.acquire_timeout_s}}},
+        {"acquire_timeout_s", t.acquire_timeout_s},
+        {"nvme_read_gbps", t.nvme_read_gbps},
+        {"nvme_write_gbps", t.nvme_write_gbps},
+        {"machine_profile", t.machine_profile}}},
   };
   if (!sched.is_null()) j["scheduler"] = sched;
   if (c.activation_checkpointing.enabled) {

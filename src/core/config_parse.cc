@@ -407,6 +407,9 @@ void read_tiermem(Section& s, Config& cfg) {
   s.get("host_eviction_plan", t.host_eviction_plan);
   s.get_choice("device_optimizer", t.device_optimizer, {"auto", "on", "off"});
   s.get_double("acquire_timeout_s", t.acquire_timeout_s, 0, 1e6);
+  s.get_double("nvme_read_gbps", t.nvme_read_gbps, 0, 1e6, "a number of GB/s");
+  s.get_double("nvme_write_gbps", t.nvme_write_gbps, 0, 1e6, "a number of GB/s");
+  s.get("machine_profile", t.machine_profile);
   s.get("trace_path", t.trace_path);
   s.inert("trace_path",
           "a trace is started by the program: tiermem-train --trace PATH, or "

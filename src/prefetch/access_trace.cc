@@ -8,17 +8,6 @@
 
 namespace tiermem {
 
-std::string_view phase_name(Phase p) {
-  switch (p) {
-    case Phase::kForward: return "forward";
-    case Phase::kBackward: return "backward";
-    case Phase::kOptimizer: return "optimizer";
-    case Phase::kOther: return "other";
-    case Phase::kOutsideStep: return "outside-step";
-  }
-  return "?";
-}
-
 void AccessTrace::begin_step() {
   if (state_ != State::kIdle) end_step();
   pos_ = 0;

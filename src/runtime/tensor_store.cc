@@ -305,6 +305,7 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
   std::unique_lock lock(m.mu_);
   Entry& e = m.entry(id);
   ++e.uses;
+  m.set_phase(phase);
   m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, m.view()));
   bool hit = false;
   void* p = m.ensure(lock, id, tier, Mode::kAcquire, deadline, &hit);
@@ -312,12 +313,15 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
     ++m.stats_.hits;
   } else {
     ++m.stats_.misses;
-    m.stats_.stall_ns += static_cast<std::uint64_t>(
+    const auto ns = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+    m.stats_.stall_ns += ns;
+    m.phase_stats(phase).stall_ns += ns;
     // The caller was blocked on this move: a span on the `wait` track (the time lost to I/O).
     if (trace_start != 0) {
       Trace::global().complete("miss " + e.info.name + " -> " + std::string(tier_name(tier)), "wait",
-                               trace_start, Trace::now_ns() - trace_start);
+                               trace_start, Trace::now_ns() - trace_start,
+                               fmt::format(R"({{"phase":"{}"}})", phase_name(phase)));
     }
   }
   return Pin(this, id, tier, p, e.info.bytes);
@@ -325,8 +329,9 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
 
 TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
   Impl& m = *impl_;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(m.opts.acquire_timeout);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline =
+      start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(m.opts.acquire_timeout);
   std::unique_lock lock(m.mu_);
   Entry& e = m.entry(id);
   if (tier == Tier::kNvme || idx(tier) > idx(e.info.home)) {
@@ -345,9 +350,11 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
                               e.info.name, tier_name(tier_at(t))));
     }
   }
+  bool stalled = false;  // waited for a transfer, or made room: counted in stall_ns
   while (true) {
     Copy& c = e.copy[idx(tier)];
     if (c.state == State::kLoading || c.state == State::kEvicting || c.writing || c.readers > 0) {
+      stalled = true;
       if (!m.wait(lock, deadline)) {
         throw OutOfMemoryError(tier, e.info.bytes, 0,
                                fmt::format("timed out after {:.1f} s waiting for tensor '{}' on {} (in transfer)",
@@ -357,6 +364,7 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
     }
     if (c.state == State::kAbsent) {
       const std::uint64_t size = m.alloc_size(tier, e.info.bytes);
+      stalled |= m.used_[idx(tier)] + size > m.budget_[idx(tier)];  // evicts (and may write back)
       void* p = m.make_room(lock, tier, size, Mode::kAcquire, deadline, id);
       if (c.state != State::kAbsent) {  // someone else started meanwhile (mu_ was released)
         m.tier_free(tier, p);
@@ -370,6 +378,12 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
     ++c.pins;
     c.user_writing = true;  // being filled: no transfer may copy from it until it is released
     m.make_newest(e, id, tier);
+    if (stalled) {  // the current phase's: this call has no phase of its own
+      const auto ns = static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+      m.stats_.stall_ns += ns;
+      m.phase_stats(m.io_clock_.phase()).stall_ns += ns;
+    }
     return Pin(this, id, tier, c.ptr, e.info.bytes);
   }
 }
@@ -530,6 +544,8 @@ TensorStoreStats TensorStore::stats() const {
       if (e->copy[t].pins > 0) s.pinned_bytes[t] += e->copy[t].alloc_bytes;
     }
   }
+  const std::uint64_t now = Trace::now_ns();
+  for (int p = 0; p < kNumPhases; ++p) s.phases[p].io_busy_ns = m.io_clock_.busy_ns(static_cast<Phase>(p), now);
   s.host_pool_allocated_bytes = m.host_pool ? m.host_pool->allocated_bytes() : 0;
   s.bounce_chunks_in_use = m.bounce ? m.bounce->in_use() : 0;
   return s;

@@ -54,6 +54,8 @@ void TensorStore::flush() {
       ++s.readers;
       h.writing = true;
       const std::uint64_t version = s.version;
+      const bool nvme = home == Tier::kNvme;
+      const Phase ph = nvme ? m.io_begin() : m.io_clock_.phase();
       lock.unlock();
       std::exception_ptr err;
       try {
@@ -62,14 +64,13 @@ void TensorStore::flush() {
         err = std::current_exception();
       }
       lock.lock();
+      if (nvme) m.io_end();
       --s.readers;
       h.writing = false;
       m.cv_.notify_all();
       if (err) std::rethrow_exception(err);
       h.version = std::max(h.version, version);
-      m.stats_.bytes_moved[src][idx(home)] += e.info.bytes;
-      if (home == Tier::kNvme) m.stats_.nvme_written_by_group[e.info.group] += e.info.bytes;
-      ++m.stats_.moves[src][idx(home)];
+      m.count_move(e, src, idx(home), ph);
       ++m.stats_.writebacks[src];
     }
   }

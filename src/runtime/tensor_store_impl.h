@@ -3,6 +3,7 @@
 //   tensor_store_data.cc      caller data in and out: read, write, flush
 //   tensor_store_residency.cc residency state: versions, budgets, eviction, ensure
 //   tensor_store_transfer.cc  transfers between tiers: the chunk pipelines and the worker pool
+//   io_busy_clock.h           per-phase wall time with NVMe transfers in flight (pure)
 //
 // Residency bookkeeping. Every tensor has one Copy per tier. A copy's `version` says which write
 // of the tensor it holds; Entry::latest is the newest. A copy is current when version == latest.
@@ -46,6 +47,7 @@
 #include "tiermem/pinned_host_pool.h"
 #include "tiermem/swap_space.h"
 #include "tiermem/trace.h"
+#include "runtime/io_busy_clock.h"
 
 namespace tiermem::store_detail {
 
@@ -150,6 +152,7 @@ struct TensorStore::Impl {
   std::uint64_t budget_[kNumTiers] = {};                       // const after construction
   std::uint64_t used_[kNumTiers] = {};                         // guarded by mu_
   TensorStoreStats stats_;                                     // guarded by mu_
+  IoBusyClock io_clock_;  // guarded by mu_: the current phase, NVMe transfers in flight
 
   // Worker threads for fetch/prefetch/async write-back: a Boost.Asio thread pool; `pending_`
   // counts tasks posted and not yet finished, for drain().
@@ -239,6 +242,39 @@ struct TensorStore::Impl {
   bool wait(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline) {
     TraceSpan span("wait", "wait");
     return cv_.wait_until(lock, deadline) != std::cv_status::timeout;
+  }
+
+  // ---------------------------------------------------------------- phases (mu_ held)
+
+  // The phase of the latest acquire() becomes `p` (stats_.phases, io_clock_); a change is a
+  // sample of the "store phase" counter in the trace (the Phase value).
+  void set_phase(Phase p) {
+    if (p == io_clock_.phase()) return;
+    const std::uint64_t now = Trace::now_ns();
+    io_clock_.set_phase(p, now);
+    Trace::global().counter("store phase", static_cast<double>(p), now);
+  }
+  PhaseIoStats& phase_stats(Phase p) { return stats_.phases[static_cast<int>(p)]; }
+  // Around a transfer that reads or writes NVMe: io_begin() before mu_ is released for it (returns
+  // the phase its bytes count to: the one current now), io_end() once mu_ is held again.
+  Phase io_begin() {
+    io_clock_.begin(Trace::now_ns());
+    return io_clock_.phase();
+  }
+  void io_end() { io_clock_.end(Trace::now_ns()); }
+  // A completed transfer of `e` from tier `from` to tier `to` counted in stats_ (bytes_moved,
+  // moves, the NVMe group and the phase `ph` it was issued in).
+  void count_move(const Entry& e, int from, int to, Phase ph) {
+    stats_.bytes_moved[from][to] += e.info.bytes;
+    ++stats_.moves[from][to];
+    if (from == idx(Tier::kNvme)) {
+      stats_.nvme_read_by_group[e.info.group] += e.info.bytes;
+      phase_stats(ph).nvme_read_bytes += e.info.bytes;
+    }
+    if (to == idx(Tier::kNvme)) {
+      stats_.nvme_written_by_group[e.info.group] += e.info.bytes;
+      phase_stats(ph).nvme_written_bytes += e.info.bytes;
+    }
   }
 
   // ---------------------------------------------------------------- transfers (no lock held)

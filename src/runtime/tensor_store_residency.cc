@@ -111,6 +111,8 @@ void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorI
     while (dst.writing) cv_.wait(lock);  // another write to the same target finishes first
     dst.writing = true;
     const std::uint64_t version = c.version;
+    const bool nvme = target == Tier::kNvme;
+    const Phase ph = nvme ? io_begin() : io_clock_.phase();
     lock.unlock();
     std::exception_ptr err;
     try {
@@ -119,6 +121,7 @@ void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorI
       err = std::current_exception();
     }
     lock.lock();
+    if (nvme) io_end();
     dst.writing = false;
     if (err) {
       c.state = State::kResident;
@@ -126,9 +129,7 @@ void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorI
       std::rethrow_exception(err);
     }
     dst.version = std::max(dst.version, version);
-    stats_.bytes_moved[idx(t)][idx(target)] += e.info.bytes;
-    if (target == Tier::kNvme) stats_.nvme_written_by_group[e.info.group] += e.info.bytes;
-    ++stats_.moves[idx(t)][idx(target)];
+    count_move(e, idx(t), idx(target), ph);
     ++stats_.writebacks[idx(t)];
   }
   tier_free(t, c.ptr);
@@ -291,6 +292,8 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
     Copy& s = e.copy[src];
     ++s.readers;
     const std::uint64_t version = s.version;
+    const bool nvme = src == idx(Tier::kNvme);
+    const Phase ph = nvme ? io_begin() : io_clock_.phase();
     lock.unlock();
     std::exception_ptr err;
     try {
@@ -299,6 +302,7 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
       err = std::current_exception();
     }
     lock.lock();
+    if (nvme) io_end();
     --s.readers;
     if (err) {
       if (refresh) {  // keep the (stale) allocation; the home copy is never freed
@@ -313,9 +317,7 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
     }
     c.state = State::kResident;
     c.version = version;
-    stats_.bytes_moved[src][idx(t)] += e.info.bytes;
-    if (src == idx(Tier::kNvme)) stats_.nvme_read_by_group[e.info.group] += e.info.bytes;
-    ++stats_.moves[src][idx(t)];
+    count_move(e, src, idx(t), ph);
     cv_.notify_all();
     if (c.version == e.latest) {
       if (mode == Mode::kAcquire) ++c.pins;

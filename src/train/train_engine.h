@@ -48,6 +48,7 @@ struct EngineStats {
   std::uint64_t host_engine_peak_bytes = 0;  // the engine's own buffers (working copies, buckets)
   std::uint64_t host_grad_buffer_peak_bytes = 0;  // the trainer's per-module gradient buffers
   std::uint64_t host_sim_device_bytes = 0;   // SimDevice's peak (its "device memory" is host RAM)
+  StepIo last_step_io;  // the last optimizer step's NVMe traffic and bound (ZeroEngine only)
 };
 
 // Hyper-parameters of one optimizer step (AdamW, see tiermem/adam.h).

@@ -370,6 +370,14 @@ class ZeroTrainEngine final : public TrainEngine {
     e.stall_seconds = static_cast<double>(z.stall_ns - base_stall_ns_) / 1e9;
     e.comm_seconds = comm_seconds_;
     e.optimizer_seconds = optimizer_seconds_;
+    e.last_step_io = {z.last_step_nvme_read_bytes,
+                      z.last_step_nvme_written_bytes,
+                      static_cast<double>(z.last_step_wall_ns) / 1e9,
+                      static_cast<double>(z.last_step_stall_ns) / 1e9,
+                      static_cast<double>(z.last_step_compute_ns) / 1e9,
+                      static_cast<double>(z.last_step_io_bound_ns) / 1e9,
+                      z.nvme_read_gbps,
+                      z.nvme_write_gbps};
     return e;
   }
 

@@ -580,6 +580,7 @@ Summary make_summary(const TrainPlan& plan, const gpt::ModelBackend& model, Trai
   s.nvme_bytes_written = st.nvme_written_bytes;
   s.moved = st.moved;
   s.stall_seconds = st.stall_seconds;
+  s.last_step_io = st.last_step_io;
   s.flops = flops_per_step * loop.steps_run;
   s.split = time_split(loop.timers.compute, st, s.seconds);
   if (loop.steps_run > 1) {

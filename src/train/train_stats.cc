@@ -142,6 +142,20 @@ void Reporter::eval(int step, double loss) {
   std::fflush(out_);
 }
 
+std::string io_bound_line(const StepIo& io) {
+  if (io.read_gbps <= 0 || io.write_gbps <= 0) {
+    return "I/O bound       - (NVMe rates unknown: tiermem-bench profile --json > profile.json, then "
+           "\"tiermem\": {\"machine_profile\": \"profile.json\"} in --config, or tiermem.nvme_read_gbps / "
+           "nvme_write_gbps)\n";
+  }
+  // "1.37 s", or "4.20 ms" below a tenth of a second (a small model's step).
+  auto secs = [](double x) { return x >= 0.1 ? fmt::format("{:.2f} s", x) : fmt::format("{:.2f} ms", 1e3 * x); };
+  return fmt::format("I/O bound       {}/step ({} read at {:.2f} GB/s, {} written at {:.2f} GB/s) beside "
+                     "compute {}/step; step {} (the last step)\n",
+                     secs(io.io_bound_seconds), format_gb(io.nvme_read_bytes), io.read_gbps,
+                     format_gb(io.nvme_written_bytes), io.write_gbps, secs(io.compute_seconds), secs(io.wall_seconds));
+}
+
 namespace {
 // " (8.0x the device budget)", or for state well inside the budget " (5 % of the device budget)"
 // (was "0.0x" for e.g. mini's 50 MiB in a 1 GiB budget).
@@ -216,6 +230,11 @@ void Reporter::summary(const Summary& s) {
                         {"n_layer", s.gpt.n_layer}, {"n_head", s.gpt.n_head},
                         {"d_model", s.gpt.d_model}, {"context", s.gpt.context},
                         {"vocab", s.gpt.vocab}};
+    const StepIo& io = s.last_step_io;
+    j["last_step_io"] = {{"nvme_read_bytes", io.nvme_read_bytes},   {"nvme_written_bytes", io.nvme_written_bytes},
+                         {"wall_seconds", io.wall_seconds},         {"stall_seconds", io.stall_seconds},
+                         {"compute_seconds", io.compute_seconds},   {"io_bound_seconds", io.io_bound_seconds},
+                         {"nvme_read_gbps", io.read_gbps},          {"nvme_write_gbps", io.write_gbps}};
     nlohmann::json out;
     out["summary"] = std::move(j);
     std::fprintf(out_, "%s\n", out.dump().c_str());
@@ -278,6 +297,7 @@ void Reporter::summary(const Summary& s) {
       "{:.1f}s ({:.0f}%), optimizer {:.1f}s ({:.0f}%), other {:.1f}s\n",
       s.split.compute, pct(s.split.compute), s.split.io_wait, pct(s.split.io_wait), s.split.comm,
       pct(s.split.comm), s.split.optimizer, pct(s.split.optimizer), finite_or_zero(s.split.other));
+  if (s.nvme_bytes_read + s.nvme_bytes_written > 0) text += io_bound_line(s.last_step_io);
   std::fputs(text.c_str(), out_);
   std::fflush(out_);
 }

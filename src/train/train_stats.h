@@ -12,7 +12,9 @@
 //    "nvme_bytes_read":..,"nvme_bytes_written":..,"stall_seconds":..,"seconds":.., ...,
 //    "step_seconds":..,"step_seconds_mean":..,"compute_share":..,"io_wait_share":..,"communication_share":..,
 //    "optimizer_share":..,"shares_of_steps":..,"steady_seconds":..,"plan_inputs":{"batch","grad_accum","seq_len","n_layer","n_head",
-//    "d_model","context","vocab"}}}   (the last three groups: what tiermem-plan --check reads)
+//    "d_model","context","vocab"},   (the last three groups: what tiermem-plan --check reads)
+//    "last_step_io":{"nvme_read_bytes","nvme_written_bytes","wall_seconds","stall_seconds",
+//    "compute_seconds","io_bound_seconds","nvme_read_gbps","nvme_write_gbps"}}}  (StepIo)
 // Losses are printed with enough digits to round-trip a double exactly, so two runs' losses can
 // be compared bitwise from their output.
 //
@@ -47,6 +49,17 @@ struct StepReport {
   TierTraffic moved;          // this step
   double stall_seconds = 0;   // time compute waited on tier moves this step
   double eta_seconds = 0;
+};
+
+// The last optimizer step's NVMe traffic against the NVMe's rates (ZeroEngine's
+// ZeroStats::last_step_*; all 0 for engines without a store). Seconds, bytes, GB/s (1e9 bytes/s).
+struct StepIo {
+  std::uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
+  double wall_seconds = 0;     // the step's wall time, as the engine measured it
+  double stall_seconds = 0;    // waits for tier moves within it
+  double compute_seconds = 0;  // wall - stall
+  double io_bound_seconds = 0; // read / read_gbps + written / write_gbps; 0 when a rate is unknown
+  double read_gbps = 0, write_gbps = 0;  // 0: unknown (tiermem.nvme_*_gbps, tiermem.machine_profile)
 };
 
 // Time split of the run, seconds (rank 0's view).
@@ -94,6 +107,7 @@ struct Summary {
   // the shares are steady_split over steady_seconds (`split` is the whole run's, first step too).
   TimeSplit steady_split;
   double steady_seconds = 0;
+  StepIo last_step_io;  // the bound line (text) and "last_step_io" (JSON)
   int batch = 0, grad_accum = 0, seq_len = 0;
   struct GptDims {
     int n_layer = 0, n_head = 0, d_model = 0, context = 0, vocab = 0;
@@ -122,5 +136,8 @@ class Reporter {
 std::string format_gb(std::uint64_t bytes);
 // "2m05s".
 std::string format_duration(double seconds);
+// The summary's "I/O bound" line (with its newline): the last step's NVMe time at the rates
+// against its compute and wall time, or, when a rate is unknown, how to measure them.
+std::string io_bound_line(const StepIo& io);
 
 }  // namespace tiermem::train

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <iterator>
 #include <fmt/format.h>
 
 #include "tiermem/log.h"
+#include "tiermem/trace.h"
 #include "zero/zero_impl.h"
 
 namespace tiermem {
@@ -215,6 +217,24 @@ std::size_t ZeroEngine::module_numel(int module) const {
   return impl_->mods[static_cast<std::size_t>(module)].numel;
 }
 
+// --------------------------------------------------------------------------------- step window
+
+namespace {
+detail::StepIoMeter::Counters step_counters(const TensorStore* store) {
+  if (!store) return {};
+  const TensorStoreStats t = store->stats();
+  const int d = static_cast<int>(Tier::kDevice), h = static_cast<int>(Tier::kHost), n = static_cast<int>(Tier::kNvme);
+  return {t.bytes_moved[n][h] + t.bytes_moved[n][d], t.bytes_moved[h][n] + t.bytes_moved[d][n], t.stall_ns};
+}
+}  // namespace
+
+void ZeroEngine::Impl::open_step_window(Phase phase) {
+  if (phase == Phase::kOutsideStep || step_io.is_open()) return;
+  step_io.open(Trace::now_ns(), step_counters(store.get()));
+}
+
+void ZeroEngine::Impl::close_step_window() { step_io.close(Trace::now_ns(), step_counters(store.get())); }
+
 // --------------------------------------------------------------------------------- gather
 
 // The module's update of the last step (deferred), or its accesses outside the step, before its
@@ -236,6 +256,7 @@ bool ZeroEngine::prefetch_gather(int module, Phase phase) {
   }
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   if (I.shape.world == 1 || !m.stored || I.shape.opaque) return false;  // nothing to overlap (one rank: the Prefetcher's)
+  I.open_step_window(phase);
   if (I.gatherer.pending(module)) return true;
   I.gatherer.trim(2);  // at most two ahead: a prediction that did not come true holds no more
   I.before_gather(module, phase);
@@ -247,6 +268,7 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   Impl& I = *impl_;
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::gather: unknown module " + std::to_string(module));
+  I.open_step_window(phase);
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   Gathered g;
   g.module_ = module;
@@ -304,6 +326,7 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
     throw Error("ZeroEngine::reduce_gradients: module " + std::to_string(module) + " (" + m.name + ") gradient has " +
                 std::to_string(grad.size()) + " elements, expected " + std::to_string(m.numel));
   }
+  I.open_step_window();
   I.reducer.wait_hand_off();  // a hand-off in flight may add into the same partitions
   I.apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
   ++m.grad_calls;
@@ -319,6 +342,7 @@ void ZeroEngine::reduce_gradients(int module, std::vector<float>&& grad) {
     reduce_gradients(module, std::span<const float>(grad));  // synchronous (or bucketed), or its error
     return;
   }
+  I.open_step_window();
   I.apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
   ++I.mods[static_cast<std::size_t>(module)].grad_calls;
   I.reducer.hand_off(module, std::move(grad));
@@ -389,7 +413,11 @@ ZeroEngine::StepResult ZeroEngine::step() {
     throw Error("ZeroEngine::step: every module is frozen (ZeroEngineOptions::frozen_modules): this engine runs "
                 "forward only and has nothing to step");
   }
-  return impl_->step();
+  impl_->finalize();
+  impl_->open_step_window();  // a step with nothing before it since the last
+  const StepResult res = impl_->step();
+  impl_->close_step_window();
+  return res;
 }
 
 std::size_t ZeroEngine::shard_numel() {
@@ -453,13 +481,17 @@ ZeroStats ZeroEngine::stats() const {
     s.nvme_written_trainable_bytes = t.nvme_written_by_group[detail::kGroupTrainable];
     s.nvme_written_frozen_bytes = t.nvme_written_by_group[detail::kGroupFrozen];
     s.nvme_written_optimizer_bytes = t.nvme_written_by_group[detail::kGroupOptimizer];
+    s.nvme_read_gradient_bytes = t.nvme_read_by_group[detail::kGroupGradient];
+    s.nvme_written_gradient_bytes = t.nvme_written_by_group[detail::kGroupGradient];
     s.host_to_device_bytes = t.bytes_moved[h][d];
     s.device_to_host_bytes = t.bytes_moved[d][h];
     s.store_hits = t.hits;
     s.store_misses = t.misses;
     s.stall_ns = t.stall_ns;
+    std::copy(std::begin(t.phases), std::end(t.phases), std::begin(s.phases));
     s.prefetches_issued = t.prefetches_issued;
   }
+  I.step_io.add_stats(s);
   I.staging.add_stats(s);  // its own copies, beside the store's
   return s;
 }

@@ -10,7 +10,8 @@
 // step; the parts it owns hold their own state and counters, each with its own header (contract at
 // its top) and test: Gatherer (gatherer.h), GradientReducer (gradient_reducer.h), NormTracker
 // (norm_tracker.h), DeviceStaging (device_staging.h) with WorkingShardOut (working_shard_out.h),
-// DeferredUpdates (deferred_updates.h); and the pure functions they use: partition_layout.h,
+// DeferredUpdates (deferred_updates.h), StepIoMeter (step_io_meter.h); and the pure functions they
+// use: partition_layout.h,
 // norm_fold.h, grad_reducer.h, tier_setup.h.
 // Shared plain data (EngineShape, ZeroModule, Piece, the engine's buffers): zero_types.h.
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
@@ -47,6 +48,7 @@
 #include "zero/gradient_reducer.h"
 #include "zero/norm_tracker.h"
 #include "zero/partition_layout.h"
+#include "zero/step_io_meter.h"
 #include "zero/tier_setup.h"
 #include "zero/working_shard_out.h"
 #include "zero/zero_types.h"
@@ -108,8 +110,21 @@ struct ZeroEngine::Impl {
   detail::Gatherer gatherer{comm, shape, mods, device};
   detail::GradientReducer reducer{comm,   shape, reducer_options(), mods, pieces, store, norm,
                                   [this](std::uint64_t u) { sample_host_peak(u); }};
+  // The last step's I/O, wall time and bound (ZeroStats::last_step_*), at the config's NVMe rates.
+  detail::StepIoMeter step_io;
 
-  Impl(Communicator& c, ZeroEngineOptions o, const Config& config) : comm(c), opts(o), cfg(config) {}
+  // Reads tiermem.machine_profile when the config names one (ConfigError when it cannot).
+  Impl(Communicator& c, ZeroEngineOptions o, const Config& config)
+      : comm(c), opts(o), cfg(config), step_io(make_step_io_meter(config)) {}
+
+  static detail::StepIoMeter make_step_io_meter(const Config& config) {
+    const NvmeRates r = resolve_nvme_rates(config);
+    return detail::StepIoMeter(r.read_gbps, r.write_gbps);
+  }
+  // The step's window opens (step_io_meter.h) at an in-step call: a gather of `phase` other than
+  // kOutsideStep, a reduce_gradients, a step. zero_engine.cc.
+  void open_step_window(Phase phase = Phase::kOther);
+  void close_step_window();
 
   detail::GradientReducer::Options reducer_options() const {
     return {cfg.zero.reduce_bucket_size_elems, cfg.zero.overlap_comm, opts.max_inflight_buckets,

@@ -250,7 +250,7 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
       p.gtier = gs.home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
       gs.swap = swaps.optim_swap.get();
       gs.zero_fill = false;  // always overwritten first (acquire_for_overwrite)
-      gs.group = detail::kGroupOptimizer;
+      gs.group = detail::kGroupGradient;
       p.grad = store->register_tensor(gs);
     }
     m.pieces.push_back(static_cast<int>(pieces.size()));

@@ -122,8 +122,9 @@ struct Piece {
   std::size_t size() const { return end - begin; }
 };
 
-// TensorSpec::group of the engine's tensors (the NVMe traffic split of ZeroStats).
-inline constexpr std::uint8_t kGroupTrainable = 1, kGroupFrozen = 2, kGroupOptimizer = 3;
+// TensorSpec::group of the engine's tensors (the NVMe traffic split of ZeroStats): working
+// params (trainable, frozen), optimizer state (master and moments), gradient partitions.
+inline constexpr std::uint8_t kGroupTrainable = 1, kGroupFrozen = 2, kGroupOptimizer = 3, kGroupGradient = 4;
 
 struct ZeroModule {
   std::string name;

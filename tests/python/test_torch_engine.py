@@ -35,6 +35,43 @@ def test_losses_equal_plain_pytorch(torch_or_skip, tmp_path, kind, offload, gas)
     engine.close()
 
 
+def test_stats_split_nvme_traffic_by_kind_and_phase_and_price_the_step(torch_or_skip, tmp_path):
+    """engine.stats() at budgets where every step pages through NVMe: the traffic by kind of state
+    (trainable, frozen, optimizer, gradient: the gradient partitions are written down in backward)
+    and by phase ('phases': forward, backward, optimizer, other, outside) each sums to the totals;
+    the last step's figures, and its I/O bound at the nvme_*_gbps of the config."""
+    hf_or_skip()
+    import tiermem.torch as tt
+    tiermem = {"host_budget_bytes": "1MiB", "device_budget_bytes": "256KiB", "nvme_read_gbps": 2.0,
+               "nvme_write_gbps": 4.0}
+    engine, *_ = tt.initialize(model=build("gpt2"), config=ds_config(tmp_path, "nvme", tiermem=tiermem))
+    engine_losses(engine, batches(3), 3)
+    st = engine.stats()
+    assert st["gradient_home"] == "nvme"
+    assert st["nvme_written_gradient_bytes"] > 0
+    for d in ("read", "written"):
+        kinds = sum(st[f"nvme_{d}_{k}_bytes"] for k in ("trainable", "frozen", "optimizer", "gradient"))
+        assert kinds == st[f"nvme_{d}_bytes"], d
+    phases = st["phases"]
+    assert set(phases) == {"forward", "backward", "optimizer", "other", "outside"}
+    for name, p in phases.items():
+        assert set(p) == {"nvme_read_bytes", "nvme_written_bytes", "stall_ns", "io_busy_ns", "hidden_io_ns"}, name
+        assert p["hidden_io_ns"] == max(0, p["io_busy_ns"] - p["stall_ns"]), name
+    assert sum(p["nvme_read_bytes"] for p in phases.values()) == st["nvme_read_bytes"]
+    assert sum(p["nvme_written_bytes"] for p in phases.values()) == st["nvme_written_bytes"]
+    assert sum(p["stall_ns"] for p in phases.values()) == st["stall_ns"]
+    assert phases["forward"]["nvme_read_bytes"] > 0 and phases["forward"]["io_busy_ns"] > 0
+    assert phases["optimizer"]["nvme_written_bytes"] > 0
+    # The last step: part of the totals, timed, its bound the bytes at 2 and 4 GB/s.
+    assert 0 < st["last_step_nvme_read_bytes"] < st["nvme_read_bytes"]
+    assert 0 < st["last_step_nvme_written_bytes"] < st["nvme_written_bytes"]
+    assert st["step_wall_s"] > 0 and 0 <= st["stall_s"] and 0 <= st["compute_s"] <= st["step_wall_s"]
+    assert (st["nvme_read_gbps"], st["nvme_write_gbps"]) == (2.0, 4.0)
+    bound = (st["last_step_nvme_read_bytes"] / 2e9 + st["last_step_nvme_written_bytes"] / 4e9)
+    assert st["io_bound_s"] > 0 and abs(st["io_bound_s"] - bound) < 1e-8
+    engine.close()
+
+
 def test_tiermem_trace_is_written_at_exit(torch_or_skip, tmp_path):
     """TIERMEM_TRACE=path from Python: the library records from its first use and writes the file
     when the process exits (a script never calls save itself): valid Chrome-trace JSON with the

@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -376,6 +380,70 @@ TEST(Config, ChecksumsAreOnByDefault) {
   EXPECT_TRUE(parse_config("{}").tiermem.checksum);
   EXPECT_TRUE(parse_config(R"({"tiermem": {"device": "sim"}})").tiermem.checksum);
   EXPECT_FALSE(parse_config(R"({"tiermem": {"checksum": false}})").tiermem.checksum);
+}
+
+// The NVMe rates of the I/O bound (issue 41): the keys are non-negative GB/s, default 0
+// (unknown); tiermem.machine_profile supplies what they do not, from tiermem-bench's output.
+TEST(Config, NvmeRatesFromKeysOrTheMachineProfile) {
+  const Config none = parse_config("{}");
+  EXPECT_EQ(none.tiermem.nvme_read_gbps, 0.0);
+  EXPECT_EQ(none.tiermem.machine_profile, "");
+  const NvmeRates unknown = resolve_nvme_rates(none);
+  EXPECT_EQ(unknown.read_gbps, 0.0);
+  EXPECT_EQ(unknown.write_gbps, 0.0);
+  EXPECT_EQ(unknown.source, "");
+  expect_message([] { parse_config(R"({"tiermem": {"nvme_read_gbps": -1}})"); },
+                 {"tiermem.nvme_read_gbps", "-1", "out of range"});
+  expect_message([] { parse_config(R"({"tiermem": {"nvme_write_gbps": "fast"}})"); },
+                 {"tiermem.nvme_write_gbps", "fast", "GB/s"});
+  expect_key_error(R"({"tiermem": {"machine_profile": 3}})", "tiermem.machine_profile");
+
+  const Config keys = parse_config(R"({"tiermem": {"nvme_read_gbps": 2.5, "nvme_write_gbps": 1.5,
+                                       "machine_profile": "/nonexistent/profile.json"}})");
+  NvmeRates r = resolve_nvme_rates(keys);  // both given: the profile is not read
+  EXPECT_EQ(r.read_gbps, 2.5);
+  EXPECT_EQ(r.write_gbps, 1.5);
+  EXPECT_EQ(r.source, "config");
+  EXPECT_EQ(parse_config(config_to_json(keys)).tiermem.machine_profile, "/nonexistent/profile.json");
+
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("tiermem-config-profile-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream((dir / name).string()) << text;
+    return (dir / name).string();
+  };
+  // tiermem-bench profile --json: text lines, then {"profile": {...}} last.
+  const std::string good = write("good.json", "nvme: 2.6 GB/s read\n{\"profile\": {\"nvme_read_gbps\": 2.64, "
+                                              "\"nvme_write_gbps\": 5.71, \"h2d_gbps\": 12}}\n");
+  Config c = parse_config(R"({"tiermem": {"machine_profile": ")" + good + R"("}})");
+  r = resolve_nvme_rates(c);
+  EXPECT_EQ(r.read_gbps, 2.64);
+  EXPECT_EQ(r.write_gbps, 5.71);
+  EXPECT_EQ(r.source, "profile " + good);
+  c.tiermem.nvme_write_gbps = 3;  // a key wins over the profile
+  r = resolve_nvme_rates(c);
+  EXPECT_EQ(r.read_gbps, 2.64);
+  EXPECT_EQ(r.write_gbps, 3.0);
+  EXPECT_EQ(r.source, "config and profile " + good);
+
+  auto with_profile = [](const std::string& path) {
+    Config x;
+    x.tiermem.machine_profile = path;
+    return x;
+  };
+  const std::string missing = (dir / "missing.json").string();
+  expect_message([&] { resolve_nvme_rates(with_profile(missing)); },
+                 {"tiermem.machine_profile", missing, "tiermem-bench profile --json"});
+  const std::string garbage = write("garbage.json", "not json at all\n");
+  expect_message([&] { resolve_nvme_rates(with_profile(garbage)); },
+                 {"tiermem.machine_profile", garbage, "not a machine profile", "tiermem-bench profile --json"});
+  const std::string no_rate = write("no_rate.json", R"({"profile": {"nvme_read_gbps": 2.0}})");
+  expect_message([&] { resolve_nvme_rates(with_profile(no_rate)); },
+                 {"tiermem.machine_profile", no_rate, "nvme_write_gbps", "tiermem-bench profile --json"});
+  const std::string zero = write("zero.json", R"({"nvme_read_gbps": 0, "nvme_write_gbps": 1})");
+  expect_message([&] { resolve_nvme_rates(with_profile(zero)); }, {"nvme_read_gbps", "it is 0"});
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -20,6 +22,7 @@
 #include "tiermem/lru_policy.h"
 #include "tiermem/sim_device.h"
 #include "tiermem/swap_space.h"
+#include "tiermem/trace.h"
 
 namespace tiermem {
 namespace {
@@ -190,6 +193,96 @@ TEST_F(StoreTest, DiscardDropsDirtyCopiesWithoutWriteBackAndPrefetchSkipsIt) {
   s.prefetch(ids, Tier::kHost);
   s.drain();
   EXPECT_EQ(s.stats().prefetches_issued, before.prefetches_issued + 1);
+}
+
+// stats().phases: NVMe bytes go to the phase current when their transfer was issued (the latest
+// acquire's), an acquire's stall to its own phase, an acquire_for_overwrite's (here: room made by
+// writing a dirty copy down) to the current phase; busy time only to phases with I/O in flight;
+// summed over the phases each figure is the store's total.
+TEST_F(StoreTest, PhaseSplitOfNvmeTrafficAndStallsSumsToTheTotals) {
+  const std::uint64_t n = 200'000;  // 200704 bytes allocated: two fit the host budget, not three
+  TensorStore& s = make(1 << 20, 512 << 10);
+  auto nvme_tensor = [&](const char* name, std::uint32_t tag) {
+    return s.register_tensor({.name = name, .bytes = n, .home = Tier::kNvme, .initial = make_bytes(tag, 0, n)});
+  };
+  const TensorId a = nvme_tensor("a", 1), b = nvme_tensor("b", 2), c = nvme_tensor("c", 3);
+  const auto ph = [](const TensorStoreStats& st, Phase p) { return st.phases[static_cast<int>(p)]; };
+
+  { TensorStore::Pin p = s.acquire(a, Tier::kHost, Phase::kForward); }  // read in forward
+  TensorStoreStats st = s.stats();
+  EXPECT_EQ(ph(st, Phase::kForward).nvme_read_bytes, n);
+  EXPECT_GT(ph(st, Phase::kForward).stall_ns, 0u);
+  EXPECT_GT(ph(st, Phase::kForward).io_busy_ns, 0u);
+  {
+    TensorStore::Pin p = s.acquire(b, Tier::kHost, Phase::kBackward);  // read in backward
+    std::memcpy(p.data(), make_bytes(2, 1, n).data(), n);
+    p.mark_dirty();
+  }
+  EXPECT_TRUE(s.evict(b, Tier::kHost));  // written in backward: the latest acquire's phase
+  EXPECT_TRUE(s.evict(a, Tier::kHost));  // clean: no I/O
+  st = s.stats();
+  EXPECT_EQ(ph(st, Phase::kBackward).nvme_read_bytes, n);
+  EXPECT_EQ(ph(st, Phase::kBackward).nvme_written_bytes, n);
+  EXPECT_EQ(ph(st, Phase::kForward).nvme_written_bytes, 0u);
+
+  // Optimizer: a and b read again, b dirtied and left cached; with a pinned, the overwrite of c
+  // must write b down to make room: its stall and b's write go to the optimizer phase.
+  {
+    TensorStore::Pin p = s.acquire(b, Tier::kHost, Phase::kOptimizer);
+    std::memcpy(p.data(), make_bytes(2, 2, n).data(), n);
+    p.mark_dirty();
+  }
+  TensorStore::Pin pa = s.acquire(a, Tier::kHost, Phase::kOptimizer);
+  const std::uint64_t opt_stall = ph(s.stats(), Phase::kOptimizer).stall_ns;
+  {
+    TensorStore::Pin pc = s.acquire_for_overwrite(c, Tier::kHost);
+    std::memset(pc.data(), 7, n);
+    pc.mark_dirty();
+  }
+  pa.release();
+  st = s.stats();
+  EXPECT_EQ(ph(st, Phase::kOptimizer).nvme_read_bytes, 2 * n);
+  EXPECT_EQ(ph(st, Phase::kOptimizer).nvme_written_bytes, n);
+  EXPECT_GT(ph(st, Phase::kOptimizer).stall_ns, opt_stall);  // the overwrite waited for b's write
+  std::vector<std::byte> out(n);
+  s.read(b, out);
+  EXPECT_EQ(out, make_bytes(2, 2, n));
+
+  s.flush();  // c's write: the optimizer's too (still the current phase)
+  st = s.stats();
+  EXPECT_EQ(ph(st, Phase::kOptimizer).nvme_written_bytes, 2 * n);
+  const int d = 0, h = 1, v = 2;
+  std::uint64_t read = 0, written = 0, stall = 0;
+  for (const PhaseIoStats& p : st.phases) {
+    read += p.nvme_read_bytes;
+    written += p.nvme_written_bytes;
+    stall += p.stall_ns;
+    EXPECT_LE(p.hidden_io_ns(), p.io_busy_ns);
+  }
+  EXPECT_EQ(read, st.bytes_moved[v][h] + st.bytes_moved[v][d]);
+  EXPECT_EQ(written, st.bytes_moved[h][v] + st.bytes_moved[d][v]);
+  EXPECT_EQ(stall, st.stall_ns);
+  for (Phase quiet : {Phase::kOther, Phase::kOutsideStep}) {
+    EXPECT_EQ(ph(st, quiet).nvme_read_bytes + ph(st, quiet).nvme_written_bytes, 0u);
+    EXPECT_EQ(ph(st, quiet).stall_ns, 0u);
+    EXPECT_EQ(ph(st, quiet).io_busy_ns, 0u);
+  }
+  EXPECT_GT(ph(st, Phase::kBackward).io_busy_ns, 0u);
+  EXPECT_GT(ph(st, Phase::kOptimizer).io_busy_ns, 0u);
+}
+
+// In a trace, a miss's wait span names its phase and each phase change is a "store phase" sample.
+TEST_F(StoreTest, TraceMissSpansCarryThePhase) {
+  TensorStore& s = make(1 << 20, 512 << 10);
+  const TensorId a = s.register_tensor({.name = "a", .bytes = 10000, .home = Tier::kNvme});
+  const std::string path = (dir_ / "trace.json").string();
+  Trace::global().start(path, "test");
+  { TensorStore::Pin p = s.acquire(a, Tier::kHost, Phase::kBackward); }
+  ASSERT_TRUE(Trace::global().stop());
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find(R"("phase":"backward")"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"("name":"store phase")"), std::string::npos) << text;
 }
 
 TEST_F(StoreTest, BudgetEvictsLruAndPeakStaysUnderBudget) {

@@ -259,6 +259,52 @@ TEST_F(TrainCli, OnlyAZeroStageTrainsTheSameLossesAsNoConfig) {
   EXPECT_EQ(losses("--config autos.json"), none);
 }
 
+// The summary's I/O bound (issue 41): the last step's NVMe bytes priced at the rates of the
+// machine profile the config names (tiermem.machine_profile: tiermem-bench profile --json's
+// output), or, without one, a line saying how to get it; a profile that cannot be read is refused
+// naming the key and the path.
+TEST_F(TrainCli, IoBoundFromTheMachineProfile) {
+  std::ofstream(dir_ / "profile.json") << "profile: measured\n{\"profile\": {\"nvme_read_gbps\": 2.5, "
+                                          "\"nvme_write_gbps\": 1.25}}\n";
+  std::ofstream(dir_ / "prof.json") << R"({"tiermem": {"machine_profile": "profile.json"}})";
+  std::ofstream(dir_ / "missing.json") << R"({"tiermem": {"machine_profile": "nope/profile.json"}})";
+  const std::string offload = "--engine zero --offload nvme --swap-dir swap --device sim --device-budget 256KiB "
+                              "--host-budget 256KiB --steps 3 ";
+  Result r = run(offload + "--config prof.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string::size_type at = r.out.rfind("{\"summary\"");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string summary = r.out.substr(at);
+  for (const char* key : {"\"last_step_io\"", "\"io_bound_seconds\"", "\"nvme_read_gbps\":2.5",
+                          "\"nvme_write_gbps\":1.25"}) {
+    EXPECT_NE(summary.find(key), std::string::npos) << key << " in " << summary;
+  }
+  const std::regex bound(R"re("io_bound_seconds":([0-9.e+-]+))re");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(summary, m, bound)) << summary;
+  EXPECT_GT(std::stod(m[1]), 0.0) << summary;
+
+  // Text: the bound line beside compute and the step; without rates, how to measure them.
+  auto text = [&](const std::string& extra) {
+    const std::string cmd = "cd " + dir_.string() + " && OMP_NUM_THREADS=1 " + TIERMEM_TRAIN_BIN +
+                            " --model tiny --eval-every 0 --data corpus.txt --seq-len 16 --batch 2 " + offload +
+                            extra + " >out.txt 2>err.txt";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(dir_ / "err.txt");
+    return slurp(dir_ / "out.txt");
+  };
+  const std::string known = text("--config prof.json");
+  EXPECT_TRUE(std::regex_search(known, std::regex(R"(I/O bound +[0-9.]+ m?s/step \(.* read at 2\.50 GB/s, .* )"
+                                                  R"(written at 1\.25 GB/s\) beside compute [0-9.]+ m?s/step; step )")))
+      << known;
+  const std::string unknown = text("");
+  EXPECT_NE(unknown.find("I/O bound       - (NVMe rates unknown: tiermem-bench profile --json > profile.json"),
+            std::string::npos)
+      << unknown;
+
+  expect_usage_error(offload + "--config missing.json", {"tiermem.machine_profile", "nope/profile.json",
+                                                         "tiermem-bench profile --json"});
+}
+
 // A budget is honoured or refused: with a config of stage 0 and no offload, --engine auto would
 // pick the resident engine, which holds everything in plain memory; a host budget makes it
 // ZeroEngine, which refuses a budget below the state's host homes. --engine resident says it

@@ -92,6 +92,50 @@ INSTANTIATE_TEST_SUITE_P(StageOffload, ZeroMatrix,
 // keeps them in host memory; the parameter store's host tier never exceeds its budget (so the
 // shards cannot all be in host memory), shards are written back to NVMe, and from the second
 // step the Prefetcher replays the recorded trace and issues prefetches.
+// The NVMe traffic of an engine whose parameters, optimizer state and gradients page through
+// NVMe, split by kind and by phase (each split sums to the totals), and the last step's figures
+// at the config's rates (2 GB/s read, 4 GB/s write).
+void expect_io_split(const ZeroStats& s) {
+  EXPECT_GT(s.nvme_written_gradient_bytes, 0u);  // gradient partitions evicted in backward
+  EXPECT_GT(s.nvme_read_gradient_bytes, 0u);     // ... and read back by the step
+  EXPECT_EQ(s.nvme_read_bytes, s.nvme_read_trainable_bytes + s.nvme_read_frozen_bytes +
+                                   s.nvme_read_optimizer_bytes + s.nvme_read_gradient_bytes);
+  EXPECT_EQ(s.nvme_written_bytes, s.nvme_written_trainable_bytes + s.nvme_written_frozen_bytes +
+                                      s.nvme_written_optimizer_bytes + s.nvme_written_gradient_bytes);
+  std::uint64_t read = 0, written = 0, stall = 0;
+  for (const PhaseIoStats& p : s.phases) {
+    read += p.nvme_read_bytes;
+    written += p.nvme_written_bytes;
+    stall += p.stall_ns;
+    EXPECT_LE(p.hidden_io_ns(), p.io_busy_ns);
+  }
+  EXPECT_EQ(read, s.nvme_read_bytes);
+  EXPECT_EQ(written, s.nvme_written_bytes);
+  EXPECT_EQ(stall, s.stall_ns);
+  // Forward: the first loads of the shards (later ones stay published on the device, so the
+  // backward pass reads none); optimizer: state and gradients.
+  for (Phase p : {Phase::kForward, Phase::kOptimizer}) {
+    SCOPED_TRACE(std::string(phase_name(p)));
+    EXPECT_GT(s.phases[static_cast<int>(p)].nvme_read_bytes, 0u);
+    EXPECT_GT(s.phases[static_cast<int>(p)].io_busy_ns, 0u);
+  }
+  EXPECT_GT(s.phases[static_cast<int>(Phase::kOptimizer)].nvme_written_bytes, 0u);  // state written back
+  // The last step: part of the totals, timed, priced at the rates.
+  EXPECT_GT(s.last_step_nvme_read_bytes, 0u);
+  EXPECT_LT(s.last_step_nvme_read_bytes, s.nvme_read_bytes);
+  EXPECT_GT(s.last_step_nvme_written_bytes, 0u);
+  EXPECT_LT(s.last_step_nvme_written_bytes, s.nvme_written_bytes);
+  EXPECT_GT(s.last_step_wall_ns, 0u);
+  EXPECT_LE(s.last_step_stall_ns, s.stall_ns);
+  EXPECT_EQ(s.last_step_compute_ns,
+            s.last_step_wall_ns > s.last_step_stall_ns ? s.last_step_wall_ns - s.last_step_stall_ns : 0);
+  EXPECT_EQ(s.nvme_read_gbps, 2.0);
+  EXPECT_EQ(s.nvme_write_gbps, 4.0);
+  const double bound = static_cast<double>(s.last_step_nvme_read_bytes) / 2.0 +
+                       static_cast<double>(s.last_step_nvme_written_bytes) / 4.0;  // ns
+  EXPECT_NEAR(static_cast<double>(s.last_step_io_bound_ns), bound, 1.0);
+}
+
 TEST(ZeroEngine, Stage3ParamsOnNvmeStayUnderHostBudgetAndMatchInMemory) {
   auto comm = make_single_communicator();
   const std::string dir = nvme_dir();
@@ -113,6 +157,8 @@ TEST(ZeroEngine, Stage3ParamsOnNvmeStayUnderHostBudgetAndMatchInMemory) {
     off.zero.sub_group_size_elems = 40000;
     off.tiermem.host_budget_bytes = nvme ? kBudget : 16 * kModules * kNumel + (1 << 20);
     off.zero.offload_param.pin_memory = true;  // page-locked pool (under RLIMIT_MEMLOCK's 8 MiB)
+    off.tiermem.nvme_read_gbps = 2;   // the step's I/O bound (ZeroStats::last_step_io_bound_ns)
+    off.tiermem.nvme_write_gbps = 4;
     ZeroEngine ref(base, *comm), eng(off, *comm);
     std::mt19937 rng(11);
     std::normal_distribution<float> d(0.0f, 0.2f);
@@ -128,11 +174,11 @@ TEST(ZeroEngine, Stage3ParamsOnNvmeStayUnderHostBudgetAndMatchInMemory) {
     for (int step = 0; step < 4; ++step) {
       for (std::size_t m = 0; m < kModules; ++m) {  // forward
         auto a = ref.gather(static_cast<int>(m));
-        auto b = eng.gather(static_cast<int>(m));
+        auto b = eng.gather(static_cast<int>(m), Phase::kForward);
         ASSERT_EQ(std::memcmp(a.data(), b.data(), kNumel * 4), 0) << "step " << step << " module " << m;
       }
       for (std::size_t m = kModules; m-- > 0;) {  // backward
-        auto b = eng.gather(static_cast<int>(m));
+        auto b = eng.gather(static_cast<int>(m), Phase::kBackward);
         for (std::size_t i = 0; i < kNumel; ++i) grad[i] = synthetic_grad(m, step, i) + 0.01f * b.f32()[i];
         ref.reduce_gradients(static_cast<int>(m), grad);
         eng.reduce_gradients(static_cast<int>(m), std::vector<float>(grad));  // handed over: async
@@ -162,6 +208,7 @@ TEST(ZeroEngine, Stage3ParamsOnNvmeStayUnderHostBudgetAndMatchInMemory) {
       EXPECT_GT(s.nvme_written_bytes, s.param_store_bytes);    // AdamW outputs and state written back
       EXPECT_GT(s.prefetches_issued, 0u);                      // replayed trace
       EXPECT_GT(s.sub_groups, kModules);  // sub-groups shrunk to fit the host budget
+      expect_io_split(s);
     } else {
       EXPECT_EQ(s.nvme_read_bytes, 0u);  // everything homed in host memory
     }

@@ -105,8 +105,10 @@ TEST_P(ZeroFrozen, FrozenFirstLayerMatchesReferenceAndIsNeverWritten) {
     // fc1's shard reaches NVMe at most once (its registration), never again in six steps; what
     // steps 2-6 wrote is fc2's: its shard and its optimizer state.
     EXPECT_LE(st.nvme_written_frozen_bytes, st.frozen_param_bytes);
-    EXPECT_EQ(st.nvme_written_bytes,
-              st.nvme_written_trainable_bytes + st.nvme_written_frozen_bytes + st.nvme_written_optimizer_bytes);
+    EXPECT_EQ(st.nvme_written_bytes, st.nvme_written_trainable_bytes + st.nvme_written_frozen_bytes +
+                                         st.nvme_written_optimizer_bytes + st.nvme_written_gradient_bytes);
+    EXPECT_EQ(st.nvme_read_bytes, st.nvme_read_trainable_bytes + st.nvme_read_frozen_bytes +
+                                      st.nvme_read_optimizer_bytes + st.nvme_read_gradient_bytes);
   }
   ZeroOptimizerState state = engine.export_optimizer_state();
   ASSERT_EQ(state.module_numels.size(), 1u);  // only the module that trains
