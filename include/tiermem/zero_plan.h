@@ -98,11 +98,17 @@ struct ZeroPlan {
   std::uint64_t device_scratch_bytes = 0;
   std::size_t piece_elems = 0;        // optimizer sub-group size the engine will use
   std::size_t rank_flat_elems = 0;    // R: this rank's optimizer-shard elements (trainable modules)
+  // One fp32 copy (tiermem.fp32_single_copy): fp32 working params, stage 3, parameters homed with
+  // the optimizer state (host or NVMe), stepped by the CPU on host-addressable memory, no
+  // sub-group on the device. Then every stored, trained module not kept whole on the device keeps
+  // its master in its working shard: single_copy_elems of R (optimizer_bytes 4 B less each).
+  bool fp32_single_copy = false;
+  std::size_t single_copy_elems = 0;
 
   // Bytes by home (this rank).
   std::uint64_t param_store_bytes = 0;     // stored working shards (wsize each)
   std::uint64_t frozen_param_bytes = 0;    // ... of which frozen modules' (never written back)
-  std::uint64_t optimizer_bytes = 0;       // 12 R
+  std::uint64_t optimizer_bytes = 0;       // 12 R (less 4 x single_copy_elems)
   std::uint64_t gradient_bytes = 0;        // 4 R (stages 2-3) or 4 x full padded (stages 0-1)
   std::uint64_t host_home_bytes = 0;       // what lives in the host pool for good
   std::uint64_t host_engine_bytes = 0;     // engine buffers outside the pool (see above) + buckets

@@ -135,7 +135,7 @@ void predict_memory(const RunShape& run, const Config& cfg, const MachineProfile
   // offload_optimizer.ratio < 1: the device's share (and its gradient partitions, when homed
   // there) is not cached in the pool.
   const std::uint64_t offloaded = z.rank_flat_elems - z.device_optimizer_elems;
-  const std::uint64_t pool = z.host_home_bytes + host_cache + (z.optimizer_home == Tier::kNvme ? 12 * offloaded : 0) +
+  const std::uint64_t pool = z.host_home_bytes + host_cache + (z.optimizer_home == Tier::kNvme ? 12 * offloaded - 4 * z.single_copy_elems : 0) +
                              (stage >= 2 && z.gradient_home == Tier::kNvme
                                   ? 4 * (z.device_optimizer_grads ? offloaded : z.rank_flat_elems)
                                   : 0);

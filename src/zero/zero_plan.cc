@@ -47,7 +47,8 @@ namespace {
 // totals one step finds and a later one prices.
 struct Sizing {
   Sizing(const Config& cfg, std::span<const std::size_t> module_numels, const ZeroPlanOptions& options)
-      : z(cfg.zero),
+      : single_copy_wanted(cfg.tiermem.fp32_single_copy),
+        z(cfg.zero),
         o(options),
         numels(module_numels),
         stage(z.stage),
@@ -67,6 +68,7 @@ struct Sizing {
     return out;
   }
 
+  bool single_copy_wanted;  // tiermem.fp32_single_copy
   const ZeroConfig& z;
   const ZeroPlanOptions& o;
   std::span<const std::size_t> numels;
@@ -83,6 +85,7 @@ struct Sizing {
   std::uint64_t largest_offloaded = 0;  // largest shard not homed on the device
   std::uint64_t largest_padded = 0;     // largest all-gathered module
   std::uint64_t dev_optim = 0;          // the device-resident optimizer's state (and gradients)
+  std::size_t stored_trained_elems = 0;  // rank elements of trained modules stored below the device
 
   std::uint64_t dev_round(std::uint64_t b) const {
     return round_up(std::max<std::uint64_t>(b, 1), o.device_page_bytes);
@@ -107,7 +110,10 @@ void plan_param_homes(Sizing& s, ZeroPlan& p) {
     case OffloadDevice::kNone: p.param_home = Tier::kDevice; break;
   }
   const Tier persistent_home = Tier::kDevice;
+  std::size_t trained_index = 0;  // module i's index among the modules that train
   for (std::size_t i = 0; i < s.numels.size(); ++i) {
+    const bool frozen = i < s.o.frozen_modules.size() && s.o.frozen_modules[i];
+    const std::size_t ti = frozen ? SIZE_MAX : trained_index++;
     const ModuleShard& m = s.layout.modules[i];
     const bool persistent = stage == 3 && s.numels[i] < z.stage3_param_persistence_threshold_elems;
     const bool stored = stage == 3 && m.shard > 0 && (!persistent || s.o.world_size == 1);
@@ -115,6 +121,7 @@ void plan_param_homes(Sizing& s, ZeroPlan& p) {
       const Tier home = persistent ? persistent_home : p.param_home;
       const std::uint64_t b = m.shard * s.wsize;
       p.uses_device = true;
+      if (ti != SIZE_MAX && home != Tier::kDevice) s.stored_trained_elems += s.trained.modules[ti].shard;
       p.param_store_bytes += b;
       if (i < s.o.frozen_modules.size() && s.o.frozen_modules[i]) p.frozen_param_bytes += b;
       if (home == Tier::kDevice) s.dev_homes += s.dev_round(b);
@@ -148,6 +155,23 @@ void plan_optimizer_and_gradient_homes(const Sizing& s, ZeroPlan& p) {
     p.gradient_bytes = 4ull * s.trained.full_flat + (stage == 1 ? 4ull * s.R : 0);
     p.host_engine_bytes += p.gradient_bytes;
     p.gradient_home = Tier::kHost;
+  }
+}
+
+// One fp32 copy (ZeroPlan::fp32_single_copy): decided once every home and the device's share are
+// known; the masters that live in the working shards come off the optimizer's bytes (the
+// sub-groups' sizes, chosen before, stay: they fit the larger state).
+void plan_single_copy(const Sizing& s, ZeroPlan& p) {
+  p.fp32_single_copy = s.single_copy_wanted && s.wsize == 4 && s.stage == 3 && p.uses_device &&
+                       p.param_home != Tier::kDevice && p.param_home == p.optimizer_home && !p.optimizer_on_device &&
+                       p.device_optimizer_elems == 0 && s.o.device_host_addressable && s.stored_trained_elems > 0;
+  if (!p.fp32_single_copy) return;
+  p.single_copy_elems = s.stored_trained_elems;
+  const std::uint64_t saved = 4ull * p.single_copy_elems;
+  p.optimizer_bytes -= std::min(p.optimizer_bytes, saved);
+  if (p.optimizer_home == Tier::kHost) {
+    p.host_home_bytes -= std::min(p.host_home_bytes, saved);
+    p.host_min_bytes -= std::min(p.host_min_bytes, saved);
   }
 }
 
@@ -345,7 +369,7 @@ void plan_nvme(const Sizing& s, ZeroPlan& p) {
   p.nvme_param_bytes = s.nvme_homes;
   const std::uint64_t offloaded = s.R - p.device_optimizer_elems;
   const std::uint64_t grads_offloaded = s.o.device_host_addressable ? offloaded : s.R;
-  if (p.optimizer_home == Tier::kNvme) p.nvme_optimizer_bytes = 12ull * offloaded;
+  if (p.optimizer_home == Tier::kNvme) p.nvme_optimizer_bytes = 12ull * offloaded - 4ull * p.single_copy_elems;
   if (s.stage >= 2 && p.gradient_home == Tier::kNvme) p.nvme_optimizer_bytes += 4ull * grads_offloaded;
   p.nvme_bytes = p.nvme_param_bytes + p.nvme_optimizer_bytes;
 }
@@ -385,6 +409,7 @@ ZeroPlan plan_zero(const Config& cfg, std::span<const std::size_t> numels, const
   plan_opaque_staging(s, p);
   plan_device_optimizer(s, p);
   plan_partial_offload(s, p);
+  plan_single_copy(s, p);
   plan_device_minimum(s, p);
   plan_nvme(s, p);
   check_budgets(p);

@@ -200,9 +200,10 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
                                            plan.device_optimizer_from);
   // One fp32 copy (tiermem.fp32_single_copy): the working shard is the master where it is homed
   // with the optimizer state and the CPU steps it in place (ZeroModule::shared_master).
+  // The plan decides (ZeroPlan::fp32_single_copy, zero_plan.h) and prices it; a module kept whole
+  // on the device keeps its master in its state.
   const Tier param_home = m.persistent ? shape.compute_tier : plan.param_home;
-  m.shared_master = cfg.tiermem.fp32_single_copy && shape.wdtype == DType::kF32 && m.stored && !m.frozen &&
-                    !shape.opaque && param_home != Tier::kDevice && param_home == plan.optimizer_home &&
+  m.shared_master = plan.fp32_single_copy && m.stored && !m.frozen && param_home == plan.param_home &&
                     std::none_of(groups.begin(), groups.end(), [](const detail::SubGroupLayout& g) { return g.on_device; });
   const std::size_t slots = m.shared_master ? 2 : 3;  // [master |] exp_avg | exp_avg_sq
   for (const detail::SubGroupLayout& g : groups) {

@@ -42,6 +42,8 @@ class PlanTest : public TrainBinaryTest {
   void SetUp() override {
     TrainBinaryTest::SetUp();
     std::ofstream(dir_ / "profile.json") << kProfile;
+    // The two-copy fp32 layout (master beside the working params) some tests were sized for.
+    std::ofstream(dir_ / "two_copies.json") << R"({"tiermem": {"fp32_single_copy": false}})";
   }
   RunResult plan(const std::string& args) {
     const std::string out = (dir_ / "plan_out.txt").string(), err = (dir_ / "plan_err.txt").string();
@@ -348,7 +350,7 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
   fast["nvme_read_gbps"] = 0.5;
   fast["nvme_write_gbps"] = 0.5;
   std::ofstream(dir_ / "fast.json") << fast.dump();
-  const RunResult r = plan("--model gpt2 --offload nvme --profile fast.json --json");
+  const RunResult r = plan("--model gpt2 --offload nvme --config two_copies.json --profile fast.json --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json& j = r.summary;
   ASSERT_TRUE(j.is_object()) << r.out;
@@ -365,7 +367,7 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
   EXPECT_EQ(j["params"].get<std::int64_t>(), tiermem::gpt::num_params(gpt2));
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
   // Without a profile: bytes only.
-  const RunResult m = plan("--model gpt2 --offload nvme --json");
+  const RunResult m = plan("--model gpt2 --offload nvme --config two_copies.json --json");
   ASSERT_EQ(m.exit_code, 0) << m.err;
   EXPECT_EQ(m.summary["nvme_peak_bytes"], j["nvme_peak_bytes"]);
   EXPECT_FALSE(m.summary.contains("step_seconds"));
@@ -378,7 +380,8 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
 // no wait. On the simulated device each NVMe byte's checksum
 // is priced at checksum_gbps spread over the profile's threads, and only with tiermem.checksum on.
 TEST_F(PlanTest, GatedReadsAndChecksumsPriceTheOverlappedNvmeStep) {
-  const std::string args = "--model gpt2 --seq-len 64 --batch 1 --offload nvme --device-budget 1GiB --json ";
+  const std::string args =
+      "--model gpt2 --seq-len 64 --batch 1 --offload nvme --device-budget 1GiB --config two_copies.json --json ";
   const RunResult small = plan(args + "--host-budget 1GiB --profile profile.json");
   ASSERT_EQ(small.exit_code, 0) << small.err;
   const json& t = small.summary["time_seconds"];
@@ -439,8 +442,10 @@ TEST_F(PlanTest, GatedReadsAndChecksumsPriceTheOverlappedNvmeStep) {
   EXPECT_NEAR(h.summary["time_seconds"]["checksum"].get<double>(), checksum, 1e-9);
   EXPECT_NEAR(h.summary["step_seconds"].get<double>() - small.summary["step_seconds"].get<double>(), checksum, 1e-6);
 
-  std::ofstream(dir_ / "nohash.json") << R"({"tiermem": {"checksum": false}})";
-  const RunResult off = plan(args + "--host-budget 1GiB --profile hashed.json --config nohash.json");
+  std::ofstream(dir_ / "nohash.json") << R"({"tiermem": {"checksum": false, "fp32_single_copy": false}})";
+  std::string no_hash_args = args;
+  no_hash_args.replace(no_hash_args.find("two_copies.json"), std::string("two_copies.json").size(), "nohash.json");
+  const RunResult off = plan(no_hash_args + "--host-budget 1GiB --profile hashed.json");
   ASSERT_EQ(off.exit_code, 0) << off.err;
   EXPECT_EQ(off.summary["time_seconds"]["checksum"].get<double>(), 0);
   EXPECT_NEAR(off.summary["step_seconds"].get<double>(), small.summary["step_seconds"].get<double>(), 1e-9);

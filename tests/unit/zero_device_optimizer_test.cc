@@ -341,6 +341,7 @@ Config ratio_config(const std::string& dir, double ratio, bool addressable, bool
   cfg.tiermem.sim_host_addressable = addressable;
   cfg.tiermem.device_budget_bytes = 8 << 20;
   cfg.bf16 = bf16;
+  cfg.tiermem.fp32_single_copy = false;  // the bytes compared below are the two-copy layout's
   return cfg;
 }
 

@@ -41,6 +41,8 @@ struct Trained {
   std::vector<std::vector<float>> master;
   ZeroOptimizerState state;
   ZeroStats stats;
+  bool single = false;  // the plan kept one copy
+  std::size_t single_elems = 0;
 };
 
 Trained train(const Config& cfg, int steps) {
@@ -50,6 +52,8 @@ Trained train(const Config& cfg, int steps) {
   r.master = testing::mlp_train_engine(engine, *comm, steps, 2);
   r.state = engine.export_optimizer_state();
   r.stats = engine.stats();
+  r.single = engine.plan().fp32_single_copy;
+  r.single_elems = engine.plan().single_copy_elems;
   return r;
 }
 
@@ -67,6 +71,13 @@ TEST_P(SingleCopy, BitForBitTheTwoCopyEngine) {
   Dir a("a"), b("b");
   const Trained two = train(config(c.param, c.optim, false, a.path, c.type, c.overlap), 5);
   const Trained one = train(config(c.param, c.optim, true, b.path, c.type, c.overlap), 5);
+  const bool eligible = std::string(c.param) == c.optim;  // homed together
+  EXPECT_EQ(one.single, eligible);
+  EXPECT_FALSE(two.single);
+  if (eligible) {
+    EXPECT_GT(one.single_elems, 0u);
+    EXPECT_EQ(one.stats.optimizer_state_bytes + 4 * one.single_elems, two.stats.optimizer_state_bytes);
+  }
   EXPECT_EQ(one.master, two.master);
   EXPECT_EQ(one.state.master, two.state.master);
   EXPECT_EQ(one.state.exp_avg, two.state.exp_avg);
