@@ -55,7 +55,7 @@ void TensorStore::flush() {
       h.writing = true;
       const std::uint64_t version = s.version;
       const bool nvme = home == Tier::kNvme;
-      const Phase ph = nvme ? m.io_begin() : m.io_clock_.phase();
+      const Phase ph = m.io_begin(nvme);
       lock.unlock();
       std::exception_ptr err;
       try {
@@ -64,7 +64,7 @@ void TensorStore::flush() {
         err = std::current_exception();
       }
       lock.lock();
-      if (nvme) m.io_end();
+      m.io_end(nvme);
       --s.readers;
       h.writing = false;
       m.cv_.notify_all();

@@ -255,13 +255,16 @@ struct TensorStore::Impl {
     Trace::global().counter("store phase", static_cast<double>(p), now);
   }
   PhaseIoStats& phase_stats(Phase p) { return stats_.phases[static_cast<int>(p)]; }
-  // Around a transfer that reads or writes NVMe: io_begin() before mu_ is released for it (returns
-  // the phase its bytes count to: the one current now), io_end() once mu_ is held again.
-  Phase io_begin() {
-    io_clock_.begin(Trace::now_ns());
+  // Around a transfer: io_begin(nvme) before mu_ is released for it (returns the phase its bytes
+  // count to: the one current now), io_end(nvme) once mu_ is held again; only a transfer that
+  // reads or writes NVMe (`nvme`) runs the busy clock.
+  Phase io_begin(bool nvme) {
+    if (nvme) io_clock_.begin(Trace::now_ns());
     return io_clock_.phase();
   }
-  void io_end() { io_clock_.end(Trace::now_ns()); }
+  void io_end(bool nvme) {
+    if (nvme) io_clock_.end(Trace::now_ns());
+  }
   // A completed transfer of `e` from tier `from` to tier `to` counted in stats_ (bytes_moved,
   // moves, the NVMe group and the phase `ph` it was issued in).
   void count_move(const Entry& e, int from, int to, Phase ph) {

@@ -112,7 +112,7 @@ void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorI
     dst.writing = true;
     const std::uint64_t version = c.version;
     const bool nvme = target == Tier::kNvme;
-    const Phase ph = nvme ? io_begin() : io_clock_.phase();
+    const Phase ph = io_begin(nvme);
     lock.unlock();
     std::exception_ptr err;
     try {
@@ -121,7 +121,7 @@ void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorI
       err = std::current_exception();
     }
     lock.lock();
-    if (nvme) io_end();
+    io_end(nvme);
     dst.writing = false;
     if (err) {
       c.state = State::kResident;
@@ -293,7 +293,7 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
     ++s.readers;
     const std::uint64_t version = s.version;
     const bool nvme = src == idx(Tier::kNvme);
-    const Phase ph = nvme ? io_begin() : io_clock_.phase();
+    const Phase ph = io_begin(nvme);
     lock.unlock();
     std::exception_ptr err;
     try {
@@ -302,7 +302,7 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
       err = std::current_exception();
     }
     lock.lock();
-    if (nvme) io_end();
+    io_end(nvme);
     --s.readers;
     if (err) {
       if (refresh) {  // keep the (stale) allocation; the home copy is never freed

@@ -2,9 +2,8 @@
 ``initialize`` (engine.py) and by ``zero.Init``. Once per process.
 
 A library should not change its host process's allocator behind its back, so by default nothing
-here touches glibc. The memory that used to need it is tiermem's own now: the device tier's blocks
-are mappings of their own (SimDevice, src/gpu/sim_device.cc) and the units' gradient buffers are
-kept and reused (``_unit.GradBuffers``), so neither fragments glibc's heap.
+here touches glibc. The device tier's blocks, which used to fragment glibc's heap most, are
+mappings of their own now (SimDevice, src/gpu/sim_device.cc).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ import torch
 from ._params import placeholder
 from ._staging import take_staged
 
-__all__ = ["Unit", "GradBuffers", "EngineLink", "UnitMap", "build_units", "in_backward", "NOT_PICKLABLE"]
+__all__ = ["Unit", "EngineLink", "UnitMap", "build_units", "in_backward", "NOT_PICKLABLE"]
 
 NOT_PICKLABLE = ("a model trained by a tiermem engine cannot be pickled or deep-copied whole: its parameters live "
                  "in the engine; save them with engine.save_fp32_model(path) (or model.state_dict()) and checkpoints "
@@ -87,7 +87,6 @@ class EngineLink:
         first = next((p for p in model.parameters()), None)
         self.compute_device = first.device if first is not None else torch.device("cpu")
         self.copy_in = False
-        self.grad_buffers = GradBuffers()
 
     def phase(self) -> str:
         """The pass running now, as the engine's trace names it."""
@@ -122,55 +121,12 @@ class EngineLink:
         return flat.clone() if copy else flat
 
 
-class GradBuffers:
-    """The units' fp32 gradient buffers, kept from one backward to the next instead of freed: one
-    buffer per unit size, reused by every unit of that size (a unit's buffer is free again once
-    ``ZeroEngine.reduce_gradients`` returns, which copies it). Freed and allocated again each time,
-    these 1-30 MB blocks are what makes glibc raise its mmap threshold and keep freed pages in the
-    heap: reused, the process's max RSS stays down without changing glibc's settings (the
-    measurement is in docs/benchmarks.md). Bounded: at most ``max_bytes`` (default 256 MiB) are
-    kept; beyond it a buffer given back is freed. Units of one fp32 parameter take autograd's own
-    gradient and need none. Not thread-safe (the backward's thread only)."""
-
-    def __init__(self, max_bytes: int = 256 << 20) -> None:
-        self.max_bytes = max_bytes
-        self.free: dict[int, torch.Tensor] = {}  # numel -> a buffer nobody holds
-        self.kept_bytes = 0  # bytes of the buffers this cache owns (free or lent)
-        self.sizes: set[int] = set()  # numels it owns a buffer of
-
-    def take(self, numel: int) -> torch.Tensor:
-        """A cpu fp32 buffer of `numel` elements, contents undefined."""
-        buf = self.free.pop(numel, None)
-        if buf is not None:
-            return buf
-        return torch.empty(numel, dtype=torch.float32)
-
-    def give(self, buf: torch.Tensor) -> None:
-        """`buf` (from take) is no longer used by its unit."""
-        n = buf.numel()
-        if n in self.free or buf.device.type != "cpu" or buf.dtype != torch.float32 or buf.storage_offset() != 0 \
-                or buf.untyped_storage().nbytes() != 4 * n:
-            return  # one spare per size; a view of a bigger storage is not ours to keep
-        if n not in self.sizes:
-            if self.kept_bytes + 4 * n > self.max_bytes:
-                return
-            self.sizes.add(n)
-            self.kept_bytes += 4 * n
-        self.free[n] = buf
-
-    def clear(self) -> None:
-        """Lets every kept buffer go (offload_states, the engine's end)."""
-        self.free.clear()
-        self.sizes.clear()
-        self.kept_bytes = 0
-
-
 class Unit:
     """One engine module: parameters laid out back to back in one flat vector. It gathers and
     releases them, and holds their fp32 gradient buffer during a backward."""
 
     __slots__ = ("index", "name", "link", "frozen", "params", "slot_of", "numel", "flat", "active", "n_trainable",
-                 "grad", "grad_owned", "received", "got", "bw_flat")
+                 "grad", "received", "got", "bw_flat")
 
     def __init__(self, index: int, name: str, link: EngineLink, frozen: bool = False) -> None:
         self.index = index
@@ -184,7 +140,6 @@ class Unit:
         self.active = 0                           # modules (and GatheredParameters scopes) using it
         self.n_trainable = 0
         self.grad: Optional[torch.Tensor] = None  # fp32 gradient of the current backward
-        self.grad_owned = False                   # ... from link.grad_buffers (else autograd's own)
         self.received = 0
         self.got: set[int] = set()                # indices of params whose gradient arrived
         self.bw_flat = None                       # weakref to the last backward gather
@@ -284,7 +239,6 @@ class Unit:
             # A unit of one parameter (GPT-2's tied wte: 154 MB) reduces autograd's own gradient,
             # which nothing else holds now: no second buffer, no copy.
             self.grad = g.detach().view(-1)
-            self.grad_owned = False
             self.got = {0}
             self.received = 1
             self.reduce_grad()
@@ -292,8 +246,7 @@ class Unit:
         if self.grad is None:
             # Not zeroed: each parameter's slice is written by its first gradient, and the slices
             # of parameters that got none are zeroed when the unit is reduced without them.
-            self.grad = self.link.grad_buffers.take(self.numel)
-            self.grad_owned = True
+            self.grad = torch.empty(self.numel, dtype=torch.float32)
             self.got = set()
         i, off, n = self.slot_of[id(p)]
         dst = self.grad[off:off + n]
@@ -316,9 +269,7 @@ class Unit:
                     grad[off:off + n].zero_()
         self.received = 0
         self.got = set()
-        self.link.engine.reduce_gradients(self.index, grad)  # copies: the buffer is free again
-        if self.grad_owned:
-            self.link.grad_buffers.give(grad)
+        self.link.engine.reduce_gradients(self.index, grad)
 
     def end_backward(self) -> None:
         """The end of a backward: a buffer still here (some of its parameters got no gradient: they

@@ -316,7 +316,6 @@ class TiermemEngine:
         self.check_open()
         if self._hooks.link.gathered_params_open:
             raise RuntimeError("TiermemEngine.offload_states: inside zero.GatheredParameters; leave the with-block first")
-        self._hooks.link.grad_buffers.clear()  # the kept gradient buffers go too (before the heap is trimmed)
         return int(self._zero.offload_states())
 
     def reload_states(self, non_blocking: bool = False) -> None:
@@ -372,7 +371,6 @@ class TiermemEngine:
         cannot run afterwards."""
         if not self._closed:
             self._hooks.detach()
-            self._hooks.link.grad_buffers.clear()
             self._zero.close()
             self._closed = True
             self.module._tiermem_engine = None
