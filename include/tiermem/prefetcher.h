@@ -166,7 +166,8 @@ class Prefetcher final : public ResidencyPolicy {
   // plan_room_ — bytes free after the access when every planned eviction happens at release.
   // Host read-ahead is granted only within that room (reserved_ per position, granted_ per target).
   std::uint64_t plan_gen_ = ~0ull, plan_capacity_ = 0;
-  std::uint64_t plan_largest_gen_ = ~0ull, plan_largest_ = 0;  // the largest host-tier access, per trace
+  std::uint64_t plan_largest_gen_ = ~0ull;
+  std::vector<std::uint64_t> plan_sizes_;  // the host-tier accesses' sizes, ascending and unique, per trace
   bool plan_valid_ = false;
   std::vector<std::uint8_t> plan_wb_;
   std::vector<std::int64_t> plan_room_;

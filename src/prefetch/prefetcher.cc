@@ -294,16 +294,23 @@ void Prefetcher::ensure_host_plan(const ResidencyView& view) {
   // Room for caches: the budget less home copies, less a margin for rounding and the pool's
   // fragmentation — 1/32 of it or two of the largest host-tier tensors, whichever is more (the
   // plan must not promise room the pool cannot give: with 1/32 alone, gpt2's 85 MB sub-groups in
-  // a 1 GiB pool cycled one sub-group more than planned, evicted on demand).
+  // a 1 GiB pool cycled one sub-group more than planned, evicted on demand). Tensors over a quarter
+  // of the room are left out of "largest": the plan cannot work around them anyway, and with them
+  // in one large tensor would leave no plan at all (fp32_single_copy's masters: gpt2's 154 MB
+  // embedding, read whole by the optimizer, against a 256 MiB host budget).
   if (plan_largest_gen_ != derived_gen_ || derived_gen_ == ~0ull) {  // once per trace, not at every access
     plan_largest_gen_ = derived_gen_;
-    plan_largest_ = 0;
+    plan_sizes_.clear();
     for (const Access& a : t) {
-      if (a.tier == Tier::kHost) plan_largest_ = std::max(plan_largest_, a.bytes);
+      if (a.tier == Tier::kHost) plan_sizes_.push_back(a.bytes);
     }
+    std::sort(plan_sizes_.begin(), plan_sizes_.end());
+    plan_sizes_.erase(std::unique(plan_sizes_.begin(), plan_sizes_.end()), plan_sizes_.end());
   }
-  const std::uint64_t largest = plan_largest_;
   const std::uint64_t room = budget > homes ? budget - homes : 0;
+  std::uint64_t largest = plan_sizes_.empty() ? 0 : plan_sizes_.back();
+  auto fits = std::upper_bound(plan_sizes_.begin(), plan_sizes_.end(), room / 4);
+  if (fits != plan_sizes_.begin()) largest = *(fits - 1);
   const std::uint64_t margin = host_plan_margin(room, largest);
   const std::uint64_t capacity = room > margin ? room - margin : 0;
   // Replanned for a new trace, or when the room moved by more than 1/64 (home copies come and go;
