@@ -64,7 +64,9 @@ namespace tiermem {
 // The room the host plan keeps back from the pool's room for caches (the budget less home copies),
 // for rounding and fragmentation: 1/32 of `room_bytes` or two of the largest host-tier tensors
 // (`largest_bytes`), whichever is more. Bytes; pure. Prefetcher plans with it and tiermem-plan
-// predicts the pool with it.
+// predicts the pool with it. The Prefetcher passes the largest host-tier access no larger than a
+// quarter of the room: one larger tensor (fp32_single_copy's master of a big embedding, read whole
+// by the optimizer) would otherwise make the margin the whole room and leave no plan.
 inline std::uint64_t host_plan_margin(std::uint64_t room_bytes, std::uint64_t largest_bytes) {
   return room_bytes / 32 > 2 * largest_bytes ? room_bytes / 32 : 2 * largest_bytes;
 }
