@@ -168,8 +168,8 @@ class Prefetcher final : public ResidencyPolicy {
   // plan_room_ — bytes free after the access when every planned eviction happens at release.
   // Host read-ahead is granted only within that room (reserved_ per position, granted_ per target).
   std::uint64_t plan_gen_ = ~0ull, plan_capacity_ = 0;
-  std::uint64_t plan_largest_gen_ = ~0ull;
-  std::vector<std::uint64_t> plan_sizes_;  // the host-tier accesses' sizes, ascending and unique, per trace
+  std::uint64_t plan_sizes_gen_ = ~0ull;    // the trace generation plan_sizes_ is for
+  std::vector<std::uint64_t> plan_sizes_;  // the host-tier accesses' sizes, ascending and unique
   bool plan_valid_ = false;
   std::vector<std::uint8_t> plan_wb_;
   std::vector<std::int64_t> plan_room_;

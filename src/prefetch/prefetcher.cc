@@ -298,8 +298,8 @@ void Prefetcher::ensure_host_plan(const ResidencyView& view) {
   // of the room are left out of "largest": the plan cannot work around them anyway, and with them
   // in one large tensor would leave no plan at all (fp32_single_copy's masters: gpt2's 154 MB
   // embedding, read whole by the optimizer, against a 256 MiB host budget).
-  if (plan_largest_gen_ != derived_gen_ || derived_gen_ == ~0ull) {  // once per trace, not at every access
-    plan_largest_gen_ = derived_gen_;
+  if (plan_sizes_gen_ != derived_gen_ || derived_gen_ == ~0ull) {  // once per trace, not at every access
+    plan_sizes_gen_ = derived_gen_;
     plan_sizes_.clear();
     for (const Access& a : t) {
       if (a.tier == Tier::kHost) plan_sizes_.push_back(a.bytes);
