@@ -31,6 +31,7 @@
 // With --json the last line is {"engine","rw","bs","qd","jobs","bytes","seconds","gbps","iops",
 // "huge_bytes","buffer_bytes","piece_bytes","lat_us":{"p50","p99","p999"}}. Bad arguments: one line on stderr, exit status 2.
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -208,6 +209,27 @@ int run_nvme(const NvmeOpts& o) {
     return bad("--size " + std::to_string(size) + " bytes must be at least --bs (" +
                std::to_string(bs) + " bytes)");
   size = size / bs * bs;
+
+  // Room for what this run writes: the bench's own file is laid out to --size, and a write job may
+  // grow the user's regular file to --size. Refused before anything is written when the
+  // filesystem has less free (filling it would fail mid-run; on tmpfs it would fill memory).
+  if (!S_ISBLK(st.st_mode) && (own_file || write)) {
+    std::uint64_t have = 0;
+    struct stat fst {};
+    if (::stat(file_path.c_str(), &fst) == 0) have = static_cast<std::uint64_t>(fst.st_size);
+    struct statvfs vs {};
+    if (size > have && ::statvfs(o.path.c_str(), &vs) == 0) {
+      const std::uint64_t free_bytes = static_cast<std::uint64_t>(vs.f_bavail) * vs.f_frsize;
+      if (size - have > free_bytes) {
+        const std::uint64_t fits = (have + free_bytes) / bs * bs;
+        return bad("--size " + o.size + " (" + std::to_string(size) + " bytes) needs " +
+                   std::to_string(size - have) + " bytes more in '" + file_path + "', but its filesystem has " +
+                   std::to_string(free_bytes) + " bytes (" + format_bytes(free_bytes) + ") free: give --size " +
+                   (fits >= bs ? std::to_string(fits) + " or less" : std::string("below the free space")) +
+                   ", or a --path on a larger filesystem");
+      }
+    }
+  }
 
   IoEngineOptions eo;
   eo.kind = o.engine == "posix" ? IoEngineKind::kPosix : IoEngineKind::kUring;

@@ -124,6 +124,23 @@ TEST_F(BenchCli, OwnFileOnlyInADirectoryAndRemovedUnlessKept) {
   EXPECT_TRUE(fs::exists(dir_ / "d" / "tiermem-bench-nvme.dat"));
 }
 
+// A --size the filesystem cannot hold is refused before anything is written (a helper's 100G
+// write job into /dev/shm filled the machine's memory): exit 2, the sizes named, nothing left.
+TEST_F(BenchCli, SizeBeyondTheFreeSpaceIsRefusedBeforeWriting) {
+  const Sum before = checksum(dir_ / "user.dat");
+  for (const char* args : {"--path d --rw write --size 1024T", "--path d --rw read --size 1024T",
+                           "--path user.dat --rw write --size 1024T"}) {
+    SCOPED_TRACE(args);
+    Result r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("free"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("1125899906842624"), std::string::npos) << r.err;  // 1 PiB in bytes
+    EXPECT_FALSE(fs::exists(dir_ / "d" / "tiermem-bench-nvme.dat")) << "left behind";
+  }
+  EXPECT_TRUE(checksum(dir_ / "user.dat") == before);
+  EXPECT_EQ(fs::file_size(dir_ / "user.dat"), 8u << 20);
+}
+
 TEST_F(BenchCli, MissingPathExitsWith2SayingDoesNotExist) {
   for (const char* path : {"no_such_dir/x", "no_such_dir", "d/no_such_file"}) {
     SCOPED_TRACE(path);
