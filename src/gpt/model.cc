@@ -1,7 +1,10 @@
 // gpt/model.cc — GptConfig, the per-module parameter layout, GPT-2 init, and the Model's steps.
 #include "gpt/model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <string>
 
@@ -235,6 +238,33 @@ std::string step_name(const Step& s) {
 // ---------------------------------------------------------------------------------------------
 // Model
 
+namespace {
+
+// The bytes Model's constructor allocates below (activations, their gradients, tokens), counted
+// in long double so that absurd sizes cannot overflow, refused with a ConfigError when they exceed
+// the machine's physical memory: asking for them would end in std::bad_alloc or, with overcommit,
+// in the kernel's OOM killer part-way through (a --d-model 1048576 run grew to 24 GB first).
+void refuse_beyond_memory(const GptConfig& cfg, int batch_size, int seq_len, bool checkpoint_blocks) {
+  const long double N = static_cast<long double>(batch_size) * seq_len, C = cfg.d_model;
+  const long double L = cfg.n_layer, V = cfg.vocab_size;
+  const long double att = static_cast<long double>(batch_size) * cfg.n_head * seq_len * seq_len;
+  const long double layers = checkpoint_blocks ? 1 : L;
+  const long double floats = (L + 1) * N * C + layers * (15 * N * C + 4 * N + att) + 15 * N * C + 2 * N + N * V + att;
+  const long double bytes = floats * sizeof(float) + 2 * N * sizeof(std::int32_t);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: let the allocation decide
+  const long double phys = static_cast<long double>(pages) * page;
+  if (bytes <= phys) return;
+  throw ConfigError("gpt.batch_size", std::to_string(batch_size),
+                    fmt::format("the CPU model's activations for batch {} x seq {} (n_layer {}, d_model {}, vocab {}) "
+                                "need {:.3g} GiB, more than this machine's {:.3g} GiB of memory: lower --batch or "
+                                "--seq-len, add --activation-checkpointing, or choose a smaller model",
+                                batch_size, seq_len, cfg.n_layer, cfg.d_model, cfg.vocab_size,
+                                static_cast<double>(bytes / (1ull << 30)), static_cast<double>(phys / (1ull << 30))));
+}
+
+}  // namespace
+
 Model::Model(const GptConfig& cfg, int batch_size, int seq_len, ModelOptions options)
     : cfg_(cfg), options_(options) {
   cfg_.validate();
@@ -248,6 +278,7 @@ Model::Model(const GptConfig& cfg, int batch_size, int seq_len, ModelOptions opt
   }
   B_ = batch_size;
   T_ = seq_len;
+  refuse_beyond_memory(cfg_, batch_size, seq_len, options_.checkpoint_blocks);
   const std::size_t N = static_cast<std::size_t>(B_) * T_, C = cfg_.d_model;
   const std::size_t NH = cfg_.n_head, V = cfg_.vocab_size, L = cfg_.n_layer;
   const std::size_t att = static_cast<std::size_t>(B_) * NH * T_ * T_;

@@ -292,4 +292,25 @@ TEST(GptModel, OverfitsASmallText) {
 }
 
 }  // namespace
+// Activations beyond the machine's memory are a ConfigError naming the batch before anything is
+// allocated (a --d-model 1048576 run used to grow until the OOM killer ended it, or die on a bare
+// std::bad_alloc under a memory limit).
+TEST(GptModel, ActivationsBeyondMemoryAreAConfigErrorNotAnAllocation) {
+  GptConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 1;
+  cfg.d_model = 1 << 20;
+  cfg.seq_len = 128;
+  try {
+    Model m(cfg, 1024, 128);  // 25 TB of activations
+    FAIL() << "built a model whose activations exceed memory";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--batch"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("GiB"), std::string::npos) << e.what();
+  }
+  cfg.d_model = 64;
+  EXPECT_THROW(Model(cfg, 100000000, 128), ConfigError);  // the batch alone
+  EXPECT_NO_THROW(Model(cfg, 2, 16));
+}
+
 }  // namespace tiermem::gpt
