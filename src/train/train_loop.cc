@@ -362,8 +362,12 @@ bool resume(const TrainOptions& opts, const TrainPlan& plan, RunData& data, Trai
 // DIR/rank<r>.lock for the whole run (a crashed run's is reclaimed, with one log line). Files a
 // crashed run left in the checkpoint directory (a state file written but never named by a
 // manifest, or an old one the crash kept from being deleted) go now.
-void lock_save_dir(const TrainOptions& opts, const TrainPlan& plan, std::optional<DirLock>& save_lock) {
+void lock_save_dir(const TrainOptions& opts, const TrainPlan& plan, const TrainEngine& engine,
+                   std::optional<DirLock>& save_lock) {
   if (opts.save_dir.empty()) return;
+  // A rank's state file holds its share of the fp32 master weights and optimizer state
+  // (optimizer_bytes is the whole model's: its share is a lower bound, never a false refusal).
+  check_save_room(opts.save_dir, engine.optimizer_bytes() / static_cast<std::uint64_t>(plan.world_size));
   std::error_code ec;
   std::filesystem::create_directories(opts.save_dir, ec);  // checked at startup; errors below
   save_lock.emplace(
@@ -645,7 +649,7 @@ int run_training(const TrainOptions& opts) {
       return 0;
     }
     std::optional<DirLock> save_lock;
-    lock_save_dir(opts, plan, save_lock);
+    lock_save_dir(opts, plan, *engine, save_lock);
 
     const bool lead = plan.rank == 0;  // 5
     Reporter reporter(opts.json, !opts.json && ::isatty(STDOUT_FILENO), lead ? stdout : nullptr);

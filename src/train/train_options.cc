@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -473,6 +474,20 @@ void check_dir(const std::string& key, const std::string& dir, bool o_direct,
 }
 
 }  // namespace
+
+void check_save_room(const std::string& dir, std::uint64_t checkpoint_bytes) {
+  std::filesystem::path p = std::filesystem::absolute(dir);
+  std::error_code ec;
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+  struct statvfs vs {};
+  if (::statvfs(p.c_str(), &vs) != 0) return;  // unreadable: the save itself will say why
+  const std::uint64_t free_bytes = static_cast<std::uint64_t>(vs.f_bavail) * vs.f_frsize;
+  if (checkpoint_bytes <= free_bytes) return;
+  throw UsageError("--save", dir,
+                   fmt::format("a checkpoint of this run needs {} ({} bytes) but the filesystem of '{}' has {} "
+                               "free: free space there, or give --save a directory on a larger filesystem",
+                               format_bytes(checkpoint_bytes), checkpoint_bytes, p.string(), format_bytes(free_bytes)));
+}
 
 std::vector<std::string> swap_dirs(const TrainOptions& opts, const Config& cfg) {
   std::vector<std::string> dirs;

@@ -118,6 +118,13 @@ void check_run_paths(const TrainOptions& opts, const Config& cfg);
 
 // The NVMe swap directories the run uses (every nvme_path of an offload to NVMe, once each; none
 // for --engine resident), and the key that names them in errors (--swap-dir when given).
+// --save's room, before the first step: UsageError (exit 2) when the filesystem that holds `dir`
+// (or, while it does not exist yet, its nearest existing parent) has fewer than `checkpoint_bytes`
+// free, naming both; a checkpoint is written new before the old one goes, so this is what one
+// save needs even when an older checkpoint is there. Without it a run too big for its --save
+// filesystem trained until its first save and failed there (ENOSPC). Nothing is created.
+void check_save_room(const std::string& dir, std::uint64_t checkpoint_bytes);
+
 std::vector<std::string> swap_dirs(const TrainOptions& opts, const Config& cfg);
 std::string swap_dir_key(const TrainOptions& opts);
 

@@ -245,4 +245,22 @@ TEST(TrainOptions, ActivationCheckpointingFlagOrSection) {
 }
 
 }  // namespace
+// --save's room is checked before the first step, not found missing at the first save; nothing is
+// created by the check, also for a directory that does not exist yet.
+TEST(TrainOptions, SaveRoomIsCheckedUpFrontNamingBothSizes) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tiermem_save_room_test" / "ck";
+  std::filesystem::remove_all(dir.parent_path());
+  EXPECT_NO_THROW(check_save_room(dir.string(), 4096));
+  try {
+    check_save_room(dir.string(), std::uint64_t{1} << 60);
+    FAIL() << "1 EiB fitted";
+  } catch (const UsageError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("1152921504606846976 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("free"), std::string::npos) << m;
+    EXPECT_NE(m.find("--save"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.parent_path())) << "the check created a directory";
+}
+
 }  // namespace tiermem::train
