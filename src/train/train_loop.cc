@@ -365,8 +365,7 @@ bool resume(const TrainOptions& opts, const TrainPlan& plan, RunData& data, Trai
 void lock_save_dir(const TrainOptions& opts, const TrainPlan& plan, const TrainEngine& engine,
                    std::optional<DirLock>& save_lock) {
   if (opts.save_dir.empty()) return;
-  // A rank's state file holds its share of the fp32 master weights and optimizer state
-  // (optimizer_bytes is the whole model's: its share is a lower bound, never a false refusal).
+  // A rank's state file: its share of the master weights and optimizer state (a lower bound).
   check_save_room(opts.save_dir, engine.optimizer_bytes() / static_cast<std::uint64_t>(plan.world_size));
   std::error_code ec;
   std::filesystem::create_directories(opts.save_dir, ec);  // checked at startup; errors below
