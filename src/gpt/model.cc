@@ -238,22 +238,28 @@ std::string step_name(const Step& s) {
 // ---------------------------------------------------------------------------------------------
 // Model
 
-namespace {
-
-// The bytes Model's constructor allocates below (activations, their gradients, tokens), counted
-// in long double so that absurd sizes cannot overflow, refused with a ConfigError when they exceed
-// the machine's physical memory: asking for them would end in std::bad_alloc or, with overcommit,
-// in the kernel's OOM killer part-way through (a --d-model 1048576 run grew to 24 GB first).
-void refuse_beyond_memory(const GptConfig& cfg, int batch_size, int seq_len, bool checkpoint_blocks) {
+std::uint64_t activation_bytes(const GptConfig& cfg, int batch_size, int seq_len, bool checkpoint_blocks) {
+  // In long double (exact below 2^64) so that absurd sizes cannot wrap; the same sizes as the
+  // constructor's vectors below (tests hold the two together).
   const long double N = static_cast<long double>(batch_size) * seq_len, C = cfg.d_model;
   const long double L = cfg.n_layer, V = cfg.vocab_size;
   const long double att = static_cast<long double>(batch_size) * cfg.n_head * seq_len * seq_len;
   const long double layers = checkpoint_blocks ? 1 : L;
-  const long double floats = (L + 1) * N * C + layers * (15 * N * C + 4 * N + att) + 15 * N * C + 2 * N + N * V + att;
-  const long double bytes = floats * sizeof(float) + 2 * N * sizeof(std::int32_t);
+  const long double floats = (L + 1) * N * C + layers * (15 * N * C + 4 * N + att) + 16 * N * C + 2 * N + N * V + att;
+  const long double bytes = floats * sizeof(float);
+  return bytes >= 18446744073709551615.0L ? UINT64_MAX : static_cast<std::uint64_t>(bytes);
+}
+
+namespace {
+
+// Activations beyond the machine's physical memory are refused with a ConfigError before any is
+// allocated: asking for them would end in std::bad_alloc or, with overcommit, in the kernel's OOM
+// killer part-way through (a --d-model 1048576 run grew to 24 GB first).
+void refuse_beyond_memory(const GptConfig& cfg, int batch_size, int seq_len, bool checkpoint_blocks) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return;  // unknown: let the allocation decide
   const long double phys = static_cast<long double>(pages) * page;
+  const long double bytes = activation_bytes(cfg, batch_size, seq_len, checkpoint_blocks);
   if (bytes <= phys) return;
   throw ConfigError("gpt.batch_size", std::to_string(batch_size),
                     fmt::format("the CPU model's activations for batch {} x seq {} (n_layer {}, d_model {}, vocab {}) "

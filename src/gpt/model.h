@@ -209,6 +209,12 @@ struct ModelOptions {
   bool checkpoint_blocks = false;
 };
 
+// Bytes of every activation and activation-gradient buffer Model(cfg, batch_size, seq_len, options)
+// allocates (its activation_bytes(), computed without allocating; tokens not counted), saturated at
+// UINT64_MAX for sizes no machine holds. Pure. For budgets (tiermem-plan) and Model's own refusal
+// of activations beyond physical memory.
+std::uint64_t activation_bytes(const GptConfig& cfg, int batch_size, int seq_len, bool checkpoint_blocks = false);
+
 class Model {
  public:
   // Allocates activations for batch_size sequences of seq_len tokens (0 means cfg.seq_len;

@@ -162,7 +162,7 @@ void predict_memory(const RunShape& run, const Config& cfg, const MachineProfile
   // The model's activations: host memory (the CPU backend, SimDevice), or device memory (the CUDA
   // backend: activations and workspace, taken out of the device budget before the engine's share).
   if (device_is_sim(cfg, m)) {
-    p.activation_bytes = activation_bytes(run.model, run.batch, run.seq_len);
+    p.activation_bytes = gpt::activation_bytes(run.model, run.batch, run.seq_len);
   } else {
     p.device_activation_bytes = gpt::cuda_backend_bytes(run.model, run.batch, run.seq_len);
     p.device_peak_bytes += p.device_activation_bytes;
@@ -564,12 +564,7 @@ Config with_machine_budgets(Config cfg, const MachineProfile& m) {
 }
 
 std::uint64_t activation_bytes(const gpt::GptConfig& g, int batch, int seq_len) {
-  const std::uint64_t N = static_cast<std::uint64_t>(batch) * seq_len, C = g.d_model, NH = g.n_head,
-                      V = g.vocab_size, L = g.n_layer;
-  const std::uint64_t att = static_cast<std::uint64_t>(batch) * NH * seq_len * seq_len;
-  const std::uint64_t floats = (L + 1) * N * C + L * (15 * N * C + 4 * N + att) + N * C + 2 * N + N * V +
-                               15 * N * C + att;
-  return floats * sizeof(float);
+  return gpt::activation_bytes(g, batch, seq_len);
 }
 
 Prediction predict(const RunShape& run, const MachineProfile& m) {

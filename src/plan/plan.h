@@ -188,8 +188,8 @@ struct LargestModel {
 };
 LargestModel largest_model(const RunShape& run, const MachineProfile& m);
 
-// Activation bytes gpt::Model allocates for a micro-batch of `batch` x `seq_len` (the same
-// sizes as its constructor; tests hold the two together).
+// Activation bytes gpt::Model allocates for a micro-batch of `batch` x `seq_len`
+// (gpt::activation_bytes, without activation checkpointing).
 std::uint64_t activation_bytes(const gpt::GptConfig& cfg, int batch, int seq_len);
 
 // The fields --check compares: step_seconds, the four time shares and the three tier peaks.
