@@ -82,6 +82,9 @@ class SimDevice final : public Device {
   class Engine;
   // Non-addressable mode: the memfd-backed blocks and the read-write view of each (own mutex).
   class OpaqueMemory;
+  // Host-addressable mode: anonymous mappings whose pages are handed on from freed blocks to the
+  // next allocation (own mutex).
+  class HostMemory;
 
   // The address the copy engines use for device pointer p (p itself when host-addressable).
   void* engine_ptr(const void* p) const;
@@ -90,6 +93,7 @@ class SimDevice final : public Device {
 
   SimDeviceOptions options_;
   std::unique_ptr<OpaqueMemory> opaque_;  // before alloc_: outlives the blocks it backs
+  std::unique_ptr<HostMemory> host_;      // likewise
   std::unique_ptr<detail::CachingAllocator> alloc_;
   std::unique_ptr<Engine> h2d_, d2h_;
   mutable std::mutex stats_mu_;

@@ -188,28 +188,83 @@ class SimDevice::OpaqueMemory {
   std::map<const char*, Block> blocks_;  // guarded by mu_: view -> read-write view
 };
 
+// Device memory the CPU addresses: the process's own anonymous mappings, not malloc's (blocks of
+// 0.1-150 MB freed and made again as tensors move in and out of the device tier would fragment
+// glibc's heap, whose freed pages stay in the process: max RSS +0.5 GiB on GPT-2 124 M at 256 MiB
+// budgets). A fresh mapping costs a page fault and a zeroed page per 4 KiB on first touch, which
+// is most of a copy into it (9 MiB: 5.0 ms fresh against 0.4 ms warm on the 2-core VM the benchmarks
+// ran on; GPT-2 124 M at 256 MiB budgets: step 3.28 -> 3.19 s, median of 4 interleaved pairs),
+// and the CachingAllocator above frees cached blocks exactly when the budget is full and a block of
+// another size is wanted. So a freed block's pages are not returned at once: they are kept until
+// the next allocation, which takes them over with mremap (page tables moved, nothing copied or
+// zeroed), and only what that allocation does not need is unmapped. Kept pages count against
+// nothing: the allocator frees blocks to make room for the allocation that follows, so live,
+// cached and kept bytes together never pass the budget. flush() unmaps what is kept
+// (SimDevice::empty_cache, the destructor). Blocks below a page keep malloc.
+class SimDevice::HostMemory {
+ public:
+  ~HostMemory() { flush(); }
+
+  void* allocate(std::uint64_t bytes) noexcept {
+    if (bytes < kPage) {
+      void* p = nullptr;
+      return posix_memalign(&p, 256, bytes) == 0 ? p : nullptr;
+    }
+    const std::uint64_t len = round(bytes);
+    void* fresh = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fresh == MAP_FAILED) return nullptr;
+    char* dst = static_cast<char*>(fresh);
+    std::lock_guard lock(mu_);
+    // Kept blocks' pages placed over the fresh mapping's start, one after the other (MREMAP_FIXED
+    // replaces the untouched pages there); a failed move leaves the fresh pages, still valid.
+    std::uint64_t off = 0;
+    while (off < len && !kept_.empty()) {
+      auto [p, n] = kept_.back();
+      kept_.pop_back();
+      const std::uint64_t take = std::min(n, len - off);
+      if (take < n) munmap(p + take, n - take);
+      if (mremap(p, take, take, MREMAP_MAYMOVE | MREMAP_FIXED, dst + off) == MAP_FAILED) {
+        munmap(p, take);
+        break;
+      }
+      off += take;
+    }
+    flush_locked();
+    return dst;
+  }
+
+  void free(void* p, std::uint64_t bytes) noexcept {
+    if (bytes < kPage) return std::free(p);
+    std::lock_guard lock(mu_);
+    try {
+      kept_.emplace_back(static_cast<char*>(p), round(bytes));
+    } catch (...) {
+      munmap(p, round(bytes));
+    }
+  }
+
+  void flush() noexcept {
+    std::lock_guard lock(mu_);
+    flush_locked();
+  }
+
+ private:
+  static constexpr std::uint64_t kPage = 4096;
+  static std::uint64_t round(std::uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+  void flush_locked() noexcept {
+    for (auto [p, n] : kept_) munmap(p, n);
+    kept_.clear();
+  }
+  std::mutex mu_;
+  std::vector<std::pair<char*, std::uint64_t>> kept_;  // guarded by mu_: freed, pages still mapped
+};
+
 SimDevice::SimDevice(SimDeviceOptions options) : options_(options) {
   if (options_.host_addressable) {
-    // "Device memory" is the process's own mappings, not malloc's: blocks of 0.1-150 MB freed and
-    // made again as tensors move in and out of the device tier would otherwise fragment glibc's
-    // heap (whose freed pages stay in the process: max RSS +0.5 GiB on GPT-2 124 M at 256 MiB
-    // budgets) or, with a low mmap threshold, be faulted in anew; here a freed block goes back
-    // to the system at once and the heap is never touched. Small blocks (below a page) keep
-    // malloc. The CachingAllocator above reuses blocks of the same size without either.
+    host_ = std::make_unique<HostMemory>();
     alloc_ = std::make_unique<detail::CachingAllocator>(
-        options_.budget_bytes,
-        [](std::uint64_t bytes) -> void* {
-          if (bytes < 4096) {
-            void* p = nullptr;
-            return posix_memalign(&p, 256, bytes) == 0 ? p : nullptr;
-          }
-          void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-          return p == MAP_FAILED ? nullptr : p;
-        },
-        [](void* p, std::uint64_t bytes) {
-          if (bytes < 4096) std::free(p);
-          else munmap(p, bytes);
-        });
+        options_.budget_bytes, [this](std::uint64_t bytes) { return host_->allocate(bytes); },
+        [this](void* p, std::uint64_t bytes) { host_->free(p, bytes); });
   } else {
     opaque_ = std::make_unique<OpaqueMemory>();
     alloc_ = std::make_unique<detail::CachingAllocator>(
@@ -251,7 +306,10 @@ void SimDevice::free(void* ptr) noexcept {
   if (!alloc_->free(ptr)) TM_LOG_ERROR("GPU", "SimDevice::free of unknown pointer {}", ptr);
 }
 
-void SimDevice::empty_cache() { alloc_->empty_cache(); }
+void SimDevice::empty_cache() {
+  alloc_->empty_cache();
+  if (host_) host_->flush();  // the freed blocks' pages too
+}
 
 void SimDevice::check_device_range(const void* p, std::uint64_t bytes, const char* what) const {
   if (!alloc_->contains(p, bytes)) {

@@ -216,15 +216,22 @@ void ZeroEngine::Impl::apply_pending(int mi, Phase phase) {
   const std::optional<AdamParams> ap = deferred.take(mi);  // at most once per deferral
   if (!ap) return;
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
-  const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
+  const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
   detail::WorkingShardOut working = working_out(phase);
   for (std::size_t j = 0; j < m.pieces.size(); ++j) {
-    // The module's next sub-groups on their way while this one steps (across modules the
-    // Prefetcher's look-ahead runs ahead of the gathers).
+    // The next B - 1 sub-groups to be stepped on their way while this one steps: this module's,
+    // then those of the modules still pending after it (in the order the forward pass gathers
+    // them, as registered), so the next module's state is read during this module's compute
+    // rather than at its gather (GPT-2 124 M at 256 MiB budgets: step 3.19 -> 3.06 s, median of 4
+    // interleaved pairs, each faster). The Prefetcher's trace-driven look-ahead does not reach it: the plan's
+    // room is spent on the parameters ahead. The scan stops after a few modules' worth.
     std::vector<TensorId> ids;
-    for (std::size_t q = j + 1; q < m.pieces.size() && q < j + static_cast<std::size_t>(B); ++q) {
-      const detail::Piece& nxt = pieces[static_cast<std::size_t>(m.pieces[q])];
-      if (nxt.on_device) continue;  // already where it is stepped
+    const std::size_t k = static_cast<std::size_t>(m.pieces[j]);
+    std::size_t ahead = 0;
+    for (std::size_t q = k + 1; q < pieces.size() && ahead + 1 < B && q < k + 8 * B; ++q) {
+      const detail::Piece& nxt = pieces[q];
+      if (nxt.on_device || (nxt.module != mi && !deferred.pending(nxt.module))) continue;
+      ++ahead;
       ids.push_back(nxt.optim);
       if (!nxt.grad_fresh) ids.push_back(nxt.grad);
     }

@@ -41,6 +41,28 @@ TEST(SimDevice, RoundTripThroughDevice) {
   EXPECT_EQ(s.allocated_bytes, 0u);
 }
 
+// A block freed to make room is not unmapped: its pages become the next allocation's (moved, not
+// faulted in and zeroed anew), which shows as its bytes at the new block's start; the rest of the
+// new block is mapped and writable, and empty_cache() lets the kept pages go.
+TEST(SimDevice, FreedPagesBecomeTheNextAllocationsInsteadOfFreshOnes) {
+  SimDevice dev({.budget_bytes = 8 << 20});
+  auto* a = static_cast<std::uint8_t*>(dev.allocate(4 << 20));
+  std::memset(a, 0xAB, 4 << 20);
+  dev.free(a);  // cached by the allocator: 4 + 6 MiB would pass the budget, so it is freed below
+  auto* b = static_cast<std::uint8_t*>(dev.allocate(6 << 20));
+  EXPECT_EQ(b[0], 0xAB);
+  EXPECT_EQ(b[(4 << 20) - 1], 0xAB);  // all of a's pages, in order
+  EXPECT_EQ(b[4 << 20], 0);            // then fresh ones
+  std::memset(b, 0x11, 6 << 20);
+  EXPECT_EQ(b[(6 << 20) - 1], 0x11);
+  dev.free(b);
+  dev.empty_cache();
+  EXPECT_EQ(dev.stats().allocated_bytes, 0u);
+  auto* c = static_cast<std::uint8_t*>(dev.allocate(2 << 20));  // after empty_cache: nothing kept
+  EXPECT_EQ(c[0], 0);
+  dev.free(c);
+}
+
 TEST(SimDevice, OverBudgetThrowsOutOfMemoryOnDeviceTier) {
   SimDevice dev({.budget_bytes = 1 << 20});
   void* a = dev.allocate(768 << 10);
