@@ -122,6 +122,11 @@ class Device {
   // True when device pointers may be dereferenced by the CPU (SimDevice). CPU kernels may then
   // compute directly on device memory; otherwise only copies and device kernels may touch it.
   virtual bool host_addressable() const noexcept = 0;
+  // True when NVMe reads may land in, and writes leave from, device memory directly, with no
+  // bounce buffer and no device copy (the TensorStore's NVMe<->device transfers): SimDevice when
+  // host-addressable and unthrottled (its memory is the CPU's own; a throttled one models a copy
+  // link, which such a transfer would skip). False for CudaDevice (GPUDirect Storage is not used).
+  virtual bool storage_direct() const noexcept { return false; }
 
   // The hard cap on bytes the allocator holds (allocated + cached), bytes.
   virtual std::uint64_t budget_bytes() const noexcept = 0;

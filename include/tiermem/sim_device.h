@@ -55,6 +55,9 @@ class SimDevice final : public Device {
     return options_.host_addressable ? "sim" : "sim (not host-addressable)";
   }
   bool host_addressable() const noexcept override { return options_.host_addressable; }
+  bool storage_direct() const noexcept override {
+    return options_.host_addressable && options_.h2d_gbps == 0 && options_.d2h_gbps == 0;
+  }
   std::uint64_t budget_bytes() const noexcept override { return options_.budget_bytes; }
   std::uint64_t allocation_size(std::uint64_t bytes) const noexcept override;
 

@@ -27,9 +27,17 @@ void TensorStore::Impl::transfer_bytes(const Entry& e, Tier from, void* from_ptr
   } else if (from == Tier::kHost && to == Tier::kNvme) {
     host_to_nvme(e, from_ptr);
   } else if (from == Tier::kNvme && to == Tier::kDevice) {
-    nvme_to_device(e, to_ptr);
+    // A device whose memory is the CPU's (Device::storage_direct): read straight into it, as into
+    // the host tier, with no bounce buffer and no copy.
+    if (device->storage_direct())
+      nvme_to_host(e, to_ptr);
+    else
+      nvme_to_device(e, to_ptr);
   } else if (from == Tier::kDevice && to == Tier::kNvme) {
-    device_to_nvme(e, from_ptr);
+    if (device->storage_direct())
+      host_to_nvme(e, from_ptr);
+    else
+      device_to_nvme(e, from_ptr);
   } else {
     throw Error("TensorStore: no transfer from " + std::string(tier_name(from)) + " to " +
                 std::string(tier_name(to)));

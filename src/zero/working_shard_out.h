@@ -4,7 +4,8 @@
 // written; at the device tier when that is home, else at shape.publish_tier — the device when
 // publishes_working_on_device, else the host — written down by the store when evicted) and
 // released dirty after its last; other modules write into their engine buffer (mem_shard).
-// Destroyed without finish() (an error), the pin is released clean.
+// Destroyed without finish() (an error), the pin is released clean. `publish_tier`, when given,
+// replaces shape.publish_tier (a deferred update at a gather: the tier the gather reads).
 //
 // A module whose working shard is its fp32 master (ZeroModule::shared_master) is acquired with
 // its contents instead (at `phase`; an access outside the step is added to the module's replay
@@ -25,6 +26,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "tiermem/device.h"
@@ -39,8 +41,9 @@ class WorkingShardOut {
   // `piece_elems`: the plan's sub-group size (a publish buffer is made at least that large).
   WorkingShardOut(std::vector<ZeroModule>& mods, const std::unique_ptr<TensorStore>& store,
                   const EngineShape& shape, DeviceStaging& staging, std::size_t piece_elems,
-                  Phase phase = Phase::kOptimizer)
-      : mods_(mods), store_(store), shape_(shape), staging_(staging), piece_elems_(piece_elems), phase_(phase) {}
+                  Phase phase = Phase::kOptimizer, std::optional<Tier> publish_tier = std::nullopt)
+      : mods_(mods), store_(store), shape_(shape), staging_(staging), piece_elems_(piece_elems), phase_(phase),
+        publish_tier_(publish_tier.value_or(shape.publish_tier)) {}
   ~WorkingShardOut();  // waits for staged copies still in flight (never throws)
   WorkingShardOut(const WorkingShardOut&) = delete;
   WorkingShardOut& operator=(const WorkingShardOut&) = delete;
@@ -63,6 +66,7 @@ class WorkingShardOut {
   DeviceStaging& staging_;
   const std::size_t piece_elems_;
   const Phase phase_;              // of a shared-master module's acquire
+  const Tier publish_tier_;        // of stored modules not homed on the device
   TensorStore::Pin pin_;
   int module_ = -1;
   int stage_ = 0;                  // publish buffer dest() handed out last

@@ -156,7 +156,8 @@ struct ZeroEngine::Impl {
   void stream_update(const AdamParams& ap, bool defer, detail::NormTracker::Sum* norm);
   void end_step(bool defer);
   void prefetch_after(std::size_t k, bool with_state);
-  void apply_pending(int module, Phase phase);
+  // `publish`: where the module's new working shard goes (default shape.publish_tier).
+  void apply_pending(int module, Phase phase, std::optional<Tier> publish = std::nullopt);
   void apply_all_pending(Phase phase);
   void replay_outside_accesses(int module);
   // Piece p's gradient for the update (stages 0-1: engine buffers; 2-3: its partition, pinned
@@ -172,8 +173,9 @@ struct ZeroEngine::Impl {
   const detail::ZeroModule& trained_module(int module, const char* call) const;  // or Error
 
   // Where step() and import write each sub-group's new working params (working_shard_out.h).
-  detail::WorkingShardOut working_out(Phase phase = Phase::kOptimizer) {
-    return {mods, store, shape, staging, plan.piece_elems, phase};
+  detail::WorkingShardOut working_out(Phase phase = Phase::kOptimizer,
+                                      std::optional<Tier> publish = std::nullopt) {
+    return {mods, store, shape, staging, plan.piece_elems, phase, publish};
   }
   // AdamW on piece k with `ap`, its new working params into `working`; its gradient partition is
   // discarded after (stages 2-3). `on_grad(k, g)` sees the gradient first when given.

@@ -212,12 +212,12 @@ void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, detail:
   }
 }
 
-void ZeroEngine::Impl::apply_pending(int mi, Phase phase) {
+void ZeroEngine::Impl::apply_pending(int mi, Phase phase, std::optional<Tier> publish) {
   const std::optional<AdamParams> ap = deferred.take(mi);  // at most once per deferral
   if (!ap) return;
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
   const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
-  detail::WorkingShardOut working = working_out(phase);
+  detail::WorkingShardOut working = working_out(phase, publish);
   for (std::size_t j = 0; j < m.pieces.size(); ++j) {
     // The next B - 1 sub-groups to be stepped on their way while this one steps: this module's,
     // then those of the modules still pending after it (in the order the forward pass gathers

@@ -79,16 +79,20 @@ class StoreTest : public ::testing::Test {
     o.pipeline_chunk_bytes = chunk;
     o.pipeline_chunks = 3;
     o.acquire_timeout = std::chrono::duration<double>(timeout_s);
-    device_ = std::make_shared<SimDevice>(SimDeviceOptions{.budget_bytes = device_budget});
+    device_ = std::make_shared<SimDevice>(
+        SimDeviceOptions{.budget_bytes = device_budget, .h2d_gbps = sim_gbps_, .d2h_gbps = sim_gbps_});
     store_ = std::make_unique<TensorStore>(o, device_, swap_, std::move(policy));
     return *store_;
   }
 
+  double sim_gbps_ = 0;  // the SimDevice's copy throttle (0: unthrottled, Device::storage_direct)
   fs::path dir_;
   std::unique_ptr<IoEngine> engine_;
   std::shared_ptr<SwapSpace> swap_;
   std::shared_ptr<SimDevice> device_;
   std::unique_ptr<TensorStore> store_;
+
+  void check_nvme_device_round_trip();  // NvmeHomeThroughPipelineBothWays, on one device
 };
 
 TEST_F(StoreTest, RegisterValidatesAndFinds) {
@@ -128,7 +132,27 @@ TEST_F(StoreTest, DeviceCopyWrittenBackToHostHomeOnEvict) {
   EXPECT_EQ(st.resident_bytes[0], 0u);
 }
 
+// Both ways between NVMe and the device: through the bounce chunks when the device's memory is
+// reached only by its copies (a throttled SimDevice, as a GPU), straight when it is the CPU's own
+// (Device::storage_direct: no device copy made).
 TEST_F(StoreTest, NvmeHomeThroughPipelineBothWays) {
+  for (double gbps : {1000.0, 0.0}) {
+    SCOPED_TRACE(gbps);
+    store_.reset();
+    sim_gbps_ = gbps;
+    check_nvme_device_round_trip();
+    const DeviceStats ds = device_->stats();
+    EXPECT_EQ(device_->storage_direct(), gbps == 0);
+    if (gbps == 0) {
+      EXPECT_EQ(ds.h2d_copies + ds.d2h_copies, 0u);
+    } else {
+      EXPECT_GE(ds.h2d_copies, 16u);  // one per 64 KiB chunk each way
+      EXPECT_GE(ds.d2h_copies, 16u);
+    }
+  }
+}
+
+void StoreTest::check_nvme_device_round_trip() {
   TensorStore& s = make(4 << 20, 1 << 20, 64 << 10);
   const std::uint64_t n = 1'000'003;  // 15.3 chunks, odd size
   auto init = make_bytes(2, 0, n);
@@ -140,7 +164,7 @@ TEST_F(StoreTest, NvmeHomeThroughPipelineBothWays) {
     std::memcpy(p.data(), next.data(), n);
     p.mark_dirty();
   }
-  s.flush();  // device -> nvme through the bounce chunks
+  s.flush();  // device -> nvme
   EXPECT_TRUE(s.evict(t, Tier::kDevice));  // clean now: dropped
   TensorStoreStats st = s.stats();
   EXPECT_EQ(st.moves[2][0], 1u);

@@ -570,19 +570,24 @@ TEST(ZeroEngine, StreamedExportAndImportGoOneSubGroupAtATime) {
 // Offloaded working params that fit half the device budget are published by step() straight to
 // the device: the next forward's gathers move nothing (no host copy, no NVMe read, no write-back),
 // and the run equals one whose device is too small for that (published to the host tier), bit
-// for bit.
+// for bit — also with the overlapped step there, whose deferred updates write each shard at the
+// device tier its gather reads (a host-addressable device) instead of the host tier.
 TEST(ZeroEngine, WorkingShardsThatFitTheDeviceArePublishedThere) {
   auto comm = make_single_communicator();
   const std::string dir = nvme_dir() + "/publish";
   constexpr std::size_t kModules = 4, kNumel = 16384;  // 256 KiB of fp32 params in all
-  std::vector<std::vector<float>> masters[2];
-  std::uint64_t forward_moved[2] = {0, 0};
-  for (int small = 0; small < 2; ++small) {
-    SCOPED_TRACE(small ? "device budget below twice the params" : "params fit the device");
-    Config cfg = testing::with_param_offload(mlp_config(3, "nvme", dir + std::to_string(small), 1), "nvme",
-                                             dir + std::to_string(small));
+  std::vector<std::vector<float>> masters[3];
+  std::uint64_t forward_moved[3] = {0, 0, 0};
+  for (int run = 0; run < 3; ++run) {
+    const int small = run > 0;
+    SCOPED_TRACE(run == 2 ? "device budget below twice the params, overlapped step"
+                 : small  ? "device budget below twice the params"
+                          : "params fit the device");
+    Config cfg = testing::with_param_offload(mlp_config(3, "nvme", dir + std::to_string(run), 1), "nvme",
+                                             dir + std::to_string(run));
     cfg.zero.stage3_param_persistence_threshold_elems = 0;
     cfg.tiermem.device_budget_bytes = small ? 3 * kNumel * 4 : 64 << 20;
+    cfg.tiermem.overlap_optimizer_step = run == 2;
     ZeroEngine eng(cfg, *comm);
     std::mt19937 rng(5);
     std::normal_distribution<float> d(0.0f, 0.2f);
@@ -597,7 +602,7 @@ TEST(ZeroEngine, WorkingShardsThatFitTheDeviceArePublishedThere) {
       for (std::size_t m = 0; m < kModules; ++m) eng.gather(static_cast<int>(m));  // forward
       const ZeroStats after = eng.stats();
       if (step == 2) {
-        forward_moved[small] = (after.host_to_device_bytes - before.host_to_device_bytes) +
+        forward_moved[run] = (after.host_to_device_bytes - before.host_to_device_bytes) +
                                (after.nvme_read_bytes - before.nvme_read_bytes);
       }
       for (std::size_t m = kModules; m-- > 0;) {
@@ -608,14 +613,16 @@ TEST(ZeroEngine, WorkingShardsThatFitTheDeviceArePublishedThere) {
       }
       eng.step();
     }
-    for (std::size_t m = 0; m < kModules; ++m) masters[small].push_back(eng.export_master(static_cast<int>(m)));
+    for (std::size_t m = 0; m < kModules; ++m) masters[run].push_back(eng.export_master(static_cast<int>(m)));
     EXPECT_LE(eng.stats().device_peak_bytes, eng.stats().device_budget_bytes);
   }
   EXPECT_EQ(forward_moved[0], 0u) << "published on the device: the forward gathers hit";
   EXPECT_GT(forward_moved[1], 0u) << "published on the host: the forward gathers load";
-  for (std::size_t m = 0; m < kModules; ++m) EXPECT_TRUE(same_bits(masters[0][m], masters[1][m])) << "module " << m;
-  std::filesystem::remove_all(dir + "0");
-  std::filesystem::remove_all(dir + "1");
+  for (std::size_t m = 0; m < kModules; ++m) {
+    EXPECT_TRUE(same_bits(masters[0][m], masters[1][m])) << "module " << m;
+    EXPECT_TRUE(same_bits(masters[0][m], masters[2][m])) << "module " << m << ", overlapped";
+  }
+  for (int run = 0; run < 3; ++run) std::filesystem::remove_all(dir + std::to_string(run));
 }
 
 // tiermem.overlap_optimizer_step: step() leaves each stored module's AdamW update to its next
