@@ -79,7 +79,9 @@ std::vector<std::string> make_marked_dirs(const std::string& dir, const std::str
     if (err == ENOENT && attempt + 1 < kAttempts) continue;  // a level was removed meanwhile
     if (err != 0) throw IoError(failed, 0, 0, err, "mkdir", "tiermem swap directory: " + std::string(std::strerror(err)));
     std::vector<std::string> out;
-    if (made_leaf) out.push_back((target / leaf).string());
+    // A leaf found in a directory tiermem made is tiermem's too: one a killed run left behind (its
+    // stale lock and swap file reclaimed by this run) goes when this run is done.
+    if (made_leaf || (!leaf.empty() && has_marker(target.string()))) out.push_back((target / leaf).string());
     for (auto it = levels.rbegin(); it != levels.rend(); ++it) {
       if (has_marker(it->string())) out.push_back(it->string());
     }

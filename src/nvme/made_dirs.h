@@ -28,7 +28,8 @@ inline constexpr const char* kMadeMarker = ".tiermem-made";
 // Makes `dir` and its missing parents (mode 0700 for those made), then `dir`/`leaf` (0700).
 // Returns the directories to hand to remove_if_unused when done, innermost first: `dir`/`leaf`
 // when this call made it, then every directory on the way to `dir` (itself included) that carries
-// the marker, whoever made it. `leaf` empty: `dir` is the last level.
+// the marker, whoever made it. `leaf` empty: `dir` is the last level. A leaf that exists already
+// is listed when `dir` carries the marker (a killed run's rank directory inside tiermem's own).
 std::vector<std::string> make_marked_dirs(const std::string& dir, const std::string& leaf);
 
 // Removes `dir` when it holds nothing, or nothing but the marker (the marker then goes too). A

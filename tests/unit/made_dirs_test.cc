@@ -43,6 +43,22 @@ TEST(MadeDirs, MissingLevelsAreMarkedAndRemovedWhenDone) {
   fs::remove_all(top);
 }
 
+// A killed run leaves its rank directory (and the marked base) behind; the next run, which finds
+// them, removes both when it is done. In a directory the user made, a found rank directory stays.
+TEST(MadeDirs, AKilledRunsRankDirectoryGoesWithTheNextRun) {
+  const fs::path top = scratch();
+  const fs::path base = top / "swap";
+  make_marked_dirs(base.string(), "rank0");  // the killed run: never removed
+  auto dirs = make_marked_dirs(base.string(), "rank0");
+  ASSERT_EQ(dirs.size(), 2u);
+  EXPECT_EQ(dirs[0], (base / "rank0").string());
+  for (const auto& d : dirs) remove_if_unused(d);
+  EXPECT_FALSE(fs::exists(base));
+  fs::create_directories(top / "rank0");  // the user's own path, with a rank directory in it
+  EXPECT_TRUE(make_marked_dirs(top.string(), "rank0").empty());
+  fs::remove_all(top);
+}
+
 TEST(MadeDirs, AUserDirectoryStaysEvenWhenEmpty) {
   const fs::path top = scratch();
   auto dirs = make_marked_dirs(top.string(), "rank0");
