@@ -192,10 +192,10 @@ class SimDevice::OpaqueMemory {
 // 0.1-150 MB freed and made again as tensors move in and out of the device tier would fragment
 // glibc's heap, whose freed pages stay in the process: max RSS +0.5 GiB on GPT-2 124 M at 256 MiB
 // budgets). A fresh mapping costs a page fault and a zeroed page per 4 KiB on first touch, which
-// is most of a copy into it (9 MiB: 5.0 ms fresh against 0.4 ms warm on the 2-core VM the benchmarks
-// ran on; GPT-2 124 M at 256 MiB budgets: step 3.28 -> 3.19 s, median of 4 interleaved pairs),
-// and the CachingAllocator above frees cached blocks exactly when the budget is full and a block of
-// another size is wanted. So a freed block's pages are not returned at once: they are kept until
+// is most of a copy into it (9 MiB: 5.0 ms fresh against 0.4 ms warm on the 2-core VM the
+// benchmarks ran on; GPT-2 124 M at 256 MiB budgets: step 3.28 -> 3.19 s, median of 4 interleaved
+// pairs), and the CachingAllocator above frees cached blocks exactly when the budget is full and a
+// block of another size is wanted. So a freed block's pages are not returned at once: they are kept until
 // the next allocation, which takes them over with mremap (page tables moved, nothing copied or
 // zeroed), and only what that allocation does not need is unmapped. Kept pages count against
 // nothing: the allocator frees blocks to make room for the allocation that follows, so live,

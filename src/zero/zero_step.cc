@@ -223,8 +223,8 @@ void ZeroEngine::Impl::apply_pending(int mi, Phase phase, std::optional<Tier> pu
     // then those of the modules still pending after it (in the order the forward pass gathers
     // them, as registered), so the next module's state is read during this module's compute
     // rather than at its gather (GPT-2 124 M at 256 MiB budgets: step 3.19 -> 3.06 s, median of 4
-    // interleaved pairs, each faster). The Prefetcher's trace-driven look-ahead does not reach it: the plan's
-    // room is spent on the parameters ahead. The scan stops after a few modules' worth.
+    // interleaved pairs, each faster). The Prefetcher's trace-driven look-ahead does not reach it:
+    // the plan's room is spent on the parameters ahead. The scan stops after a few modules' worth.
     std::vector<TensorId> ids;
     const std::size_t k = static_cast<std::size_t>(m.pieces[j]);
     std::size_t ahead = 0;
