@@ -5,13 +5,20 @@
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --rounds 3 --json --dir /mnt/nvme
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --model medium --contenders deepspeed,tiermem
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --profile tiermem   # where its time goes
+    ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --llama 1b --rounds 3 --steps 5 --contenders deepspeed,tiermem_init,torch
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --lora --llama 1b --rounds 1 --json    # PEFT LoRA
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --lora --llama 1b --cgroup-limit half --json
 
 Model: transformers.GPT2LMHeadModel from GPT2Config (--model small: the defaults, n_layer 12,
 n_embd 768, vocab 50257, 124 M parameters; --model medium: n_layer 24, n_embd 1024, 355 M), built
 under a fixed seed (no download); one fixed random token batch of --batch x --seq (default 1 x
-128) as input_ids and labels; fp32; AdamW lr 1e-4, weight decay 0.01, clipping 1.0.
+128) as input_ids and labels; fp32; AdamW lr 1e-4, weight decay 0.01, clipping 1.0. --llama PRESET
+(without --lora): the same full training of transformers.LlamaForCausalLM of that shape
+(torch_bench_common.LLAMA_SHAPES; 1b: TinyLlama-1.1B's, 1.10 B parameters, untied head) instead of
+GPT-2, built under each contender's zero.Init as below; offload_param's buffer_size is then the
+larger of --ds-buffer-size and the largest tensor rounded up to 1 Mi elements. --ds-variant NAME
+applies one of DS_VARIANTS to DeepSpeed's config (Llama 1b needs buffers16: with 5 swap buffers
+DeepSpeed 0.19.8 asserts "Not enough buffers 0 for swapping 1" in its first forward).
 
 Contenders, each in its own fresh process (so one cannot warm the next, and ru_maxrss is its own):
   deepspeed     deepspeed.initialize (0.19.x, DS_ACCELERATOR=cpu, gloo, one rank), ZeRO stage 3,
@@ -123,9 +130,14 @@ SHAPES = common.GPT2_SHAPES
 
 # ---------------------------------------------------------------- workers (run in their own process)
 
+def full_llama(a):
+    """The full-training Llama's shape (--llama without --lora), or None for GPT-2."""
+    return lora_shape(a) if a.llama and not a.lora else None
+
+
 def ds_config(a, nvme_dir, offload=True):
-    """This run's ds_config (common.ds_config for GPT-2 of --model, --batch, --sub-group-size,
-    --ds-buffer-size); the tiermem section per contender."""
+    """This run's ds_config (common.ds_config for GPT-2 of --model, or the Llama of --llama, with
+    --batch, --sub-group-size, --ds-buffer-size); the tiermem section per contender."""
     tiermem = None
     if a.worker == "tiermem_init":
         tiermem = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
@@ -133,20 +145,40 @@ def ds_config(a, nvme_dir, offload=True):
         # tiermem's default host budget (1/16 of RAM, at most 1 GiB) refuses a resident 124 M
         # model (1.9 GiB of host homes) at offload none: the budget is raised, nothing else.
         tiermem = {"host_budget_bytes": a.none_host_budget}
-    return common.ds_config(hidden=SHAPES[a.model]["n_embd"], batch=a.batch, nvme_dir=nvme_dir,
-                            sub_group_size=a.sub_group_size, buffer_size=a.ds_buffer_size, offload=offload,
-                            tiermem=tiermem)
+    hidden, buffer_size = SHAPES[a.model]["n_embd"], a.ds_buffer_size
+    llama = full_llama(a)
+    if llama:  # DeepSpeed's swap buffers must hold the largest tensor (embed_tokens, lm_head)
+        hidden = llama["hidden_size"]
+        largest = llama["vocab_size"] * hidden
+        buffer_size = max(buffer_size, (largest + (1 << 20) - 1) // (1 << 20) * (1 << 20))
+    cfg = common.ds_config(hidden=hidden, batch=a.batch, nvme_dir=nvme_dir, sub_group_size=a.sub_group_size,
+                           buffer_size=buffer_size, offload=offload, tiermem=tiermem)
+    if a.worker == "deepspeed" and offload:
+        cfg["zero_optimization"] = ds_variant(cfg["zero_optimization"], a.ds_variant)
+    return cfg
+
+
+def build_model(a, transformers):
+    """The model of this run under whatever zero.Init the caller has opened, under
+    torch.manual_seed(0): GPT-2 of --model, or the Llama of --llama."""
+    llama = full_llama(a)
+    if not llama:
+        return common.build_gpt2(a.model)
+    import torch
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(common.llama_config(llama, a.seq))
 
 
 def run_worker(a):
     import torch
     torch.manual_seed(1)
-    data = torch.randint(0, common.GPT2_VOCAB, (a.batch, a.seq))
+    llama = full_llama(a)
+    data = torch.randint(0, llama["vocab_size"] if llama else common.GPT2_VOCAB, (a.batch, a.seq))
     nvme_dir = tempfile.mkdtemp(prefix=f"compare_torch_{a.worker}_", dir=a.dir)
     info = {}
     marks = {}
     try:
-        transformers = common.import_transformers("GPT2LMHeadModel", "GPT2Config")
+        transformers = common.import_transformers(*(("LlamaForCausalLM",) if llama else ("GPT2LMHeadModel", "GPT2Config")))
         t_init = time.perf_counter()
         marks["imported"] = common.rss_marks()
         if a.worker == "deepspeed":
@@ -154,22 +186,25 @@ def run_worker(a):
             common.init_deepspeed_gloo()
             if a.build == "init":
                 model, info_keep = common.build_under_deepspeed(  # noqa: F841  (kept alive)
-                    transformers.GPT2LMHeadModel, transformers.GPT2Config(**SHAPES[a.model]), ds_config(a, nvme_dir))
+                    *((transformers.LlamaForCausalLM, common.llama_config(llama, a.seq)) if llama else
+                      (transformers.GPT2LMHeadModel, transformers.GPT2Config(**SHAPES[a.model]))),
+                    ds_config(a, nvme_dir))
             else:
-                model = common.build_gpt2(a.model)
+                model = build_model(a, transformers)
         elif a.worker in ("tiermem", "tiermem_init") and a.build == "init":
             # The model built under zero.Init: its parameters go to the NVMe staging module by
             # module, never all in host memory.
             import tiermem.torch as tt
             with tt.zero.Init(config=ds_config(a, nvme_dir)):
-                model = common.build_gpt2(a.model)
+                model = build_model(a, transformers)
         else:
-            model = common.build_gpt2(a.model)
+            model = build_model(a, transformers)
         marks["built"] = common.rss_marks()
         if a.worker == "deepspeed":
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                               config=ds_config(a, nvme_dir))
             info["deepspeed"] = deepspeed.__version__
+            info["ds_variant"] = a.ds_variant
 
             def step():
                 return common.engine_step(engine, data)
@@ -386,7 +421,14 @@ def spawn(a, who, profile=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--model", a.model, "--seq", str(a.seq),
            "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir, "--ds-buffer-size",
            str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget,
-           "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget, "--build", a.build]
+           "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget, "--build", a.build,
+           "--ds-variant", a.ds_variant]
+    if a.llama:
+        cmd += ["--llama", a.llama]
+        for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
+                        ("--llama-intermediate", a.llama_intermediate)):
+            if v:
+                cmd += [flag, str(v)]
     if profile:
         cmd.append("--profile")
     t0 = time.perf_counter()
@@ -647,8 +689,9 @@ def main():
                    help="run CONTENDER (default tiermem) once under cProfile and torch.profiler")
     p.add_argument("--lora", action="store_true",
                    help="the LoRA workload: a Llama under each contender's zero.Init, peft LoRA r 8 on q/v_proj")
-    p.add_argument("--llama", choices=sorted(common.LLAMA_SHAPES), default="tiny",
-                   help="--lora's Llama shape (tiny: 2 layers, hidden 256; 1b: TinyLlama-1.1B's)")
+    p.add_argument("--llama", choices=sorted(common.LLAMA_SHAPES), default=None,
+                   help="a Llama of this shape instead of GPT-2 (tiny: 2 layers, hidden 256; 1b: TinyLlama-1.1B's), "
+                        "fully trained; with --lora its frozen base (default tiny)")
     p.add_argument("--llama-layers", type=int, default=None, help="override the preset's num_hidden_layers")
     p.add_argument("--llama-hidden", type=int, default=None, help="override the preset's hidden_size")
     p.add_argument("--llama-intermediate", type=int, default=None, help="override the preset's intermediate_size")
@@ -660,7 +703,8 @@ def main():
     p.add_argument("--cgroup-limit", default=None,
                    help="--lora: run each contender once, --steps (default 3) steps, in a memory cgroup of this "
                         "size ('half': half the frozen base's fp32 bytes; or e.g. 1.5GiB); needs root")
-    p.add_argument("--ds-variant", default="base", help=argparse.SUPPRESS)
+    p.add_argument("--ds-variant", default="base",
+                   help=f"without --lora: DeepSpeed's configuration ({', '.join(DS_VARIANTS)}; 'a+b' both; default base)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.steps is None:
@@ -669,6 +713,8 @@ def main():
         p.error("--cgroup-limit needs --lora")
     a.ds_buffer_size = int(float(a.ds_buffer_size))
     a.sub_group_size = int(float(a.sub_group_size))
+    if a.lora and not a.llama:
+        a.llama = "tiny"
     if a.worker:
         return run_lora_worker(a) if a.lora else run_worker(a)
     if a.lora:
@@ -678,7 +724,8 @@ def main():
     cpu, avx512 = common.cpu_name()
     print(f"CPU: {cpu} ({'AVX-512' if avx512 else 'no AVX-512'}), {os.cpu_count()} logical CPUs; "
           f"OMP_NUM_THREADS={a.threads} OMP_WAIT_POLICY=PASSIVE for every contender; "
-          f"GPT-2 {a.model}, batch {a.batch} x seq {a.seq}, fp32; nvme dir under {a.dir}", flush=True)
+          f"{f'Llama {a.llama} ' + str(full_llama(a)) if a.llama else f'GPT-2 {a.model}'}, batch {a.batch} x seq {a.seq}, "
+          f"fp32; nvme dir under {a.dir}", flush=True)
     if a.profile:
         r = spawn(a, a.profile, profile=True)
         print(json.dumps(r) if "error" in r else f"{a.profile}: step {r['step_s']:.3f} s (median of steps 3..)")
@@ -741,7 +788,8 @@ def main():
           f"max {max(loads):.2f}")
     if a.json:
         print(json.dumps({"results": results, "ratios": ratios, "loadavg": loads, "cpu": cpu, "avx512": avx512,
-                          "threads": a.threads, "model": a.model, "seq": a.seq, "batch": a.batch,
+                          "threads": a.threads, "model": f"llama-{a.llama}" if a.llama else a.model,
+                          "seq": a.seq, "batch": a.batch,
                           "steps": a.steps, "rounds": a.rounds}))
 
 
