@@ -26,8 +26,10 @@
 //                    DeepSpeed).
 //
 // The host budget holds the host homes, the caches of NVMe-homed tensors, and the step's
-// sub-groups in flight; piece_elems is the largest sub-group (<= sub_group_size, a multiple of
-// the alignment) of which (buffer_count + 1) fit next to the homes and the largest working shard.
+// sub-groups in flight. Each module's sub-groups (module_piece_elems) are the largest (<=
+// sub_group_size, a multiple of the alignment) of which (buffer_count + 1) fit next to the homes
+// and that module's own working shard, the one the step holds whole while it steps them;
+// piece_elems is the largest of those.
 //
 // Units: *_bytes are bytes (allocator-rounded: host 4 KiB, device pages of device_page_bytes);
 // *_elems are elements. Thread-safety: pure; thread-safe. Errors: none (a plan that cannot run
@@ -96,7 +98,12 @@ struct ZeroPlan {
   // of fp32 gradient (when the gradients are not homed on the device) and one of working params
   // (when some new working params go to host memory). Kept out of the store's device budget.
   std::uint64_t device_scratch_bytes = 0;
-  std::size_t piece_elems = 0;        // optimizer sub-group size the engine will use
+  std::size_t piece_elems = 0;        // the largest optimizer sub-group of any module (elements)
+  // Module i's sub-group size (elements; every module, in registration order; 0 for frozen ones).
+  // A module whose own working shard leaves the host pool more room gets larger sub-groups, so a
+  // model with one huge tensor (Llama 1B's 262 MB embedding at a 256 MiB budget) does not step every
+  // module in the small sub-groups that tensor's room allows.
+  std::vector<std::size_t> module_piece_elems;
   std::size_t rank_flat_elems = 0;    // R: this rank's optimizer-shard elements (trainable modules)
   // One fp32 copy (tiermem.fp32_single_copy): fp32 working params, stage 3, parameters homed with
   // the optimizer state (host or NVMe), stepped by the CPU on host-addressable memory, no

@@ -29,6 +29,16 @@ void WorkingShardOut::open(const Piece& p) {
   module_ = p.module;
 }
 
+void WorkingShardOut::begin(const Piece& p) {
+  if (module_ == p.module) return;
+  if (mods_[static_cast<std::size_t>(p.module)].stored) {
+    open(p);
+    return;
+  }
+  finish();
+  module_ = p.module;
+}
+
 std::byte* WorkingShardOut::dest(const Piece& p) {
   ZeroModule& m = mods_[static_cast<std::size_t>(p.module)];
   upload_staged();  // the previous sub-group is complete now

@@ -48,6 +48,11 @@ class WorkingShardOut {
   WorkingShardOut(const WorkingShardOut&) = delete;
   WorkingShardOut& operator=(const WorkingShardOut&) = delete;
 
+  // Before sub-group p's own tensors (state, gradient) are acquired: when p starts another module,
+  // the previous module's shard is released and p's module's pinned (stored modules). Each module's
+  // sub-groups are sized to the room its own shard leaves (ZeroPlan::module_piece_elems), so they
+  // must not be acquired while the previous module's shard is still held.
+  void begin(const Piece& p);
   // Sub-group p's destination, host-addressable memory.
   std::byte* dest(const Piece& p);
   // As dest(), for a writer in device memory (the device-resident optimizer): the sub-group's

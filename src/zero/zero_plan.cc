@@ -82,6 +82,8 @@ struct Sizing {
   // Working-parameter shards by home (plan_param_homes), allocator-rounded.
   std::uint64_t dev_homes = 0, host_homes = 0, nvme_homes = 0;
   std::uint64_t largest_stored = 0;     // largest NVMe-homed shard
+  std::vector<std::uint64_t> stored_nvme;  // module i's NVMe-homed shard bytes (0: not NVMe-homed)
+  std::vector<std::size_t> trained_module;  // trained index -> module index
   std::uint64_t largest_offloaded = 0;  // largest shard not homed on the device
   std::uint64_t largest_padded = 0;     // largest all-gathered module
   std::uint64_t dev_optim = 0;          // the device-resident optimizer's state (and gradients)
@@ -111,9 +113,11 @@ void plan_param_homes(Sizing& s, ZeroPlan& p) {
   }
   const Tier persistent_home = Tier::kDevice;
   std::size_t trained_index = 0;  // module i's index among the modules that train
+  s.stored_nvme.assign(s.numels.size(), 0);
   for (std::size_t i = 0; i < s.numels.size(); ++i) {
     const bool frozen = i < s.o.frozen_modules.size() && s.o.frozen_modules[i];
     const std::size_t ti = frozen ? SIZE_MAX : trained_index++;
+    if (!frozen) s.trained_module.push_back(i);
     const ModuleShard& m = s.layout.modules[i];
     const bool persistent = stage == 3 && s.numels[i] < z.stage3_param_persistence_threshold_elems;
     const bool stored = stage == 3 && m.shard > 0 && (!persistent || s.o.world_size == 1);
@@ -129,6 +133,7 @@ void plan_param_homes(Sizing& s, ZeroPlan& p) {
       if (home == Tier::kNvme) s.nvme_homes += round_up(b, 4096);
       if (home != Tier::kDevice) s.largest_offloaded = std::max(s.largest_offloaded, b);
       if (home == Tier::kNvme) s.largest_stored = std::max(s.largest_stored, b);
+      if (home == Tier::kNvme) s.stored_nvme[i] = b;
       s.largest_padded = std::max<std::uint64_t>(s.largest_padded, m.padded * s.wsize);
     } else if (stage == 0) {
       p.host_engine_bytes += host_round(m.padded * s.wsize);
@@ -214,21 +219,35 @@ void plan_host_pool(const Sizing& s, ZeroPlan& p) {
   if (per_elem > 0) {
     p.host_min_why += fmt::format(" + 2 sub-groups in flight at their smallest ({} elements x {} B)", A, per_elem);
   }
-  if (per_elem == 0) {
-    p.piece_elems = sub;
-  } else {
-    const std::uint64_t used = p.host_home_bytes + step_reserve;
-    const std::uint64_t avail = p.host_budget_bytes > used ? p.host_budget_bytes - used : 0;
-    // buffer_count + 1 sub-groups fit the room; with the state on NVMe, 4x as many, so that what
-    // the pool cannot keep streams in pieces read ahead and written behind while others step —
-    // but not below 1 Mi elements for that (12 MiB of state per read: the demo's 13 MiB pool made
-    // 26 K-element sub-groups, whose many small requests cost it 15 % of its throughput).
-    std::uint64_t fit = avail / (per_elem * (B + 1));
-    if (p.optimizer_home == Tier::kNvme) fit = std::max(fit / 4, std::min<std::uint64_t>(fit, 1u << 20));
-    fit = fit / A * A;
-    p.piece_elems = static_cast<std::size_t>(std::clamp<std::uint64_t>(fit, A, sub));
+  // The sub-group size next to `reserve` bytes of working shard held whole, at most `shard` elements.
+  auto piece_for = [&](std::uint64_t reserve, std::size_t shard) -> std::size_t {
+    std::size_t piece = sub;
+    if (per_elem > 0) {
+      const std::uint64_t used = p.host_home_bytes + reserve;
+      const std::uint64_t avail = p.host_budget_bytes > used ? p.host_budget_bytes - used : 0;
+      // buffer_count + 1 sub-groups fit the room; with the state on NVMe, 4x as many, so that what
+      // the pool cannot keep streams in pieces read ahead and written behind while others step —
+      // but not below 1 Mi elements for that (12 MiB of state per read: the demo's 13 MiB pool made
+      // 26 K-element sub-groups, whose many small requests cost it 15 % of its throughput).
+      std::uint64_t fit = avail / (per_elem * (B + 1));
+      if (p.optimizer_home == Tier::kNvme) fit = std::max(fit / 4, std::min<std::uint64_t>(fit, 1u << 20));
+      fit = fit / A * A;
+      piece = static_cast<std::size_t>(std::clamp<std::uint64_t>(fit, A, sub));
+    }
+    return std::min(piece, std::max<std::size_t>(A, (shard + A - 1) / A * A));
+  };
+  // Each module's own: step() holds one module's working shard whole while it steps that module's
+  // sub-groups, so a module's sub-groups need only the room its own shard leaves (Llama 1B at 256
+  // MiB: the 262 MB embedding leaves 6 MiB, 77,824-element sub-groups; its layers' 46 MB shards
+  // leave room for 1 Mi, and their optimizer phase ran 3x faster so).
+  p.piece_elems = piece_for(step_reserve, largest_shard);
+  p.module_piece_elems.assign(s.numels.size(), 0);
+  for (std::size_t t = 0; t < s.trained.modules.size(); ++t) {
+    const std::size_t i = s.trained_module[t];
+    const std::uint64_t own = s.stored_nvme[i] ? host_round(s.stored_nvme[i]) : 0;
+    p.module_piece_elems[i] = piece_for(own, s.trained.modules[t].shard);
+    p.piece_elems = std::max(p.piece_elems, p.module_piece_elems[i]);
   }
-  p.piece_elems = std::min(p.piece_elems, std::max<std::size_t>(A, (largest_shard + A - 1) / A * A));
 }
 
 // A device the CPU cannot address (CUDA): new working params of device-homed shards are
@@ -247,8 +266,9 @@ void plan_opaque_staging(const Sizing& s, ZeroPlan& p) {
 // there) is a device allocation of its own; plus the engine's scratch sub-groups.
 void plan_device_optimizer(Sizing& s, ZeroPlan& p) {
   if (!p.optimizer_on_device) return;
-  const std::size_t pe = p.piece_elems;
-  for (const ModuleShard& m : s.trained.modules) {
+  for (std::size_t t = 0; t < s.trained.modules.size(); ++t) {
+    const ModuleShard& m = s.trained.modules[t];
+    const std::size_t pe = std::max<std::size_t>(1, p.module_piece_elems[s.trained_module[t]]);
     for (std::size_t b = 0; b < m.shard; b += pe) {
       const std::uint64_t n = std::min(pe, m.shard - b);
       s.dev_optim += s.dev_round(12 * n) + (p.gradient_home == Tier::kDevice ? s.dev_round(4 * n) : 0);
@@ -305,7 +325,7 @@ void plan_partial_offload(const Sizing& s, ZeroPlan& p) {
   for (std::size_t i = s.trained.modules.size(); more && i-- > 0;) {
     const ModuleShard& m = s.trained.modules[i];
     const std::size_t base = flat_end - m.shard;  // modules are consecutive in the rank-flat order
-    const auto groups = make_sub_groups(m.shard, p.piece_elems, s.A);
+    const auto groups = make_sub_groups(m.shard, p.module_piece_elems[s.trained_module[i]], s.A);
     for (std::size_t g = groups.size(); g-- > 0;) {
       const std::uint64_t n = groups[g].size();
       if (enough(n)) {

@@ -196,8 +196,8 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
   const detail::ModuleLayout layout{m.shard, m.flat, m.persistent, m.stored};
   const std::vector<detail::SubGroupLayout> groups =
       m.frozen ? std::vector<detail::SubGroupLayout>{}
-               : detail::layout_sub_groups(layout, plan.piece_elems, opts.alignment_elems, plan.optimizer_on_device,
-                                           plan.device_optimizer_from);
+               : detail::layout_sub_groups(layout, plan.module_piece_elems.at(static_cast<std::size_t>(i)),
+                                           opts.alignment_elems, plan.optimizer_on_device, plan.device_optimizer_from);
   // One fp32 copy (tiermem.fp32_single_copy): the working shard is the master where it is homed
   // with the optimizer state and the CPU steps it in place (ZeroModule::shared_master).
   // The plan decides (ZeroPlan::fp32_single_copy, zero_plan.h) and prices it; a module kept whole

@@ -250,6 +250,8 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
       if (!pieces[j].on_device) ahead.push_back(pieces[j].optim);
     }
     if (!ahead.empty()) store->prefetch(ahead, Tier::kHost);
+    // A new module's sub-groups are sized to fit next to its own shard: the last one's goes first.
+    if (master_module != p.module) master_pin = TensorStore::Pin();
     TensorStore::Pin pin = store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep);
     float* s = pin.as<float>();  // [master | m | v], or [m | v] with the master in the working shard
     const detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
@@ -258,7 +260,6 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
       continue;
     }
     if (master_module != p.module) {
-      master_pin = TensorStore::Pin();
       master_pin = store->acquire(m.param, Tier::kHost, Phase::kOutsideStep);
       master_module = p.module;
     }
@@ -298,6 +299,7 @@ void ZeroEngine::Impl::rewrite_state(int module, bool keep,
       s = staging.state_buffer(buf, 12 * plan.piece_elems);
       if (keep) store->read(p.optim, std::as_writable_bytes(std::span<float>(s, 3 * n)));
     } else {
+      working.begin(p);  // a new module: the last one's shard released first
       state = keep ? store->acquire(p.optim, Tier::kHost, Phase::kOutsideStep)
                    : store->acquire_for_overwrite(p.optim, Tier::kHost);
       s = state.as<float>();

@@ -173,6 +173,7 @@ void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, detail:
                                     const std::function<void(std::size_t, const float*)>& on_grad) {
   detail::Piece& p = pieces[k];
   if (p.on_device) return update_piece_on_device(k, ap, working, phase, on_grad);  // zero_device_step.cc
+  working.begin(p);  // a new module: the last one's shard released first
   TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, phase);
   if (phase == Phase::kOutsideStep) mods[static_cast<std::size_t>(p.module)].replay.emplace_back(p.optim, Tier::kHost);
   TensorStore::Pin gpin;

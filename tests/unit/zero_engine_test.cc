@@ -217,6 +217,72 @@ TEST(ZeroEngine, Stage3ParamsOnNvmeStayUnderHostBudgetAndMatchInMemory) {
   std::filesystem::remove_all(dir);
 }
 
+// One module whose working shard nearly fills the host budget (Llama 1B's 262 MB embedding at a
+// 256 MiB budget) sizes only its own sub-groups small: the others get the room their own shards
+// leave (ZeroPlan::module_piece_elems). The step releases a module's shard before it acquires the
+// next module's larger sub-groups; the run stays within the budget and equals the resident engine
+// bit for bit (no clipping: AdamW is elementwise, so sub-group boundaries change nothing).
+TEST(ZeroEngine, SubGroupsAreSizedToTheRoomTheirOwnModuleLeaves) {
+  auto comm = make_single_communicator();
+  const std::string dir = nvme_dir();
+  constexpr std::size_t kBig = 262144, kSmall = 65536, kSmallModules = 4;  // 1 MiB and 256 KiB fp32
+  constexpr std::uint64_t kBudget = (1 << 20) + (192 << 10);  // the big shard + 192 KiB
+  {  // the engines go before their directory
+    Config base = mlp_config(3, "none", dir, 1);
+    base.zero.stage3_param_persistence_threshold_elems = 0;
+    Config off = testing::with_param_offload(mlp_config(3, "nvme", dir, 1), "nvme", dir);
+    off.zero.stage3_param_persistence_threshold_elems = 0;
+    off.zero.sub_group_size_elems = 1 << 20;
+    off.tiermem.host_budget_bytes = kBudget;
+    off.tiermem.acquire_timeout_s = 5;  // a sub-group acquired next to the wrong shard fails fast
+    // A device too small to publish every shard on: step() writes them at the host tier, each
+    // module's shard held whole in the host pool while its sub-groups step.
+    off.tiermem.device_budget_bytes = 3 << 20;
+    ZeroEngine ref(base, *comm), eng(off, *comm);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> d(0.0f, 0.2f);
+    for (std::size_t m = 0; m <= kSmallModules; ++m) {
+      std::vector<float> init(m == 0 ? kBig : kSmall);
+      for (float& x : init) x = d(rng);
+      ref.register_module("m" + std::to_string(m), init);
+      eng.register_module("m" + std::to_string(m), init);
+    }
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t m = 0; m <= kSmallModules; ++m) {  // forward
+        auto a = ref.gather(static_cast<int>(m));
+        auto b = eng.gather(static_cast<int>(m), Phase::kForward);
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.numel() * 4), 0) << "step " << step << " module " << m;
+      }
+      for (std::size_t m = kSmallModules + 1; m-- > 0;) {  // backward
+        const std::size_t n = m == 0 ? kBig : kSmall;
+        std::vector<float> grad(n);
+        for (std::size_t i = 0; i < n; ++i) grad[i] = synthetic_grad(m, step, i);
+        ref.reduce_gradients(static_cast<int>(m), grad);
+        eng.reduce_gradients(static_cast<int>(m), std::move(grad));
+      }
+      ref.step();
+      eng.step();
+    }
+    const ZeroPlan& plan = eng.plan();
+    ASSERT_EQ(plan.module_piece_elems.size(), kSmallModules + 1);
+    const std::size_t big = plan.module_piece_elems[0], small = plan.module_piece_elems[1];
+    EXPECT_LT(big, kBig / 16) << "the big module's room is 192 KiB: small sub-groups";
+    EXPECT_GE(small, 4 * big) << "the small modules' room is 960 KiB: larger ones";
+    EXPECT_EQ(plan.piece_elems, small);  // the largest sub-group of any module
+    // A small module's sub-group (8 B of state + 4 B of gradient an element) does not fit next to
+    // the big module's shard: acquired before that shard goes, the step would run out of host memory.
+    EXPECT_GT((1u << 20) + 12 * small, kBudget);
+    for (std::size_t m = 0; m <= kSmallModules; ++m) {
+      ASSERT_EQ(ref.export_master(static_cast<int>(m)), eng.export_master(static_cast<int>(m))) << "module " << m;
+    }
+    const ZeroStats s = eng.stats();
+    EXPECT_EQ(s.optimizer_home, Tier::kNvme);
+    EXPECT_EQ(s.sub_group_elems, small);
+    EXPECT_LE(s.host_pool_peak_bytes, s.host_budget_bytes);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // DeepSpeed's meaning of the two nvme_path keys: parameter swap files under
 // offload_param.nvme_path, optimizer state (and swapped gradients) under
 // offload_optimizer.nvme_path; each holds about its own share of the state.
