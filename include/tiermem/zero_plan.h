@@ -152,15 +152,16 @@ inline bool publishes_working_on_device(const ZeroPlan& p, bool device_host_addr
 }
 
 // Whether ZeroEngine::step() defers each stored module's AdamW update to that module's next gather
-// (tiermem.overlap_optimizer_step; "auto": on when the optimizer state streams from NVMe and the
-// working params are published on the device, `publishes_on_device` = publishes_working_on_device):
+// (tiermem.overlap_optimizer_step; "auto": on when the optimizer state streams from NVMe and a
+// deferred update writes the module's shard where its gather reads it, `at_gather_tier`: the
+// working params are published on the device (publishes_working_on_device), or the device is
+// host-addressable, where the update at a gather writes the shard at the gather's tier):
 // stage 3 with stored modules, the clipping norm folded into gradient accumulation
 // (`norm_folded`: no fp16 loss scaler, every module's norm ready), the state not on the device.
 // The engine decides with it and tiermem-plan predicts with it.
-inline bool defers_optimizer_step(const ZeroPlan& p, const Config& config, bool publishes_on_device,
-                                  bool norm_folded) {
+inline bool defers_optimizer_step(const ZeroPlan& p, const Config& config, bool at_gather_tier, bool norm_folded) {
   return config.zero.stage == 3 && p.uses_device && norm_folded && !p.optimizer_on_device &&
-         config.tiermem.overlap_optimizer_step.value_or(p.optimizer_home == Tier::kNvme && publishes_on_device);
+         config.tiermem.overlap_optimizer_step.value_or(p.optimizer_home == Tier::kNvme && at_gather_tier);
 }
 
 // Whether the engine needs a device at all: stage-3 stored shards or device-resident optimizer.

@@ -438,7 +438,8 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   // the forward pass, whose window is then the forward compute and the updates, or the reads of the
   // state that does not stay cached if longer; the write-backs run beside the backward pass.
   // tiermem-train times those gathers as communication (the waits also as I/O wait).
-  const bool overlap = defers_optimizer_step(z, cfg, params_on_device, /*norm_folded=*/!cfg.fp16.enabled);
+  const bool at_gather_tier = params_on_device || (device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable);
+  const bool overlap = defers_optimizer_step(z, cfg, at_gather_tier, /*norm_folded=*/!cfg.fp16.enabled);
   double overlap_step_s = 0;
   if (overlap) {
     // The forward's reads share the drive with the write-backs of updated state. A profile that

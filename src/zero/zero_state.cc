@@ -100,6 +100,7 @@ std::vector<float> ZeroEngine::export_grad(int module) {
   I.finalize();
   const detail::ZeroModule& m = I.trained_module(module, "export_grad");
   I.sync();
+  I.apply_pending(module, Phase::kOutsideStep);  // after a deferring step() its gradient is consumed
   std::vector<float> full(m.shard.padded, 0.0f);
   if (I.shape.stage <= 1) {  // the whole local gradient, not reduced yet: its sum over ranks
     std::copy(m.full_grad.begin(), m.full_grad.end(), full.begin());
