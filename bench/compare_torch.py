@@ -158,15 +158,21 @@ def ds_config(a, nvme_dir, offload=True):
     return cfg
 
 
+def model_class_and_config(a, transformers):
+    """This run's model class and its config: GPT-2 of --model, or the Llama of --llama."""
+    llama = full_llama(a)
+    if llama:
+        return transformers.LlamaForCausalLM, common.llama_config(llama, a.seq)
+    return transformers.GPT2LMHeadModel, transformers.GPT2Config(**SHAPES[a.model])
+
+
 def build_model(a, transformers):
     """The model of this run under whatever zero.Init the caller has opened, under
-    torch.manual_seed(0): GPT-2 of --model, or the Llama of --llama."""
-    llama = full_llama(a)
-    if not llama:
-        return common.build_gpt2(a.model)
+    torch.manual_seed(0) (no download)."""
     import torch
+    cls, config = model_class_and_config(a, transformers)
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(common.llama_config(llama, a.seq))
+    return cls(config)
 
 
 def run_worker(a):
@@ -186,9 +192,7 @@ def run_worker(a):
             common.init_deepspeed_gloo()
             if a.build == "init":
                 model, info_keep = common.build_under_deepspeed(  # noqa: F841  (kept alive)
-                    *((transformers.LlamaForCausalLM, common.llama_config(llama, a.seq)) if llama else
-                      (transformers.GPT2LMHeadModel, transformers.GPT2Config(**SHAPES[a.model]))),
-                    ds_config(a, nvme_dir))
+                    *model_class_and_config(a, transformers), ds_config(a, nvme_dir))
             else:
                 model = build_model(a, transformers)
         elif a.worker in ("tiermem", "tiermem_init") and a.build == "init":

@@ -350,8 +350,8 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   // come through the pool. The pool's planned room keeps back what the Prefetcher's host plan
   // does (host_plan_margin, prefetcher.h): 1/32 of the room or two of the largest host-tier
   // tensors (a sub-group's 12-byte-per-element optimizer state), whichever is more.
-  const bool params_on_device =
-      publishes_working_on_device(z, device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable, store_device_budget(z));
+  const bool host_addressable = device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable;
+  const bool params_on_device = publishes_working_on_device(z, host_addressable, store_device_budget(z));
   const std::vector<std::size_t> numels = module_numels(run.model);
   const std::size_t largest_module = *std::max_element(numels.begin(), numels.end());
   const std::uint64_t room_bytes = z.host_budget_bytes > z.host_home_bytes ? z.host_budget_bytes - z.host_home_bytes : 0;
@@ -438,8 +438,7 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   // the forward pass, whose window is then the forward compute and the updates, or the reads of the
   // state that does not stay cached if longer; the write-backs run beside the backward pass.
   // tiermem-train times those gathers as communication (the waits also as I/O wait).
-  const bool at_gather_tier = params_on_device || (device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable);
-  const bool overlap = defers_optimizer_step(z, cfg, at_gather_tier, /*norm_folded=*/!cfg.fp16.enabled);
+  const bool overlap = defers_optimizer_step(z, cfg, params_on_device || host_addressable, /*norm_folded=*/!cfg.fp16.enabled);
   double overlap_step_s = 0;
   if (overlap) {
     // The forward's reads share the drive with the write-backs of updated state. A profile that
