@@ -15,11 +15,11 @@ HashWorker::~HashWorker() {
 }
 
 void HashWorker::post(std::function<void()> job) {
-  {
-    std::lock_guard lock(mu_);
-    jobs_.push_back(std::move(job));
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-  }
+  // Notified under the lock: the job may finish its request at once, and the request's waiter may
+  // then destroy this worker; the destructor's lock waits until this call is done with cv_.
+  std::lock_guard lock(mu_);
+  jobs_.push_back(std::move(job));
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   cv_.notify_one();
 }
 
