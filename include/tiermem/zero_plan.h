@@ -104,6 +104,12 @@ struct ZeroPlan {
   // model with one huge tensor (Llama 1B's 262 MB embedding at a 256 MiB budget) does not step every
   // module in the small sub-groups that tensor's room allows.
   std::vector<std::size_t> module_piece_elems;
+  // Every update of a stored module (step(), a deferred update, a checkpoint's export and import)
+  // holds its working shard at the device tier, not in the host pool: stage 3 on a device the CPU
+  // addresses (SimDevice), where AdamW writes device memory directly and the next gather reads it
+  // there. Its sub-groups then need no host room beside their module's shard (Llama 1B at 256 MiB:
+  // the embedding's and head's 1 Mi elements instead of 77,824).
+  bool updates_on_device = false;
   std::size_t rank_flat_elems = 0;    // R: this rank's optimizer-shard elements (trainable modules)
   // One fp32 copy (tiermem.fp32_single_copy): fp32 working params, stage 3, parameters homed with
   // the optimizer state (host or NVMe), stepped by the CPU on host-addressable memory, no

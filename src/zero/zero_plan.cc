@@ -202,6 +202,7 @@ void plan_host_pool(const Sizing& s, ZeroPlan& p) {
   const std::size_t trained = s.trainable_numels.size();
   if (p.optimizer_home == Tier::kHost) p.host_home_bytes += host_round(12ull * R) + 4096 * trained;
   if (s.stage >= 2 && p.gradient_home == Tier::kHost) p.host_home_bytes += host_round(4ull * R) + 4096 * trained;
+  p.updates_on_device = p.uses_device && s.o.device_host_addressable;
   std::uint64_t largest_stored = 0;
   for (std::uint64_t b : s.stored_nvme) largest_stored = std::max(largest_stored, b);
   const std::uint64_t step_reserve = largest_stored ? host_round(largest_stored) : 0;
@@ -240,12 +241,13 @@ void plan_host_pool(const Sizing& s, ZeroPlan& p) {
   // sub-groups, so a module's sub-groups need only the room its own shard leaves (Llama 1B at 256
   // MiB: the 262 MB embedding leaves 6 MiB, 77,824-element sub-groups; its layers' 46 MB shards
   // leave room for 1 Mi. A 4-layer model of that shape stepped its optimizer phase in 3.1 s with
-  // 1 Mi-element sub-groups against 10.0 s with 77,824).
+  // 1 Mi-element sub-groups against 10.0 s with 77,824). With updates_on_device the shard is held
+  // on the device instead, and takes no host room at all.
   p.piece_elems = A;  // no module trains: the alignment, as before
   p.module_piece_elems.assign(s.numels.size(), 0);
   for (std::size_t t = 0; t < s.trained.modules.size(); ++t) {
     const std::size_t i = s.trained_module[t];
-    const std::uint64_t own = s.stored_nvme[i] ? host_round(s.stored_nvme[i]) : 0;
+    const std::uint64_t own = s.stored_nvme[i] && !p.updates_on_device ? host_round(s.stored_nvme[i]) : 0;
     p.module_piece_elems[i] = piece_for(own, s.trained.modules[t].shard);
     p.piece_elems = std::max(p.piece_elems, p.module_piece_elems[i]);
   }

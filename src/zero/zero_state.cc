@@ -261,7 +261,8 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
       continue;
     }
     if (master_module != p.module) {
-      master_pin = store->acquire(m.param, Tier::kHost, Phase::kOutsideStep);
+      master_pin = store->acquire(m.param, m.home == Tier::kDevice ? Tier::kDevice : shape.publish_tier,
+                                  Phase::kOutsideStep);  // host-addressable at either (shared_master)
       master_module = p.module;
     }
     sink(ZeroStateChunk{p.flat, n, master_pin.as<float>() + p.begin, s, s + n});

@@ -44,6 +44,8 @@ struct EngineShape {
   Tier grad_tier = Tier::kHost;     // where gradient partitions are accumulated and read (home
                                     // device: the device-resident optimizer, addressable device)
   Tier publish_tier = Tier::kHost;  // where step() writes stored shards homed below the device
+                                    // (and holds them while their sub-groups step: ZeroPlan::
+                                    // updates_on_device)
   // The device's memory is not host-addressable (CudaDevice; SimDevice with
   // tiermem.sim_host_addressable false): the engine touches it only through the Device's copy
   // API, staging through host buffers (device_staging.h).
