@@ -35,7 +35,8 @@ Contenders, each in its own fresh process (so one cannot warm the next, and ru_m
                 default 6 GiB): the default (1/16 of RAM, at most 1 GiB) refuses GPT-2 124 M there
   tiermem_init  tiermem as a user short of memory runs it: built under zero.Init, host and device
                 budgets --init-host-budget and --init-device-budget (256 MiB each), otherwise the
-                same ds_config
+                same ds_config; tiermem_init@SIZE: the same at host and device budgets of SIZE each
+                (e.g. tiermem_init@1GiB beside tiermem_init in one interleaved run)
 --build plain builds every model outside any Init. The model's classes are imported before any
 Init (DeepSpeed 0.19.8's Init fails when transformers imports GPT-2's file inside it, on torch
 2.15).
@@ -421,6 +422,10 @@ def report_profile(prof, step, a):
 # ---------------------------------------------------------------- driver
 
 def spawn(a, who, profile=False):
+    if who.startswith("tiermem_init@"):  # tiermem_init at other budgets: host and device SIZE each
+        size = who.split("@", 1)[1]
+        a = argparse.Namespace(**{**vars(a), "init_host_budget": size, "init_device_budget": size})
+        who = "tiermem_init"
     env = common.worker_env(a.threads)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--model", a.model, "--seq", str(a.seq),
            "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir, "--ds-buffer-size",
@@ -778,6 +783,10 @@ def main():
               "tiermem_none_vs_torch_speed": ratio("tiermem_none", "torch", "step_s", invert=True),
               "tiermem_init_vs_deepspeed_speed": ratio("tiermem_init", "deepspeed", "step_s", invert=True),
               "tiermem_init_vs_deepspeed_rss": ratio("tiermem_init", "deepspeed", "max_rss_bytes")}
+    for c in results:
+        if c.startswith("tiermem_init@"):
+            ratios[f"{c}_vs_deepspeed_speed"] = ratio(c, "deepspeed", "step_s", invert=True)
+            ratios[f"{c}_vs_deepspeed_rss"] = ratio(c, "deepspeed", "max_rss_bytes")
     print()
     print("| contender | step (s, median) | max RSS (GiB) | init (s) |")
     print("|---|---|---|---|")
