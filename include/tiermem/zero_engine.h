@@ -112,6 +112,11 @@ struct ZeroStats {
   std::uint64_t device_to_host_bytes = 0;  // the CPU cannot address: zero_device.cc)
   std::uint64_t store_hits = 0, store_misses = 0;  // acquires that found / had to load a copy
   std::uint64_t stall_ns = 0;               // time acquires waited for loads and room (compute + step)
+  // Wall time of the deferred AdamW updates (tiermem.overlap_optimizer_step) that gather() and
+  // prefetch_gather() applied before reading a module, their stalls included: optimizer time
+  // spent inside those calls.
+  std::uint64_t deferred_update_ns = 0;
+  std::uint64_t deferred_update_stall_ns = 0;  // ... of which its acquires waited (part of stall_ns)
   // The NVMe traffic, stalls and I/O busy time by training phase (TensorStoreStats::phases,
   // indexed by Phase value; the phase is the one gather()/the step passed to the store). Each sums
   // over phases to nvme_read_bytes, nvme_written_bytes, stall_ns.

@@ -375,6 +375,8 @@ class PyZeroEngine {
     d["store_hits"] = s.store_hits;
     d["store_misses"] = s.store_misses;
     d["stall_ns"] = s.stall_ns;
+    d["deferred_update_ns"] = s.deferred_update_ns;
+    d["deferred_update_stall_ns"] = s.deferred_update_stall_ns;
     // By phase, named as gather() takes them ("outside": Phase::kOutsideStep).
     nb::dict phases;
     static constexpr const char* kPhaseKeys[kNumPhases] = {"forward", "backward", "optimizer", "other", "outside"};

@@ -41,10 +41,8 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// The run's time split so far, less `before` (the split at an earlier point): compute from the
-// trainer's timers (seconds, cumulative), the rest from the engine's counters. Waits inside the
-// optimizer step count as optimizer time (it includes its swaps). `other` is what `seconds` (the
-// wall time the split is of) leaves; 0 when seconds is 0.
+// The run's time split so far, less `before` (an earlier split): compute from the trainer's timers
+// (seconds, cumulative), the rest from the engine's counters, optimizer waits as optimizer time.
 TimeSplit time_split(double compute, const EngineStats& st, double seconds,
                      const TimeSplit& before = {}) {
   TimeSplit x;
@@ -309,6 +307,7 @@ struct LoopState {
   // The time split at the end of the first step (which records the prefetch trace): the
   // summary's shares are of the steps after it, the steady state the planner predicts.
   TimeSplit first_split;
+  TimeSplit start_split;  // the counters before step 1 (registration waits too): not in the split
   double first_seconds = 0;
   std::vector<double> step_seconds;  // wall time of each step run (summary: step_seconds)
 };
@@ -585,7 +584,7 @@ Summary make_summary(const TrainPlan& plan, const gpt::ModelBackend& model, Trai
   s.stall_seconds = st.stall_seconds;
   s.last_step_io = st.last_step_io;
   s.flops = flops_per_step * loop.steps_run;
-  s.split = time_split(loop.timers.compute, st, s.seconds);
+  s.split = time_split(loop.timers.compute, st, s.seconds, loop.start_split);
   if (loop.steps_run > 1) {
     s.steady_seconds = s.seconds - loop.first_seconds;
     s.steady_split = time_split(loop.timers.compute, st, s.steady_seconds, loop.first_split);
@@ -661,6 +660,7 @@ int run_training(const TrainOptions& opts) {
     loop.timers.io_only = opts.io_only;
     loop.t_loop = Clock::now();
     loop.prev = engine->stats();
+    loop.start_split = time_split(0.0, loop.prev, 0.0);
     loop.last_step = opts.stop_at > 0 ? std::min(opts.stop_at, plan.steps) : plan.steps;
     // A signal during initialisation: stop before the first step (ranks agree).
     if (const int sig = agreed_stop_signal(plan, *engine); sig != 0) {
