@@ -122,7 +122,7 @@ void ZeroEngine::Impl::make_tiers() {
                                     device->name(), format_bytes(plan.device_min_bytes), plan.device_min_why));
     }
     so.device_budget_bytes = dev - plan.gather_reserve_bytes - plan.device_scratch_bytes;
-    if (plan.updates_on_device || publishes_working_on_device(plan, device->host_addressable(), so.device_budget_bytes)) {
+    if (plan.updates_on_device) {  // covers publishes_working_on_device: a host-addressable device in use
       shape.publish_tier = Tier::kDevice;
     }
   }
