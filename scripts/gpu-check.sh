@@ -35,7 +35,8 @@
 #   NVME_DIR=/mnt/nvme JOBS=16 BUDGET_S=540 scripts/gpu-check.sh
 #   scripts/gpu-check.sh --probe-only    # only say whether a GPU is here (exit 0 or 3)
 #
-# Environment: BUILD_DIR (build/cuda), JOBS (nproc), NVME_DIR (/tmp: swap files and the pipeline
+# Environment: BUILD_DIR (build/cuda), PREBUILT (0; 1: use BUILD_DIR as built elsewhere, e.g. on a
+# machine with the dependencies but no GPU, its binaries' libraries on LD_LIBRARY_PATH), JOBS (nproc), NVME_DIR (/tmp: swap files and the pipeline
 # bench), BUDGET_S (540: the whole run's time; each step's timeout is cut to what is left, so
 # the table is printed before a 10-minute limit), OUT_JSON (gpu-check.json), LOG_DIR
 # (/tmp/gpu-check: every step's full output).
@@ -70,6 +71,7 @@ NVME_DIR=${NVME_DIR:-/tmp}
 BUDGET_S=${BUDGET_S:-540}
 OUT_JSON=${OUT_JSON:-gpu-check.json}
 LOG_DIR=${LOG_DIR:-/tmp/gpu-check}
+PREBUILT=${PREBUILT:-0}
 BENCH=$BUILD_DIR/bin/tiermem-bench
 TRAIN=$BUILD_DIR/bin/tiermem-train
 DATA=${DATA:-}  # "" = tiermem-train's default corpus
@@ -144,17 +146,35 @@ tail1() { grep -v '^\s*$' "$1" | tail -1 | cut -c1-160; }
 # ---- the build -------------------------------------------------------------------------------
 check_build() {
   local log=$LOG_DIR/build.log
+  if (( PREBUILT )); then
+    # A build made on another machine (same CUDA major version, an older or equal glibc), copied
+    # here with the shared libraries its binaries need on LD_LIBRARY_PATH; ctest's files name the
+    # directory it was configured in, so it must sit at that path here too.
+    local missing=() t
+    for t in tiermem-train tiermem-bench; do [[ -x $BUILD_DIR/bin/$t ]] || missing+=("bin/$t"); done
+    [[ -f $BUILD_DIR/CTestTestfile.cmake ]] || missing+=(CTestTestfile.cmake)
+    if ((${#missing[@]})); then
+      record build FAIL 0 "PREBUILT=1 but $BUILD_DIR lacks ${missing[*]}"; return 1
+    fi
+    local bad; bad=$(ldd "$TRAIN" "$BENCH" 2>&1 | grep -m1 'not found')
+    if [[ -n $bad ]]; then record build FAIL 0 "PREBUILT=1: a shared library is missing:${bad}"; return 1; fi
+    record build ok 0 "prebuilt $BUILD_DIR (PREBUILT=1: not built here)"
+    return 0
+  fi
   # Release (no debug info: the build is most of the time budget); only the targets the checks run.
   run "$log" "$(limit 330)" bash -c "cmake --preset cuda -B '$BUILD_DIR' -DCMAKE_BUILD_TYPE=Release && cmake --build '$BUILD_DIR' \
-    -j $JOBS --target tiermem-train tiermem-bench cuda_device_test gpt_cuda_test gpu_adam_test zero_cuda_test"
+    -j $JOBS --target tiermem-train tiermem-bench cuda_device_test gpt_cuda_test gpu_adam_test zero_cuda_test \
+    zero_device_optimizer_cuda_test"
   local st; st=$(status_of)
   record build "$st" "$SECS" "$([[ $st == ok ]] && echo "$BUILD_DIR (preset cuda)" || tail1 "$log")"
   [[ $st == ok ]]
 }
 
 # ---- 4 (background part): the CPU reference of the gpt2 run, started right after the build -----
+# --host-budget: with nothing offloaded the host tier holds every home (1.3 GiB here), above the
+# default budget (1/16 of RAM, at most 1 GiB).
 TRAIN_ARGS=(--model gpt2 --steps 20 --batch 4 --seq-len 256 --lr 3e-4 --warmup 2 --eval-every 0
-            --offload none --json)
+            --offload none --host-budget 8GiB --json)
 [[ -n $DATA ]] && TRAIN_ARGS+=(--data "$DATA")
 start_cpu_reference() {
   rm -f "$LOG_DIR/train-gpt2-cpu.rc" "$LOG_DIR/train-gpt2-cpu.pid"
@@ -326,7 +346,8 @@ check_offload() {
     record "$name" "$st" "$SECS" "$(tail1 "$log")"
   fi
   log=$LOG_DIR/train-resident.log
-  run "$log" "$(limit 150)" "$TRAIN" "${args[@]}" --offload none
+  # On a CUDA device the resident run's homes are in the host tier (above): give it room for them.
+  run "$log" "$(limit 150)" "$TRAIN" "${args[@]}" --offload none --host-budget "$(( state / 2 / 1048576 ))MiB"
   st=$(status_of)
   if [[ $st == ok ]]; then
     local j; j=$(last_json "$log")
@@ -360,6 +381,10 @@ check_overlap() {
 # ---- 7. tiermem.torch with the model on the GPU --------------------------------------------------
 check_torch_cuda() {
   local name="tiermem.torch on CUDA (pytest)" log=$LOG_DIR/torch-cuda.log
+  if (( PREBUILT )); then  # the package is built from source here, which needs the build's dependencies
+    record "$name" SKIP 0 "PREBUILT=1: the Python package would be built here from source, and this machine lacks its build dependencies"
+    return
+  fi
   local py=${TORCH_PYTHON:-${TIERMEM_VENV:-$HOME/.cache/tiermem/venv}/bin/python}
   [[ -x $py ]] || py=python3
   if ! "$py" -c 'import sys, torch, transformers; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then

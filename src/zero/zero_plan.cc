@@ -408,6 +408,8 @@ void check_budgets(ZeroPlan& p) {
                         format_bytes(p.host_budget_bytes),
                         same ? fmt::format(" ({} bytes)", p.host_budget_bytes) : std::string(),
                         format_bytes(p.host_min_bytes), p.host_min_bytes, p.host_min_why);
+    p.why += fmt::format("; raise tiermem.host_budget_bytes (tiermem-train --host-budget) to at least {}", p.host_min_bytes);
+    if (p.host_home_bytes > 0) p.why += ", or home parameters or optimizer state on NVMe (offload_param / offload_optimizer device \"nvme\"; --offload nvme)";
   } else if (needs_device(p) && p.device_budget_bytes != 0 && p.device_budget_bytes < p.device_min_bytes) {
     p.fits = false;
     p.why = fmt::format("device budget {} (tiermem.device_budget_bytes) is below the {} this model needs: {}",

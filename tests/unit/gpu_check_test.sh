@@ -122,6 +122,22 @@ assert m['bench train-offload gpt2']['overlap_efficiency'] == 0.952, m
   # No Python with a CUDA torch: the torch row says SKIP and why (not ok: nothing was checked).
   printf '%s\n' "$out" | grep -E '^tiermem.torch on CUDA \(pytest\) +SKIP .*no Python with a CUDA-enabled torch' \
     >/dev/null || fail "no CUDA torch: no SKIP row: $out"
+  # 6. PREBUILT=1: the build made elsewhere is used as it is (the failing fake cmake is never
+  #    called); without ctest's files it is refused; the torch row says why it is not run.
+  out=$(PATH="$T/gpu:$PATH" PREBUILT=1 BUILD_DIR="$FB" OUT_JSON="$T/pre0.json" LOG_DIR="$T/logs4" \
+        NVME_DIR="$T" BUDGET_S=60 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
+  [[ $rc == 1 ]] || fail "prebuilt without CTestTestfile: exit $rc: $out"
+  printf '%s\n' "$out" | grep -E '^build +FAIL .*PREBUILT=1 but .* lacks CTestTestfile.cmake' >/dev/null \
+    || fail "prebuilt without CTestTestfile: no failed build row: $out"
+  touch "$FB/CTestTestfile.cmake"
+  cp "$T/gpu2/ctest" "$T/gpu/ctest"
+  out=$(PATH="$T/gpu:$PATH" PREBUILT=1 BUILD_DIR="$FB" OUT_JSON="$T/pre.json" LOG_DIR="$T/logs5" \
+        NVME_DIR="$T" BUDGET_S=120 "$ROOT/scripts/gpu-check.sh" 2>&1); rc=$?
+  [[ $rc == 1 ]] || fail "prebuilt: exit $rc (want 1: the torch row is a SKIP): $out"
+  printf '%s\n' "$out" | grep -E '^build +ok .*prebuilt' >/dev/null || fail "prebuilt: no ok build row: $out"
+  [[ $(printf '%s\n' "$out" | grep -cE ' (FAIL|TIMEOUT) ') == 0 ]] || fail "prebuilt: a row failed: $out"
+  printf '%s\n' "$out" | grep -E '^tiermem.torch on CUDA \(pytest\) +SKIP .*PREBUILT=1' >/dev/null \
+    || fail "prebuilt: no torch SKIP row: $out"
 fi
 [[ -n ${GPU_CHECK_TEST_SHOW:-} ]] && printf "%s\n" "$out"
 echo "gpu_check_test: ok"
