@@ -333,6 +333,9 @@ class TensorStore {
   void end_step();
 
   TensorStoreStats stats() const;
+  // stats().stall_ns alone (nanoseconds callers have waited, summed over callers), without the
+  // snapshot's walk over every tensor: for timing one call's waits. Thread-safe.
+  std::uint64_t stall_ns() const;
   // Waits for every fetch/prefetch issued so far.
   void drain();
 

@@ -551,6 +551,11 @@ TensorStoreStats TensorStore::stats() const {
   return s;
 }
 
+std::uint64_t TensorStore::stall_ns() const {
+  std::lock_guard lock(impl_->mu_);
+  return impl_->stats_.stall_ns;
+}
+
 void TensorStore::drain() {
   Impl& m = *impl_;
   std::unique_lock lock(m.q_mu_);

@@ -19,7 +19,7 @@ void WorkingShardOut::open(const Piece& p) {
   if (module_ == p.module) return;
   finish();
   ZeroModule& m = mods_[static_cast<std::size_t>(p.module)];
-  const Tier tier = m.home == Tier::kDevice ? Tier::kDevice : publish_tier_;
+  const Tier tier = m.update_tier(publish_tier_);
   if (m.shared_master) {  // the master weights: read, then updated in place
     pin_ = store_->acquire(m.param, tier, phase_);
     if (phase_ == Phase::kOutsideStep) m.replay.emplace_back(m.param, tier);

@@ -248,10 +248,10 @@ void ZeroEngine::Impl::before_gather(int module, Phase phase) {
     // budgets: 8 % fewer bytes read a step, 5 % fewer written).
     std::optional<Tier> at;
     if (!shape.opaque && m.stored) at = staging.gather_tier(m);
-    const std::uint64_t t0 = Trace::now_ns(), stall0 = store->stats().stall_ns;
+    const std::uint64_t t0 = Trace::now_ns(), stall0 = store->stall_ns();
     apply_pending(module, phase == Phase::kOutsideStep ? Phase::kOutsideStep : Phase::kOptimizer, at);
     st.deferred_update_ns += Trace::now_ns() - t0;
-    st.deferred_update_stall_ns += store->stats().stall_ns - stall0;
+    st.deferred_update_stall_ns += store->stall_ns() - stall0;
   } else if (!m.replay.empty() && phase != Phase::kOutsideStep) {
     replay_outside_accesses(module);
   }

@@ -261,7 +261,7 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
       continue;
     }
     if (master_module != p.module) {
-      master_pin = store->acquire(m.param, m.home == Tier::kDevice ? Tier::kDevice : shape.publish_tier,
+      master_pin = store->acquire(m.param, m.update_tier(shape.publish_tier),
                                   Phase::kOutsideStep);  // host-addressable at either (shared_master)
       master_module = p.module;
     }

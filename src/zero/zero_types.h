@@ -155,6 +155,11 @@ struct ZeroModule {
   // gather): shown to the store's policy at the next in-step gather (touch) so the recorded
   // access trace still matches.
   std::vector<std::pair<TensorId, Tier>> replay;  // the tensor and the tier it was pinned at
+
+  // The tier an update holds this stored module's working shard at (step(), a deferred update,
+  // a checkpoint's export and import): the device when that is its home, else `publish`
+  // (EngineShape::publish_tier, or the tier a deferred update's gather reads).
+  Tier update_tier(Tier publish) const { return home == Tier::kDevice ? Tier::kDevice : publish; }
 };
 
 }  // namespace tiermem::detail

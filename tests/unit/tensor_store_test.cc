@@ -286,6 +286,8 @@ TEST_F(StoreTest, PhaseSplitOfNvmeTrafficAndStallsSumsToTheTotals) {
   EXPECT_EQ(read, st.bytes_moved[v][h] + st.bytes_moved[v][d]);
   EXPECT_EQ(written, st.bytes_moved[h][v] + st.bytes_moved[d][v]);
   EXPECT_EQ(stall, st.stall_ns);
+  EXPECT_GT(s.stall_ns(), 0u);
+  EXPECT_EQ(s.stall_ns(), st.stall_ns);  // the cheap accessor reads the same counter
   for (Phase quiet : {Phase::kOther, Phase::kOutsideStep}) {
     EXPECT_EQ(ph(st, quiet).nvme_read_bytes + ph(st, quiet).nvme_written_bytes, 0u);
     EXPECT_EQ(ph(st, quiet).stall_ns, 0u);
