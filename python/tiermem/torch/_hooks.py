@@ -138,6 +138,23 @@ class ParamHooks:
                 p.__class__ = _zero_param_class(type(p))
                 p._tm_unit = u
 
+    def release_all(self) -> None:
+        """Releases every unit still in use. A forward ended by a BaseException that is not an
+        Exception (KeyboardInterrupt: torch runs its always-call post-forward hooks for Exceptions
+        only) leaves its modules' units gathered; their memory keeps the engine, and so its swap
+        files, alive after close(). Also ends the saved-tensor hooks such a forward left entered."""
+        for u in self.units.units:
+            if u.active or u.flat is not None:
+                u.active = 0
+                u.release()
+        if self.saved_ctx is not None:
+            ctx, self.saved_ctx = self.saved_ctx, None
+            try:
+                ctx.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - already popped (the interrupted forward's own exit)
+                pass
+        self.depth = 0
+
     def detach(self) -> None:
         """Removes every hook; the parameters get their own class back."""
         for h in self.handles:

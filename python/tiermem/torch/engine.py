@@ -370,6 +370,7 @@ class TiermemEngine:
         """Ends the engine: its swap files go once the last gathered tensor is freed. The model
         cannot run afterwards."""
         if not self._closed:
+            self._hooks.release_all()  # units an interrupted forward left gathered
             self._hooks.detach()
             self._zero.close()
             self._closed = True
