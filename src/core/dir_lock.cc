@@ -56,6 +56,11 @@ DirLock::DirLock(std::string lock_path, std::string what, std::string advice, co
         std::string pid = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("?");
         pid.erase(std::remove_if(pid.begin(), pid.end(), [](char c) { return c == '\n' || c == ' '; }),
                   pid.end());
+        if (pid == std::to_string(::getpid())) {  // an engine of this process not closed yet
+          throw Error(what + " is in use by another engine in this process (pid " + pid + ", lock file " + path_ +
+                      "): close that one first (engine.close(); a dropped engine holds it until exit), or " +
+                      advice);
+        }
         throw Error(what + " is in use by process " + pid + " (lock file " + path_ + "); " + advice);
       }
       throw IoError(path_, 0, 0, err, "flock");

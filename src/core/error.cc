@@ -9,8 +9,10 @@ namespace {
 
 std::string io_message(const std::string& op, const std::string& path, std::uint64_t offset,
                        std::uint64_t bytes, int err, const std::string& detail) {
-  std::string m = op + " failed on '" + path + "' at offset " + std::to_string(offset) + ", " +
-                  std::to_string(bytes) + " bytes: ";
+  // A position only for an operation on a file's bytes (mkdir, open, flock... have none).
+  std::string m = op + " failed on '" + path + "'";
+  if (offset != 0 || bytes != 0) m += " at offset " + std::to_string(offset) + ", " + std::to_string(bytes) + " bytes";
+  m += ": ";
   if (!detail.empty()) {
     m += detail;
     if (err != 0) m += " (" + std::string(std::strerror(err)) + ", errno " + std::to_string(err) + ")";

@@ -77,7 +77,15 @@ std::vector<std::string> make_marked_dirs(const std::string& dir, const std::str
       }
     }
     if (err == ENOENT && attempt + 1 < kAttempts) continue;  // a level was removed meanwhile
-    if (err != 0) throw IoError(failed, 0, 0, err, "mkdir", "tiermem swap directory: " + std::string(std::strerror(err)));
+    if (err != 0) {
+      const char* why = err == ENOTDIR  ? "a path on the way to the swap directory is a file, not a directory"
+                        : err == EROFS  ? "the swap directory's file system is read-only"
+                        : err == EACCES ? "no permission to make the swap directory there"
+                                        : "cannot make the swap directory";
+      throw IoError(failed, 0, 0, err, "mkdir",
+                    std::string(why) + "; give nvme_path (zero_optimization.offload_param / offload_optimizer; "
+                                       "tiermem-train --swap-dir) a writable directory");
+    }
     std::vector<std::string> out;
     // A leaf found in a directory tiermem made is tiermem's too: one a killed run left behind (its
     // stale lock and swap file reclaimed by this run) goes when this run is done.

@@ -84,6 +84,31 @@ def test_budget_below_the_minimum_names_the_key(torch_or_skip, tmp_path):
     _assert_nothing_written(tmp_path / "swap")
 
 
+def test_nvme_path_that_is_a_file(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    import tiermem
+    import tiermem.torch as tt
+    f = tmp_path / "a_file"
+    f.write_text("mine")
+    with pytest.raises(tiermem.IoError) as e:
+        tt.initialize(model=_small(torch), config=ds_config(f, "nvme"))
+    msg = str(e.value)
+    assert "is a file, not a directory" in msg and "nvme_path" in msg, msg
+    assert "at offset" not in msg, msg  # a mkdir has no file position
+    assert f.read_text() == "mine"
+
+
+def test_second_engine_on_the_directory_of_an_open_one(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    engine, *_ = tt.initialize(model=_small(torch), config=ds_config(tmp_path / "swap", "nvme"))
+    with pytest.raises(RuntimeError, match=r"in use by another engine in this process \(pid %d" % os.getpid()):
+        tt.initialize(model=_small(torch), config=ds_config(tmp_path / "swap", "nvme"))
+    engine.close()
+    second, *_ = tt.initialize(model=_small(torch), config=ds_config(tmp_path / "swap", "nvme"))  # free once closed
+    second.close()
+
+
 def test_optimizer_argument_and_missing_config(torch_or_skip, tmp_path):
     torch = torch_or_skip
     import tiermem.torch as tt
