@@ -208,6 +208,11 @@ class Section {
                       "config key '" + path(key) + "' = " + show(v) + " is out of range: allowed " +
                           std::to_string(lo) + " to " + std::to_string(hi));
   }
+  // A number of the right type below zero where sizes and counts are meant.
+  [[noreturn]] void negative(const char* key, const json& v) {
+    throw ConfigError(path(key), show(v),
+                      "config key '" + path(key) + "' = " + show(v) + " is out of range: allowed 0 or more");
+  }
   long long integral(const char* key, const json& v, bool allow_negative = true) {
     if (v.is_number_integer()) {
       if (v.is_number_unsigned()) {
@@ -217,13 +222,13 @@ class Section {
         return static_cast<long long>(u);
       }
       long long x = v.get<long long>();
-      if (!allow_negative && x < 0) bad(key, v, "a non-negative integer");
+      if (!allow_negative && x < 0) negative(key, v);
       return x;
     }
     if (v.is_number_float()) {
       double d = v.get<double>();
       if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18) {
-        if (!allow_negative && d < 0) bad(key, v, "a non-negative integer");
+        if (!allow_negative && d < 0) negative(key, v);
         return static_cast<long long>(d);
       }
     }
