@@ -84,6 +84,15 @@ def test_budget_below_the_minimum_names_the_key(torch_or_skip, tmp_path):
     _assert_nothing_written(tmp_path / "swap")
 
 
+def test_a_half_model_under_an_fp32_config_is_said_to_become_fp32(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    with pytest.warns(UserWarning, match=r"model's float16 parameters become float32 and its inputs must be float32"):
+        engine, *_ = tt.initialize(model=_small(torch).half(), config=ds_config(tmp_path / "swap", "cpu"))
+    assert engine.module(torch.randn(2, 8)).dtype == torch.float32
+    engine.close()
+
+
 def test_nvme_path_that_is_a_file(torch_or_skip, tmp_path):
     torch = torch_or_skip
     import tiermem

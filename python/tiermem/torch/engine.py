@@ -198,6 +198,14 @@ class TiermemEngine:
         self.bf16 = bool(config["bf16"]["enabled"])
         self.fp16 = bool(config["fp16"]["enabled"])
         dtype = torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
+        if dtype == torch.float32:  # (with bf16/fp16 enabled, casting the model is what the user asked)
+            others = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()
+                             if p.is_floating_point() and p.dtype != torch.float32})
+            if others:
+                warnings.warn(f"tiermem.torch.initialize: the config trains in float32 (neither 'bf16' nor 'fp16' is "
+                              f"enabled), so the model's {' and '.join(others)} parameters become float32 and its "
+                              "inputs must be float32; enable 'bf16' or 'fp16' in the config to train in those",
+                              stacklevel=3)
 
         self._hooks = ParamHooks(model, leaf_types)
         units = self._hooks.units
