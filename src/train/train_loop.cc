@@ -37,14 +37,11 @@ namespace tiermem::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // The run's time split so far, less `before` (an earlier split): compute from the trainer's timers
 // (seconds, cumulative), the rest from the engine's counters, optimizer waits as optimizer time.
-TimeSplit time_split(double compute, const EngineStats& st, double seconds,
-                     const TimeSplit& before = {}) {
+TimeSplit time_split(double compute, const EngineStats& st, double seconds, const TimeSplit& before = {}) {
   TimeSplit x;
   x.compute = compute - before.compute;
   x.io_wait = std::max(0.0, st.stall_seconds - st.optimizer_stall_seconds) - before.io_wait;
@@ -681,6 +678,8 @@ int run_training(const TrainOptions& opts) {
     return fail(e.key_path() + ": " + e.what(), 2);
   } catch (const ConfigError& e) {  // a bad --config file or value: bad input, like a bad option
     return fail(describe(e), 2);
+  } catch (const DataError& e) {  // a missing or unusable --data: bad input too
+    return fail(e.what(), 2);
   } catch (const IoError& e) {
     if (!e.corrupt_data()) return fail(e.what(), 1);
     // Swapped state changed on disk (checksum mismatch, also after a re-read): stop before

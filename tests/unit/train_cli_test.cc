@@ -62,7 +62,8 @@ class TrainCli : public ::testing::Test {
   Result run(const std::string& args, const std::string& env = "") {
     const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
     // Small defaults for what `args` does not set itself.
-    std::string base = " --model tiny --eval-every 0 --json --data corpus.txt";
+    std::string base = " --model tiny --eval-every 0 --json";
+    if (args.find("--data") == std::string::npos) base += " --data corpus.txt";
     for (const char* flag : {"--seq-len 16", "--batch 2", "--steps 2"}) {
       const std::string f(flag);
       if (args.find(f.substr(0, f.find(' '))) == std::string::npos) base += " " + f;
@@ -93,6 +94,15 @@ class TrainCli : public ::testing::Test {
   std::vector<fs::path> mounts_;
   fs::path immutable_;
 };
+
+TEST_F(TrainCli, AMissingOrTooSmallDataFileIsBadInputExit2) {
+  expect_usage_error("--data missing.txt", {"--data missing.txt", "no such file or directory"});
+  {
+    std::ofstream f(dir_ / "one_byte.txt");
+    f << "x";
+  }
+  expect_usage_error("--data one_byte.txt", {"--data one_byte.txt"});
+}
 
 TEST_F(TrainCli, NegativeAbsurdAndZeroSizes) {
   expect_usage_error("--device-budget -5", {"--device-budget"});
