@@ -337,7 +337,7 @@ TEST_F(TrainE2E, BadDataFailsBeforeTrainingNamingTheFile) {
   };
   for (const Case& c : cases) {
     RunResult r = run(std::string(kTiny) + " --steps 2 --engine resident --data " + c.path);
-    EXPECT_EQ(r.exit_code, 1) << c.path;
+    EXPECT_EQ(r.exit_code, 2) << c.path;  // bad input, as a bad option or --config value
     EXPECT_TRUE(r.steps.empty()) << c.path;
     EXPECT_NE(r.err.find(c.path), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
