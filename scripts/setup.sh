@@ -62,7 +62,7 @@ else
 fi
 
 if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
-  echo "setup: CUDA toolkit found; the build will compile the CUDA sources"
+  echo "setup: CUDA toolkit found: make build and make test compile the CUDA sources (make demo only where a GPU is visible)"
 else
   echo "setup: no CUDA toolkit; building CPU-only (SimDevice)"
 fi

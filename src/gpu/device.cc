@@ -74,7 +74,7 @@ CudaProbe probe_cuda() noexcept {
     p.device_count = 0;
   }
 #else
-  p.reason = "this build has no CUDA (configure with -DTIERMEM_WITH_CUDA=ON on a machine with nvcc)";
+  p.reason = "this build has no CUDA (make build-cuda, or configure with -DTIERMEM_WITH_CUDA=ON, on a machine with nvcc)";
 #endif
   return p;
 }
