@@ -114,9 +114,12 @@ struct ZeroStats {
   std::uint64_t stall_ns = 0;               // time acquires waited for loads and room (compute + step)
   // Wall time of the deferred AdamW updates (tiermem.overlap_optimizer_step) that gather() and
   // prefetch_gather() applied before reading a module, their stalls included: optimizer time
-  // spent inside those calls.
+  // spent inside those calls. An update that ran ahead on the engine's update thread while the
+  // previous module computed (one rank, host-addressable memory: zero.md) counts only the time a
+  // call then waited for it.
   std::uint64_t deferred_update_ns = 0;
   std::uint64_t deferred_update_stall_ns = 0;  // ... of which its acquires waited (part of stall_ns)
+  std::uint64_t deferred_updates_ahead = 0;    // modules whose deferred update ran ahead (count)
   // The NVMe traffic, stalls and I/O busy time by training phase (TensorStoreStats::phases,
   // indexed by Phase value; the phase is the one gather()/the step passed to the store). Each sums
   // over phases to nvme_read_bytes, nvme_written_bytes, stall_ns.

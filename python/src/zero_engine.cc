@@ -377,6 +377,7 @@ class PyZeroEngine {
     d["stall_ns"] = s.stall_ns;
     d["deferred_update_ns"] = s.deferred_update_ns;
     d["deferred_update_stall_ns"] = s.deferred_update_stall_ns;
+    d["deferred_updates_ahead"] = s.deferred_updates_ahead;
     // By phase, named as gather() takes them ("outside": Phase::kOutsideStep).
     nb::dict phases;
     static constexpr const char* kPhaseKeys[kNumPhases] = {"forward", "backward", "optimizer", "other", "outside"};

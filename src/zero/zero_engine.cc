@@ -165,6 +165,11 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, std::span<const
 
 ZeroEngine::~ZeroEngine() {
   try {
+    impl_->join_update_ahead();
+  } catch (const std::exception& e) {
+    TM_LOG_ERROR("ZERO", "a deferred update running ahead failed at ZeroEngine destruction: {}", e.what());
+  }
+  try {
     impl_->sync();
   } catch (const std::exception& e) {
     TM_LOG_ERROR("ZERO", "a collective pending at ZeroEngine destruction failed: {}", e.what());
@@ -306,6 +311,8 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
     g.data_ = pin.data();
     g.pin_ = std::move(pin);
     g.engine_ = this;
+    // The next module's deferred update runs while this one computes (joined at the next call).
+    if (phase == Phase::kForward) I.start_update_ahead(module);
     return g;
   }
   if (I.shape.opaque) {  // device memory the CPU cannot address: device_staging.h

@@ -50,6 +50,7 @@
 #include "zero/partition_layout.h"
 #include "zero/step_io_meter.h"
 #include "zero/tier_setup.h"
+#include "zero/update_ahead.h"
 #include "zero/working_shard_out.h"
 #include "zero/zero_types.h"
 
@@ -158,6 +159,14 @@ struct ZeroEngine::Impl {
   void prefetch_after(std::size_t k, bool with_state);
   // `publish`: where the module's new working shard goes (default shape.publish_tier).
   void apply_pending(int module, Phase phase, std::optional<Tier> publish = std::nullopt);
+  // Module `module`'s update with the step's scalars `ap` (apply_pending's, and the update running
+  // ahead's); `pending(q)`: whether module q's update is still to come (its read-ahead).
+  void run_update(int module, const AdamParams& ap, Phase phase, std::optional<Tier> publish,
+                  const std::function<bool(int)>& pending);
+  // After the forward gather of `after`: the update of the next module still pending starts on
+  // `ahead`'s thread when it can run there (update_ahead.h); join: waits for it (finalize()).
+  void start_update_ahead(int after);
+  void join_update_ahead();
   void apply_all_pending(Phase phase);
   void replay_outside_accesses(int module);
   // Piece p's gradient for the update (stages 0-1: engine buffers; 2-3: its partition, pinned
@@ -216,6 +225,9 @@ struct ZeroEngine::Impl {
     gatherer.drop_pending();  // what follows may change the shards they read
   }
   void zero_grad();
+
+  // Last, so that it is destroyed first: its work uses the members above.
+  detail::UpdateAhead ahead;
 };
 
 }  // namespace tiermem

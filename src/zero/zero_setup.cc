@@ -327,6 +327,7 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
 
 // Every module is registered: plan (deferred registration) and write what is still in memory.
 void ZeroEngine::Impl::finalize() {
+  join_update_ahead();  // every call but a forward gather's own compute waits for it (update_ahead.h)
   if (plan_in.finalized) return;
   if (!plan_in.expected_numels.empty() && mods.size() != plan_in.expected_numels.size()) {
     throw Error(fmt::format("ZeroEngine: {} modules were announced at construction but {} registered",

@@ -222,6 +222,11 @@ void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, detail:
 void ZeroEngine::Impl::apply_pending(int mi, Phase phase, std::optional<Tier> publish) {
   const std::optional<AdamParams> ap = deferred.take(mi);  // at most once per deferral
   if (!ap) return;
+  run_update(mi, *ap, phase, publish, [this](int q) { return deferred.pending(q); });
+}
+
+void ZeroEngine::Impl::run_update(int mi, const AdamParams& ap, Phase phase, std::optional<Tier> publish,
+                                  const std::function<bool(int)>& pending) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
   const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
   detail::WorkingShardOut working = working_out(phase, publish);
@@ -237,15 +242,69 @@ void ZeroEngine::Impl::apply_pending(int mi, Phase phase, std::optional<Tier> pu
     std::size_t ahead = 0;
     for (std::size_t q = k + 1; q < pieces.size() && ahead + 1 < B && q < k + 8 * B; ++q) {
       const detail::Piece& nxt = pieces[q];
-      if (nxt.on_device || (nxt.module != mi && !deferred.pending(nxt.module))) continue;
+      if (nxt.on_device || (nxt.module != mi && !pending(nxt.module))) continue;
       ++ahead;
       ids.push_back(nxt.optim);
       if (!nxt.grad_fresh) ids.push_back(nxt.grad);
     }
     if (!ids.empty()) store->prefetch(ids, Tier::kHost);
-    update_piece(static_cast<std::size_t>(m.pieces[j]), *ap, working, phase, nullptr);
+    update_piece(static_cast<std::size_t>(m.pieces[j]), ap, working, phase, nullptr);
   }
   working.finish();
+}
+
+// The update runs ahead only where nothing but its own pins can stand in its way: one rank (no
+// collective), memory the CPU addresses (no staging buffers, which are the driving thread's), the
+// host optimizer, a forward pass (the store's recorded order of accesses is kept: the update's
+// acquires come between this gather and the next, as they did at the next gather), and room for
+// its working shard and `buffer_count` sub-groups beside every pin held now (the driving thread
+// pins nothing more before it joins, so the update never waits for a pin of the driving thread).
+void ZeroEngine::Impl::start_update_ahead(int after) {
+  if (ahead.running() || deferred.count() == 0 || shape.world != 1 || shape.opaque) return;
+  int next = -1;
+  for (int q = after + 1; q < static_cast<int>(mods.size()); ++q) {
+    if (deferred.pending(q)) {
+      next = q;
+      break;
+    }
+  }
+  if (next < 0) return;
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(next)];
+  if (!m.stored) return;
+  const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
+  std::uint64_t host_need = 0;
+  for (std::size_t j = 0; j < m.pieces.size(); ++j) {
+    const detail::Piece& p = pieces[static_cast<std::size_t>(m.pieces[j])];
+    if (p.on_device || p.gtier != Tier::kHost) return;  // the device optimizer, device gradients
+    if (j < B) host_need += 4ull * p.size() * (m.shared_master ? 3 : 4);  // moments (and master), gradient
+  }
+  const Tier at = staging.gather_tier(m);  // where its gather reads the shard: the update writes it there
+  const TensorStoreStats ss = store->stats();
+  const int h = static_cast<int>(Tier::kHost), d = static_cast<int>(Tier::kDevice);
+  const std::uint64_t shard_bytes = m.shard.shard * shape.wsize;
+  std::uint64_t dev_need = 0;
+  if (m.update_tier(at) == Tier::kDevice) dev_need = shard_bytes;
+  else host_need += shard_bytes;
+  if (ss.pinned_bytes[h] + host_need > ss.budget_bytes[h] ||
+      (dev_need > 0 && ss.pinned_bytes[d] + dev_need > ss.budget_bytes[d])) {
+    return;  // applied at its gather, as without this
+  }
+  const std::optional<AdamParams> ap = deferred.take(next);
+  std::vector<bool> still(mods.size());
+  for (std::size_t q = 0; q < mods.size(); ++q) still[q] = deferred.pending(static_cast<int>(q));
+  ++st.deferred_updates_ahead;
+  ahead.start(next, [this, next, ap = *ap, at, still = std::move(still)] {
+    run_update(next, ap, Phase::kOptimizer, std::optional<Tier>(at),
+               [&still](int q) { return still[static_cast<std::size_t>(q)]; });
+  });
+}
+
+void ZeroEngine::Impl::join_update_ahead() {
+  if (!ahead.running()) return;
+  const std::uint64_t stall0 = store->stall_ns();
+  // The time the driving thread waited for it: the part of the update the forward did not hide.
+  st.deferred_update_ns += ahead.join();
+  st.deferred_update_stall_ns += store->stall_ns() - stall0;
 }
 
 void ZeroEngine::Impl::apply_all_pending(Phase phase) {

@@ -165,8 +165,9 @@ inline void reduce_from_device(ZeroEngine& engine, int module, const std::vector
 // engine with a device tier) gradients are handed over from device memory.
 // With `prefetch`, module 1's all-gather is started (prefetch_gather) before module 0's gather,
 // and a prefetch that no gather takes (module 0, after the backward) is left for step() to drop.
+// `phase`: of the gathers (Phase::kForward lets a deferred update run ahead: update_ahead.h).
 inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, int micro,
-                            bool device_grads = false, bool prefetch = false) {
+                            bool device_grads = false, bool prefetch = false, Phase phase = Phase::kOther) {
   MlpData D = mlp_data();
   const int per_rank = kSamples / comm.world_size();
   const int per_micro = per_rank / micro;
@@ -177,8 +178,8 @@ inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, i
       std::vector<float> p0, p1;
       {  // forward + backward of both modules inside their gather scopes
         if (prefetch) engine.prefetch_gather(1, Phase::kForward);
-        auto a = engine.gather(0);
-        auto b = engine.gather(1);
+        auto a = engine.gather(0, phase);
+        auto b = engine.gather(1, phase);
         p0 = to_f32_host(engine, a);
         p1 = to_f32_host(engine, b);
       }
