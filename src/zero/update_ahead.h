@@ -8,7 +8,7 @@
 //
 // Units: join() returns nanoseconds. Ownership: the work it is given owns what it captures; it
 // may use the engine's state the driving thread leaves alone until join(). Thread-safety:
-// start/join/running/module from the engine's driving thread only; the work runs on this
+// start/join/running from the engine's driving thread only; the work runs on this
 // object's one thread (made at the first start). Errors: the work's exception is rethrown by the
 // join() after it. Destruction waits for the work in flight (its error logged, never thrown).
 #pragma once
@@ -42,14 +42,12 @@ class UpdateAhead {
   }
 
   bool running() const { return task_.valid(); }
-  int module() const { return module_; }  // of the work in flight, else -1
 
-  // Runs `work` (module `module`'s update) on this object's thread. Requires !running().
-  void start(int module, std::function<void()> work) {
+  // Runs `work` (one module's update) on this object's thread. Requires !running().
+  void start(std::function<void()> work) {
     if (!pool_) pool_ = std::make_unique<boost::asio::thread_pool>(1);
     auto task = std::make_shared<std::packaged_task<void()>>(std::move(work));
     task_ = task->get_future();
-    module_ = module;
     boost::asio::post(*pool_, [task] { (*task)(); });
   }
 
@@ -58,7 +56,6 @@ class UpdateAhead {
     if (!task_.valid()) return 0;
     const auto t0 = std::chrono::steady_clock::now();
     std::future<void> f = std::move(task_);
-    module_ = -1;
     f.wait();
     const auto waited = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
@@ -69,7 +66,6 @@ class UpdateAhead {
  private:
   std::unique_ptr<boost::asio::thread_pool> pool_;
   std::future<void> task_;
-  int module_ = -1;
 };
 
 }  // namespace tiermem::detail

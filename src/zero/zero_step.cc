@@ -293,7 +293,7 @@ void ZeroEngine::Impl::start_update_ahead(int after) {
   std::vector<bool> still(mods.size());
   for (std::size_t q = 0; q < mods.size(); ++q) still[q] = deferred.pending(static_cast<int>(q));
   ++st.deferred_updates_ahead;
-  ahead.start(next, [this, next, ap = *ap, at, still = std::move(still)] {
+  ahead.start([this, next, ap = *ap, at, still = std::move(still)] {
     run_update(next, ap, Phase::kOptimizer, std::optional<Tier>(at),
                [&still](int q) { return still[static_cast<std::size_t>(q)]; });
   });

@@ -703,6 +703,22 @@ TEST(ZeroEngine, WorkingShardsThatFitTheDeviceArePublishedThere) {
   for (int run = 0; run < 3; ++run) std::filesystem::remove_all(dir + std::to_string(run));
 }
 
+// The two-module MLP at stage 3 with params and optimizer state on NVMe in `dir`, clipping 0.5,
+// nothing persistent, a 4 MiB host pool, and the optimizer step overlapped or eager.
+Config overlap_mlp_config(const std::string& dir, bool overlap) {
+  Config cfg = testing::with_param_offload(mlp_config(3, "nvme", dir, 2, R"(, "gradient_clipping": 0.5)"), "nvme", dir);
+  cfg.zero.stage3_param_persistence_threshold_elems = 0;
+  cfg.tiermem.host_budget_bytes = 4 << 20;
+  cfg.tiermem.overlap_optimizer_step = overlap;
+  return cfg;
+}
+
+void register_mlp(ZeroEngine& e) {
+  auto init = testing::mlp_init();
+  e.register_module("fc1", init[0]);
+  e.register_module("fc2", init[1]);
+}
+
 // tiermem.overlap_optimizer_step: step() leaves each stored module's AdamW update to its next
 // gather (no optimizer-state I/O inside step()), and every result equals the eager step's bit for
 // bit — with a streamed export, an outside-the-step gather (an evaluation) and export_master
@@ -716,14 +732,8 @@ TEST(ZeroEngine, OverlappedOptimizerStepEqualsTheEagerStep) {
   for (int eager = 0; eager < 2; ++eager) {
     SCOPED_TRACE(eager ? "eager" : "overlapped");
     const std::string d = dir + std::to_string(eager);
-    Config cfg = testing::with_param_offload(mlp_config(3, "nvme", d, 2, R"(, "gradient_clipping": 0.5)"), "nvme", d);
-    cfg.zero.stage3_param_persistence_threshold_elems = 0;
-    cfg.tiermem.host_budget_bytes = 4 << 20;
-    cfg.tiermem.overlap_optimizer_step = eager == 0;
-    ZeroEngine e(cfg, *comm);
-    auto init = testing::mlp_init();
-    e.register_module("fc1", init[0]);
-    e.register_module("fc2", init[1]);
+    ZeroEngine e(overlap_mlp_config(d, eager == 0), *comm);
+    register_mlp(e);
     testing::mlp_train_steps(e, *comm, 2, 2);
     // A step alone: its NVMe traffic.
     {
@@ -768,14 +778,8 @@ TEST(ZeroEngine, DeferredUpdatesRunAheadOfTheirGatherAndChangeNothing) {
   for (int eager = 0; eager < 2; ++eager) {
     SCOPED_TRACE(eager ? "eager" : "deferred, running ahead");
     const std::string d = dir + std::to_string(eager);
-    Config cfg = testing::with_param_offload(mlp_config(3, "nvme", d, 2, R"(, "gradient_clipping": 0.5)"), "nvme", d);
-    cfg.zero.stage3_param_persistence_threshold_elems = 0;
-    cfg.tiermem.host_budget_bytes = 4 << 20;
-    cfg.tiermem.overlap_optimizer_step = eager == 0;
-    ZeroEngine e(cfg, *comm);
-    auto init = testing::mlp_init();
-    e.register_module("fc1", init[0]);
-    e.register_module("fc2", init[1]);
+    ZeroEngine e(overlap_mlp_config(d, eager == 0), *comm);
+    register_mlp(e);
     testing::mlp_train_steps(e, *comm, 3, 2, false, false, Phase::kForward);
     {  // a forward gather starts module 1's update; the export waits for it and applies the rest
       auto a = e.gather(0, Phase::kForward);
