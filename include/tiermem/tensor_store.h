@@ -172,6 +172,10 @@ struct TensorStoreStats {
   // acquire_for_overwrite() calls that had to wait for a transfer or make room (evictions and
   // their write-backs). fetch() and prefetch() wait on worker threads: never counted.
   std::uint64_t stall_ns = 0;
+  // Of stall_ns, the waits of an engine's helper threads (a TensorStore::HelperThread scope: the
+  // deferred update running ahead, the gradient hand-off), which overlap the driving thread's
+  // work: stall_ns - helper_stall_ns is what the threads that drive the store waited.
+  std::uint64_t helper_stall_ns = 0;
   std::uint64_t oom_errors = 0;      // OutOfMemoryError thrown by acquire/fetch
   std::uint64_t discards = 0;        // discard() calls
   std::uint64_t discarded_dirty_bytes = 0;  // newest bytes discard() dropped: write-backs saved
@@ -336,6 +340,21 @@ class TensorStore {
   // stats().stall_ns alone (nanoseconds callers have waited, summed over callers), without the
   // snapshot's walk over every tensor: for timing one call's waits. Thread-safe.
   std::uint64_t stall_ns() const;
+  // stats().helper_stall_ns alone, likewise. Thread-safe.
+  std::uint64_t helper_stall_ns() const;
+  // While one lives on a thread, that thread's waits also count in helper_stall_ns: a thread the
+  // caller runs beside its own (its waits overlap the caller's work). Not copyable; the thread
+  // that made it must destroy it.
+  class HelperThread {
+   public:
+    HelperThread();
+    ~HelperThread();
+    HelperThread(const HelperThread&) = delete;
+    HelperThread& operator=(const HelperThread&) = delete;
+
+   private:
+    bool was_;
+  };
   // Waits for every fetch/prefetch issued so far.
   void drain();
 

@@ -126,8 +126,11 @@ struct ZeroStats {
   PhaseIoStats phases[kNumPhases] = {};
   // The last step (step_io_meter.h): from the first gather/reduce_gradients after the previous
   // step() (or the first ever) to the end of the latest step(), skipped steps included; 0 before
-  // the first. wall: its wall time; compute: wall - stall; io_bound: the time the NVMe needs for
-  // its traffic, read / nvme_read_gbps + written / nvme_write_gbps (0 when a rate is unknown).
+  // the first. wall: its wall time; stall: the time the calling (driving) thread waited — its
+  // acquires' stalls and its waits for the engine's update and gradient threads, not those
+  // threads' own stalls, which overlap its work (so not stall_ns's share of the step);
+  // compute: wall - stall; io_bound: the time the NVMe needs for its traffic, read /
+  // nvme_read_gbps + written / nvme_write_gbps (0 when a rate is unknown).
   std::uint64_t last_step_nvme_read_bytes = 0, last_step_nvme_written_bytes = 0;
   std::uint64_t last_step_stall_ns = 0, last_step_wall_ns = 0, last_step_compute_ns = 0;
   std::uint64_t last_step_io_bound_ns = 0;

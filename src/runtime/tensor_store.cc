@@ -6,6 +6,11 @@
 #include "runtime/tensor_store_impl.h"
 
 namespace tiermem {
+namespace {
+// Set on a thread while a TensorStore::HelperThread lives there: its stalls also count in
+// helper_stall_ns.
+thread_local bool tl_helper_thread = false;
+}  // namespace
 
 TensorStoreOptions TensorStoreOptions::from_config(const Config& config) {
   TensorStoreOptions o;
@@ -316,6 +321,7 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
     const auto ns = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
     m.stats_.stall_ns += ns;
+    if (tl_helper_thread) m.stats_.helper_stall_ns += ns;
     m.phase_stats(phase).stall_ns += ns;
     // The caller was blocked on this move: a span on the `wait` track (the time lost to I/O).
     if (trace_start != 0) {
@@ -382,6 +388,7 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
       const auto ns = static_cast<std::uint64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
       m.stats_.stall_ns += ns;
+      if (tl_helper_thread) m.stats_.helper_stall_ns += ns;
       m.phase_stats(m.io_clock_.phase()).stall_ns += ns;
     }
     return Pin(this, id, tier, c.ptr, e.info.bytes);
@@ -555,6 +562,14 @@ std::uint64_t TensorStore::stall_ns() const {
   std::lock_guard lock(impl_->mu_);
   return impl_->stats_.stall_ns;
 }
+
+std::uint64_t TensorStore::helper_stall_ns() const {
+  std::lock_guard lock(impl_->mu_);
+  return impl_->stats_.helper_stall_ns;
+}
+
+TensorStore::HelperThread::HelperThread() : was_(tl_helper_thread) { tl_helper_thread = true; }
+TensorStore::HelperThread::~HelperThread() { tl_helper_thread = was_; }
 
 void TensorStore::drain() {
   Impl& m = *impl_;

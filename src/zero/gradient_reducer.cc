@@ -2,6 +2,7 @@
 #include "zero/gradient_reducer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -161,6 +162,7 @@ void GradientReducer::hand_off(int module, std::vector<float>&& grad) {
   auto buf = std::make_shared<std::vector<float>>(std::move(grad));
   if (!pool_) pool_ = std::make_unique<boost::asio::thread_pool>(1);
   auto task = std::make_shared<std::packaged_task<void()>>([this, work, buf] {
+    const TensorStore::HelperThread helper;  // its waits overlap the driving thread's work
     try {
       // Leaves what it read zero: the buffer is ready to be handed out again (buffer()).
       const std::size_t zeroed = add(*work, 0, buf->data(), buf->data());
@@ -193,6 +195,10 @@ void GradientReducer::wait_hand_off() {
   std::future<void> f = std::move(task_);
   std::shared_ptr<std::vector<float>> buf = std::move(task_buf_);
   task_bytes_ = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  f.wait();
+  waited_ns_ += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   f.get();  // rethrows
   // Its buffer, zeroed by the task, becomes the spare for the next buffer() call.
   if (buf && buf->capacity() >= spare_.capacity()) spare_ = std::move(*buf);

@@ -70,6 +70,8 @@ class GradientReducer {
   // A zeroed buffer of `numel` elements: the spare when it is large enough, else a new one.
   std::vector<float> buffer(std::size_t numel);
   void wait_hand_off();  // rethrows the hand-off's error
+  // Nanoseconds the driving thread has waited in wait_hand_off() (cumulative).
+  std::uint64_t waited_ns() const { return waited_ns_; }
   void sync();           // the hand-off and every bucket in flight complete
   void drop_spare() { std::vector<float>().swap(spare_); }  // not held through the forward pass
   // Stages 0-1 at the step: every module's full gradient reduced (the collective they defer);
@@ -121,6 +123,7 @@ class GradientReducer {
   std::uint64_t task_bytes_ = 0;
   std::vector<float> spare_;  // once the task is waited for: what buffer() hands out again
   std::uint64_t reduce_scatter_calls_ = 0;
+  std::uint64_t waited_ns_ = 0;
 };
 
 }  // namespace tiermem::detail

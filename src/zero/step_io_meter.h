@@ -5,9 +5,10 @@
 // (a gather or prefetch_gather of the forward or backward pass, a reduce_gradients, or step()
 // itself when nothing came before it; evaluation gathers, Phase::kOutsideStep, do not open it) and
 // closes when step() returns. The figures of the last closed window are the differences of the
-// store's counters (NVMe bytes read and written, stall) between its two ends, its wall time, and
-// from them:
-//   compute_ns  = wall_ns - stall_ns (0 when the stall, summed over threads, exceeds the wall)
+// counters the engine passes (NVMe bytes read and written; the driving thread's waits: its own
+// store stalls and its waits for the engine's helper threads, not those threads' own stalls,
+// which overlap its work) between its two ends, its wall time, and from them:
+//   compute_ns  = wall_ns - stall_ns (0 if the waits exceed the wall)
 //   io_bound_ns = read_bytes / read_gbps + written_bytes / write_gbps, in ns — the time the NVMe
 //                 needs for the step's traffic at the given rates; 0 when either rate is unknown
 //                 (0).

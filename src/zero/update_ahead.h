@@ -25,6 +25,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "tiermem/log.h"
+#include "tiermem/tensor_store.h"
 
 namespace tiermem::detail {
 
@@ -46,7 +47,10 @@ class UpdateAhead {
   // Runs `work` (one module's update) on this object's thread. Requires !running().
   void start(std::function<void()> work) {
     if (!pool_) pool_ = std::make_unique<boost::asio::thread_pool>(1);
-    auto task = std::make_shared<std::packaged_task<void()>>(std::move(work));
+    auto task = std::make_shared<std::packaged_task<void()>>([w = std::move(work)] {
+      const TensorStore::HelperThread helper;  // its waits overlap the driving thread's work
+      w();
+    });
     task_ = task->get_future();
     boost::asio::post(*pool_, [task] { (*task)(); });
   }

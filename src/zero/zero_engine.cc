@@ -224,21 +224,24 @@ std::size_t ZeroEngine::module_numel(int module) const {
 
 // --------------------------------------------------------------------------------- step window
 
-namespace {
-detail::StepIoMeter::Counters step_counters(const TensorStore* store) {
-  if (!store) return {};
+// The step window's counters: NVMe bytes, and the driving thread's waits — its own stalls (the
+// store's, less those of the engine's helper threads, which overlap its work) and its waits for
+// those threads (the update running ahead, the gradient hand-off).
+detail::StepIoMeter::Counters ZeroEngine::Impl::step_counters() const {
+  const std::uint64_t helper_waits = ahead_wait_ns + reducer.waited_ns();
+  if (!store) return {0, 0, helper_waits};
   const TensorStoreStats t = store->stats();
   const int d = static_cast<int>(Tier::kDevice), h = static_cast<int>(Tier::kHost), n = static_cast<int>(Tier::kNvme);
-  return {t.bytes_moved[n][h] + t.bytes_moved[n][d], t.bytes_moved[h][n] + t.bytes_moved[d][n], t.stall_ns};
+  return {t.bytes_moved[n][h] + t.bytes_moved[n][d], t.bytes_moved[h][n] + t.bytes_moved[d][n],
+          t.stall_ns - t.helper_stall_ns + helper_waits};
 }
-}  // namespace
 
 void ZeroEngine::Impl::open_step_window(Phase phase) {
   if (phase == Phase::kOutsideStep || step_io.is_open()) return;
-  step_io.open(Trace::now_ns(), step_counters(store.get()));
+  step_io.open(Trace::now_ns(), step_counters());
 }
 
-void ZeroEngine::Impl::close_step_window() { step_io.close(Trace::now_ns(), step_counters(store.get())); }
+void ZeroEngine::Impl::close_step_window() { step_io.close(Trace::now_ns(), step_counters()); }
 
 // --------------------------------------------------------------------------------- gather
 

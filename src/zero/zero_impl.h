@@ -113,6 +113,7 @@ struct ZeroEngine::Impl {
                                   [this](std::uint64_t u) { sample_host_peak(u); }};
   // The last step's I/O, wall time and bound (ZeroStats::last_step_*), at the config's NVMe rates.
   detail::StepIoMeter step_io;
+  std::uint64_t ahead_wait_ns = 0;  // the driving thread's waits for the update running ahead
 
   // Reads tiermem.machine_profile when the config names one (ConfigError when it cannot).
   Impl(Communicator& c, ZeroEngineOptions o, const Config& config)
@@ -126,6 +127,7 @@ struct ZeroEngine::Impl {
   // kOutsideStep, a reduce_gradients, a step. zero_engine.cc.
   void open_step_window(Phase phase = Phase::kOther);
   void close_step_window();
+  detail::StepIoMeter::Counters step_counters() const;  // zero_engine.cc
 
   detail::GradientReducer::Options reducer_options() const {
     return {cfg.zero.reduce_bucket_size_elems, cfg.zero.overlap_comm, opts.max_inflight_buckets,

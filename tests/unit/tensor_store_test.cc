@@ -297,6 +297,36 @@ TEST_F(StoreTest, PhaseSplitOfNvmeTrafficAndStallsSumsToTheTotals) {
   EXPECT_GT(ph(st, Phase::kOptimizer).io_busy_ns, 0u);
 }
 
+// A helper thread's waits (a TensorStore::HelperThread scope on it) count in helper_stall_ns as
+// well as stall_ns; the driving thread's count in stall_ns only; the scope ends with the thread's.
+TEST_F(StoreTest, AHelperThreadsStallsAreCountedApart) {
+  const std::uint64_t n = 200'000;
+  TensorStore& s = make(1 << 20, 512 << 10);
+  auto nvme_tensor = [&](const char* name, std::uint32_t tag) {
+    return s.register_tensor({.name = name, .bytes = n, .home = Tier::kNvme, .initial = make_bytes(tag, 0, n)});
+  };
+  const TensorId a = nvme_tensor("a", 1), b = nvme_tensor("b", 2);
+  { TensorStore::Pin p = s.acquire(a, Tier::kHost, Phase::kForward); }  // the driving thread's miss
+  const std::uint64_t driver_stall = s.stall_ns();
+  EXPECT_GT(driver_stall, 0u);
+  EXPECT_EQ(s.helper_stall_ns(), 0u);
+  std::thread([&] {
+    const TensorStore::HelperThread helper;
+    TensorStore::Pin p = s.acquire(b, Tier::kHost, Phase::kOptimizer);  // a miss on a helper thread
+  }).join();
+  const std::uint64_t helper_stall = s.helper_stall_ns();
+  EXPECT_GT(helper_stall, 0u);
+  EXPECT_EQ(s.stall_ns(), driver_stall + helper_stall);  // both in the total
+  EXPECT_EQ(s.stats().helper_stall_ns, helper_stall);
+  EXPECT_TRUE(s.evict(a, Tier::kHost));
+  {
+    const TensorStore::HelperThread helper;  // a scope on this thread, ended before the miss below
+  }
+  { TensorStore::Pin p = s.acquire(a, Tier::kHost, Phase::kForward); }
+  EXPECT_GT(s.stall_ns(), driver_stall + helper_stall);
+  EXPECT_EQ(s.helper_stall_ns(), helper_stall);
+}
+
 // In a trace, a miss's wait span names its phase and each phase change is a "store phase" sample.
 TEST_F(StoreTest, TraceMissSpansCarryThePhase) {
   TensorStore& s = make(1 << 20, 512 << 10);
