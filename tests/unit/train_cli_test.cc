@@ -123,6 +123,14 @@ TEST_F(TrainCli, NegativeAbsurdAndZeroSizes) {
   expect_usage_error("--save-every 2", {"--save-every", "--save"});
 }
 
+TEST_F(TrainCli, AValueThatIsNotANumberIsCalledThatNotOutOfRange) {
+  for (const char* bad : {"--lr abc", "--steps ten", "--warmup x", "--batch 1x"}) {
+    expect_usage_error(bad, {std::string(bad).substr(0, std::string(bad).find(' ')), "number"});
+    Result r = run(bad);
+    EXPECT_EQ(r.err.find("not in range"), std::string::npos) << bad << ": " << r.err;
+  }
+}
+
 TEST_F(TrainCli, DeviceBudgetBelowTheLargestTensorNamesIt) {
   // tiny on byte-level text: the largest module is a transformer block (50816 bytes, fp32; 53248
   // in 4 KiB device pages).
