@@ -144,6 +144,8 @@ struct ZeroPlan {
 // NVMe offload registered with io_uring, which pins every page of it, at start). Fixed for the
 // machine, never a function of the model.
 std::uint64_t default_host_budget_bytes();
+// This machine's physical memory in bytes (sysconf), 0 when the OS does not say.
+std::uint64_t physical_memory_bytes();
 
 // Where ZeroEngine::step() writes the new working shards of stage-3 modules homed below the device
 // (offload_param cpu/nvme): at the device tier — no host copy; nothing written down while the

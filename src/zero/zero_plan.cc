@@ -24,11 +24,15 @@ std::uint64_t host_round(std::uint64_t b) { return round_up(std::max<std::uint64
 
 }  // namespace
 
-std::uint64_t default_host_budget_bytes() {
+std::uint64_t physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);
-  std::uint64_t phys = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)
-                                             : 4096 * kMiB;
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
+
+std::uint64_t default_host_budget_bytes() {
+  const std::uint64_t known = physical_memory_bytes();
+  const std::uint64_t phys = known > 0 ? known : 4096 * kMiB;
   return std::clamp<std::uint64_t>(phys / 16 / kMiB * kMiB, 256 * kMiB, 1024 * kMiB);
 }
 

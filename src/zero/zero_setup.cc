@@ -113,6 +113,14 @@ void ZeroEngine::Impl::make_tiers() {
   }
   TensorStoreOptions so = TensorStoreOptions::from_config(cfg);
   so.host_budget_bytes = plan.host_budget_bytes;
+  if (const std::uint64_t phys = physical_memory_bytes(); phys > 0 && plan.host_budget_bytes > phys) {
+    TM_LOG_WARN("ZERO",
+                "tiermem.host_budget_bytes = {} is more than this machine's memory ({}): it bounds nothing, "
+                "and the OS may swap or end the process before the host pool reaches it; set it below {} "
+                "(0 picks {})",
+                format_bytes(plan.host_budget_bytes), format_bytes(phys), format_bytes(phys),
+                format_bytes(default_host_budget_bytes()));
+  }
   so.device_budget_bytes = 0;
   if (device) {
     const std::uint64_t dev = device->budget_bytes();

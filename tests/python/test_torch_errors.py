@@ -84,6 +84,20 @@ def test_budget_below_the_minimum_names_the_key(torch_or_skip, tmp_path):
     _assert_nothing_written(tmp_path / "swap")
 
 
+def test_a_host_budget_above_the_machines_memory_is_warned_about(torch_or_skip, tmp_path, capfd):
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    cfg = ds_config(tmp_path / "swap", "cpu", tiermem={"host_budget_bytes": 2 * phys})
+    engine, *_ = tt.initialize(model=_small(torch), config=cfg)
+    err = capfd.readouterr().err
+    assert "tiermem.host_budget_bytes" in err and "more than this machine's memory" in err, err
+    loss = engine(torch.randn(2, 8)).sum()  # it still trains
+    engine.backward(loss)
+    engine.step()
+    engine.close()
+
+
 def test_a_half_model_under_an_fp32_config_is_said_to_become_fp32(torch_or_skip, tmp_path):
     torch = torch_or_skip
     import tiermem.torch as tt
