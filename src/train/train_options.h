@@ -16,7 +16,16 @@
 #include "tiermem/config.h"
 #include "tiermem/error.h"
 
+namespace CLI {
+class Validator;
+}
+
 namespace tiermem::train {
+
+// A CLI11 check for numeric options, placed before CLI::Range (which calls a value that is no
+// number at all, "--lr abc", "not in range"): "'abc' is not a number". Adds nothing to --help.
+// Shared by tiermem-train and tiermem-plan.
+const CLI::Validator& number_check();
 
 struct TrainOptions {
   std::string model = "mini";      // preset name (tiny, mini, gpt2, gpt2-medium, ...) or custom

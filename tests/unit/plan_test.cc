@@ -258,6 +258,7 @@ TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
       {"--model mini --vocab 100", "", "", "--vocab = 100"},
       {"--model mini --swap-dir afile/swap", "afile", "x", "'afile' is a file"},
       {"--model custom --layers 5000 --d-model 64", "", "", "--layers"},
+      {"--model custom --layers five --d-model 64", "", "", "--layers: 'five' is not a number"},
       {"--model mini --data nonexistent.txt", "", "", "nonexistent.txt"},
       {"--model mini --config sg.json", "sg.json", R"({"zero_optimization": {"stage": 3, "sub_group_size": 10}})",
        "'zero_optimization.sub_group_size' = 10 is smaller than the shard alignment of 1024"},
