@@ -2,12 +2,9 @@
 #include "zero/gradient_reducer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <optional>
 
-#include <boost/asio/post.hpp>
-#include <boost/asio/thread_pool.hpp>
 
 #include "zero/grad_reducer.h"
 #include "zero/norm_fold.h"
@@ -39,9 +36,7 @@ GradientReducer::GradientReducer(Communicator& comm, const EngineShape& shape, O
       norm_(norm),
       sample_host_peak_(std::move(sample_host_peak)) {}
 
-GradientReducer::~GradientReducer() {
-  if (pool_) pool_->join();
-}
+GradientReducer::~GradientReducer() = default;  // task_, the last member, goes first
 
 std::vector<GradientReducer::Work> GradientReducer::pin(int mi, std::size_t begin, std::size_t n) {
   ZeroModule& m = mods_[static_cast<std::size_t>(mi)];
@@ -160,9 +155,7 @@ void GradientReducer::reduce(int module, std::span<const float> grad) {
 void GradientReducer::hand_off(int module, std::vector<float>&& grad) {
   auto work = std::make_shared<std::vector<Work>>(pin(module, 0, grad.size()));
   auto buf = std::make_shared<std::vector<float>>(std::move(grad));
-  if (!pool_) pool_ = std::make_unique<boost::asio::thread_pool>(1);
-  auto task = std::make_shared<std::packaged_task<void()>>([this, work, buf] {
-    const TensorStore::HelperThread helper;  // its waits overlap the driving thread's work
+  task_.start([this, work, buf] {
     try {
       // Leaves what it read zero: the buffer is ready to be handed out again (buffer()).
       const std::size_t zeroed = add(*work, 0, buf->data(), buf->data());
@@ -173,13 +166,11 @@ void GradientReducer::hand_off(int module, std::vector<float>&& grad) {
     }
     work->clear();
   });
-  task_ = task->get_future();
   task_buf_ = buf;
   task_bytes_ = buf->size() * sizeof(float);
   // The spare is not sampled here: it is the buffer the caller's next buffer() takes (counted by
   // the caller then), and until then it stands for the one the caller just gave up.
   sample_host_peak_(spare_.capacity() * sizeof(float));
-  boost::asio::post(*pool_, [task] { (*task)(); });
 }
 
 std::vector<float> GradientReducer::buffer(std::size_t n) {
@@ -191,15 +182,10 @@ std::vector<float> GradientReducer::buffer(std::size_t n) {
 }
 
 void GradientReducer::wait_hand_off() {
-  if (!task_.valid()) return;
-  std::future<void> f = std::move(task_);
+  if (!task_.running()) return;
   std::shared_ptr<std::vector<float>> buf = std::move(task_buf_);
   task_bytes_ = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  f.wait();
-  waited_ns_ += static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-  f.get();  // rethrows
+  task_.join();  // rethrows
   // Its buffer, zeroed by the task, becomes the spare for the next buffer() call.
   if (buf && buf->capacity() >= spare_.capacity()) spare_ = std::move(*buf);
 }

@@ -28,7 +28,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <future>
 #include <memory>
 #include <span>
 #include <vector>
@@ -36,12 +35,9 @@
 #include "tiermem/communicator.h"
 #include "tiermem/tensor_store.h"
 #include "tiermem/zero_engine.h"
+#include "zero/helper_task.h"
 #include "zero/norm_tracker.h"
 #include "zero/zero_types.h"
-
-namespace boost::asio {
-class thread_pool;
-}
 
 namespace tiermem::detail {
 
@@ -71,7 +67,7 @@ class GradientReducer {
   std::vector<float> buffer(std::size_t numel);
   void wait_hand_off();  // rethrows the hand-off's error
   // Nanoseconds the driving thread has waited in wait_hand_off() (cumulative).
-  std::uint64_t waited_ns() const { return waited_ns_; }
+  std::uint64_t waited_ns() const { return task_.waited_ns(); }
   void sync();           // the hand-off and every bucket in flight complete
   void drop_spare() { std::vector<float>().swap(spare_); }  // not held through the forward pass
   // Stages 0-1 at the step: every module's full gradient reduced (the collective they defer);
@@ -117,13 +113,12 @@ class GradientReducer {
 
   std::deque<Bucket> inflight_;
   std::uint64_t bucket_bytes_live_ = 0;
-  std::unique_ptr<boost::asio::thread_pool> pool_;  // the hand-off's thread, made at first use
-  std::future<void> task_;
   std::shared_ptr<std::vector<float>> task_buf_;  // zeroed by the task after its additions
   std::uint64_t task_bytes_ = 0;
   std::vector<float> spare_;  // once the task is waited for: what buffer() hands out again
   std::uint64_t reduce_scatter_calls_ = 0;
-  std::uint64_t waited_ns_ = 0;
+  // Last, so that it is destroyed first (the hand-off's task uses the members above).
+  HelperTask task_{"the gradient hand-off"};
 };
 
 }  // namespace tiermem::detail

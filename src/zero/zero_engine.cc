@@ -228,7 +228,7 @@ std::size_t ZeroEngine::module_numel(int module) const {
 // store's, less those of the engine's helper threads, which overlap its work) and its waits for
 // those threads (the update running ahead, the gradient hand-off).
 detail::StepIoMeter::Counters ZeroEngine::Impl::step_counters() const {
-  const std::uint64_t helper_waits = ahead_wait_ns + reducer.waited_ns();
+  const std::uint64_t helper_waits = ahead.waited_ns() + reducer.waited_ns();
   if (!store) return {0, 0, helper_waits};
   const TensorStoreStats t = store->stats();
   const int d = static_cast<int>(Tier::kDevice), h = static_cast<int>(Tier::kHost), n = static_cast<int>(Tier::kNvme);

@@ -46,11 +46,11 @@
 #include "zero/device_staging.h"
 #include "zero/gatherer.h"
 #include "zero/gradient_reducer.h"
+#include "zero/helper_task.h"
 #include "zero/norm_tracker.h"
 #include "zero/partition_layout.h"
 #include "zero/step_io_meter.h"
 #include "zero/tier_setup.h"
-#include "zero/update_ahead.h"
 #include "zero/working_shard_out.h"
 #include "zero/zero_types.h"
 
@@ -113,7 +113,6 @@ struct ZeroEngine::Impl {
                                   [this](std::uint64_t u) { sample_host_peak(u); }};
   // The last step's I/O, wall time and bound (ZeroStats::last_step_*), at the config's NVMe rates.
   detail::StepIoMeter step_io;
-  std::uint64_t ahead_wait_ns = 0;  // the driving thread's waits for the update running ahead
 
   // Reads tiermem.machine_profile when the config names one (ConfigError when it cannot).
   Impl(Communicator& c, ZeroEngineOptions o, const Config& config)
@@ -166,7 +165,7 @@ struct ZeroEngine::Impl {
   void run_update(int module, const AdamParams& ap, Phase phase, std::optional<Tier> publish,
                   const std::function<bool(int)>& pending);
   // After the forward gather of `after`: the update of the next module still pending starts on
-  // `ahead`'s thread when it can run there (update_ahead.h); join: waits for it (finalize()).
+  // `ahead`'s thread when it can run there (helper_task.h); join: waits for it (finalize()).
   void start_update_ahead(int after);
   void join_update_ahead();
   void apply_all_pending(Phase phase);
@@ -229,7 +228,7 @@ struct ZeroEngine::Impl {
   void zero_grad();
 
   // Last, so that it is destroyed first: its work uses the members above.
-  detail::UpdateAhead ahead;
+  detail::HelperTask ahead{"a deferred update running ahead"};
 };
 
 }  // namespace tiermem

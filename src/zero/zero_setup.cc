@@ -335,7 +335,7 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
 
 // Every module is registered: plan (deferred registration) and write what is still in memory.
 void ZeroEngine::Impl::finalize() {
-  join_update_ahead();  // every call but a forward gather's own compute waits for it (update_ahead.h)
+  join_update_ahead();  // every call but a forward gather's own compute waits for it (start_update_ahead, zero_step.cc)
   if (plan_in.finalized) return;
   if (!plan_in.expected_numels.empty() && mods.size() != plan_in.expected_numels.size()) {
     throw Error(fmt::format("ZeroEngine: {} modules were announced at construction but {} registered",

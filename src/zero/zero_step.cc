@@ -303,9 +303,7 @@ void ZeroEngine::Impl::join_update_ahead() {
   if (!ahead.running()) return;
   const std::uint64_t stall0 = store->stall_ns();
   // The time the driving thread waited for it: the part of the update the forward did not hide.
-  const std::uint64_t waited = ahead.join();
-  st.deferred_update_ns += waited;
-  ahead_wait_ns += waited;
+  st.deferred_update_ns += ahead.join();
   st.deferred_update_stall_ns += store->stall_ns() - stall0;
 }
 
