@@ -112,13 +112,17 @@ struct ZeroStats {
   std::uint64_t device_to_host_bytes = 0;  // the CPU cannot address: zero_device.cc)
   std::uint64_t store_hits = 0, store_misses = 0;  // acquires that found / had to load a copy
   std::uint64_t stall_ns = 0;               // time acquires waited for loads and room (compute + step)
+  // The calling (driving) thread's share: its acquires' waits plus its waits for the engine's
+  // update and gradient threads, not those threads' own stalls, which overlap its work. Never
+  // more than the wall time of the calls it was made in.
+  std::uint64_t driving_stall_ns = 0;
   // Wall time of the deferred AdamW updates (tiermem.overlap_optimizer_step) that gather() and
   // prefetch_gather() applied before reading a module, their stalls included: optimizer time
   // spent inside those calls. An update that ran ahead on the engine's update thread while the
   // previous module computed (one rank, host-addressable memory: zero.md) counts only the time a
   // call then waited for it.
   std::uint64_t deferred_update_ns = 0;
-  std::uint64_t deferred_update_stall_ns = 0;  // ... of which its acquires waited (part of stall_ns)
+  std::uint64_t deferred_update_stall_ns = 0;  // ... of which the caller waited (part of driving_stall_ns)
   std::uint64_t deferred_updates_ahead = 0;    // modules whose deferred update ran ahead (count)
   // The NVMe traffic, stalls and I/O busy time by training phase (TensorStoreStats::phases,
   // indexed by Phase value; the phase is the one gather()/the step passed to the store). Each sums

@@ -375,6 +375,7 @@ class PyZeroEngine {
     d["store_hits"] = s.store_hits;
     d["store_misses"] = s.store_misses;
     d["stall_ns"] = s.stall_ns;
+    d["driving_stall_ns"] = s.driving_stall_ns;
     d["deferred_update_ns"] = s.deferred_update_ns;
     d["deferred_update_stall_ns"] = s.deferred_update_stall_ns;
     d["deferred_updates_ahead"] = s.deferred_updates_ahead;

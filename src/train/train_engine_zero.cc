@@ -155,7 +155,7 @@ class ZeroTrainEngine final : public TrainEngine {
   double last_grad_norm() const override { return last_grad_norm_; }
 
   gpt::ParamView acquire_params(int module, Phase phase) override {
-    if (!base_stall_ns_) base_stall_ns_ = zero_->stats().stall_ns;
+    if (!base_stall_ns_) base_stall_ns_ = zero_->stats().driving_stall_ns;
     const auto t0 = Clock::now();
     auto& g = gathered_.at(static_cast<std::size_t>(module));
     {
@@ -220,9 +220,9 @@ class ZeroTrainEngine final : public TrainEngine {
     const auto t0 = Clock::now();
     zero_->set_learning_rate(s.lr);  // the loop's schedule (warm-up, cosine decay)
     in_step_.store(true);
-    const std::uint64_t stall0 = zero_->stats().stall_ns;
+    const std::uint64_t stall0 = zero_->stats().driving_stall_ns;
     const ZeroEngine::StepResult r = zero_->step();
-    step_stall_ns_ += zero_->stats().stall_ns - stall0;
+    step_stall_ns_ += zero_->stats().driving_stall_ns - stall0;
     in_step_.store(false);
     last_grad_norm_ = r.skipped ? std::nan("") : r.grad_norm;
     optimizer_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -374,14 +374,15 @@ class ZeroTrainEngine final : public TrainEngine {
     // Exclusive parts of the loop's wall time (the summary's time split). The timed gather and
     // reduce calls hold the deferred optimizer updates a gather applies (optimizer time) and the
     // waits for parameters and gradient partitions (I/O wait); communication is what remains.
-    // The store sums waits that overlap (several tensors awaited at once), so the I/O wait is
-    // capped at the calls' wall time; waits before the first gather (registration) are not
-    // the loop's.
+    // The waits are the calling thread's (ZeroStats::driving_stall_ns), not the engine's update
+    // and gradient threads', which overlap its work; still capped at the calls' wall time. Waits
+    // before the first gather (registration) are not the loop's.
     const double deferred = static_cast<double>(z.deferred_update_ns) / 1e9;
     const double calls = std::max(0.0, comm_seconds_ - deferred);
     const std::uint64_t opt_stall = z.deferred_update_stall_ns + step_stall_ns_;
-    const std::uint64_t base = base_stall_ns_.value_or(z.stall_ns);
-    const double waits = static_cast<double>(z.stall_ns - std::min(z.stall_ns, base + opt_stall)) / 1e9;
+    const std::uint64_t base = base_stall_ns_.value_or(z.driving_stall_ns);
+    const double waits =
+        static_cast<double>(z.driving_stall_ns - std::min(z.driving_stall_ns, base + opt_stall)) / 1e9;
     e.optimizer_stall_seconds = static_cast<double>(opt_stall) / 1e9;
     e.stall_seconds = std::min(waits, calls) + e.optimizer_stall_seconds;
     e.comm_seconds = calls - std::min(waits, calls);
@@ -409,8 +410,8 @@ class ZeroTrainEngine final : public TrainEngine {
   // acquire_params to release_params; counted with the engine's host bytes.
   std::vector<std::vector<float, PageAligned<float>>> staged_;
   std::uint64_t staged_bytes_ = 0, staged_peak_ = 0;
-  std::optional<std::uint64_t> base_stall_ns_;  // ZeroStats::stall_ns at the first gather
-  std::uint64_t step_stall_ns_ = 0;             // ZeroStats::stall_ns inside step()
+  std::optional<std::uint64_t> base_stall_ns_;  // ZeroStats::driving_stall_ns at the first gather
+  std::uint64_t step_stall_ns_ = 0;             // ZeroStats::driving_stall_ns inside step()
   std::uint64_t total_params_ = 0;
   std::atomic<bool> stop_watch_{false}, in_step_{false};
   std::thread watch_;  // TEST-ONLY kill points; joined first in the destructor

@@ -224,16 +224,23 @@ std::size_t ZeroEngine::module_numel(int module) const {
 
 // --------------------------------------------------------------------------------- step window
 
-// The step window's counters: NVMe bytes, and the driving thread's waits — its own stalls (the
-// store's, less those of the engine's helper threads, which overlap its work) and its waits for
-// those threads (the update running ahead, the gradient hand-off).
-detail::StepIoMeter::Counters ZeroEngine::Impl::step_counters() const {
+// The driving thread's waits: its own stalls (the store's, less those of the engine's helper
+// threads, which overlap its work) and its waits for those threads (the update running ahead,
+// the gradient hand-off).
+std::uint64_t ZeroEngine::Impl::driving_stall_ns() const {
   const std::uint64_t helper_waits = ahead.waited_ns() + reducer.waited_ns();
-  if (!store) return {0, 0, helper_waits};
+  if (!store) return helper_waits;
+  const std::uint64_t helper = store->helper_stall_ns();  // first: the total read after it is no less
+  return store->stall_ns() - helper + helper_waits;
+}
+
+// The step window's counters: NVMe bytes and the driving thread's waits.
+detail::StepIoMeter::Counters ZeroEngine::Impl::step_counters() const {
+  const std::uint64_t waits = driving_stall_ns();
+  if (!store) return {0, 0, waits};
   const TensorStoreStats t = store->stats();
   const int d = static_cast<int>(Tier::kDevice), h = static_cast<int>(Tier::kHost), n = static_cast<int>(Tier::kNvme);
-  return {t.bytes_moved[n][h] + t.bytes_moved[n][d], t.bytes_moved[h][n] + t.bytes_moved[d][n],
-          t.stall_ns - t.helper_stall_ns + helper_waits};
+  return {t.bytes_moved[n][h] + t.bytes_moved[n][d], t.bytes_moved[h][n] + t.bytes_moved[d][n], waits};
 }
 
 void ZeroEngine::Impl::open_step_window(Phase phase) {
@@ -256,10 +263,10 @@ void ZeroEngine::Impl::before_gather(int module, Phase phase) {
     // budgets: 8 % fewer bytes read a step, 5 % fewer written).
     std::optional<Tier> at;
     if (!shape.opaque && m.stored) at = staging.gather_tier(m);
-    const std::uint64_t t0 = Trace::now_ns(), stall0 = store->stall_ns();
+    const std::uint64_t t0 = Trace::now_ns(), stall0 = driving_stall_ns();
     apply_pending(module, phase == Phase::kOutsideStep ? Phase::kOutsideStep : Phase::kOptimizer, at);
     st.deferred_update_ns += Trace::now_ns() - t0;
-    st.deferred_update_stall_ns += store->stall_ns() - stall0;
+    st.deferred_update_stall_ns += driving_stall_ns() - stall0;
   } else if (!m.replay.empty() && phase != Phase::kOutsideStep) {
     replay_outside_accesses(module);
   }
@@ -507,6 +514,7 @@ ZeroStats ZeroEngine::stats() const {
     s.store_hits = t.hits;
     s.store_misses = t.misses;
     s.stall_ns = t.stall_ns;
+    s.driving_stall_ns = I.driving_stall_ns();
     std::copy(std::begin(t.phases), std::end(t.phases), std::begin(s.phases));
     s.prefetches_issued = t.prefetches_issued;
   }

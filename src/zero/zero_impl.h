@@ -127,6 +127,9 @@ struct ZeroEngine::Impl {
   void open_step_window(Phase phase = Phase::kOther);
   void close_step_window();
   detail::StepIoMeter::Counters step_counters() const;  // zero_engine.cc
+  // The driving thread's waits so far (ZeroStats::driving_stall_ns): the store's stalls less
+  // those of the engine's helper threads, plus its waits for those threads. zero_engine.cc.
+  std::uint64_t driving_stall_ns() const;
 
   detail::GradientReducer::Options reducer_options() const {
     return {cfg.zero.reduce_bucket_size_elems, cfg.zero.overlap_comm, opts.max_inflight_buckets,

@@ -301,10 +301,10 @@ void ZeroEngine::Impl::start_update_ahead(int after) {
 
 void ZeroEngine::Impl::join_update_ahead() {
   if (!ahead.running()) return;
-  const std::uint64_t stall0 = store->stall_ns();
+  const std::uint64_t stall0 = driving_stall_ns();
   // The time the driving thread waited for it: the part of the update the forward did not hide.
   st.deferred_update_ns += ahead.join();
-  st.deferred_update_stall_ns += store->stall_ns() - stall0;
+  st.deferred_update_stall_ns += driving_stall_ns() - stall0;
 }
 
 void ZeroEngine::Impl::apply_all_pending(Phase phase) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -780,6 +781,7 @@ TEST(ZeroEngine, DeferredUpdatesRunAheadOfTheirGatherAndChangeNothing) {
     const std::string d = dir + std::to_string(eager);
     ZeroEngine e(overlap_mlp_config(d, eager == 0), *comm);
     register_mlp(e);
+    const auto t0 = std::chrono::steady_clock::now();
     testing::mlp_train_steps(e, *comm, 3, 2, false, false, Phase::kForward);
     {  // a forward gather starts module 1's update; the export waits for it and applies the rest
       auto a = e.gather(0, Phase::kForward);
@@ -795,6 +797,15 @@ TEST(ZeroEngine, DeferredUpdatesRunAheadOfTheirGatherAndChangeNothing) {
     // its wall time, with the update's stalls on its own thread left out.
     EXPECT_GT(st.last_step_wall_ns, 0u);
     EXPECT_LE(st.last_step_stall_ns, st.last_step_wall_ns);
+    // So are all the calls' waits (ZeroStats::driving_stall_ns): within the loop's wall time, the
+    // deferred updates' waits part of them; with nothing deferred, the store's stalls are all
+    // the calling thread's.
+    const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    EXPECT_LE(st.driving_stall_ns, static_cast<std::uint64_t>(wall.count()));
+    EXPECT_LE(st.deferred_update_stall_ns, st.driving_stall_ns);
+    if (eager) {
+      EXPECT_GE(st.driving_stall_ns, st.stall_ns);
+    }
   }
   // Module 1's update ran ahead of its gather in steps 2, 3 and 5's forward passes and at the
   // gather before the export (step 4's forward found nothing pending: the export applied it).
