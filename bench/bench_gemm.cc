@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "tiermem/error.h"
 
 #if TIERMEM_HAVE_CUDA
@@ -114,9 +115,9 @@ int run_gemm(const GemmOptions&) {
 
 std::function<int()> setup_gemm(CLI::App& sub) {
   auto o = std::make_shared<GemmOptions>();
-  sub.add_option("--rows", o->rows, "rows of the input (B·T tokens)")->default_val(o->rows)->check(CLI::Range(1, 1 << 20));
-  sub.add_option("--d-model", o->d_model, "model width d (the GEMM is [rows, d] x [d, 4d])")->default_val(o->d_model)->check(CLI::Range(1, 1 << 16));
-  sub.add_option("--reps", o->reps, "timed GEMMs (median reported)")->default_val(o->reps)->check(CLI::Range(1, 10000));
+  sub.add_option("--rows", o->rows, "rows of the input (B·T tokens)")->default_val(o->rows)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
+  sub.add_option("--d-model", o->d_model, "model width d (the GEMM is [rows, d] x [d, 4d])")->default_val(o->d_model)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 16));
+  sub.add_option("--reps", o->reps, "timed GEMMs (median reported)")->default_val(o->reps)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 10000));
   sub.add_flag("--json", o->json, "print one JSON object as the last line");
   return [o] { return run_gemm(*o); };
 }

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "tiermem/config.h"
 #include "tiermem/error.h"
 #include "tiermem/tier_simulator.h"
@@ -136,7 +137,7 @@ std::function<int()> setup_prefetch(CLI::App& sub) {
   sub.add_option("--h2d-gbps", a->h2d_gbps, "host->device bandwidth, GB/s");
   sub.add_option("--compute-gbps", a->compute_gbps, "parameter bytes computed per second in forward, GB/s (0 = the bottleneck bandwidth)");
   sub.add_option("--backward-factor", a->backward_factor, "backward compute time / forward compute time");
-  sub.add_option("--steps", a->steps, "simulated steps; metrics from the last")->check(CLI::Range(2, 100));
+  sub.add_option("--steps", a->steps, "simulated steps; metrics from the last")->check(tiermem::cli::whole_number_check())->check(CLI::Range(2, 100));
   sub.add_option("--prefetch-bucket-elems", a->bucket_elems, "stage3_prefetch_bucket_size (elements)");
   sub.add_option("--max-live-elems", a->max_live_elems, "stage3_max_live_parameters (elements)");
   sub.add_option("--max-reuse-elems", a->max_reuse_elems, "stage3_max_reuse_distance (elements)");

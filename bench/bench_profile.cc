@@ -53,6 +53,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "gpt/kernels_cpu.h"
 #include "gpt/model.h"
 #include "nvme/checksum.h"
@@ -536,7 +537,7 @@ CommandSetup setup_profile() {
     sub.add_option("--path", o->path, "directory on the NVMe drive the swap files go to")->default_val(o->path);
     sub.add_option("--size", o->nvme_size, "bytes written then read per repetition")->default_val(o->nvme_size);
     sub.add_option("--copy-size", o->copy_size, "bytes per host<->device copy")->default_val(o->copy_size);
-    sub.add_option("--reps", o->reps, "repetitions (medians)")->default_val(o->reps)->check(CLI::Range(1, 100));
+    sub.add_option("--reps", o->reps, "repetitions (medians)")->default_val(o->reps)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100));
     sub.add_flag("--json", o->json, "last line: {\"profile\": {...}} for tiermem-plan --profile");
     return [o] { return run_profile(*o); };
   };

@@ -33,6 +33,7 @@
 #include <sstream>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "tiermem/error.h"
 
 namespace tiermem::bench {
@@ -94,9 +95,9 @@ std::function<int()> setup(CLI::App& sub) {
   auto o = std::make_shared<Options>();
   sub.add_option("--model", o->model, "tiermem-train model preset")->default_val(o->model);
   sub.add_option("--steps", o->steps, "steps per run (>= 5; the first four are not timed)")
-      ->default_val(o->steps)->check(CLI::Range(kWarmupSteps + 1, 1000));
+      ->default_val(o->steps)->check(tiermem::cli::whole_number_check())->check(CLI::Range(kWarmupSteps + 1, 1000));
   sub.add_option("--rounds", o->rounds, "interleaved rounds of the three runs")->default_val(o->rounds)
-      ->check(CLI::Range(1, 100));
+      ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100));
   sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->default_val(o->seq_len);
   sub.add_option("--batch", o->batch, "sequences per step")->default_val(o->batch);
   sub.add_option("--swap-dir", o->swap_dir, "NVMe swap directory")->default_val(o->swap_dir);
@@ -110,7 +111,7 @@ std::function<int()> setup(CLI::App& sub) {
                  "OMP_NUM_THREADS in all three runs (the model's compute and the engine's AdamW; 0: as the "
                  "environment has it); below the core count it leaves cores to the engine's I/O threads, as a "
                  "GPU's compute would")
-      ->default_val(o->compute_threads)->check(CLI::Range(0, 4096));
+      ->default_val(o->compute_threads)->check(tiermem::cli::whole_number_check())->check(CLI::Range(0, 4096));
   sub.add_flag("--json", o->json, "one JSON object as the last line");
   return [o]() -> int {
     if (o->train.empty()) {

@@ -1,6 +1,8 @@
 // src/train/train_options.cc — command line and effective configuration (train_options.h).
 #include "train/train_options.h"
 
+#include "core/cli_checks.h"
+
 #include <charconv>
 
 #include "tiermem/env.h"
@@ -47,18 +49,6 @@ std::string preset_list() {
 }
 
 }  // namespace
-
-const CLI::Validator& number_check() {
-  static const CLI::Validator check(
-      [](std::string& v) {
-        char* end = nullptr;
-        std::strtod(v.c_str(), &end);
-        const bool number = !v.empty() && end == v.c_str() + v.size();
-        return number ? std::string() : "'" + v + "' is not a number";
-      },
-      "");
-  return check;
-}
 
 const char* const* model_preset_names() { return kPresets; }
 
@@ -137,11 +127,11 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
                                                      preset_list() + ")";
       });
   app.add_option("--layers", o.n_layer, "--model custom: transformer blocks")
-      ->check(number_check())->check(CLI::Range(1, 4096));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 4096));
   app.add_option("--heads", o.n_head, "--model custom: attention heads [default: d_model / 64]")
-      ->check(number_check())->check(CLI::Range(1, 4096));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 4096));
   app.add_option("--d-model", o.d_model, "--model custom: embedding width (a multiple of --heads)")
-      ->check(number_check())->check(CLI::Range(1, 1 << 20));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   app.add_flag("--io-only", o.io_only,
                "benchmarks only: run every gather, gradient reduction and optimizer step with "
                "zero gradients and no model compute (the losses are meaningless)");
@@ -149,7 +139,7 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
                  "vocabulary of the model [default: the preset's with a token file *.bin; 256 "
                  "(byte-level tokens) with text data, said in one line when that shrinks the "
                  "model]; with text, at least 256 (larger keeps e.g. gpt2's 124 M parameters)")
-      ->check(number_check())->check(CLI::Range(1, 1 << 24));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 1 << 24));
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "keep only each transformer block's input in forward and recompute the block in "
                "backward: less activation memory for one more forward per step (config: an "
@@ -159,25 +149,25 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
                  "uint16 token file *.bin (llm.c with header, or nanoGPT headerless) "
                  "[default: /usr/share/games/fortunes]");
   app.add_option("--steps", o.steps, "optimizer steps [default: the demo's, per model]")
-      ->check(number_check())->check(CLI::Range(1, 100000000));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 100000000));
   app.add_option("--batch", o.batch,
                  "micro-batch per rank, sequences (config: train_micro_batch_size_per_gpu)")
-      ->check(number_check())->check(CLI::Range(1, 1 << 20));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   app.add_option("--grad-accum", o.grad_accum,
                  "micro-batches per optimizer step (config: gradient_accumulation_steps)")
-      ->check(number_check())->check(CLI::Range(1, 1 << 20));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   app.add_option("--seq-len", o.seq_len, "tokens per sequence [default: the model's]")
-      ->check(number_check())->check(CLI::Range(1, 1 << 20));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   app.add_option("--lr", o.lr, "peak learning rate (config: optimizer.params.lr)")
-      ->check(number_check())->check(CLI::Range(1e-12, 10.0));
+      ->check(cli::number_check())->check(CLI::Range(1e-12, 10.0));
   app.add_option("--warmup", o.warmup, "linear warm-up steps, then cosine decay to lr/10")
-      ->check(number_check())->check(CLI::Range(0, 100000000));
+      ->check(cli::whole_number_check())->check(CLI::Range(0, 100000000));
   app.add_option("--eval-every", o.eval_every,
                  "held-out eval loss every N steps and at the end; 0 = never")
-      ->check(number_check())->check(CLI::Range(0, 100000000));
+      ->check(cli::whole_number_check())->check(CLI::Range(0, 100000000));
   app.add_option("--eval-batches", o.eval_batches, "micro-batches per eval")
       ->default_val(o.eval_batches)
-      ->check(number_check())->check(CLI::Range(1, 100000));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 100000));
   app.add_option("--config", o.config_path,
                  "DeepSpeed-style ds_config.json (zero_optimization, bf16/fp16, aio, tiermem; "
                  "see docs/config.md)")
@@ -218,11 +208,11 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
       ->check(CLI::IsMember({"auto", "store", "zero", "resident"}));
   app.add_option("--save", o.save_dir, "write a checkpoint to DIR at the end (and --save-every)");
   app.add_option("--save-every", o.save_every, "checkpoint every N steps (needs --save)")
-      ->check(number_check())->check(CLI::Range(1, 100000000));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 100000000));
   app.add_option("--stop-at", o.stop_at,
                  "stop after step N as if interrupted (checkpointing first with --save); the "
                  "schedule still runs to --steps, so --resume continues exactly")
-      ->check(number_check())->check(CLI::Range(1, 100000000));
+      ->check(cli::whole_number_check())->check(CLI::Range(1, 100000000));
   app.add_option("--resume", o.resume_dir, "continue from the checkpoint in DIR (at the saved world size or another: "
                  "keep --batch x ranks as saved)")
       ->check(CLI::ExistingDirectory);

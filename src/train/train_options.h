@@ -16,21 +16,12 @@
 #include "tiermem/config.h"
 #include "tiermem/error.h"
 
-namespace CLI {
-class Validator;
-}
-
 namespace tiermem::train {
-
-// A CLI11 check for numeric options, placed before CLI::Range (which calls a value that is no
-// number at all, "--lr abc", "not in range"): "'abc' is not a number". Adds nothing to --help.
-// Shared by tiermem-train and tiermem-plan.
-const CLI::Validator& number_check();
 
 struct TrainOptions {
   std::string model = "mini";      // preset name (tiny, mini, gpt2, gpt2-medium, ...) or custom
-  int n_layer = 0, n_head = 0, d_model = 0;
-  bool io_only = false;  // --io-only: the engine's traffic without the model's compute (benches)  // --model custom (n_head 0: d_model / 64, at least 1)
+  int n_layer = 0, n_head = 0, d_model = 0;  // --model custom (n_head 0: d_model / 64, at least 1)
+  bool io_only = false;  // --io-only: the engine's traffic without the model's compute (benches)
   std::string data;                // "" = the default corpus (data.h)
   int steps = 0;                   // optimizer steps; 0 = the demo default for the model
   int batch = 0;                   // micro-batch per rank (sequences); 0 = config / default

@@ -2,7 +2,8 @@
 // the default --size; a read job never writes to it (a --size above its size is refused, exit 2,
 // naming both sizes); the bench's own data file is created only in a directory and removed at
 // exit unless --keep; a path that does not exist exits 2 with "does not exist". Every case
-// checksums the user's file before and after.
+// checksums the user's file before and after. The subcommands' ranged options name a value that
+// is no number, or not a whole one, as such (not "not in range").
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -166,6 +167,19 @@ TEST_F(BenchCli, WriteJobWritesTheUsersFileWithinItsSize) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(fs::file_size(dir_ / "user.dat"), 8u << 20);
   EXPECT_TRUE(fs::exists(dir_ / "user.dat"));  // never removed
+}
+
+TEST_F(BenchCli, ARangedOptionThatIsNoWholeNumberIsCalledThat) {
+  for (const char* bad : {"gemm --reps abc", "gemm --rows 1.5", "prefetch --steps x", "profile --reps 2.5"}) {
+    SCOPED_TRACE(bad);
+    const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN + " " + bad + " >/dev/null 2>err.txt";
+    const int status = std::system(cmd.c_str());
+    const std::string err = slurp(dir_ / "err.txt");
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << err;
+    const std::string value = std::string(bad).substr(std::string(bad).rfind(' ') + 1);
+    EXPECT_NE(err.find("'" + value + "' is not a whole number"), std::string::npos) << err;
+    EXPECT_EQ(err.find("not in range"), std::string::npos) << err;
+  }
 }
 
 }  // namespace

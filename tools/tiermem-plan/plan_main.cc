@@ -26,6 +26,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "core/cli_checks.h"
 #include "gpt/model.h"
 #include "plan/plan.h"
 #include "tiermem/device_choice.h"
@@ -299,24 +300,24 @@ int main(int argc, char** argv) {
                                          "custom")->default_val(a.run.model);
   // The same ranges as tiermem-train's flags (train_options.cc).
   app.add_option("--layers", a.run.n_layer, "--model custom: layers")
-      ->check(tiermem::train::number_check())->check(CLI::Range(1, 4096));
+      ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 4096));
   app.add_option("--heads", a.run.n_head, "--model custom: heads [d_model / 64]")
-      ->check(tiermem::train::number_check())->check(CLI::Range(1, 4096));
+      ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 4096));
   app.add_option("--d-model", a.run.d_model, "--model custom: width")
-      ->check(tiermem::train::number_check())->check(CLI::Range(1, 1 << 20));
+      ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   app.add_option("--vocab,--vocab-size", a.vocab, "vocabulary [the preset's; 256 for text data, as tiermem-train]")
-      ->check(tiermem::train::number_check())->check(CLI::Range(1, 1 << 24));
+      ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 24));
   app.add_option("--data", a.run.data, "the run's data: text trains a byte-level vocabulary (256), *.bin keeps "
                                        "the preset's")
       ->check(CLI::ExistingPath);
   app.add_option("--batch", a.run.batch, "micro-batch per rank (sequences)")
-      ->check(tiermem::train::number_check())->check(CLI::Range(1, 1 << 20));
+      ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   app.add_option("--grad-accum", a.run.grad_accum, "micro-batches per step")
-      ->check(tiermem::train::number_check())->check(CLI::Range(1, 1 << 20));
+      ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   app.add_option("--seq-len", a.run.seq_len, "tokens per sequence")
-      ->check(tiermem::train::number_check())->check(CLI::Range(1, 1 << 20));
+      ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   app.add_option("--world-size", a.world_size, "ranks (GPUs) [1]")
-      ->check(tiermem::train::number_check())->check(CLI::Range(1, 1 << 16));
+      ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 16));
   app.add_option("--config", a.run.config_path, "DeepSpeed-style ds_config.json (as tiermem-train)")
       ->check(CLI::ExistingFile);
   app.add_option("--offload", a.run.offload, "offload_param and offload_optimizer device: none, cpu, nvme")
