@@ -47,13 +47,16 @@
 // Tracing: every move is a span on track "<src>-><dst>" (e.g. "nvme->device") and every wait
 // a span on track "wait" when Trace::global() is enabled (API or TIERMEM_TRACE=path); an
 // acquire's miss span has its phase in args ({"phase": "forward"}), and each change of the
-// store's current phase (the latest acquire's) is a sample of the counter "store phase" (the
-// Phase value: 0 forward, 1 backward, 2 optimizer, 3 other, 4 outside-step).
+// driving thread's phase (its latest acquire's; helper threads, HelperThread, do not change it)
+// is a sample of the counter "store phase" (the Phase value: 0 forward, 1 backward,
+// 2 optimizer, 3 other, 4 outside-step).
 //
 // Phases. The counters of stats().phases split the NVMe traffic, stalls and I/O busy time by
-// training phase: an acquire's stall by its `phase`; bytes and busy time by the store's current
-// phase, the phase of the latest acquire() on any thread (with several threads acquiring in
-// different phases, an approximation).
+// training phase: each transfer counts to the phase of the access it serves — the `phase` of
+// the acquire()/fetch()/touch() that made it, or that issued the prefetch hint, whichever thread
+// runs it (an update thread's optimizer reads count to the optimizer while forward runs); a
+// transfer with no access phase (a write-back after release_pin, prefetch(), a call of
+// acquire_for_overwrite) counts to the driving thread's latest phase.
 #pragma once
 
 #include <chrono>
@@ -137,15 +140,16 @@ struct TensorInfo {
 // not read()/write()/register_tensor's own I/O), so that summed over phases each figure is the
 // store's total.
 struct PhaseIoStats {
-  // Bytes read from / written to NVMe by transfers ISSUED while this phase was current (the
-  // phase of the latest acquire() on any thread; Phase::kOther before the first).
+  // Bytes read from / written to NVMe by transfers made for this phase's accesses (the header's
+  // "Phases"; Phase::kOther for those before the first acquire()).
   std::uint64_t nvme_read_bytes = 0;
   std::uint64_t nvme_written_bytes = 0;
   // Time callers waited (TensorStoreStats::stall_ns): an acquire() by its `phase` argument; an
-  // acquire_for_overwrite() that had to wait or make room by the current phase.
+  // acquire_for_overwrite() that had to wait or make room by the driving thread's latest phase.
   std::uint64_t stall_ns = 0;
-  // Wall time during which at least one of those NVMe transfers was in flight, counted to the
-  // phase current at each moment (overlapping transfers once).
+  // Wall time during which at least one of this phase's NVMe transfers was in flight
+  // (overlapping transfers once; two phases' transfers in flight at once count to both, so the
+  // phases' figures may sum to more than the drive's busy time).
   std::uint64_t io_busy_ns = 0;
   // The I/O time callers did not wait for: max(0, io_busy_ns - stall_ns). An estimate: a stall
   // may also wait for room or a device copy, and busy time counts I/O a stall waited on once.
@@ -269,7 +273,7 @@ class TensorStore {
   // elsewhere), so nothing copies half-written bytes. Does not call the policy (the access needs
   // no prefetch). Throws as acquire(); Error when another pin of `id` exists at any
   // tier (its bytes would silently become stale). When it has to wait for a transfer of `id` or
-  // make room, its time counts in stats().stall_ns (to the current phase).
+  // make room, its time counts in stats().stall_ns (to the driving thread's latest phase).
   Pin acquire_for_overwrite(TensorId id, Tier tier);
 
   // Starts making `id` resident and current at `tier` on a worker thread; the future completes

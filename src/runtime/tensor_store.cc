@@ -310,7 +310,8 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
   std::unique_lock lock(m.mu_);
   Entry& e = m.entry(id);
   ++e.uses;
-  m.set_phase(phase);
+  const AccessPhase access(phase);                  // its transfers (and hints) count to `phase`
+  if (!tl_helper_thread) m.set_phase(phase);        // a helper's phase is not the training's
   m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, m.view()));
   bool hit = false;
   void* p = m.ensure(lock, id, tier, Mode::kAcquire, deadline, &hit);
@@ -384,12 +385,12 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
     ++c.pins;
     c.user_writing = true;  // being filled: no transfer may copy from it until it is released
     m.make_newest(e, id, tier);
-    if (stalled) {  // the current phase's: this call has no phase of its own
+    if (stalled) {  // access_phase(): this call has no phase of its own
       const auto ns = static_cast<std::uint64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
       m.stats_.stall_ns += ns;
       if (tl_helper_thread) m.stats_.helper_stall_ns += ns;
-      m.phase_stats(m.io_clock_.phase()).stall_ns += ns;
+      m.phase_stats(m.access_phase()).stall_ns += ns;
     }
     return Pin(this, id, tier, c.ptr, e.info.bytes);
   }
@@ -403,9 +404,11 @@ std::future<void> TensorStore::fetch(TensorId id, Tier tier, Phase phase) {
     std::lock_guard lock(m.mu_);
     Entry& e = m.entry(id);
     ++e.uses;
+    const AccessPhase access(phase);
     m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, m.view()));
   }
-  m.submit([&m, id, tier, promise] {
+  m.submit([&m, id, tier, phase, promise] {
+    const AccessPhase access(phase);
     try {
       const auto deadline = std::chrono::steady_clock::now() +
                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(m.opts.acquire_timeout);
@@ -429,6 +432,7 @@ void TensorStore::touch(TensorId id, Tier tier, Phase phase, bool overwrite) {
   ++e.uses;
   ResidencyView v = m.view();
   v.overwrite = overwrite;
+  const AccessPhase access(phase);
   m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, v));
 }
 
@@ -471,7 +475,8 @@ void TensorStore::release_pin(TensorId id, Tier tier) noexcept {
       ++m.stats_.evictions[idx(tier)];
       m.policy_->on_evicted(id, tier);
     } else {
-      m.submit([this, id, tier] {
+      m.submit([this, id, tier, phase = m.access_phase()] {
+        const AccessPhase access(phase);
         try {
           evict(id, tier);
         } catch (const std::exception& ex) {

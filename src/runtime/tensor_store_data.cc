@@ -64,7 +64,7 @@ void TensorStore::flush() {
         err = std::current_exception();
       }
       lock.lock();
-      m.io_end(nvme);
+      m.io_end(nvme, ph);
       --s.readers;
       h.writing = false;
       m.cv_.notify_all();

@@ -51,6 +51,21 @@
 
 namespace tiermem::store_detail {
 
+// The phase of the access the calling thread serves: set by acquire(), touch() and fetch() for
+// their call, and by a worker for the task it runs (the phase of the call that queued it), so a
+// transfer counts to the phase it was made for whichever thread runs it (Impl::access_phase).
+inline thread_local std::optional<Phase> tl_access_phase;
+class AccessPhase {
+ public:
+  explicit AccessPhase(Phase p) : was_(tl_access_phase) { tl_access_phase = p; }
+  ~AccessPhase() { tl_access_phase = was_; }
+  AccessPhase(const AccessPhase&) = delete;
+  AccessPhase& operator=(const AccessPhase&) = delete;
+
+ private:
+  std::optional<Phase> was_;
+};
+
 enum class State : std::uint8_t { kAbsent, kLoading, kResident, kEvicting };
 enum class Mode : std::uint8_t { kAcquire, kFetch, kPrefetch };
 
@@ -152,7 +167,8 @@ struct TensorStore::Impl {
   std::uint64_t budget_[kNumTiers] = {};                       // const after construction
   std::uint64_t used_[kNumTiers] = {};                         // guarded by mu_
   TensorStoreStats stats_;                                     // guarded by mu_
-  IoBusyClock io_clock_;  // guarded by mu_: the current phase, NVMe transfers in flight
+  IoBusyClock io_clock_;  // guarded by mu_: NVMe transfers in flight, by phase
+  Phase latest_phase_ = Phase::kOther;  // guarded by mu_: the driving thread's latest acquire's
 
   // Worker threads for fetch/prefetch/async write-back: a Boost.Asio thread pool; `pending_`
   // counts tasks posted and not yet finished, for drain().
@@ -246,24 +262,28 @@ struct TensorStore::Impl {
 
   // ---------------------------------------------------------------- phases (mu_ held)
 
-  // The phase of the latest acquire() becomes `p` (stats_.phases, io_clock_); a change is a
-  // sample of the "store phase" counter in the trace (the Phase value).
+  // The phase of the driving thread's latest acquire() becomes `p` (the phase of a transfer no
+  // access phase is set for: access_phase()); a change is a sample of the "store phase" counter
+  // in the trace (the Phase value).
   void set_phase(Phase p) {
-    if (p == io_clock_.phase()) return;
-    const std::uint64_t now = Trace::now_ns();
-    io_clock_.set_phase(p, now);
-    Trace::global().counter("store phase", static_cast<double>(p), now);
+    if (p == latest_phase_) return;
+    latest_phase_ = p;
+    Trace::global().counter("store phase", static_cast<double>(p), Trace::now_ns());
   }
+  // The phase this thread's transfers count to: that of the access it serves (AccessPhase), else
+  // the driving thread's latest.
+  Phase access_phase() const { return tl_access_phase.value_or(latest_phase_); }
   PhaseIoStats& phase_stats(Phase p) { return stats_.phases[static_cast<int>(p)]; }
   // Around a transfer: io_begin(nvme) before mu_ is released for it (returns the phase its bytes
-  // count to: the one current now), io_end(nvme) once mu_ is held again; only a transfer that
-  // reads or writes NVMe (`nvme`) runs the busy clock.
+  // count to: access_phase()), io_end(nvme, that phase) once mu_ is held again; only a transfer
+  // that reads or writes NVMe (`nvme`) runs the busy clock.
   Phase io_begin(bool nvme) {
-    if (nvme) io_clock_.begin(Trace::now_ns());
-    return io_clock_.phase();
+    const Phase ph = access_phase();
+    if (nvme) io_clock_.begin(ph, Trace::now_ns());
+    return ph;
   }
-  void io_end(bool nvme) {
-    if (nvme) io_clock_.end(Trace::now_ns());
+  void io_end(bool nvme, Phase ph) {
+    if (nvme) io_clock_.end(ph, Trace::now_ns());
   }
   // A completed transfer of `e` from tier `from` to tier `to` counted in stats_ (bytes_moved,
   // moves, the NVMe group and the phase `ph` it was issued in).

@@ -121,7 +121,7 @@ void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorI
       err = std::current_exception();
     }
     lock.lock();
-    io_end(nvme);
+    io_end(nvme, ph);
     dst.writing = false;
     if (err) {
       c.state = State::kResident;
@@ -302,7 +302,7 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
       err = std::current_exception();
     }
     lock.lock();
-    io_end(nvme);
+    io_end(nvme, ph);
     --s.readers;
     if (err) {
       if (refresh) {  // keep the (stale) allocation; the home copy is never freed

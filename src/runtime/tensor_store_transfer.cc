@@ -204,7 +204,10 @@ void TensorStore::Impl::issue_hints(const std::vector<PrefetchHint>& hints) {
     if (e.prefetch_queued[idx(h.tier)]) continue;  // one is on its way already
     e.prefetch_queued[idx(h.tier)] = true;
     ++stats_.prefetches_issued;
-    submit([this, h, uses = e.uses] { prefetch_one(h.id, h.tier, uses); });
+    submit([this, h, uses = e.uses, phase = access_phase()] {
+      const AccessPhase access(phase);  // the phase of the access that hinted it
+      prefetch_one(h.id, h.tier, uses);
+    });
   }
 }
 
