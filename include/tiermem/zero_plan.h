@@ -147,6 +147,12 @@ std::uint64_t default_host_budget_bytes();
 // This machine's physical memory in bytes (sysconf), 0 when the OS does not say.
 std::uint64_t physical_memory_bytes();
 
+// Whether `bytes` of address space can be reserved now (an inaccessible, unbacked mapping made and
+// dropped at once): the host pool reserves twice its budget per slot size (PinnedHostPool), so a
+// budget the address space cannot hold fails here rather than at the first allocation. True for
+// 0 bytes. No errors thrown.
+bool address_space_reservable(std::uint64_t bytes);
+
 // Where ZeroEngine::step() writes the new working shards of stage-3 modules homed below the device
 // (offload_param cpu/nvme): at the device tier — no host copy; nothing written down while the
 // device keeps them, so a model whose parameters fit the device pages only its optimizer state —

@@ -19,6 +19,7 @@
 // IoError -> tiermem.IoError, OutOfMemoryError -> MemoryError, other tiermem::Error ->
 // RuntimeError); argument errors are TypeError/ValueError naming the call and the argument.
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -223,7 +224,7 @@ class PyZeroEngine {
   }
 
   ZeroEngine& e() {
-    if (!box_ || !box_->engine) throw nb::value_error("ZeroEngine: the engine has been closed");
+    if (!box_ || !box_->engine) throw std::runtime_error("ZeroEngine: the engine has been closed");  // RuntimeError
     return *box_->engine;
   }
 

@@ -247,6 +247,8 @@ CheckpointReader::CheckpointReader(std::string dir, int rank) : dir_(dir) {
   std::ifstream in(manifest_path_);
   if (!in) {
     if (!fs::exists(dir)) bad(dir, "no such directory");
+    if (!fs::exists(rank_dir_) && rank == 0)
+      bad(dir, "is not a checkpoint: it has no rank0/manifest.json (give the directory a save wrote)");
     if (!fs::exists(rank_dir_))
       bad(dir, fmt::format("has no rank{} directory (was it saved with fewer ranks?)", rank));
     bad(manifest_path_, "missing manifest.json (partial checkpoint?)");

@@ -2,6 +2,7 @@
 // minimum budgets of a ZeroEngine, as pure arithmetic.
 #include "tiermem/zero_plan.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,14 @@ std::uint64_t physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
+
+bool address_space_reservable(std::uint64_t bytes) {
+  if (bytes == 0) return true;
+  void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  munmap(p, bytes);
+  return true;
 }
 
 std::uint64_t default_host_budget_bytes() {

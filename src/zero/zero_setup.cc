@@ -113,6 +113,16 @@ void ZeroEngine::Impl::make_tiers() {
   }
   TensorStoreOptions so = TensorStoreOptions::from_config(cfg);
   so.host_budget_bytes = plan.host_budget_bytes;
+  // The host pool reserves twice the budget of address space for a slot size (pinned_host_pool.cc):
+  // a budget that cannot be reserved is refused now, naming the key, not at the first allocation.
+  if (plan.host_budget_bytes > (std::uint64_t{1} << 62) || !address_space_reservable(2 * plan.host_budget_bytes)) {
+    throw ConfigError("tiermem.host_budget_bytes", std::to_string(plan.host_budget_bytes),
+                      fmt::format("the host pool cannot reserve the {} of address space a budget of {} takes; "
+                                  "set it at most this machine's memory ({}), or 0 for the default ({})",
+                                  format_bytes(2 * std::min(plan.host_budget_bytes, std::uint64_t{1} << 62)),
+                                  format_bytes(plan.host_budget_bytes), format_bytes(physical_memory_bytes()),
+                                  format_bytes(default_host_budget_bytes())));
+  }
   if (const std::uint64_t phys = physical_memory_bytes(); phys > 0 && plan.host_budget_bytes > phys) {
     TM_LOG_WARN("ZERO",
                 "tiermem.host_budget_bytes = {} is more than this machine's memory ({}): it bounds nothing, "

@@ -67,7 +67,34 @@ def test_corrupt_and_foreign_checkpoints_are_refused(torch_or_skip, tmp_path):
         b.load_checkpoint(str(tmp_path / "ckpt"), tag="t")
     with pytest.raises(FileNotFoundError, match="latest"):
         b.load_checkpoint(str(tmp_path / "nothing"))
+    # `latest` naming a path outside the directory, and a directory that is no checkpoint.
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "latest").write_text("../..")
+    with pytest.raises(ValueError, match=r"latest names '\.\./\.\.', not a checkpoint directory"):
+        b.load_checkpoint(str(tmp_path / "outside"))
+    (tmp_path / "empty" / "t").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="is not a checkpoint: it has no rank0/manifest.json"):
+        b.load_checkpoint(str(tmp_path / "empty"), tag="t")
     b.close()
+    # A manifest whose meta was edited: refused at load, naming the key, before anything changes.
+    _, f = _engine(tt, tmp_path)
+    engine_losses(f, data, 1)
+    good = f.save_checkpoint(str(tmp_path / "meta"), tag="m")
+    manifest = os.path.join(good, "rank0", "manifest.json")
+    original = open(manifest).read()
+    for key, value, match in (("global_steps", -3, "'global_steps' = -3 must be an integer >= 0"),
+                              ("micro_steps", "abc", "'micro_steps' = 'abc' must be an integer >= 0"),
+                              ("lr", [-5.0], r"'lr' = \[-5.0\] must be a list of finite learning rates")):
+        m = json.loads(original)
+        meta = json.loads(m["meta"]) if isinstance(m["meta"], str) else m["meta"]
+        meta[key] = value
+        m["meta"] = json.dumps(meta) if isinstance(m["meta"], str) else meta
+        with open(manifest, "w") as out:
+            json.dump(m, out)
+        with pytest.raises(ValueError, match=match):
+            f.load_checkpoint(str(tmp_path / "meta"), tag="m")
+        assert f.global_steps == 1, key  # nothing loaded
+    f.close()
     # A checkpoint of another model is refused naming the first differing engine module.
     _, c = _engine(tt, tmp_path, kind="llama")
     engine_losses(c, data, 1)

@@ -75,6 +75,20 @@ def test_unknown_offload_device(torch_or_skip, tmp_path):
     _assert_nothing_written(tmp_path / "swap")
 
 
+def test_a_nan_in_a_config_dict_names_its_key(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    cfg = ds_config(tmp_path / "swap", "nvme")
+    cfg["optimizer"]["params"]["lr"] = float("nan")
+    with pytest.raises(ValueError, match=r"config key 'optimizer.params.lr' = nan: must be a finite number"):
+        tt.initialize(model=_small(torch), config=cfg)
+    cfg = ds_config(tmp_path / "swap", "nvme")
+    cfg["optimizer"]["params"]["betas"] = [0.9, float("inf")]
+    with pytest.raises(ValueError, match=r"'optimizer.params.betas\[1\]' = inf"):
+        tt.initialize(model=_small(torch), config=cfg)
+    _assert_nothing_written(tmp_path / "swap")
+
+
 def test_budget_below_the_minimum_names_the_key(torch_or_skip, tmp_path):
     torch = torch_or_skip
     import tiermem.torch as tt
@@ -200,6 +214,8 @@ def test_misuse_after_initialize_is_named(torch_or_skip, tmp_path):
     engine.close()
     with pytest.raises(RuntimeError, match="engine that has been closed"):
         m(torch.ones(4, 8))
+    with pytest.raises(RuntimeError, match="the engine was closed"):
+        engine.stats()
 
 
 def test_failed_initialize_leaves_the_model_as_it_was(torch_or_skip, tmp_path):

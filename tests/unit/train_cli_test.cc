@@ -341,6 +341,14 @@ TEST_F(TrainCli, AHostBudgetIsNeverSilentlyIgnored) {
   Result plain = run("--config stage0.json --swap-dir swap");  // no budget: the resident engine, quietly
   EXPECT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_EQ(plain.err.find("ignores the host"), std::string::npos) << plain.err;
+  // A budget beyond what the address space holds is refused before training, naming the key.
+  Result huge = run("--host-budget 100TiB --swap-dir swap");
+  EXPECT_EQ(huge.exit_code, 2) << huge.err;
+  EXPECT_NE(huge.err.find("tiermem-train: error: tiermem.host_budget_bytes = 109951162777600: the host pool "
+                          "cannot reserve the 200.0 TiB of address space"),
+            std::string::npos)
+      << huge.err;
+  EXPECT_EQ(huge.err.find("step 1"), std::string::npos) << huge.err;  // refused before training
 }
 
 // A run refused after its paths were checked (here: a device budget below the largest tensor)

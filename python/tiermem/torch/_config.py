@@ -9,6 +9,7 @@ the value and the rule, and the file); TypeError for a config that is neither a 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from typing import Any, Optional
@@ -36,6 +37,19 @@ def _hidden_size(model: torch.nn.Module) -> Optional[int]:
     return None
 
 
+
+def _refuse_non_finite(node, where: str) -> None:
+    """ValueError naming the key of a NaN or infinite float in a config dict: JSON has no such
+    numbers, so json.dumps would write a token the parser then calls a syntax error."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise ValueError(f"tiermem.torch.initialize: config key '{where}' = {node}: must be a finite number")
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _refuse_non_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(node, (list, tuple)):
+        for j, v in enumerate(node):
+            _refuse_non_finite(v, f"{where}[{j}]")
+
 def load_config(config: Any, model: Optional[torch.nn.Module] = None, world_size: int = 1, quiet: bool = False):
     """Parses `config` (a path to a ds_config JSON file, or a dict) with tiermem's parser.
 
@@ -52,8 +66,9 @@ def load_config(config: Any, model: Optional[torch.nn.Module] = None, world_size
             raise ValueError(f"tiermem.torch.initialize: cannot read config file {path}: {e.strerror}") from None
         source = path
     elif isinstance(config, dict):
+        _refuse_non_finite(config, "")
         try:
-            text = json.dumps(config)
+            text = json.dumps(config, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise ValueError(f"tiermem.torch.initialize: config dict is not JSON-serialisable: {e}") from None
         source = "<config dict>"

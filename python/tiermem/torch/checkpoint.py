@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import pickle
 import sys
@@ -176,7 +177,29 @@ def _read_latest(load_dir: str) -> str:
                                 f"under {load_dir})") from None
     if not tag:
         raise ValueError(f"load_checkpoint: {path} is empty; give tag=")
+    if "/" in tag or "\0" in tag or tag in (".", ".."):
+        raise ValueError(f"load_checkpoint: {path} names {tag!r}, not a checkpoint directory under {load_dir} "
+                         "(a plain directory name, as save_checkpoint writes); give tag=")
     return tag
+
+
+def _meta_count(meta: dict, key: str, where: str) -> int:
+    """meta[key] as a step count: an integer >= 0, else ValueError naming the manifest and key."""
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"load_checkpoint: {where}: meta key {key!r} = {v!r} must be an integer >= 0 "
+                         "(the manifest was edited or damaged)")
+    return v
+
+
+def _meta_lrs(meta: dict, where: str) -> list:
+    """meta['lr'] (one learning rate per param group; absent: none), each a finite number >= 0."""
+    lrs = meta.get("lr", [])
+    if not isinstance(lrs, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in lrs):
+        raise ValueError(f"load_checkpoint: {where}: meta key 'lr' = {lrs!r} must be a list of finite learning "
+                         "rates >= 0 (the manifest was edited or damaged)")
+    return [float(x) for x in lrs]
 
 
 def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optimizer_states: bool = True,
@@ -195,6 +218,9 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
     meta = json.loads(r.meta())
     if meta.get("format") != _FORMAT:
         raise ValueError(f"load_checkpoint: {where} is not a tiermem.torch checkpoint (format {meta.get('format')!r})")
+    # The counters and learning rates, checked before anything is loaded.
+    counts = {k: _meta_count(meta, k, where) for k in ("global_steps", "micro_steps", "skipped_steps")}
+    lrs = _meta_lrs(meta, where)
     units = [[u.name, u.numel] for u in engine.units]
     if meta["units"] != units:
         for i, (a, b) in enumerate(zip(meta["units"], units)):
@@ -253,12 +279,12 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
     if "client_state.pt" in names:
         client_state = _unpickle(r, "client_state.pt")
     if not load_module_only:
-        engine.global_steps = int(meta["global_steps"])
-        engine.micro_steps = int(meta["micro_steps"])
-        engine.skipped_steps = int(meta["skipped_steps"])
+        engine.global_steps = counts["global_steps"]
+        engine.micro_steps = counts["micro_steps"]
+        engine.skipped_steps = counts["skipped_steps"]
         if load_lr_scheduler_states and engine.lr_scheduler is not None and "lr_scheduler.pt" in names:
             engine.lr_scheduler.load_state_dict(_unpickle(r, "lr_scheduler.pt"))
-        for g, lr in zip(engine.optimizer.param_groups, meta.get("lr", [])):
+        for g, lr in zip(engine.optimizer.param_groups, lrs):
             g["lr"] = lr
         if "rng_state.pt" in names:
             _set_rng_state(_unpickle(r, "rng_state.pt"))

@@ -367,7 +367,8 @@ class TiermemEngine:
     def stats(self) -> dict:
         """The engine's counters (bytes per tier, peaks, traffic, prefetches): ZeroStats. With
         several ranks also comm_blocked_s (seconds the training thread waited in collectives, the
-        communication compute did not hide) and comm_calls."""
+        communication compute did not hide) and comm_calls. RuntimeError after close()."""
+        self.check_open()
         st = self._zero.stats()
         ops = self._hooks.link.dist_ops
         if ops is not None:
