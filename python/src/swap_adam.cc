@@ -16,6 +16,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "nvme/made_dirs.h"
 #include "tiermem/adam.h"
 #include "tiermem/error.h"
 #include "tiermem/io_engine.h"
@@ -46,7 +47,7 @@ class PySwapSpace {
  public:
   PySwapSpace(std::vector<std::string> dirs, std::int64_t block_size, std::int64_t queue_depth,
               std::int64_t intra_op_parallelism, bool o_direct, std::int64_t initial_bytes,
-              bool checksum) {
+              bool checksum, bool make_dirs) {
     if (dirs.empty())
       throw nb::value_error("SwapSpace: argument 'dirs' must name at least one directory");
     if (block_size <= 0 || block_size % 4096 != 0)
@@ -65,7 +66,21 @@ class PySwapSpace {
     SwapSpaceOptions so;
     so.initial_bytes_per_path = static_cast<std::uint64_t>(initial_bytes);
     so.checksum = checksum;
-    swap_ = std::make_unique<SwapSpace>(so, std::move(dirs), *engine_);
+    // make_dirs: the missing directories are made (marked) and removed again with the swap space
+    // when nothing else is left in them (nvme/made_dirs.h).
+    std::vector<std::string> made;
+    if (make_dirs) {
+      for (const std::string& d : dirs) {
+        for (std::string& m : detail::make_marked_dirs(d, "")) made.push_back(std::move(m));
+      }
+    }
+    try {
+      swap_ = std::make_unique<SwapSpace>(so, std::move(dirs), *engine_);
+    } catch (...) {
+      for (const std::string& m : made) detail::remove_if_unused(m);
+      throw;
+    }
+    swap_->remove_when_done(std::move(made));
   }
   ~PySwapSpace() {
     // Registered regions first (they name memory the arrays own), then the swap files.
@@ -231,11 +246,12 @@ void bind_swap(nb::module_& m) {
       .def("ready", &Request::ready, "True once complete (never blocks, never raises).");
   nb::class_<PySwapSpace>(m, "SwapSpace")
       .def(nb::init<std::vector<std::string>, std::int64_t, std::int64_t, std::int64_t, bool,
-                    std::int64_t, bool>(),
+                    std::int64_t, bool, bool>(),
            nb::arg("dirs"), nb::arg("block_size") = 1 << 20, nb::arg("queue_depth") = 32,
            nb::arg("intra_op_parallelism") = 1, nb::arg("o_direct") = true,
-           nb::arg("initial_bytes") = 64 << 20, nb::arg("checksum") = false,
-           "Swap files in `dirs` (each must exist, and is locked for this object's lifetime).")
+           nb::arg("initial_bytes") = 64 << 20, nb::arg("checksum") = false, nb::arg("make_dirs") = false,
+           "Swap files in `dirs` (each locked for this object's lifetime). Each must exist, unless "
+           "`make_dirs`: then the missing ones are made, and removed with this object when empty.")
       .def("allocate", &PySwapSpace::allocate, nb::arg("nbytes"),
            "Reserves an extent of `nbytes` bytes; returns its id.")
       .def("free", &PySwapSpace::free, nb::arg("extent"))

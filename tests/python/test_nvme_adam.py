@@ -5,6 +5,7 @@ kernel, so the swap space must return every byte), resume through state_dict bit
 parameters with their fp32 master on NVMe, parameters without gradients, and the errors."""
 
 import copy
+import os
 
 import pytest
 
@@ -147,3 +148,29 @@ def test_errors(torch_or_skip, tmp_path):
     with pytest.raises(RuntimeError, match="closed"):
         first.step()
     NVMeAdamW([p], nvme_path=d)  # the directory is free again
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NotADirectoryError, match="afile.*is a file"):
+        NVMeAdamW([p], nvme_path=str(tmp_path / "afile"))
+
+
+def test_directories_it_made_go_with_it(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    import gc
+    from tiermem.torch import NVMeAdamW
+    p = torch.zeros(10, requires_grad=True)
+    p.grad = torch.ones(10)
+    made = tmp_path / "new" / "deep"
+    opt = NVMeAdamW([p], nvme_path=str(made))
+    opt.step()
+    assert made.is_dir()
+    opt.close()
+    del opt
+    gc.collect()
+    assert not (tmp_path / "new").exists()  # both levels it made, gone
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    opt = NVMeAdamW([p], nvme_path=str(kept))
+    opt.step()
+    del opt
+    gc.collect()
+    assert kept.is_dir() and os.listdir(kept) == []  # the user's directory stays, emptied

@@ -207,8 +207,9 @@ class NVMeAdamW(torch.optim.Optimizer):
     torch.optim.AdamW does.
 
     Arguments beyond CPUAdamW's:
-      nvme_path: a directory, or a list of them (striped); created when missing. Each is locked
-        (file ``tiermem.lock``) while the optimizer lives, so two optimizers need two directories.
+      nvme_path: a directory, or a list of them (striped); created when missing (and removed
+        again with the swap files when nothing else is left in it). Each is locked (file
+        ``tiermem.lock``) while the optimizer lives, so two optimizers need two directories.
         Swap files are deleted by close() or when the optimizer is garbage-collected.
       sub_group_size: elements per sub-group (default 2**24: 64 MiB of moments).
       buffer_count: staging buffers (>= 3: read, step and write in flight at once).
@@ -254,7 +255,8 @@ class NVMeAdamW(torch.optim.Optimizer):
             raise ValueError("NVMeAdamW: argument 'nvme_path' must name a directory (or a list of them)")
         dirs = [os.fspath(d) for d in (nvme_path if isinstance(nvme_path, (list, tuple)) else [nvme_path])]
         for d in dirs:
-            os.makedirs(d, exist_ok=True)
+            if os.path.exists(d) and not os.path.isdir(d):
+                raise NotADirectoryError(f"NVMeAdamW: nvme_path '{d}' is a file, not a directory")
 
         self._sub_groups: list[_SubGroup] = []
         self._chunks_of: dict[int, list[tuple[_SubGroup, _Chunk]]] = {}
@@ -283,7 +285,9 @@ class NVMeAdamW(torch.optim.Optimizer):
         initial = max(sum(self._field_bytes) * self._fields // max(len(dirs), 1) + (8 << 20), 16 << 20)
 
         def make_swap(direct: bool):
-            return _tiermem.SwapSpace(dirs, block_size, queue_depth, intra_op_parallelism, direct, initial, checksum)
+            # make_dirs: what is missing is made, and removed again with the swap space.
+            return _tiermem.SwapSpace(dirs, block_size, queue_depth, intra_op_parallelism, direct, initial, checksum,
+                                      make_dirs=True)
 
         if o_direct is None:
             try:
