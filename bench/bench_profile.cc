@@ -98,9 +98,22 @@ struct NvmeRates {
 // while the second half is written, the requests submitted alternately, the read's rate taken when
 // its last request completes (the overlapped optimizer step's reads beside its write-backs).
 NvmeRates measure_nvme(const ProfileOpts& o, std::uint64_t bytes, std::string* note) {
+  namespace fs = std::filesystem;
   Config cfg;
-  std::filesystem::create_directories(o.path);
-  const std::string file = (std::filesystem::path(o.path) / fmt::format("tiermem-profile-{}.dat", ::getpid())).string();
+  // The directories this run makes (deepest first) go again with its file, also on an error.
+  std::vector<fs::path> made;
+  for (fs::path p = fs::absolute(o.path); !p.empty() && !fs::exists(p); p = p.parent_path()) made.push_back(p);
+  fs::create_directories(o.path);
+  const std::string file = (fs::path(o.path) / fmt::format("tiermem-profile-{}.dat", ::getpid())).string();
+  struct Cleanup {
+    const std::string& file;
+    const std::vector<fs::path>& made;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove(file, ec);
+      for (const fs::path& d : made) fs::remove(d, ec);  // only when empty
+    }
+  } cleanup{file, made};
   std::unique_ptr<IoEngine> io = make_io_engine(cfg);
   IoFile f;
   try {
@@ -150,7 +163,6 @@ NvmeRates measure_nvme(const ProfileOpts& o, std::uint64_t bytes, std::string* n
   for (int i = 0; i < o.reps; ++i) r.push_back(pass(false));
   for (int i = 0; i < o.reps; ++i) m.push_back(mixed());
   io->close_file(f);
-  std::filesystem::remove(file);
   return {median(r), median(w), median(m)};
 }
 
