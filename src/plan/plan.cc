@@ -437,7 +437,8 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   // each stored module's AdamW to its next gather, so the updates run on the compute thread inside
   // the forward pass, whose window is then the forward compute and the updates, or the reads of the
   // state that does not stay cached if longer; the write-backs run beside the backward pass.
-  // tiermem-train times those gathers as communication (the waits also as I/O wait).
+  // tiermem-train times the updates inside those gathers as optimizer time, the rest of the
+  // gathers as communication (their waits also as I/O wait).
   const bool overlap = defers_optimizer_step(z, cfg, params_on_device || host_addressable, /*norm_folded=*/!cfg.fp16.enabled);
   double overlap_step_s = 0;
   if (overlap) {
@@ -464,9 +465,10 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
                                  beside ? 0.0 : m.nvme_write_gbps, opt_nvme > 0 ? (opt_nvme - std::min(opt_nvme, pool_grads)) / opt_nvme : 1.0));
     const double write_wait = std::max(0.0, write_s - bwd);
     overlap_step_s = fwd + read_wait + bwd + write_wait + publish_s + t.stall_s;  // + parameter stalls
-    t.stall_s += read_wait;
-    if (W == 1) t.comm_s += t.adam_s + read_wait;
-    t.optimizer_s = publish_s;
+    // tiermem-train counts a deferred update applied inside a gather, its waits for the state's
+    // reads included, as optimizer time (train_loop.cc time_split), not I/O wait or communication.
+    t.optimizer_wait_s = read_wait;
+    t.optimizer_s = publish_s + t.adam_s + read_wait;
     t.optimizer_deferred = true;
   }
   // On the simulated device the model computes on the host's cores, and each NVMe byte's checksum

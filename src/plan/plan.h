@@ -140,7 +140,7 @@ struct TimePrediction {
   double h2d_s = 0;            // host->device busy time
   double d2h_s = 0;            // device->host / gradient hand-off busy time
   std::string handoff_from;    // world 1: the figures grad_handoff_seconds() priced it from; else empty
-  bool optimizer_deferred = false;  // the overlapped step: AdamW runs inside the forward (in comm_s)
+  bool optimizer_deferred = false;  // the overlapped step: AdamW runs inside the forward (in optimizer_s)
   // The overlapped step with optimizer state streamed from NVMe: how its reads were priced
   // (beside the write-backs, or in turn with them); else empty.
   std::string io_wait_from;
@@ -148,6 +148,9 @@ struct TimePrediction {
   double adam_s = 0;           // CPU Adam over the rank's shard (or the engine's measured step)
   bool adam_measured_step = false;  // adam_s is the profile's optimizer_params_per_s (whole step)
   double optimizer_s = 0;      // the optimizer phase: max(Adam, its NVMe traffic) + publish
+  // The overlapped step: the deferred updates' waits for their state's reads (part of
+  // optimizer_s, as tiermem-train counts them; not in stall_s).
+  double optimizer_wait_s = 0;
   double step_s = 0;
   std::string bottleneck;      // compute | nvme | host->device | communication | optimizer
 };

@@ -81,7 +81,7 @@ nlohmann::json prediction_json(const Prediction& p) {
   j["step_seconds"] = t.step_s;
   j["time_seconds"] = {{"compute", t.compute_s}, {"io_wait", t.stall_s}, {"nvme", t.nvme_s},
                        {"host_to_device", t.h2d_s}, {"gradient_handoff", t.d2h_s},
-                       {"communication", t.comm_s}, {"adam", t.adam_s}, {"optimizer", t.optimizer_s},
+                       {"communication", t.comm_s}, {"adam", t.adam_s}, {"optimizer", t.optimizer_s}, {"optimizer_wait", t.optimizer_wait_s},
                        {"checksum", t.checksum_s}};
   if (!t.handoff_from.empty()) j["gradient_handoff_from"] = t.handoff_from;
   if (!t.io_wait_from.empty()) j["optimizer_reads_from"] = t.io_wait_from;

@@ -266,10 +266,8 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
                      pct(x.compute_s), p.flops_per_step / run.world_size / 1e9,
                      plan::compute_gflops(m, run.model.d_model, static_cast<double>(run.batch) * run.seq_len),
                      x.checksum_s > 0 ? " + " + seconds_text(x.checksum_s) + " of NVMe checksums on the same cores" : "");
-    t += fmt::format("  I/O wait      {:>10} ({:.0f} %)  parameters not yet on the device, optimizer state not yet in "
-                     "the host pool{}\n",
-                     seconds_text(x.stall_s), pct(x.stall_s),
-                     x.io_wait_from.empty() ? "" : " (" + x.io_wait_from + ")");
+    t += fmt::format("  I/O wait      {:>10} ({:.0f} %)  parameters not yet on the device\n", seconds_text(x.stall_s),
+                     pct(x.stall_s));
     t += fmt::format("  nvme link     {:>10} busy      read {}, write {}\n", seconds_text(x.nvme_s),
                      format_bytes(p.nvme_read_bytes), format_bytes(p.nvme_write_bytes));
     t += fmt::format("  host->device  {:>10} busy      {}\n", seconds_text(x.h2d_s), format_bytes(p.h2d_bytes));
@@ -278,9 +276,12 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
                                          : fmt::format("{} of collectives", format_bytes(p.comm_bytes)));
     t += fmt::format("  optimizer     {:>10} ({:.0f} %)  {} {}{}\n", seconds_text(x.optimizer_s), pct(x.optimizer_s),
                      x.adam_measured_step ? "the engine's step" : "Adam", seconds_text(x.adam_s),
-                     x.optimizer_deferred ? ", deferred into the forward pass (counted in communication, as "
-                                            "tiermem-train times it)"
-                                          : "");
+                     x.optimizer_deferred
+                         ? fmt::format(", deferred into the forward pass (counted here, as tiermem-train times it), "
+                                       "{} of it waiting for optimizer state not yet in the host pool{}",
+                                       seconds_text(x.optimizer_wait_s),
+                                       x.io_wait_from.empty() ? "" : " (" + x.io_wait_from + ")")
+                         : "");
     t += fmt::format("throughput      {:.0f} tokens/s, {:.3f} TFLOP/s\n", p.tokens_per_s, p.tflops);
   } else {
     t += "step time       - (give --profile, e.g. from tiermem-bench profile --json)\n";
