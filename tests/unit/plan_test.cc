@@ -260,6 +260,7 @@ TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
       {"--model custom --layers 5000 --d-model 64", "", "", "--layers"},
       {"--model custom --layers five --d-model 64", "", "", "--layers: 'five' is not a whole number"},
       {"--model custom --layers 2.5 --d-model 64", "", "", "--layers: '2.5' is not a whole number"},
+      {"--model mini --host-budget 100TiB", "", "", "cannot reserve the 200.0 TiB of address space"},
       {"--model mini --data nonexistent.txt", "", "", "nonexistent.txt"},
       {"--model mini --config sg.json", "sg.json", R"({"zero_optimization": {"stage": 3, "sub_group_size": 10}})",
        "'zero_optimization.sub_group_size' = 10 is smaller than the shard alignment of 1024"},
