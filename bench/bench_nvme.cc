@@ -201,8 +201,9 @@ int run_nvme(const NvmeOpts& o) {
     } else if (!write && !S_ISBLK(st.st_mode) && size > file_bytes) {
       return bad("--size " + o.size + " (" + std::to_string(size) +
                  " bytes) is larger than --path '" + o.path + "' (" + std::to_string(file_bytes) +
-                 " bytes): a read job never writes to an existing file; give --size " +
-                 std::to_string(file_bytes / bs * bs) + " or less, or a directory");
+                 " bytes): a read job never writes to an existing file; give " +
+                 (file_bytes >= bs ? "--size " + std::to_string(file_bytes / bs * bs) + " or less, or a directory"
+                                   : std::string("a directory (the file holds less than one --bs block)")));
     }
   }
   if (size < bs)

@@ -9,19 +9,23 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 namespace tiermem::cli {
 
-// "'abc' is not a number" unless the whole value parses as a floating-point number (strtod).
+// "'abc' is not a number" unless the whole value parses as a finite floating-point number
+// (strtod; "nan" and "inf" are refused, as no range holds them).
 inline const CLI::Validator& number_check() {
   static const CLI::Validator check(
       [](std::string& v) {
         char* end = nullptr;
-        std::strtod(v.c_str(), &end);
+        const double x = std::strtod(v.c_str(), &end);
         const bool number = !v.empty() && end == v.c_str() + v.size();
-        return number ? std::string() : "'" + v + "' is not a number";
+        if (!number) return "'" + v + "' is not a number";
+        return std::isfinite(x) ? std::string() : "'" + v + "' is not a finite number";
       },
       "");
   return check;
@@ -38,6 +42,21 @@ inline const CLI::Validator& whole_number_check() {
       },
       "");
   return check;
+}
+
+// For a floating-point option whose CLI::Range prints its bounds with six decimals ("not in range
+// 0.000000 to 10.000000" for a bound of 1e-12): placed between number_check() and the Range,
+// "0 is outside [1e-12, 10]", the bounds as --help shows them.
+inline CLI::Validator within(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& v) {
+        const double x = std::strtod(v.c_str(), nullptr);
+        if (x >= lo && x <= hi) return std::string();
+        char text[96];
+        std::snprintf(text, sizeof text, "[%g, %g]", lo, hi);
+        return v + " is outside " + text;
+      },
+      "");
 }
 
 }  // namespace tiermem::cli

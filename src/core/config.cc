@@ -78,11 +78,13 @@ std::uint64_t parse_size(std::string_view text, std::string_view key_path) {
   else if (suffix == "m" || suffix == "mib") mult = 1024.0 * 1024;
   else if (suffix == "g" || suffix == "gib") mult = 1024.0 * 1024 * 1024;
   else if (suffix == "t" || suffix == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (suffix == "p" || suffix == "pib") mult = 1024.0 * 1024 * 1024 * 1024 * 1024;
   else if (suffix == "kb") mult = 1e3;
   else if (suffix == "mb") mult = 1e6;
   else if (suffix == "gb") mult = 1e9;
   else if (suffix == "tb") mult = 1e12;
-  else return fail("unknown unit '" + suffix + "'");
+  else if (suffix == "pb") mult = 1e15;
+  else return fail("unknown unit '" + suffix + "' (known: B, KiB, MiB, GiB, TiB, PiB, kB, MB, GB, TB, PB)");
   double bytes = value * mult;
   if (!std::isfinite(bytes) || bytes >= 1.8e19) return fail("too large");
   if (bytes != std::floor(bytes)) return fail("not a whole number of bytes");

@@ -159,7 +159,7 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
   app.add_option("--seq-len", o.seq_len, "tokens per sequence [default: the model's]")
       ->check(cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   app.add_option("--lr", o.lr, "peak learning rate (config: optimizer.params.lr)")
-      ->check(cli::number_check())->check(CLI::Range(1e-12, 10.0));
+      ->check(cli::number_check())->check(cli::within(1e-12, 10.0))->check(CLI::Range(1e-12, 10.0));
   app.add_option("--warmup", o.warmup, "linear warm-up steps, then cosine decay to lr/10")
       ->check(cli::whole_number_check())->check(CLI::Range(0, 100000000));
   app.add_option("--eval-every", o.eval_every,

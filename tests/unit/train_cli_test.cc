@@ -129,6 +129,9 @@ TEST_F(TrainCli, AValueThatIsNotANumberIsCalledThatNotOutOfRange) {
     Result r = run(bad);
     EXPECT_EQ(r.err.find("not in range"), std::string::npos) << bad << ": " << r.err;
   }
+  // A learning rate outside its range, with the bounds as --help shows them; NaN is no number.
+  expect_usage_error("--lr 0", {"--lr", "0 is outside [1e-12, 10]"});
+  expect_usage_error("--lr nan", {"--lr", "'nan' is not a finite number"});
   // An integer option given a fraction: not a whole number, not out of range.
   for (const char* bad : {"--steps 1.5", "--batch 2e3", "--warmup 0.5"}) {
     expect_usage_error(bad, {std::string(bad).substr(0, std::string(bad).find(' ')), "is not a whole number"});
