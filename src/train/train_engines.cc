@@ -71,6 +71,9 @@ std::unique_ptr<TrainEngine> make_engine(const TrainPlan& plan, const TrainOptio
                 c.tiermem.host_budget_bytes, c.tiermem.device_budget_bytes);
   }
   if (kind == "resident") {
+    // The resident engine has no NVMe traffic to price, but a profile the config names is read
+    // all the same, so a bad one is the same ConfigError whichever engine runs.
+    (void)resolve_nvme_rates(c);
     if (plan.world_size > 1)
       throw NotSupportedError("--engine resident runs one rank; use --engine zero with mpirun");
     return std::make_unique<ResidentEngine>(plan.model, plan.seed);

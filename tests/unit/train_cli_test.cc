@@ -328,6 +328,10 @@ TEST_F(TrainCli, IoBoundFromTheMachineProfile) {
 
   expect_usage_error(offload + "--config missing.json", {"tiermem.machine_profile", "nope/profile.json",
                                                          "tiermem-bench profile --json"});
+  // The resident engine moves nothing to price, and refuses a profile it cannot read all the same.
+  Result resident = run("--engine resident --config missing.json --swap-dir swap");
+  EXPECT_EQ(resident.exit_code, 2) << resident.err;
+  EXPECT_NE(resident.err.find("tiermem.machine_profile"), std::string::npos) << resident.err;
 }
 
 // A budget is honoured or refused: with a config of stage 0 and no offload, --engine auto would
