@@ -132,7 +132,11 @@ class aio_handle(_tiermem._AioHandle):
         if isinstance(num_elem, bool) or not isinstance(num_elem, int) or num_elem < 0:
             raise ValueError(f"new_cpu_locked_tensor: argument 'num_elem' must be an int >= 0, got {num_elem!r}")
         itemsize, kind = _dtype_of(example_tensor, "new_cpu_locked_tensor", "example_tensor")
-        raw = locked_array(num_elem * itemsize)
+        try:
+            raw = locked_array(num_elem * itemsize)
+        except MemoryError:
+            raise MemoryError(f"new_cpu_locked_tensor: cannot allocate {num_elem} elements ({num_elem * itemsize} "
+                              "bytes) of page-locked host memory") from None
         if kind == "torch":
             import torch
 

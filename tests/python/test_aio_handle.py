@@ -145,6 +145,8 @@ def test_torch_locked_tensors(handle, tmp_path, torch_or_skip):
 def test_numpy_locked_array(handle, tmp_path):
     a = handle.new_cpu_locked_tensor(1000, np.zeros(1, np.float32))
     assert a.dtype == np.float32 and a.size == 1000 and a.ctypes.data % 4096 == 0
+    with pytest.raises(MemoryError, match=r"new_cpu_locked_tensor: cannot allocate 1125899906842624 elements"):
+        handle.new_cpu_locked_tensor(1 << 50, np.zeros(1, np.uint8))
 
 
 # ---- bad input: each raises ValueError/TypeError naming the argument -------------------------------

@@ -148,6 +148,8 @@ def test_errors(torch_or_skip, tmp_path):
     with pytest.raises(RuntimeError, match="closed"):
         first.step()
     NVMeAdamW([p], nvme_path=d)  # the directory is free again
+    with pytest.raises(TypeError, match="load_state_dict: expected a dict with 'state'"):
+        NVMeAdamW([p], nvme_path=nvme(tmp_path, "sd")).load_state_dict("garbage")
     (tmp_path / "afile").write_text("x")
     with pytest.raises(NotADirectoryError, match="afile.*is a file"):
         NVMeAdamW([p], nvme_path=str(tmp_path / "afile"))

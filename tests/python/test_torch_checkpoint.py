@@ -113,6 +113,8 @@ def test_fp32_export_loads_into_the_plain_model(torch_or_skip, tmp_path):
     data = batches(4)
     model, a = _engine(tt, tmp_path)
     engine_losses(a, data, 4)
+    with pytest.raises(FileNotFoundError, match="save_fp32_model: the directory of .*nodir.* does not exist"):
+        a.save_fp32_model(str(tmp_path / "nodir" / "model.pt"))
     path = str(tmp_path / "model.pt")
     written = a.save_fp32_model(path)
     assert written == 4 * sum(u.numel for u in a.units)

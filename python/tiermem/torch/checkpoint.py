@@ -338,6 +338,10 @@ def save_fp32_state_dict(engine, path: str) -> int:
     """Writes the model's state dict with fp32 master weights to `path` (torch.load format), one
     engine unit at a time. Returns the number of parameter bytes written."""
     engine.check_open()
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"save_fp32_model: the directory of '{path}' ({parent}) does not exist: make it "
+                                "first")
     tmp = path + ".tmp"
     writer = torch._C.PyTorchFileWriter(tmp)
     refs: dict[int, tuple[_StorageRef, torch.Size, torch.dtype]] = {}

@@ -480,6 +480,10 @@ class NVMeAdamW(torch.optim.Optimizer):
         """Loads a state dict of NVMeAdamW or torch.optim.AdamW (same parameter order): hyper-
         parameters and step counts into the optimizer, moments (and masters) onto NVMe."""
         self._require_open()
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list) or \
+                not isinstance(state_dict.get("state"), dict):
+            raise TypeError("NVMeAdamW.load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' "
+                            f"(a list), as state_dict() returns; got {type(state_dict).__name__}")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError(f"NVMeAdamW.load_state_dict: {len(groups)} param groups given, the optimizer has "
