@@ -151,9 +151,16 @@ struct PhaseIoStats {
   // (overlapping transfers once; two phases' transfers in flight at once count to both, so the
   // phases' figures may sum to more than the drive's busy time).
   std::uint64_t io_busy_ns = 0;
-  // The I/O time callers did not wait for: max(0, io_busy_ns - stall_ns). An estimate: a stall
-  // may also wait for room or a device copy, and busy time counts I/O a stall waited on once.
-  std::uint64_t hidden_io_ns() const { return io_busy_ns > stall_ns ? io_busy_ns - stall_ns : 0; }
+  // Of stall_ns, the waits of helper threads (HelperThread: an engine's update running ahead),
+  // which overlap the driving thread's work rather than hold it up.
+  std::uint64_t helper_stall_ns = 0;
+  // The I/O time the driving thread did not wait for: max(0, io_busy_ns - (stall_ns -
+  // helper_stall_ns)). An estimate: a stall may also wait for room or a device copy, and busy
+  // time counts I/O a stall waited on once.
+  std::uint64_t hidden_io_ns() const {
+    const std::uint64_t waited = stall_ns - helper_stall_ns;
+    return io_busy_ns > waited ? io_busy_ns - waited : 0;
+  }
 };
 
 // Snapshot of counters since the store was made. Indexed [from][to] / [tier] by Tier value.

@@ -389,6 +389,7 @@ class PyZeroEngine {
       ph["nvme_read_bytes"] = x.nvme_read_bytes;
       ph["nvme_written_bytes"] = x.nvme_written_bytes;
       ph["stall_ns"] = x.stall_ns;
+      ph["helper_stall_ns"] = x.helper_stall_ns;
       ph["io_busy_ns"] = x.io_busy_ns;
       ph["hidden_io_ns"] = x.hidden_io_ns();
       phases[kPhaseKeys[p]] = ph;

@@ -322,8 +322,11 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
     const auto ns = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
     m.stats_.stall_ns += ns;
-    if (tl_helper_thread) m.stats_.helper_stall_ns += ns;
     m.phase_stats(phase).stall_ns += ns;
+    if (tl_helper_thread) {
+      m.stats_.helper_stall_ns += ns;
+      m.phase_stats(phase).helper_stall_ns += ns;
+    }
     // The caller was blocked on this move: a span on the `wait` track (the time lost to I/O).
     if (trace_start != 0) {
       Trace::global().complete("miss " + e.info.name + " -> " + std::string(tier_name(tier)), "wait",
@@ -389,8 +392,11 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
       const auto ns = static_cast<std::uint64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
       m.stats_.stall_ns += ns;
-      if (tl_helper_thread) m.stats_.helper_stall_ns += ns;
       m.phase_stats(m.access_phase()).stall_ns += ns;
+      if (tl_helper_thread) {
+        m.stats_.helper_stall_ns += ns;
+        m.phase_stats(m.access_phase()).helper_stall_ns += ns;
+      }
     }
     return Pin(this, id, tier, c.ptr, e.info.bytes);
   }

@@ -318,6 +318,20 @@ TEST_F(StoreTest, AHelperThreadsStallsAreCountedApart) {
   EXPECT_GT(helper_stall, 0u);
   EXPECT_EQ(s.stall_ns(), driver_stall + helper_stall);  // both in the total
   EXPECT_EQ(s.stats().helper_stall_ns, helper_stall);
+  // By phase: the helper's load counts to its access's phase (optimizer), though the driving
+  // thread's latest phase is forward, and its stall as a helper's there, hidden from the driver.
+  {
+    const TensorStoreStats st = s.stats();
+    const PhaseIoStats& fwd = st.phases[static_cast<int>(Phase::kForward)];
+    const PhaseIoStats& opt = st.phases[static_cast<int>(Phase::kOptimizer)];
+    EXPECT_EQ(fwd.nvme_read_bytes, n);
+    EXPECT_EQ(opt.nvme_read_bytes, n);
+    EXPECT_EQ(fwd.helper_stall_ns, 0u);
+    EXPECT_EQ(opt.helper_stall_ns, helper_stall);
+    EXPECT_EQ(opt.stall_ns, helper_stall);
+    EXPECT_GT(opt.io_busy_ns, 0u);
+    EXPECT_EQ(opt.hidden_io_ns(), opt.io_busy_ns);  // nothing of it held up the driving thread
+  }
   EXPECT_TRUE(s.evict(a, Tier::kHost));
   {
     const TensorStore::HelperThread helper;  // a scope on this thread, ended before the miss below
