@@ -219,8 +219,13 @@ def rss_marks():
 
 
 def scalar_stats(engine):
-    """tiermem.torch engine.stats() without its nested values (what a result's JSON keeps)."""
-    return {k: v for k, v in engine.stats().items() if isinstance(v, (int, float, str))}
+    """tiermem.torch engine.stats() without its nested values (what a result's JSON keeps), and
+    its per-phase NVMe figures (`phases`: forward, backward, optimizer, other, outside)."""
+    st = engine.stats()
+    out = {k: v for k, v in st.items() if isinstance(v, (int, float, str))}
+    if isinstance(st.get("phases"), dict):
+        out["phases"] = st["phases"]
+    return out
 
 
 # ---------------------------------------------------------------- the machine
