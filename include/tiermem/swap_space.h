@@ -183,4 +183,13 @@ class SwapSpace {
   std::uint32_t next_first_path_ = 0;
 };
 
+// For a caller that makes its swap directories (the Python SwapSpace with make_dirs): makes `dir`
+// and its missing parents, each marked as tiermem's (src/nvme/made_dirs.h), and returns the ones
+// to hand to SwapSpace::remove_when_done, innermost first. Throws IoError (path, errno) when one
+// cannot be made.
+std::vector<std::string> make_swap_dirs(const std::string& dir);
+// Removes a directory make_swap_dirs listed when nothing but tiermem's marker is left in it (a
+// SwapSpace that failed to open). Never throws.
+void remove_swap_dir_if_unused(const std::string& dir) noexcept;
+
 }  // namespace tiermem

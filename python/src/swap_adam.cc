@@ -16,7 +16,6 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
-#include "nvme/made_dirs.h"
 #include "tiermem/adam.h"
 #include "tiermem/error.h"
 #include "tiermem/io_engine.h"
@@ -67,17 +66,17 @@ class PySwapSpace {
     so.initial_bytes_per_path = static_cast<std::uint64_t>(initial_bytes);
     so.checksum = checksum;
     // make_dirs: the missing directories are made (marked) and removed again with the swap space
-    // when nothing else is left in them (nvme/made_dirs.h).
+    // when nothing else is left in them (make_swap_dirs, swap_space.h).
     std::vector<std::string> made;
     if (make_dirs) {
       for (const std::string& d : dirs) {
-        for (std::string& m : detail::make_marked_dirs(d, "")) made.push_back(std::move(m));
+        for (std::string& m : make_swap_dirs(d)) made.push_back(std::move(m));
       }
     }
     try {
       swap_ = std::make_unique<SwapSpace>(so, std::move(dirs), *engine_);
     } catch (...) {
-      for (const std::string& m : made) detail::remove_if_unused(m);
+      for (const std::string& m : made) remove_swap_dir_if_unused(m);
       throw;
     }
     swap_->remove_when_done(std::move(made));

@@ -482,4 +482,8 @@ SwapStats SwapSpace::stats() const {
   return s;
 }
 
+std::vector<std::string> make_swap_dirs(const std::string& dir) { return detail::make_marked_dirs(dir, ""); }
+
+void remove_swap_dir_if_unused(const std::string& dir) noexcept { detail::remove_if_unused(dir); }
+
 }  // namespace tiermem
