@@ -3,8 +3,10 @@
 #include "plan/plan.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -25,7 +27,10 @@ double number(const nlohmann::json& j, const std::string& key, const std::string
               bool required, const char* sep = ": ") {
   const std::string where = source + sep + key;
   if (!j.contains(key)) {
-    if (required) throw ConfigError(where, "(missing)", "required number is missing");
+    if (required) {
+      throw ConfigError(where, "(missing)",
+                        "required number is missing (tiermem-bench profile --json writes every figure)");
+    }
     return 0;
   }
   const auto& v = j.at(key);
@@ -113,7 +118,11 @@ MachineProfile load_profile(const std::string& path) {
     throw ConfigError("--profile", path, "is a directory: give the JSON file tiermem-bench profile --json wrote");
   }
   std::ifstream in(path);
-  if (!in) throw ConfigError("--profile", path, "cannot open the profile file");
+  if (!in) {
+    throw ConfigError("--profile", path,
+                      std::string("cannot open the profile file: ") + std::strerror(errno) +
+                          " (write one with: tiermem-bench profile --json > profile.json)");
+  }
   std::stringstream ss;
   ss << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);

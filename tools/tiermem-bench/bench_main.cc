@@ -48,10 +48,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  app.name("tiermem-bench");  // the usage line names the tool, not the path it was run by
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // One line, as tiermem-train's and tiermem-plan's errors: the tool, the option and the value.
+    std::string help = "tiermem-bench --help";
+    for (auto& [sub, run] : runs) {
+      if (sub->parsed()) help = "tiermem-bench " + sub->get_name() + " --help";
+    }
+    std::cerr << "tiermem-bench: error: " << e.what() << " (see " << help << ")\n";
+    return 2;
   }
   try {
     for (auto& [sub, run] : runs) {
