@@ -101,7 +101,7 @@ def _forward_only_config(tmp_path):
     return cfg
 
 
-def test_reference_model_forward_only(torch_or_skip, tmp_path):
+def test_reference_model_forward_only(torch_or_skip, tmp_path, capfd):
     torch = torch_or_skip
     hf_or_skip()
     import tiermem.torch as tt
@@ -111,6 +111,8 @@ def test_reference_model_forward_only(torch_or_skip, tmp_path):
     model.requires_grad_(False)
     engine, optimizer, _, sched = tt.initialize(model=model, config=_forward_only_config(tmp_path))
     assert optimizer is None and sched is None
+    banner = capfd.readouterr().err
+    assert "forward only: no optimizer" in banner and "master weights" not in banner, banner
     st = engine.stats()
     assert st["optimizer_state_bytes"] == 0 and st["frozen_param_bytes"] > 0
     b = batches(2)[0]

@@ -263,10 +263,13 @@ class TiermemEngine:
         if not quiet:
             st = self._zero.stats()
             n_frozen = sum(n for n, f in zip(numels, frozen) if f)
+            if self.forward_only:  # no optimizer state, gradients or master weights to place
+                homes = f"params -> {st['param_home']} ({self._zero.working_dtype()}, forward only: no optimizer)"
+            else:
+                homes = (f"params -> {st['param_home']}, optimizer -> {st['optimizer_home']}, gradients -> "
+                         f"{st['gradient_home']} ({self._zero.working_dtype()} working params, fp32 master weights)")
             print(f"tiermem.torch: {len(numels)} engine modules, {sum(numels)} parameters ({n_frozen} frozen), stage "
-                  f"{config['zero_optimization']['stage']}: params -> {st['param_home']}, optimizer -> "
-                  f"{st['optimizer_home']}, gradients -> {st['gradient_home']} ({self._zero.working_dtype()} working "
-                  f"params, fp32 master weights)", file=sys.stderr)
+                  f"{config['zero_optimization']['stage']}: {homes}", file=sys.stderr)
 
     # -------------------------------------------------------------------- DeepSpeed's calls
     def __call__(self, *args, **kwargs):
