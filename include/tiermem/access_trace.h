@@ -61,6 +61,10 @@ class AccessTrace {
   // divergence, or outside a step.
   bool on_access(const Access& a);
 
+  // Drops the trace without counting a divergence or warning (the caller knows this step's order
+  // is not the usual one); the rest of the step in progress is ignored, and the next step records.
+  void forget();
+
   State state() const { return state_; }
   // True while replaying a valid trace whose accesses matched so far in this step.
   bool replaying() const { return state_ == State::kReplaying; }

@@ -96,6 +96,7 @@ class Prefetcher final : public ResidencyPolicy {
 
   void begin_step() override;
   void end_step() override;
+  void forget_trace() override;
   // Records/checks the access (kOutsideStep ones only update recency: no trace, no hints); while
   // replaying returns device hints (nearest first) followed by host hints for the NVMe
   // look-ahead. Each trace position is hinted at most once per step.

@@ -77,6 +77,10 @@ class ResidencyPolicy {
   // replays later ones.
   virtual void begin_step() {}
   virtual void end_step() {}
+  // The step's access order changed for a reason the caller knows (a checkpoint's optimizer state
+  // replaced the updates the next forward would have applied): a recorded order is dropped
+  // without being called a divergence; the step in progress is not recorded, the next one is.
+  virtual void forget_trace() {}
 
   // `id` (of `bytes` bytes) is being acquired at `tier` by the caller now. Returns the tensors to
   // bring up ahead of need (possibly none). TensorStore issues them asynchronously, best-effort:

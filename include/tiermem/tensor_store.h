@@ -343,9 +343,10 @@ class TensorStore {
   void read(TensorId id, std::span<std::byte> out);
   void write(TensorId id, std::span<const std::byte> in);
 
-  // Training step boundaries, forwarded to the policy.
+  // Training step boundaries, forwarded to the policy; forget_trace: ResidencyPolicy's.
   void begin_step();
   void end_step();
+  void forget_trace();
 
   TensorStoreStats stats() const;
   // stats().stall_ns alone (nanoseconds callers have waited, summed over callers), without the

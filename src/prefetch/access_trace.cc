@@ -63,6 +63,17 @@ bool AccessTrace::on_access(const Access& a) {
   return false;
 }
 
+void AccessTrace::forget() {
+  if (valid_) ++generation_;
+  valid_ = false;
+  trace_.clear();
+  pos_ = 0;
+  // The step in progress is the changed one (its first forward has no pending updates to apply):
+  // not the order to record; the next step records.
+  if (state_ != State::kIdle) state_ = State::kDiverged;
+  TM_LOG_DEBUG("PREFETCH", "access trace dropped (the step's order changed on purpose); the next step records anew");
+}
+
 void AccessTrace::diverge(const Access* actual) {
   auto describe = [](const Access& x) {
     return fmt::format("tensor {} ({}, {}, {})", x.id, format_bytes(x.bytes), phase_name(x.phase),

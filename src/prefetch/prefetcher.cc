@@ -58,6 +58,14 @@ void Prefetcher::ensure_derived() {
   derived_gen_ = trace_.generation();
 }
 
+void Prefetcher::forget_trace() {
+  trace_.forget();
+  continuing_ = false;
+  rec_overwrite_.clear();
+  rec_discard_.clear();
+  rec_last_.clear();
+}
+
 void Prefetcher::begin_step() {
   const bool continuing = continuing_;
   continuing_ = false;

@@ -549,6 +549,11 @@ void TensorStore::end_step() {
   impl_->policy_->end_step();
 }
 
+void TensorStore::forget_trace() {
+  std::lock_guard lock(impl_->mu_);
+  impl_->policy_->forget_trace();
+}
+
 TensorStoreStats TensorStore::stats() const {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu_);

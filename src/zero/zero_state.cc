@@ -383,6 +383,8 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   I.sync();
   I.deferred.drop_all();  // a pending update is overwritten by the imported state: dropped
   for (auto& m : I.mods) m.replay.clear();
+  // The next forward applies no update: its order is not the recorded one, on purpose.
+  if (I.store) I.store->forget_trace();
   I.zero_grad();
 
   // Each sub-group in order: filled in place at the host tier by `source` (acquired for

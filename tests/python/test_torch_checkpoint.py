@@ -24,7 +24,7 @@ def _engine(tt, tmp_path, kind="gpt2", **kw):
     return model, engine
 
 
-def test_save_load_continue_bit_for_bit(torch_or_skip, tmp_path):
+def test_save_load_continue_bit_for_bit(torch_or_skip, tmp_path, capfd):
     hf_or_skip()
     import tiermem.torch as tt
     data = batches(12)
@@ -38,11 +38,15 @@ def test_save_load_continue_bit_for_bit(torch_or_skip, tmp_path):
     a.close()
 
     _, b = _engine(tt, tmp_path)
+    capfd.readouterr()
     _, client = b.load_checkpoint(str(tmp_path / "ckpt"))
     assert client == {"epoch": 3}
     assert b.global_steps == 6
     got = engine_losses(b, data[6:], 6)
     assert got == want  # bit for bit: the same floats
+    # The first step after a load applies no deferred updates: an order the engine changed on
+    # purpose, not a divergence to warn about.
+    assert "access trace diverged" not in capfd.readouterr().err
     assert b.get_lr() == lr_want
     b.close()
 

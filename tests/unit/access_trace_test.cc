@@ -81,6 +81,36 @@ TEST(AccessTrace, DifferentTensorInvalidatesWithOneLogLineAndReRecords) {
   EXPECT_EQ(t.invalidations(), 1u);
 }
 
+// forget(): the caller changed this step's order on purpose (a checkpoint's state loaded between
+// steps): the trace goes without a divergence or a log line, the rest of the step in progress is
+// not recorded (it is the unusual one), the next step records and the one after replays.
+TEST(AccessTrace, ForgetDropsTheTraceQuietlyAndTheNextStepRecords) {
+  AccessTrace t;
+  run_step(t, {0, 1, 2, 3});
+  const auto gen = t.generation();
+  t.begin_step();  // between steps, as the engine keeps a step open
+  testing::internal::CaptureStderr();
+  t.forget();
+  EXPECT_FALSE(t.has_trace());
+  EXPECT_NE(t.generation(), gen);
+  for (TensorId id : {2u, 3u}) EXPECT_FALSE(t.on_access(acc(id)));  // the unusual step: ignored
+  t.end_step();
+  EXPECT_FALSE(t.has_trace());
+  run_step(t, {0, 1, 2, 3});  // the usual order again, recorded
+  ASSERT_TRUE(t.has_trace());
+  t.begin_step();
+  EXPECT_TRUE(t.replaying());
+  for (TensorId id : {0u, 1u, 2u, 3u}) EXPECT_TRUE(t.on_access(acc(id)));
+  t.end_step();
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(t.invalidations(), 0u);
+  EXPECT_EQ(t.replayed_steps(), 1u);
+  t.forget();  // outside a step: the trace goes, nothing else
+  EXPECT_EQ(t.state(), AccessTrace::State::kIdle);
+  EXPECT_FALSE(t.has_trace());
+  EXPECT_EQ(t.invalidations(), 0u);
+}
+
 TEST(AccessTrace, PastTheEndAndEarlyEndAreDivergences) {
   AccessTrace t;
   run_step(t, {0, 1});
