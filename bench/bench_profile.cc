@@ -102,6 +102,9 @@ NvmeRates measure_nvme(const ProfileOpts& o, std::uint64_t bytes, std::string* n
   Config cfg;
   // The directories this run makes (deepest first) go again with its file, also on an error.
   std::vector<fs::path> made;
+  if (std::error_code ec; fs::exists(o.path, ec) && !fs::is_directory(o.path, ec)) {
+    throw ConfigError("--path", o.path, "is a file, not a directory: give a directory on the drive to measure");
+  }
   for (fs::path p = fs::absolute(o.path); !p.empty() && !fs::exists(p); p = p.parent_path()) made.push_back(p);
   fs::create_directories(o.path);
   const std::string file = (fs::path(o.path) / fmt::format("tiermem-profile-{}.dat", ::getpid())).string();

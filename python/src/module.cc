@@ -164,7 +164,12 @@ void register_errors(nb::module_& m) {
       inst.attr("length") = e.bytes();
       PyErr_SetObject(g_io_error, inst.ptr());
     } catch (const ConfigError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      // The key and value, when the message does not name the key itself.
+      std::string msg = e.what();
+      if (!e.key_path().empty() && msg.find(e.key_path()) == std::string::npos) {
+        msg = "config key '" + e.key_path() + "' = " + e.value() + ": " + msg;
+      }
+      PyErr_SetString(PyExc_ValueError, msg.c_str());
     } catch (const OutOfMemoryError& e) {
       PyErr_SetString(PyExc_MemoryError, e.what());
     } catch (const NotSupportedError& e) {

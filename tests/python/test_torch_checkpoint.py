@@ -76,6 +76,9 @@ def test_corrupt_and_foreign_checkpoints_are_refused(torch_or_skip, tmp_path):
     (tmp_path / "outside" / "latest").write_text("../..")
     with pytest.raises(ValueError, match=r"latest names '\.\./\.\.', not a checkpoint directory"):
         b.load_checkpoint(str(tmp_path / "outside"))
+    for tag in ("../ckpt/t", "/etc", ".."):  # a tag given leaves the directory no more than `latest` may
+        with pytest.raises(ValueError, match="must be a plain directory name"):
+            b.load_checkpoint(str(tmp_path / "outside"), tag=tag)
     (tmp_path / "empty" / "t").mkdir(parents=True)
     with pytest.raises(RuntimeError, match="is not a checkpoint: it has no rank0/manifest.json"):
         b.load_checkpoint(str(tmp_path / "empty"), tag="t")

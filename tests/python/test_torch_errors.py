@@ -110,6 +110,10 @@ def test_a_host_budget_above_the_machines_memory_is_warned_about(torch_or_skip, 
     engine.backward(loss)
     engine.step()
     engine.close()
+    # One the address space cannot hold is refused, naming the key.
+    cfg = ds_config(tmp_path / "swap2", "cpu", tiermem={"host_budget_bytes": "100TiB"})
+    with pytest.raises(ValueError, match=r"config key 'tiermem.host_budget_bytes' = \d+: the host pool cannot reserve"):
+        tt.initialize(model=_small(torch), config=cfg)
 
 
 def test_a_half_model_under_an_fp32_config_is_said_to_become_fp32(torch_or_skip, tmp_path):
@@ -216,6 +220,8 @@ def test_misuse_after_initialize_is_named(torch_or_skip, tmp_path):
         m(torch.ones(4, 8))
     with pytest.raises(RuntimeError, match="the engine was closed"):
         engine.stats()
+    with pytest.raises(RuntimeError, match="the engine was closed"):
+        engine.get_lr()
 
 
 def test_failed_initialize_leaves_the_model_as_it_was(torch_or_skip, tmp_path):

@@ -113,6 +113,11 @@ def test_reference_model_forward_only(torch_or_skip, tmp_path, capfd):
     assert optimizer is None and sched is None
     banner = capfd.readouterr().err
     assert "forward only: no optimizer" in banner and "master weights" not in banner, banner
+    with pytest.raises(RuntimeError, match="forward-only .* no optimizer state to checkpoint"):
+        engine.save_checkpoint(str(tmp_path / "ck"))
+    assert not (tmp_path / "ck").exists()  # nothing written
+    with pytest.raises(RuntimeError, match="get_lr: this engine runs forward only"):
+        engine.get_lr()
     st = engine.stats()
     assert st["optimizer_state_bytes"] == 0 and st["frozen_param_bytes"] > 0
     b = batches(2)[0]

@@ -159,6 +159,12 @@ TEST_F(BenchCli, MissingPathExitsWith2SayingDoesNotExist) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << slurp(dir_ / "err.txt");
   EXPECT_NE(slurp(dir_ / "err.txt").find("does not exist"), std::string::npos);
   EXPECT_FALSE(fs::exists(dir_ / "no_such_dir"));
+  // The profile's --path is a directory it may make: a file there is refused, naming it, exit 2.
+  const std::string profile = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN +
+                              " profile --path user.dat --size 8M --copy-size 1M --reps 1 >/dev/null 2>err.txt";
+  const int ps = std::system(profile.c_str());
+  EXPECT_TRUE(WIFEXITED(ps) && WEXITSTATUS(ps) == 2) << slurp(dir_ / "err.txt");
+  EXPECT_NE(slurp(dir_ / "err.txt").find("--path = user.dat: is a file"), std::string::npos) << slurp(dir_ / "err.txt");
 }
 
 TEST_F(BenchCli, WriteJobWritesTheUsersFileWithinItsSize) {

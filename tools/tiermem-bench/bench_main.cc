@@ -65,6 +65,12 @@ int main(int argc, char** argv) {
     for (auto& [sub, run] : runs) {
       if (sub->parsed()) return run();
     }
+  } catch (const tiermem::ConfigError& e) {  // bad input: exit 2, as a parse error
+    const std::string msg = e.what();
+    std::cerr << "tiermem-bench: error: "
+              << (msg.find(e.key_path()) == std::string::npos ? e.key_path() + " = " + e.value() + ": " : "")
+              << msg << "\n";
+    return 2;
   } catch (const tiermem::Error& e) {
     std::cerr << "tiermem-bench: error: " << e.what() << "\n";
     return 1;

@@ -99,6 +99,9 @@ def _bytes_view(t: torch.Tensor) -> torch.Tensor:
 def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_state: Optional[dict] = None,
                     save_latest: bool = True) -> str:
     engine.check_open()
+    if engine.forward_only:
+        raise RuntimeError("save_checkpoint: this engine is forward-only (every parameter frozen): it has no "
+                           "optimizer state to checkpoint; save the weights with save_fp32_model(path)")
     tag = str(tag if tag is not None else f"global_step{engine.global_steps}")
     if not tag or "/" in tag or tag in (".", ".."):
         raise ValueError(f"save_checkpoint: tag {tag!r} must be a plain directory name")
@@ -207,6 +210,8 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
     """Returns (path, client_state) as DeepSpeed's engine.load_checkpoint does."""
     engine.check_open()
     tag = str(tag) if tag is not None else _read_latest(load_dir)
+    if not tag or "/" in tag or "\0" in tag or tag in (".", ".."):
+        raise ValueError(f"load_checkpoint: tag {tag!r} must be a plain directory name under {load_dir}")
     d = os.path.join(load_dir, tag)
     rank, world = engine.global_rank, engine.world_size
     r0 = _tiermem.CheckpointReader(d, 0)  # parses and validates the manifest

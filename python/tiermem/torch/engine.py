@@ -314,6 +314,8 @@ class TiermemEngine:
         return self
 
     def get_lr(self) -> list[float]:
+        self.check_open()
+        self._require_trainable("get_lr")
         return [float(g["lr"]) for g in self.optimizer.param_groups]
 
     def offload_states(self, include=None, device=None, pin_memory: bool = True, non_blocking: bool = False) -> int:
