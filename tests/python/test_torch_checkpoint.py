@@ -83,6 +83,12 @@ def test_corrupt_and_foreign_checkpoints_are_refused(torch_or_skip, tmp_path):
     with pytest.raises(RuntimeError, match="is not a checkpoint: it has no rank0/manifest.json"):
         b.load_checkpoint(str(tmp_path / "empty"), tag="t")
     b.close()
+    # A client_state that cannot be pickled: refused before anything is written.
+    _, g = _engine(tt, tmp_path)
+    with pytest.raises(TypeError, match="client_state cannot be pickled"):
+        g.save_checkpoint(str(tmp_path / "fresh" / "ck"), tag="c", client_state={"f": lambda x: x})
+    assert not (tmp_path / "fresh").exists()
+    g.close()
     # A manifest whose meta was edited: refused at load, naming the key, before anything changes.
     _, f = _engine(tt, tmp_path)
     engine_losses(f, data, 1)
@@ -122,6 +128,11 @@ def test_fp32_export_loads_into_the_plain_model(torch_or_skip, tmp_path):
     engine_losses(a, data, 4)
     with pytest.raises(FileNotFoundError, match="save_fp32_model: the directory of .*nodir.* does not exist"):
         a.save_fp32_model(str(tmp_path / "nodir" / "model.pt"))
+    with pytest.raises(IsADirectoryError, match="is a directory: give a file path"):
+        a.save_fp32_model(str(tmp_path))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NotADirectoryError, match="afile.*is a file"):
+        a.save_fp32_model(str(tmp_path / "afile" / "model.pt"))
     path = str(tmp_path / "model.pt")
     written = a.save_fp32_model(path)
     assert written == 4 * sum(u.numel for u in a.units)

@@ -109,10 +109,19 @@ def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_sta
     d = os.path.join(save_dir, tag)
     if os.path.exists(save_dir) and not os.path.isdir(save_dir):
         raise NotADirectoryError(f"save_checkpoint: save_dir '{save_dir}' is a file, not a directory")
-    os.makedirs(save_dir, exist_ok=True)
-    _tiermem.remove_stale_checkpoint_files(d, rank) if os.path.isdir(d) else None
-    w = _tiermem.CheckpointWriter(d, rank, world, engine.global_steps)
+    client_blob = None
+    if client_state:  # pickled first: a value that cannot be is refused before anything is written
+        try:
+            client_blob = _pickled(client_state)
+        except Exception as e:
+            raise TypeError(f"save_checkpoint: client_state cannot be pickled ({e}); give picklable values") from None
+    # The directories this call makes (outermost first) go again if the save fails.
+    made = [p for p in (save_dir, d, os.path.join(d, f"rank{rank}")) if not os.path.exists(p)]
+    w = None
     try:
+        os.makedirs(save_dir, exist_ok=True)
+        _tiermem.remove_stale_checkpoint_files(d, rank) if os.path.isdir(d) else None
+        w = _tiermem.CheckpointWriter(d, rank, world, engine.global_steps)
         n = engine.optimizer_shard_numel
         tier = engine.optimizer_home
         handles = [w.begin_tensor(f"optimizer.{k}", tier, 4 * n, "f32", [n]) for k in _STATE]
@@ -128,8 +137,8 @@ def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_sta
         sched = engine.lr_scheduler
         if sched is not None:
             w.add_tensor("lr_scheduler.pt", "host", _pickled(sched.state_dict()), "u8", [])
-        if client_state:
-            w.add_tensor("client_state.pt", "host", _pickled(client_state), "u8", [])
+        if client_blob is not None:
+            w.add_tensor("client_state.pt", "host", client_blob, "u8", [])
         # torch's RNG (dropout): the continuation draws what the uninterrupted run would have.
         w.add_tensor("rng_state.pt", "host", _pickled(_rng_state()), "u8", [])
         meta = {
@@ -144,7 +153,13 @@ def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_sta
         }
         w.commit(json.dumps(meta))
     except BaseException:
-        w.abandon()
+        if w is not None:
+            w.abandon()
+        for path in reversed(made):  # innermost first; one another rank also writes in stays
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
         raise
     dist = torch.distributed
     several = world > 1 and dist.is_available() and dist.is_initialized()
@@ -344,6 +359,11 @@ def save_fp32_state_dict(engine, path: str) -> int:
     engine unit at a time. Returns the number of parameter bytes written."""
     engine.check_open()
     parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"save_fp32_model: '{path}' is a directory: give a file path, e.g. "
+                                f"{os.path.join(path, 'pytorch_model.pt')}")
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise NotADirectoryError(f"save_fp32_model: the directory of '{path}' ({parent}) is a file")
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"save_fp32_model: the directory of '{path}' ({parent}) does not exist: make it "
                                 "first")
