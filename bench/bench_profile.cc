@@ -513,7 +513,9 @@ int run_profile(const ProfileOpts& o) {
   p["d2h_gbps"] = d2h;
   p["nvme_read_gbps"] = nvme.read;
   p["nvme_write_gbps"] = nvme.write;
-  p["nvme_read_beside_writes_gbps"] = nvme.read_beside_writes;
+  // Measured only when --size holds two requests (a read beside a write); else left out, which
+  // the planner reads as "not measured" (it then prices reads and writes in turn).
+  if (nvme.read_beside_writes > 0) p["nvme_read_beside_writes_gbps"] = nvme.read_beside_writes;
   p["nvme_settings"] = {{"block_size", cfg.aio.block_size_bytes}, {"queue_depth", cfg.aio.queue_depth},
                         {"rings", cfg.aio.intra_op_parallelism}, {"request_bytes", cfg.tiermem.pipeline_chunk_bytes},
                         {"o_direct", note.empty()}, {"path", o.path}};
@@ -524,9 +526,12 @@ int run_profile(const ProfileOpts& o) {
   p["seconds"] = now_s() - t_start;
   std::printf("profile: %s, CPU %s, %d threads\n", device.c_str(), p["cpu_isa"].get<std::string>().c_str(),
               omp_get_max_threads());
-  std::printf("  nvme       read %.2f GB/s, write %.2f GB/s, read beside writes %.2f GB/s (%s)%s\n", nvme.read,
-              nvme.write, nvme.read_beside_writes, o.path.c_str(),
-              note.empty() ? "" : (", " + note).c_str());
+  const std::string beside = nvme.read_beside_writes > 0
+                                 ? fmt::format("{:.2f} GB/s", nvme.read_beside_writes)
+                                 : fmt::format("not measured (it needs --size {} or more)",
+                                               format_bytes(2 * cfg.tiermem.pipeline_chunk_bytes));
+  std::printf("  nvme       read %.2f GB/s, write %.2f GB/s, read beside writes %s (%s)%s\n", nvme.read,
+              nvme.write, beside.c_str(), o.path.c_str(), note.empty() ? "" : (", " + note).c_str());
   std::printf("  copies     h2d %.2f GB/s, d2h %.2f GB/s\n", h2d, d2h);
   std::printf("  cpu adam   %.3g params/s; checksum (XXH3-64, one thread) %.2f GB/s\n", adam, checksum);
   std::printf("  engine     gradient hand-off %.2f / %.2f / %.2f GB/s per byte, %.2f / %.2f / %.2f GB/s per pass "
