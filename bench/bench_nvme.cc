@@ -48,6 +48,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "tiermem/config.h"
 #include "tiermem/error.h"
 #include "tiermem/io_engine.h"
@@ -356,11 +357,11 @@ std::function<int()> setup_nvme(CLI::App& sub) {
   sub.add_option("--rw", o->rw, "read|write|randread|randwrite")
       ->check(CLI::IsMember({"read", "write", "randread", "randwrite"}));
   sub.add_option("--bs", o->bs, "request size (4K multiple), e.g. 1M, 4K");
-  sub.add_option("--qd", o->qd, "requests in flight per job");
+  sub.add_option("--qd", o->qd, "requests in flight per job")->check(tiermem::cli::whole_number_check());
   sub.add_option("--size", o->size,
                  "bytes of the file used, e.g. 1G [default: an existing file's size, else 1G]");
-  sub.add_option("--jobs", o->jobs, "threads, each with its own ring");
-  sub.add_option("--runtime", o->runtime, "seconds");
+  sub.add_option("--jobs", o->jobs, "threads, each with its own ring")->check(tiermem::cli::whole_number_check());
+  sub.add_option("--runtime", o->runtime, "seconds")->check(tiermem::cli::number_check());
   sub.add_option("--engine", o->engine, "uring|posix")->check(CLI::IsMember({"uring", "posix"}));
   sub.add_flag("--sqpoll", o->sqpoll, "IORING_SETUP_SQPOLL");
   sub.add_flag("--fixed-bufs", o->fixed_bufs, "register the buffers (fixed buffers)");

@@ -176,7 +176,8 @@ TEST_F(BenchCli, WriteJobWritesTheUsersFileWithinItsSize) {
 }
 
 TEST_F(BenchCli, ARangedOptionThatIsNoWholeNumberIsCalledThat) {
-  for (const char* bad : {"gemm --reps abc", "gemm --rows 1.5", "prefetch --steps x", "profile --reps 2.5"}) {
+  for (const char* bad : {"gemm --reps abc", "gemm --rows 1.5", "prefetch --steps x", "profile --reps 2.5",
+                          "nvme --qd 1.5", "nvme --jobs two"}) {
     SCOPED_TRACE(bad);
     const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN + " " + bad + " >/dev/null 2>err.txt";
     const int status = std::system(cmd.c_str());
