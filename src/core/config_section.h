@@ -231,6 +231,11 @@ class Section {
         if (!allow_negative && d < 0) negative(key, v);
         return static_cast<long long>(d);
       }
+      if (std::isfinite(d) && d == std::floor(d)) {  // whole, but beyond 63 bits: too large, not mistyped
+        throw ConfigError(path(key), show(v),
+                          "config key '" + path(key) + "' = " + show(v) +
+                              " is out of range: an integer of at most 63 bits (9.2e18) is allowed");
+      }
     }
     bad(key, v, "an integer");
   }

@@ -124,6 +124,19 @@ TEST(Config, BadValuesNameTheKey) {
   expect_key_error(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})", "fp16.enabled");
 }
 
+TEST(Config, AWholeNumberBeyond63BitsIsOutOfRangeNotTheWrongType) {
+  for (const char* text : {R"({"gradient_accumulation_steps": 1e30})", R"({"zero_optimization": {"sub_group_size": 1e20}})"}) {
+    try {
+      parse_config(text);
+      ADD_FAILURE() << "no ConfigError for " << text;
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("is out of range: an integer of at most 63 bits"), std::string::npos) << m;
+      EXPECT_EQ(m.find("wrong type"), std::string::npos) << m;
+    }
+  }
+}
+
 TEST(Config, ANegativeSizeIsOutOfRangeNotTheWrongType) {
   for (const char* text : {R"({"zero_optimization": {"sub_group_size": -5}})", R"({"tiermem": {"host_budget_bytes": -1}})",
                            R"({"aio": {"block_size": -4096.0}})"}) {
