@@ -39,7 +39,10 @@ __version__ = "0.1.0"
 def locked_array(nbytes: int):
     """A zero-filled, 4096-aligned uint8 numpy array of `nbytes` bytes, page-locked (mlock) when
     RLIMIT_MEMLOCK allows (best effort; the memory works either way). Freed (unlocked and
-    unmapped) when the last reference to it, or to any view of it, goes away."""
+    unmapped) when the last reference to it, or to any view of it, goes away. MemoryError for a
+    size no mapping can have (2**63 bytes or more) or the OS refuses."""
+    if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 1 << 63:
+        raise MemoryError(f"locked_array: {nbytes} bytes is beyond any mapping (at most 2**63 - 1)")
     arr, _locked = new_locked_array(nbytes)
     return arr
 

@@ -147,6 +147,8 @@ def test_numpy_locked_array(handle, tmp_path):
     assert a.dtype == np.float32 and a.size == 1000 and a.ctypes.data % 4096 == 0
     with pytest.raises(MemoryError, match=r"new_cpu_locked_tensor: cannot allocate 1125899906842624 elements"):
         handle.new_cpu_locked_tensor(1 << 50, np.zeros(1, np.uint8))
+    with pytest.raises(MemoryError, match=r"new_cpu_locked_tensor: cannot allocate 18446744073709551616 elements"):
+        handle.new_cpu_locked_tensor(1 << 64, np.zeros(1, np.uint8))
 
 
 # ---- bad input: each raises ValueError/TypeError naming the argument -------------------------------

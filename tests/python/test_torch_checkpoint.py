@@ -88,6 +88,15 @@ def test_corrupt_and_foreign_checkpoints_are_refused(torch_or_skip, tmp_path):
     with pytest.raises(TypeError, match="client_state cannot be pickled"):
         g.save_checkpoint(str(tmp_path / "fresh" / "ck"), tag="c", client_state={"f": lambda x: x})
     assert not (tmp_path / "fresh").exists()
+    # A save that fails part way (here: the state export) removes every directory it made, the
+    # missing parents of save_dir included, and names no tag in `latest`.
+    def failing_export(sink):
+        raise RuntimeError("injected export failure")
+    g.export_optimizer_state = failing_export
+    with pytest.raises(RuntimeError, match="injected export failure"):
+        g.save_checkpoint(str(tmp_path / "fresh" / "deep" / "ck"), tag="c")
+    assert not (tmp_path / "fresh").exists()
+    del g.export_optimizer_state
     g.close()
     # A manifest whose meta was edited: refused at load, naming the key, before anything changes.
     _, f = _engine(tt, tmp_path)

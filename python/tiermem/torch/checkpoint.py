@@ -115,8 +115,14 @@ def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_sta
             client_blob = _pickled(client_state)
         except Exception as e:
             raise TypeError(f"save_checkpoint: client_state cannot be pickled ({e}); give picklable values") from None
-    # The directories this call makes (outermost first) go again if the save fails.
-    made = [p for p in (save_dir, d, os.path.join(d, f"rank{rank}")) if not os.path.exists(p)]
+    # The directories this call makes (outermost first: save_dir's missing parents too) go again
+    # if the save fails.
+    made = []
+    top = os.path.abspath(save_dir)
+    while not os.path.exists(top) and os.path.dirname(top) != top:
+        made.insert(0, top)
+        top = os.path.dirname(top)
+    made += [p for p in (d, os.path.join(d, f"rank{rank}")) if not os.path.exists(p)]
     w = None
     try:
         os.makedirs(save_dir, exist_ok=True)
