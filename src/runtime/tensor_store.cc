@@ -321,12 +321,7 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
     ++m.stats_.misses;
     const auto ns = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
-    m.stats_.stall_ns += ns;
-    m.phase_stats(phase).stall_ns += ns;
-    if (tl_helper_thread) {
-      m.stats_.helper_stall_ns += ns;
-      m.phase_stats(phase).helper_stall_ns += ns;
-    }
+    m.count_stall(phase, ns, tl_helper_thread);
     // The caller was blocked on this move: a span on the `wait` track (the time lost to I/O).
     if (trace_start != 0) {
       Trace::global().complete("miss " + e.info.name + " -> " + std::string(tier_name(tier)), "wait",
@@ -391,12 +386,7 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
     if (stalled) {  // access_phase(): this call has no phase of its own
       const auto ns = static_cast<std::uint64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
-      m.stats_.stall_ns += ns;
-      m.phase_stats(m.access_phase()).stall_ns += ns;
-      if (tl_helper_thread) {
-        m.stats_.helper_stall_ns += ns;
-        m.phase_stats(m.access_phase()).helper_stall_ns += ns;
-      }
+      m.count_stall(m.access_phase(), ns, tl_helper_thread);
     }
     return Pin(this, id, tier, c.ptr, e.info.bytes);
   }
@@ -406,15 +396,14 @@ std::future<void> TensorStore::fetch(TensorId id, Tier tier, Phase phase) {
   Impl& m = *impl_;
   auto promise = std::make_shared<std::promise<void>>();
   std::future<void> fut = promise->get_future();
+  const AccessPhase access(phase);  // the hints' and the load's transfers count to `phase`
   {
     std::lock_guard lock(m.mu_);
     Entry& e = m.entry(id);
     ++e.uses;
-    const AccessPhase access(phase);
     m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, m.view()));
   }
-  m.submit([&m, id, tier, phase, promise] {
-    const AccessPhase access(phase);
+  m.submit([&m, id, tier, promise] {
     try {
       const auto deadline = std::chrono::steady_clock::now() +
                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(m.opts.acquire_timeout);
@@ -481,8 +470,7 @@ void TensorStore::release_pin(TensorId id, Tier tier) noexcept {
       ++m.stats_.evictions[idx(tier)];
       m.policy_->on_evicted(id, tier);
     } else {
-      m.submit([this, id, tier, phase = m.access_phase()] {
-        const AccessPhase access(phase);
+      m.submit([this, id, tier] {
         try {
           evict(id, tier);
         } catch (const std::exception& ex) {

@@ -274,6 +274,16 @@ struct TensorStore::Impl {
   // the driving thread's latest.
   Phase access_phase() const { return tl_access_phase.value_or(latest_phase_); }
   PhaseIoStats& phase_stats(Phase p) { return stats_.phases[static_cast<int>(p)]; }
+  // A caller's wait of `ns` in phase `p`, counted in the totals and the phase's; a helper
+  // thread's (`helper`) also as a helper's.
+  void count_stall(Phase p, std::uint64_t ns, bool helper) {
+    stats_.stall_ns += ns;
+    phase_stats(p).stall_ns += ns;
+    if (helper) {
+      stats_.helper_stall_ns += ns;
+      phase_stats(p).helper_stall_ns += ns;
+    }
+  }
   // Around a transfer: io_begin(nvme) before mu_ is released for it (returns the phase its bytes
   // count to: access_phase()), io_end(nvme, that phase) once mu_ is held again; only a transfer
   // that reads or writes NVMe (`nvme`) runs the busy clock.
@@ -368,7 +378,9 @@ struct TensorStore::Impl {
 
   // ---------------------------------------------------------------- workers
 
-  // Runs `fn` on a pool thread. `fn` must not throw (tasks catch and record their own errors).
+  // Runs `fn` on a pool thread, under the access phase of the call that queued it (its transfers
+  // count there: access_phase() now, so mu_ held or an AccessPhase set). `fn` must not throw
+  // (tasks catch and record their own errors).
   void submit(std::function<void()> fn);
 
   void prefetch_one(TensorId id, Tier t, std::uint64_t uses);

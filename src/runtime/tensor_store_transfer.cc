@@ -163,8 +163,11 @@ void TensorStore::Impl::submit(std::function<void()> fn) {
     std::lock_guard lock(q_mu_);
     ++pending_;
   }
-  boost::asio::post(*pool_, [this, fn = std::move(fn)] {
-    fn();  // never throws: tasks catch their own errors
+  boost::asio::post(*pool_, [this, fn = std::move(fn), phase = access_phase()] {
+    {
+      const AccessPhase access(phase);
+      fn();  // never throws: tasks catch their own errors
+    }
     {
       std::lock_guard lock(q_mu_);
       --pending_;
@@ -204,10 +207,7 @@ void TensorStore::Impl::issue_hints(const std::vector<PrefetchHint>& hints) {
     if (e.prefetch_queued[idx(h.tier)]) continue;  // one is on its way already
     e.prefetch_queued[idx(h.tier)] = true;
     ++stats_.prefetches_issued;
-    submit([this, h, uses = e.uses, phase = access_phase()] {
-      const AccessPhase access(phase);  // the phase of the access that hinted it
-      prefetch_one(h.id, h.tier, uses);
-    });
+    submit([this, h, uses = e.uses] { prefetch_one(h.id, h.tier, uses); });  // the hinting access's phase
   }
 }
 
