@@ -287,6 +287,15 @@ class ZeroEngine {
   // buffer is freed by the engine. Errors as the span form; one raised on the gradient thread is
   // rethrown by the next of those calls.
   void reduce_gradients(int module, std::vector<float>&& grad);
+  // As the taking form, with memory the caller lends instead of gives: `grad` (numel fp32
+  // elements) must stay valid and unchanged until the engine drops `keep` (the caller's hold on
+  // that memory; its deleter releases it). With one rank and stage 2/3 the engine drops it on the
+  // gradient thread once the additions are done (so the deleter runs there, and must not block
+  // on anything the caller holds while it waits on the engine); otherwise the call is the span
+  // form, and `keep` is dropped before it returns. The engine neither frees nor writes `grad`, and
+  // does not count it in its host bytes. For a framework's own gradient tensor (tiermem.torch
+  // lends its flat gradient buffer). Errors as the taking form; `keep` is dropped on every path.
+  void reduce_gradients(int module, std::span<const float> grad, std::shared_ptr<const void> keep);
   // A zeroed fp32 buffer of module_numel(module) elements for the module's gradient, to be handed
   // back through reduce_gradients(module, std::vector&&): the buffer of the hand-off before the
   // last one when it was big enough (zeroed on the gradient thread after its additions, so the

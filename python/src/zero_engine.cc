@@ -18,6 +18,7 @@
 // Errors: as the rest of the extension (tiermem::ConfigError -> ValueError naming the key,
 // IoError -> tiermem.IoError, OutOfMemoryError -> MemoryError, other tiermem::Error ->
 // RuntimeError); argument errors are TypeError/ValueError naming the call and the argument.
+#include <mutex>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -43,12 +44,37 @@ struct PyConfig {
 
 // The engine and the communicator it runs over, shared by the Python object and every gathered
 // tensor's owner.
+// Arrays lent to the engine (reduce_gradients(lend=True)). The engine drops its hold on one on its
+// gradient thread, which must not take the GIL (the driving thread may hold it while it waits for
+// that thread), so the hold only moves the object here; release() lets it go with the GIL held.
+struct LentArrays {
+  std::mutex mu;
+  std::vector<PyObject*> dropped;
+  void drop(PyObject* o) noexcept {
+    std::lock_guard<std::mutex> lock(mu);
+    try {
+      dropped.push_back(o);
+    } catch (...) {  // no room to record it: the object leaks rather than being released without the GIL
+    }
+  }
+  void release() noexcept {  // with the GIL held
+    std::vector<PyObject*> v;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      v.swap(dropped);
+    }
+    for (PyObject* o : v) Py_DECREF(o);
+  }
+};
+
 struct EngineBox {
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<ZeroEngine> engine;
-  ~EngineBox() {
+  LentArrays lent;  // outlives the engine, which drops what it holds when it goes
+  ~EngineBox() {     // with the GIL held (the last PyZeroEngine or gathered tensor going)
     engine.reset();  // before the communicator it uses
     comm.reset();
+    lent.release();
   }
 };
 
@@ -225,6 +251,7 @@ class PyZeroEngine {
 
   ZeroEngine& e() {
     if (!box_ || !box_->engine) throw std::runtime_error("ZeroEngine: the engine has been closed");  // RuntimeError
+    box_->lent.release();  // arrays the engine is done with
     return *box_->engine;
   }
 
@@ -252,11 +279,20 @@ class PyZeroEngine {
 
   bool prefetch_gather(int module, const std::string& phase) { return e().prefetch_gather(module, phase_of(phase)); }
 
-  void reduce_gradients(int module, nb::handle grad) {
+  void reduce_gradients(int module, nb::handle grad, bool lend) {
     ZeroEngine& en = e();
     const std::size_t n = en.module_numel(module);
     const float* p = f32_array(grad, n, "ZeroEngine.reduce_gradients", "grad");
-    en.reduce_gradients(module, std::span<const float>(p, n));
+    if (!lend) {
+      en.reduce_gradients(module, std::span<const float>(p, n));
+      return;
+    }
+    // The engine holds `grad` (one reference) until its additions are done; LentArrays lets it go.
+    LentArrays* lent = &box_->lent;
+    PyObject* o = grad.ptr();
+    Py_INCREF(o);
+    std::shared_ptr<const void> keep(o, [lent](const void* q) { lent->drop(static_cast<PyObject*>(const_cast<void*>(q))); });
+    en.reduce_gradients(module, std::span<const float>(p, n), std::move(keep));
   }
 
   void set_module_params(int module, nb::handle values) {
@@ -416,6 +452,7 @@ class PyZeroEngine {
   void close() {
     if (!box_) return;
     if (box_->engine) box_->engine->synchronize();
+    box_->lent.release();  // what the engine was lent (synchronize waited for it)
     box_.reset();  // the engine goes with the last gathered tensor
   }
 
@@ -488,7 +525,12 @@ void bind_zero_engine(nb::module_& m) {
            "gather(module) takes it. False where there is nothing to start (one rank, a module kept whole). "
            "Collective: every rank must call it for the same modules in the same order.")
       .def("reduce_gradients", &PyZeroEngine::reduce_gradients, nb::arg("module"), nb::arg("grad"),
-           "Adds this rank's gradient of the module (float32, numel; copied before the call returns).")
+           nb::arg("lend") = false,
+           "Adds this rank's gradient of the module (a contiguous CPU float32 array of numel). lend=False: "
+           "read before the call returns. lend=True: the engine keeps a reference and may read it on its "
+           "gradient thread after the call returns (one rank, stage 2/3; at most one in flight, waited for "
+           "by the next reduce_gradients, step(), synchronize() or zero_grad()), so the caller must not "
+           "write it until then; an error there is raised by that next call.")
       .def("set_module_params", &PyZeroEngine::set_module_params, nb::arg("module"), nb::arg("values"),
            "Replaces the module's master weights and working parameters (float32, numel).")
       .def("step", &PyZeroEngine::step, "AdamW over every sub-group; returns {skipped, loss_scale, grad_norm, step}.")

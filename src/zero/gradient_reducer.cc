@@ -153,24 +153,36 @@ void GradientReducer::reduce(int module, std::span<const float> grad) {
 }
 
 void GradientReducer::hand_off(int module, std::vector<float>&& grad) {
-  auto work = std::make_shared<std::vector<Work>>(pin(module, 0, grad.size()));
   auto buf = std::make_shared<std::vector<float>>(std::move(grad));
-  task_.start([this, work, buf] {
-    try {
-      // Leaves what it read zero: the buffer is ready to be handed out again (buffer()).
-      const std::size_t zeroed = add(*work, 0, buf->data(), buf->data());
-      if (zeroed != buf->size()) std::fill(buf->begin(), buf->end(), 0.0f);  // pieces not covering it all
-    } catch (...) {
-      work->clear();  // the pins go before the error is reported
-      throw;
-    }
-    work->clear();
-  });
+  // Leaves what it read zero: the buffer is ready to be handed out again (buffer()).
+  start_task(module, std::span<const float>(*buf), buf, buf->data());
   task_buf_ = buf;
   task_bytes_ = buf->size() * sizeof(float);
   // The spare is not sampled here: it is the buffer the caller's next buffer() takes (counted by
   // the caller then), and until then it stands for the one the caller just gave up.
   sample_host_peak_(spare_.capacity() * sizeof(float));
+}
+
+void GradientReducer::lend(int module, std::span<const float> grad, std::shared_ptr<const void> keep) {
+  // The caller's memory: not counted in host_bytes(), never cleared.
+  start_task(module, grad, std::move(keep), nullptr);
+}
+
+void GradientReducer::start_task(int module, std::span<const float> grad, std::shared_ptr<const void> keep,
+                                 float* clear) {
+  auto work = std::make_shared<std::vector<Work>>(pin(module, 0, grad.size()));
+  task_.start([this, work, grad, keep = std::move(keep), clear]() mutable {
+    try {
+      const std::size_t zeroed = add(*work, 0, grad.data(), clear);
+      if (clear != nullptr && zeroed != grad.size()) std::fill(clear, clear + grad.size(), 0.0f);
+    } catch (...) {
+      work->clear();  // the pins go before the error is reported
+      keep.reset();
+      throw;
+    }
+    work->clear();
+    keep.reset();  // done with the memory: the owner may reuse it before the task is joined
+  });
 }
 
 std::vector<float> GradientReducer::buffer(std::size_t n) {

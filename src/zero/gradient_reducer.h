@@ -63,6 +63,9 @@ class GradientReducer {
   // The same for stages 2-3 on one rank, taking the buffer: the pins are taken now (in call
   // order), the additions run on the reducer's thread. The buffer comes back zeroed as the spare.
   void hand_off(int module, std::vector<float>&& grad);
+  // The same with memory the caller lends: `grad` is read (never written) on the reducer's
+  // thread, which drops `keep` (the caller's hold on that memory) once its additions are done.
+  void lend(int module, std::span<const float> grad, std::shared_ptr<const void> keep);
   // A zeroed buffer of `numel` elements: the spare when it is large enough, else a new one.
   std::vector<float> buffer(std::size_t numel);
   void wait_hand_off();  // rethrows the hand-off's error
@@ -101,6 +104,9 @@ class GradientReducer {
   // left zero; returns how many were cleared.
   std::size_t add(std::vector<Work>& work, std::size_t begin, const float* src, float* clear = nullptr);
   void complete_front();
+  // hand_off and lend: pins now (driving thread), adds on the reducer's thread, clearing `clear`
+  // (nullptr or grad's own memory) as it reads, then drops `keep`.
+  void start_task(int module, std::span<const float> grad, std::shared_ptr<const void> keep, float* clear);
 
   Communicator& comm_;
   const EngineShape& shape_;

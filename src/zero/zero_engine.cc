@@ -359,19 +359,33 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
   I.reducer.reduce(module, grad);  // by stage and world: gradient_reducer.h
 }
 
+bool ZeroEngine::Impl::begin_hand_off(int module, std::size_t numel) {
+  finalize();
+  reducer.wait_hand_off();  // one hand-off in flight; its error surfaces here
+  if (shape.world != 1 || shape.stage < 2 || module < 0 || module >= static_cast<int>(mods.size()) ||
+      numel != mods[static_cast<std::size_t>(module)].numel || mods[static_cast<std::size_t>(module)].frozen) {
+    return false;
+  }
+  open_step_window();
+  apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
+  ++mods[static_cast<std::size_t>(module)].grad_calls;
+  return true;
+}
+
 void ZeroEngine::reduce_gradients(int module, std::vector<float>&& grad) {
-  Impl& I = *impl_;
-  I.finalize();
-  I.reducer.wait_hand_off();  // one hand-off in flight; its error surfaces here
-  if (I.shape.world != 1 || I.shape.stage < 2 || module < 0 || module >= num_modules() ||
-      grad.size() != I.mods[static_cast<std::size_t>(module)].numel || I.mods[static_cast<std::size_t>(module)].frozen) {
+  if (!impl_->begin_hand_off(module, grad.size())) {
     reduce_gradients(module, std::span<const float>(grad));  // synchronous (or bucketed), or its error
     return;
   }
-  I.open_step_window();
-  I.apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
-  ++I.mods[static_cast<std::size_t>(module)].grad_calls;
-  I.reducer.hand_off(module, std::move(grad));
+  impl_->reducer.hand_off(module, std::move(grad));
+}
+
+void ZeroEngine::reduce_gradients(int module, std::span<const float> grad, std::shared_ptr<const void> keep) {
+  if (!impl_->begin_hand_off(module, grad.size())) {
+    reduce_gradients(module, grad);  // synchronous (or bucketed), or its error; keep goes on return
+    return;
+  }
+  impl_->reducer.lend(module, grad, std::move(keep));
 }
 
 std::vector<float> ZeroEngine::gradient_buffer(int module) {

@@ -135,6 +135,12 @@ struct ZeroEngine::Impl {
     return {cfg.zero.reduce_bucket_size_elems, cfg.zero.overlap_comm, opts.max_inflight_buckets,
             opts.alignment_elems};
   }
+  // The common start of the reduce_gradients forms that run on the gradient thread (taking or
+  // lending the buffer): waits for the hand-off in flight, then, when this one can run there too
+  // (one rank, stage 2/3, a known trainable module of `numel` elements), opens the step window,
+  // applies the module's pending update and counts the call. False: the caller runs the span form
+  // instead (which also reports a bad call). zero_engine.cc.
+  bool begin_hand_off(int module, std::size_t numel);
   // Before module's working shard is read for a gather: its deferred update of the last step, or
   // the replay of its accesses outside the step (zero_engine.cc).
   void before_gather(int module, Phase phase);

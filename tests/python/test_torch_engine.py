@@ -103,3 +103,42 @@ engine.close()
     assert spans, tracks
     assert any("nvme" in t for t in tracks), tracks
     assert not (tmp_path / "run.trace.json.tmp").exists()
+
+
+def test_a_lent_gradient_is_read_then_let_go(torch_or_skip, tmp_path):
+    """ZeroEngine.reduce_gradients(lend=True), what the units call: the engine holds the array
+    while its gradient thread adds it (one rank, stage 3), never writes it, and lets go of it once
+    done; the step is the one a copied gradient gives, bit for bit; a bad array is an exception
+    that leaks no reference."""
+    import sys
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    from torch_models import ds_config
+
+    masters = []
+    for lend in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 32)
+        engine, _, _, _ = tt.initialize(model=model, model_parameters=model.parameters(),
+                                        config=ds_config(tmp_path / str(lend), "nvme"))
+        z = engine._zero
+        n = z.module_numel(0)
+        g = torch.linspace(-1.0, 1.0, n, dtype=torch.float32)
+        before = g.clone()
+        held = sys.getrefcount(g)
+        z.reduce_gradients(0, g, lend=lend)
+        z.synchronize()
+        z.num_modules()  # the next call lets go of what the engine is done with
+        assert sys.getrefcount(g) == held
+        assert torch.equal(g, before)
+        z.step()
+        masters.append(z.export_master(0).clone())
+        with pytest.raises(ValueError, match="float32"):
+            z.reduce_gradients(0, g.double(), lend=True)
+        bad = torch.zeros(n + 1)
+        held = sys.getrefcount(bad)
+        with pytest.raises(ValueError, match="elements"):
+            z.reduce_gradients(0, bad, lend=True)
+        assert sys.getrefcount(bad) == held
+        engine.close()
+    assert torch.equal(masters[0], masters[1])

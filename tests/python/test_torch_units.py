@@ -19,7 +19,8 @@ class FakeEngine:
     def prefetch_gather(self, index, phase):
         self.calls.append(("prefetch", index, phase))
 
-    def reduce_gradients(self, index, grad):
+    def reduce_gradients(self, index, grad, lend=False):
+        assert lend, "the units lend their gradient buffer (the engine reads it on its gradient thread)"
         self.calls.append(("reduce", index, grad.clone()))
 
     def set_module_params(self, index, values):

@@ -855,6 +855,65 @@ TEST(ZeroEngine, GradientBuffersComeBackZeroedAndChangeNothing) {
   for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(masters[0][m], masters[1][m])) << "module " << m;
 }
 
+// reduce_gradients(module, span, keep): the engine reads lent memory (never writes it), lets go
+// of it once its additions are done, and the result is the span form's bit for bit; where it
+// cannot run on the gradient thread (stage 1, a bad module) it lets go before returning.
+TEST(ZeroEngine, LentGradientsAreReadOnlyLetGoAndChangeNothing) {
+  auto comm = make_single_communicator();
+  const std::string dir = nvme_dir() + "/lent";
+  std::vector<std::vector<float>> masters[2];
+  for (int lend = 0; lend < 2; ++lend) {
+    Config cfg = mlp_config(3, "nvme", dir + std::to_string(lend), 2, R"(, "gradient_clipping": 0.5)");
+    cfg.zero.stage3_param_persistence_threshold_elems = 0;
+    ZeroEngine e(cfg, *comm);
+    auto init = testing::mlp_init();
+    e.register_module("fc1", init[0]);
+    e.register_module("fc2", init[1]);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::shared_ptr<std::vector<float>>> lent;
+      for (int round = 0; round < 2; ++round) {  // two micro-batches: the second adds into the first
+        for (int m : {1, 0}) {
+          auto g = std::make_shared<std::vector<float>>(e.module_numel(m));
+          for (std::size_t i = 0; i < g->size(); ++i) (*g)[i] = 0.01f * static_cast<float>((i * 7 + m + step + round) % 13) - 0.06f;
+          if (lend) {
+            e.reduce_gradients(m, std::span<const float>(*g), g);
+            lent.push_back(g);
+          } else {
+            e.reduce_gradients(m, std::span<const float>(*g));
+          }
+        }
+      }
+      e.synchronize();  // the last hand-off done: every lent buffer let go, none written
+      for (std::size_t k = 0; k < lent.size(); ++k) {
+        EXPECT_EQ(lent[k].use_count(), 1) << "step " << step << ", lent buffer " << k << " still held";
+        const int m = k % 2 == 0 ? 1 : 0, round = static_cast<int>(k / 2);
+        for (std::size_t i = 0; i < lent[k]->size(); ++i) {
+          ASSERT_EQ((*lent[k])[i], 0.01f * static_cast<float>((i * 7 + m + step + round) % 13) - 0.06f)
+              << "lent buffer " << k << " was written at " << i;
+        }
+      }
+      e.step();
+    }
+    // A bad module: the error, and the hold let go before it is thrown.
+    auto bad = std::make_shared<std::vector<float>>(e.module_numel(0));
+    EXPECT_THROW(e.reduce_gradients(2, std::span<const float>(*bad), bad), Error);
+    EXPECT_EQ(bad.use_count(), 1);
+    masters[lend] = {e.export_master(0), e.export_master(1)};
+    std::filesystem::remove_all(dir + std::to_string(lend));
+  }
+  for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(masters[0][m], masters[1][m])) << "module " << m;
+  // Stage 1 (no gradient thread): the span form runs, and the hold goes before the call returns.
+  Config cfg = mlp_config(1, "none", dir + "s1", 2, "");
+  ZeroEngine e(cfg, *comm);
+  auto init = testing::mlp_init();
+  e.register_module("fc1", init[0]);
+  e.register_module("fc2", init[1]);
+  auto g = std::make_shared<std::vector<float>>(e.module_numel(0), 0.5f);
+  e.reduce_gradients(0, std::span<const float>(*g), g);
+  EXPECT_EQ(g.use_count(), 1) << "stage 1 reduces before returning";
+  std::filesystem::remove_all(dir + "s1");
+}
+
 TEST(ZeroEngine, FoldedClippingNormEqualsThePrePass) {
   auto comm = make_single_communicator();
   const std::string dir = nvme_dir() + "/fold";

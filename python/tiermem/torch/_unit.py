@@ -269,7 +269,9 @@ class Unit:
                     grad[off:off + n].zero_()
         self.received = 0
         self.got = set()
-        self.link.engine.reduce_gradients(self.index, grad)
+        # Lent, not copied: the engine adds it into the partitions on its gradient thread while
+        # backward goes on, and lets go of it once done (nothing here writes it again).
+        self.link.engine.reduce_gradients(self.index, grad, lend=True)
 
     def end_backward(self) -> None:
         """The end of a backward: a buffer still here (some of its parameters got no gradient: they
