@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "bench/triad_kernel.h"
 #include "tiermem/adam.h"
 #include "tiermem/config.h"
@@ -161,8 +162,8 @@ int run_adam(const AdamOpts& o) {
 std::function<int()> setup_adam(CLI::App& sub) {
   auto o = std::make_shared<AdamOpts>();
   sub.add_option("--params", o->params, "comma-separated parameter counts (64M, 128M, 1e8)")->capture_default_str();
-  sub.add_option("--reps", o->reps, "interleaved repetitions per size (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
-  sub.add_option("--threads", o->threads, "threads (0 = OpenMP default)")->capture_default_str();
+  sub.add_option("--reps", o->reps, "interleaved repetitions per size (median reported)")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
+  sub.add_option("--threads", o->threads, "threads (0 = OpenMP default)")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(0, 4096));
   sub.add_flag("--no-scalar", o->no_scalar, "skip the scalar baseline");
   sub.add_option("--half", o->half, "the fused copy-out: bf16, or none (28 bytes per param)")
       ->capture_default_str()

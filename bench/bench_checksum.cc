@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "nvme/checksum.h"
 #include "tiermem/config.h"
 #include "tiermem/error.h"
@@ -84,7 +85,8 @@ TIERMEM_BENCH_COMMAND(checksum, "checksum", "hash throughput of the swap checksu
                         auto o = std::make_shared<ChecksumOptions>();
                         sub.add_option("--size", o->size, "buffer size (e.g. 8M, 1M)");
                         sub.add_option("--reps", o->reps, "interleaved repetitions")
-                            ->check(CLI::PositiveNumber);
+                            ->check(tiermem::cli::whole_number_check())
+                            ->check(CLI::Range(1, 100000));
                         sub.add_flag("--json", o->json, "one JSON line at the end");
                         return [o] { return run_checksum(*o); };
                       });

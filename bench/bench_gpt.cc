@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "gpt/kernels_cpu.h"
 #include "gpt/model.h"
 #include "tiermem/error.h"
@@ -109,10 +110,10 @@ std::function<int()> setup_gpt(CLI::App& sub) {
   auto o = std::make_shared<GptOptions>();
   sub.add_option("--model", o->model, "named config: tiny, mini, gpt2, gpt2-medium, ...")
       ->capture_default_str();
-  sub.add_option("--batch", o->batch, "sequences per step")->capture_default_str();
+  sub.add_option("--batch", o->batch, "sequences per step")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 65536));
   sub.add_option("--seq", o->seq, "tokens per sequence (<= the config's seq_len)")
-      ->capture_default_str();
-  sub.add_option("--reps", o->reps, "timed repetitions (median reported)")->capture_default_str();
+      ->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
+  sub.add_option("--reps", o->reps, "timed repetitions (median reported)")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
   sub.add_flag("--json", o->json, "print one JSON object as the last line");
   return [o] { return run_gpt(*o); };
 }

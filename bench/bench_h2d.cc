@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "tiermem/config.h"
 #include "tiermem/device.h"
 #include "tiermem/error.h"
@@ -159,7 +160,7 @@ std::function<int()> setup(CLI::App& sub, bool h2d) {
   sub.add_option("--device", o->device, "auto | cuda | sim")->default_val("auto");
   sub.add_option("--min-size", o->min_size, "smallest copy (bytes, 4K, 1M, ...)")->default_val("4K");
   sub.add_option("--max-size", o->max_size, "largest copy (up to 1G; 256M fits this machine)")->default_val("256M");
-  sub.add_option("--reps", o->reps, "interleaved repetitions per size (median reported)")->default_val(5);
+  sub.add_option("--reps", o->reps, "interleaved repetitions per size (median reported)")->default_val(5)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
   sub.add_flag("--json", o->json, "print one JSON object as the last line");
   return [o, h2d] { return run_copy(*o, h2d); };
 }

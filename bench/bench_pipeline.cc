@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "tiermem/config.h"
 #include "tiermem/device.h"
 #include "tiermem/error.h"
@@ -224,10 +225,10 @@ TIERMEM_BENCH_COMMAND(pipeline, "pipeline",
                         sub.add_option("--path", o->path, "directory for the swap file (an NVMe mount)")->default_val("/tmp");
                         sub.add_option("--device", o->device, "auto | cuda | sim")->default_val("auto");
                         sub.add_option("--tensor-size", o->tensor_size, "bytes per tensor")->default_val("64M");
-                        sub.add_option("--tensors", o->tensors, "tensors per repetition")->default_val(4);
+                        sub.add_option("--tensors", o->tensors, "tensors per repetition")->default_val(4)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
                         sub.add_option("--chunk", o->chunk, "pipeline chunk (tiermem.pipeline_chunk_bytes)")->default_val("8M");
-                        sub.add_option("--chunks", o->chunks, "bounce chunks (tiermem.pipeline_chunks)")->default_val(4);
-                        sub.add_option("--reps", o->reps, "interleaved repetitions (median)")->default_val(3);
+                        sub.add_option("--chunks", o->chunks, "bounce chunks (tiermem.pipeline_chunks)")->default_val(4)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1024));
+                        sub.add_option("--reps", o->reps, "interleaved repetitions (median)")->default_val(3)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
                         sub.add_option("--o-direct", o->o_direct, "open the swap file with O_DIRECT")->default_val(true);
                         sub.add_flag("--json", o->json, "print one JSON object as the last line");
                         return [o] { return run_pipeline(*o); };

@@ -98,8 +98,8 @@ std::function<int()> setup(CLI::App& sub) {
       ->default_val(o->steps)->check(tiermem::cli::whole_number_check())->check(CLI::Range(kWarmupSteps + 1, 1000));
   sub.add_option("--rounds", o->rounds, "interleaved rounds of the three runs")->default_val(o->rounds)
       ->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100));
-  sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->default_val(o->seq_len);
-  sub.add_option("--batch", o->batch, "sequences per step")->default_val(o->batch);
+  sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->default_val(o->seq_len)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
+  sub.add_option("--batch", o->batch, "sequences per step")->default_val(o->batch)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 65536));
   sub.add_option("--swap-dir", o->swap_dir, "NVMe swap directory")->default_val(o->swap_dir);
   sub.add_option("--host-budget", o->host_budget, "tiermem-train --host-budget for the NVMe runs");
   sub.add_option("--device-budget", o->device_budget, "tiermem-train --device-budget for the NVMe runs");

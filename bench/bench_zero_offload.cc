@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "tiermem/communicator.h"
 #include "tiermem/config.h"
 #include "tiermem/error.h"
@@ -201,8 +202,8 @@ std::function<int()> setup_zero_offload(CLI::App& sub) {
   sub.add_option("--dir", o->dir, "directory for the swap files (on the NVMe drive)")->capture_default_str();
   sub.add_option("--params", o->params, "parameters (16M, 1e8)")->capture_default_str();
   sub.add_option("--sub-group", o->sub_group, "sub_group_size in elements")->capture_default_str();
-  sub.add_option("--buffers", o->buffers, "offload_optimizer.buffer_count")->capture_default_str()->check(CLI::PositiveNumber);
-  sub.add_option("--reps", o->reps, "interleaved repetitions (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
+  sub.add_option("--buffers", o->buffers, "offload_optimizer.buffer_count")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
+  sub.add_option("--reps", o->reps, "interleaved repetitions (median reported)")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
   sub.add_option("--o-direct", o->o_direct, "O_DIRECT swap I/O (true|false)")->capture_default_str();
   sub.add_option("--pin", o->pin, "offload_optimizer.pin_memory (true|false)")->capture_default_str();
   sub.add_flag("--json", o->json, "print one JSON object as the last line");

@@ -153,6 +153,17 @@ std::uint64_t physical_memory_bytes();
 // 0 bytes. No errors thrown.
 bool address_space_reservable(std::uint64_t bytes);
 
+// What is wrong with a host budget of `bytes`, as the engine and tiermem-plan say it (the caller
+// names the key or flag):
+//   host_budget_refusal: why it cannot be used at all — the host pool reserves twice its budget of
+//     address space (pinned_host_pool.cc), and that reservation fails (or the budget is over 2^62
+//     bytes) — or "" when it can;
+//   host_budget_warning: that it is more than this machine's physical memory (so it bounds
+//     nothing), or "" when it is not or the OS does not say.
+// Both end with what to give instead. No errors thrown.
+std::string host_budget_refusal(std::uint64_t bytes);
+std::string host_budget_warning(std::uint64_t bytes);
+
 // Where ZeroEngine::step() writes the new working shards of stage-3 modules homed below the device
 // (offload_param cpu/nvme): at the device tier — no host copy; nothing written down while the
 // device keeps them, so a model whose parameters fit the device pages only its optimizer state —

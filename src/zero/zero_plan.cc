@@ -39,6 +39,22 @@ bool address_space_reservable(std::uint64_t bytes) {
   return true;
 }
 
+std::string host_budget_refusal(std::uint64_t bytes) {
+  constexpr std::uint64_t kMost = std::uint64_t{1} << 62;
+  if (bytes <= kMost && address_space_reservable(2 * bytes)) return "";
+  return fmt::format("the host pool cannot reserve the {} of address space a budget of {} takes; set it at most "
+                     "this machine's memory ({})",
+                     format_bytes(2 * std::min(bytes, kMost)), format_bytes(bytes), format_bytes(physical_memory_bytes()));
+}
+
+std::string host_budget_warning(std::uint64_t bytes) {
+  const std::uint64_t phys = physical_memory_bytes();
+  if (phys == 0 || bytes <= phys) return "";
+  return fmt::format("{} is more than this machine's memory ({}): it bounds nothing, and the OS may swap or end "
+                     "the process before the host pool reaches it; set it below {}",
+                     format_bytes(bytes), format_bytes(phys), format_bytes(phys));
+}
+
 std::uint64_t default_host_budget_bytes() {
   const std::uint64_t known = physical_memory_bytes();
   const std::uint64_t phys = known > 0 ? known : 4096 * kMiB;

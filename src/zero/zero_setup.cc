@@ -90,6 +90,14 @@ void ZeroEngine::Impl::make_tiers() {
     DeviceOptions dopt = DeviceOptions::from_config(cfg);
     dopt.sim_adam_kernel = &detail::device_adam_kernel;  // the host optimizer's kernel: bit for bit
     device = make_device(dopt, plan_in.device_choice);
+    if (const std::uint64_t phys = physical_memory_bytes();
+        device->kind() == DeviceKind::kSim && phys > 0 && device->budget_bytes() > phys) {
+      // The simulated device's memory is this machine's: a budget beyond it bounds nothing.
+      TM_LOG_WARN("ZERO",
+                  "tiermem.device_budget_bytes = {} is more than this machine's memory ({}), which is what the "
+                  "simulated device allocates from: it bounds nothing; set it below {}",
+                  format_bytes(device->budget_bytes()), format_bytes(phys), format_bytes(phys));
+    }
     // Gathers land in device memory on every device. One the CPU cannot address (CudaDevice,
     // SimDevice with sim_host_addressable false) is only ever reached through its copy API
     // (zero_device.cc): staged all-gathers, publication of new params, gradient hand-over.
@@ -113,23 +121,13 @@ void ZeroEngine::Impl::make_tiers() {
   }
   TensorStoreOptions so = TensorStoreOptions::from_config(cfg);
   so.host_budget_bytes = plan.host_budget_bytes;
-  // The host pool reserves twice the budget of address space for a slot size (pinned_host_pool.cc):
-  // a budget that cannot be reserved is refused now, naming the key, not at the first allocation.
-  if (plan.host_budget_bytes > (std::uint64_t{1} << 62) || !address_space_reservable(2 * plan.host_budget_bytes)) {
+  // Refused now, naming the key, rather than at the first allocation (zero_plan.h).
+  if (const std::string why = host_budget_refusal(plan.host_budget_bytes); !why.empty()) {
     throw ConfigError("tiermem.host_budget_bytes", std::to_string(plan.host_budget_bytes),
-                      fmt::format("the host pool cannot reserve the {} of address space a budget of {} takes; "
-                                  "set it at most this machine's memory ({}), or 0 for the default ({})",
-                                  format_bytes(2 * std::min(plan.host_budget_bytes, std::uint64_t{1} << 62)),
-                                  format_bytes(plan.host_budget_bytes), format_bytes(physical_memory_bytes()),
-                                  format_bytes(default_host_budget_bytes())));
+                      fmt::format("{}, or 0 for the default ({})", why, format_bytes(default_host_budget_bytes())));
   }
-  if (const std::uint64_t phys = physical_memory_bytes(); phys > 0 && plan.host_budget_bytes > phys) {
-    TM_LOG_WARN("ZERO",
-                "tiermem.host_budget_bytes = {} is more than this machine's memory ({}): it bounds nothing, "
-                "and the OS may swap or end the process before the host pool reaches it; set it below {} "
-                "(0 picks {})",
-                format_bytes(plan.host_budget_bytes), format_bytes(phys), format_bytes(phys),
-                format_bytes(default_host_budget_bytes()));
+  if (const std::string why = host_budget_warning(plan.host_budget_bytes); !why.empty()) {
+    TM_LOG_WARN("ZERO", "tiermem.host_budget_bytes = {} (0 picks {})", why, format_bytes(default_host_budget_bytes()));
   }
   so.device_budget_bytes = 0;
   if (device) {

@@ -98,7 +98,7 @@ def test_budget_below_the_minimum_names_the_key(torch_or_skip, tmp_path):
     _assert_nothing_written(tmp_path / "swap")
 
 
-def test_a_host_budget_above_the_machines_memory_is_warned_about(torch_or_skip, tmp_path, capfd):
+def test_a_host_or_sim_device_budget_above_the_machines_memory_is_warned_about(torch_or_skip, tmp_path, capfd):
     torch = torch_or_skip
     import tiermem.torch as tt
     phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -109,6 +109,12 @@ def test_a_host_budget_above_the_machines_memory_is_warned_about(torch_or_skip, 
     loss = engine(torch.randn(2, 8)).sum()  # it still trains
     engine.backward(loss)
     engine.step()
+    engine.close()
+    # So is a simulated device's budget beyond it: that device allocates from the same memory.
+    cfg = ds_config(tmp_path / "swap3", "cpu", tiermem={"device_budget_bytes": 2 * phys})
+    engine, *_ = tt.initialize(model=_small(torch), config=cfg)
+    err = capfd.readouterr().err
+    assert "tiermem.device_budget_bytes" in err and "simulated device allocates from" in err, err
     engine.close()
     # One the address space cannot hold is refused, naming the key.
     cfg = ds_config(tmp_path / "swap2", "cpu", tiermem={"host_budget_bytes": "100TiB"})

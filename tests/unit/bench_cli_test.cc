@@ -177,7 +177,9 @@ TEST_F(BenchCli, WriteJobWritesTheUsersFileWithinItsSize) {
 
 TEST_F(BenchCli, ARangedOptionThatIsNoWholeNumberIsCalledThat) {
   for (const char* bad : {"gemm --reps abc", "gemm --rows 1.5", "prefetch --steps x", "profile --reps 2.5",
-                          "nvme --qd 1.5", "nvme --jobs two"}) {
+                          "nvme --qd 1.5", "nvme --jobs two", "gpt --reps abc", "gpt --seq 1.5", "h2d --reps x",
+                          "pipeline --chunks 2.5", "checksum --reps abc", "adam --threads 1.5",
+                          "zero-offload --reps abc"}) {
     SCOPED_TRACE(bad);
     const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN + " " + bad + " >/dev/null 2>err.txt";
     const int status = std::system(cmd.c_str());
@@ -186,6 +188,26 @@ TEST_F(BenchCli, ARangedOptionThatIsNoWholeNumberIsCalledThat) {
     const std::string value = std::string(bad).substr(std::string(bad).rfind(' ') + 1);
     EXPECT_NE(err.find("'" + value + "' is not a whole number"), std::string::npos) << err;
     EXPECT_EQ(err.find("not in range"), std::string::npos) << err;
+  }
+}
+
+// A count below its range is refused before anything runs (h2d --reps -3 printed a table of zero
+// GB/s); a rate that is no number, or none a run can have, says so.
+TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {{"h2d --reps -3", "--reps"}, {"gpt --batch 0", "--batch"}, {"pipeline --tensors 0", "--tensors"},
+               {"prefetch --nvme-gbps x", "'x' is not a number"}, {"prefetch --nvme-gbps 0", "0 is outside [0.001, 10000]"},
+               {"prefetch --device-budget-frac 2", "2 is outside [1e-06, 1]"}, {"adam --threads -1", "--threads"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN + " " + c.args + " >out.txt 2>err.txt";
+    const int status = std::system(cmd.c_str());
+    const std::string err = slurp(dir_ / "err.txt");
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << err;
+    EXPECT_NE(err.find(c.says), std::string::npos) << err;
+    EXPECT_EQ(slurp(dir_ / "out.txt"), "") << "nothing ran";
   }
 }
 

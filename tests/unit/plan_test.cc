@@ -16,6 +16,7 @@
 #include "gpt/model.h"
 #include "plan/plan.h"
 #include "tiermem/error.h"
+#include "tiermem/zero_plan.h"
 
 #ifndef TIERMEM_PLAN_BIN
 #error "TIERMEM_PLAN_BIN must name the tiermem-plan executable"
@@ -274,6 +275,18 @@ TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
     EXPECT_EQ(lines(r.err), 1) << r.err;
     EXPECT_NE(r.err.find(c.names), std::string::npos) << r.err;
   }
+}
+
+// A host budget above this machine's memory bounds nothing: planned, with the engine's warning.
+TEST_F(PlanTest, AHostBudgetAboveThisMachinesMemoryIsWarnedAbout) {
+  const std::uint64_t phys = tiermem::physical_memory_bytes();
+  if (phys == 0) GTEST_SKIP() << "the OS does not say how much memory this machine has";
+  const RunResult r = plan("--model mini --profile profile.json --host-budget " + std::to_string(phys + (1ull << 30)));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("tiermem-plan: warning: --host-budget"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("is more than this machine's memory"), std::string::npos) << r.err;
+  const RunResult fine = plan("--model mini --profile profile.json --host-budget 64MiB");
+  EXPECT_EQ(fine.err.find("warning"), std::string::npos) << fine.err;
 }
 
 // --check plans the run its summary describes, and only that: flags describing another run are

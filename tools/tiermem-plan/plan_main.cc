@@ -346,14 +346,12 @@ int main(int argc, char** argv) {
     // As tiermem-train's flags: a budget given is above 0 (0 would read as "the default").
     if (!device_budget.empty() && a.run.device_budget_bytes == 0) throw ConfigError("--device-budget", device_budget, "must be > 0");
     if (!host_budget.empty() && a.run.host_budget_bytes == 0) throw ConfigError("--host-budget", host_budget, "must be > 0");
-    // As the engine refuses it (zero_setup.cc): the host pool reserves twice its budget of address space.
-    if (const std::uint64_t hb = a.run.host_budget_bytes;
-        hb > (std::uint64_t{1} << 62) || !address_space_reservable(2 * hb)) {
-      throw ConfigError("--host-budget", host_budget,
-                        fmt::format("the host pool cannot reserve the {} of address space this budget takes; give "
-                                    "at most this machine's memory ({})",
-                                    format_bytes(2 * std::min(hb, std::uint64_t{1} << 62)),
-                                    format_bytes(physical_memory_bytes())));
+    // As the engine refuses it, and warns (zero_plan.h).
+    if (const std::string why = host_budget_refusal(a.run.host_budget_bytes); !why.empty()) {
+      throw ConfigError("--host-budget", host_budget, why);
+    }
+    if (const std::string why = host_budget_warning(a.run.host_budget_bytes); !why.empty()) {
+      std::fprintf(stderr, "tiermem-plan: warning: --host-budget %s\n", why.c_str());
     }
     a.run.batch_given = app.count("--batch") > 0;
     a.run.grad_accum_given = app.count("--grad-accum") > 0;
