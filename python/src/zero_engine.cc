@@ -304,6 +304,7 @@ class PyZeroEngine {
 
   nb::dict step() {
     ZeroEngine::StepResult r = e().step();
+    box_->lent.release();  // the step waited for the last hand-off: its gradient goes now
     nb::dict d;
     d["skipped"] = r.skipped;
     d["loss_scale"] = r.loss_scale;
@@ -529,13 +530,17 @@ void bind_zero_engine(nb::module_& m) {
            "Adds this rank's gradient of the module (a contiguous CPU float32 array of numel). lend=False: "
            "read before the call returns. lend=True: the engine keeps a reference and may read it on its "
            "gradient thread after the call returns (one rank, stage 2/3; at most one in flight, waited for "
-           "by the next reduce_gradients, step(), synchronize() or zero_grad()), so the caller must not "
-           "write it until then; an error there is raised by that next call.")
+           "by the next reduce_gradients, step(), synchronize() or zero_grad(); step() and synchronize() "
+           "also drop the engine's reference), so the caller must not write it until then; an error "
+           "there is raised by that next call.")
       .def("set_module_params", &PyZeroEngine::set_module_params, nb::arg("module"), nb::arg("values"),
            "Replaces the module's master weights and working parameters (float32, numel).")
       .def("step", &PyZeroEngine::step, "AdamW over every sub-group; returns {skipped, loss_scale, grad_norm, step}.")
       .def("zero_grad", [](PyZeroEngine& p) { p.e().zero_grad(); })
-      .def("synchronize", [](PyZeroEngine& p) { p.e().synchronize(); })
+      .def("synchronize", [](PyZeroEngine& p) {
+        p.e().synchronize();
+        p.box_->lent.release();  // what the engine was lent (synchronize waited for it)
+      })
       .def("offload_states", [](PyZeroEngine& p) { return p.e().offload_states(); },
            "Writes every dirty tensor home and drops the cached copies above it; returns the host pool's "
            "free pages and the device's cache (ZeroEngine::offload_states). Returns the bytes dropped.")
