@@ -28,6 +28,7 @@
 #include "tiermem/adam.h"
 #include "tiermem/config.h"
 #include "tiermem/error.h"
+#include "tiermem/zero_plan.h"
 
 namespace tiermem::bench {
 namespace {
@@ -70,13 +71,29 @@ double triad_once(float* a, const float* b, const float* c, std::size_t n, int t
   return now_s() - t0;
 }
 
+// The --params list: counts of at least 4096 (the kernel check's step covers 4096 elements), each
+// small enough that its five arrays (18 bytes a parameter) fit this machine's memory.
 std::vector<std::size_t> parse_list(const std::string& text) {
   std::vector<std::size_t> out;
   std::size_t pos = 0;
   while (pos <= text.size()) {
     std::size_t comma = text.find(',', pos);
     std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (!item.empty()) out.push_back(parse_size(item, "--params"));
+    std::uint64_t n = 0;
+    try {
+      n = parse_size(item, "--params");
+    } catch (const ConfigError&) {
+      throw ConfigError("--params", text,
+                        "'" + item + "' is not a parameter count (a whole number, with K/M/G or an exponent: 64M, 1e8)");
+    }
+    if (n < 4096) throw ConfigError("--params", text, "'" + item + "' is below the smallest count, 4096");
+    const std::uint64_t phys = physical_memory_bytes();
+    if (phys > 0 && n > phys / 18) {
+      throw ConfigError("--params", text,
+                        "'" + item + "' needs " + format_bytes(18 * n) + " (18 bytes a parameter), more than this machine's " +
+                            format_bytes(phys));
+    }
+    out.push_back(n);
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }

@@ -28,14 +28,18 @@ namespace {
 struct GptOptions {
   std::string model = "mini";
   int batch = 8;
-  int seq = 128;
+  int seq = 0;  // 0: the config's seq_len
   int reps = 5;
   bool json = false;
 };
 
 int run_gpt(const GptOptions& o) {
   const gpt::GptConfig cfg = gpt::GptConfig::named(o.model);
-  const int T = o.seq > 0 ? std::min(o.seq, cfg.seq_len) : cfg.seq_len, B = o.batch;
+  if (o.seq > cfg.seq_len) {
+    throw ConfigError("--seq", std::to_string(o.seq),
+                      fmt::format("is above --model {}'s seq_len, {}: give at most that", o.model, cfg.seq_len));
+  }
+  const int T = o.seq > 0 ? o.seq : cfg.seq_len, B = o.batch;
   const long N = static_cast<long>(B) * T;
   auto params = gpt::init_params(cfg, 1234);
   std::vector<std::vector<float>> grads(params.size());
@@ -111,8 +115,7 @@ std::function<int()> setup_gpt(CLI::App& sub) {
   sub.add_option("--model", o->model, "named config: tiny, mini, gpt2, gpt2-medium, ...")
       ->capture_default_str();
   sub.add_option("--batch", o->batch, "sequences per step")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 65536));
-  sub.add_option("--seq", o->seq, "tokens per sequence (<= the config's seq_len)")
-      ->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
+  sub.add_option("--seq", o->seq, "tokens per sequence, at most the config's seq_len [default: its seq_len]")->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   sub.add_option("--reps", o->reps, "timed repetitions (median reported)")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
   sub.add_flag("--json", o->json, "print one JSON object as the last line");
   return [o] { return run_gpt(*o); };

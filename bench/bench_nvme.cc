@@ -35,6 +35,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -76,18 +77,42 @@ struct NvmeOpts {
   bool size_given = false;
 };
 
-// Removes the bench's own data file when the run ends, whichever way (unless --keep).
+// Removes the bench's own data file when the run ends, whichever way (unless --keep): on return,
+// on an exception, and on SIGINT or SIGTERM (Ctrl-C, `timeout`) while it lives — the handler
+// unlinks the file and re-raises the signal with its default action; the old handlers come back
+// when it goes. One at a time (the path is a static buffer the handler reads).
 class OwnFileRemover {
  public:
-  explicit OwnFileRemover(std::string path) : path_(std::move(path)) {}
+  explicit OwnFileRemover(std::string path) : path_(std::move(path)) {
+    if (path_.size() < sizeof signal_path_) {
+      std::memcpy(signal_path_, path_.c_str(), path_.size() + 1);
+      struct sigaction sa {};
+      sa.sa_handler = &OwnFileRemover::on_signal;
+      sigemptyset(&sa.sa_mask);
+      handlers_ = ::sigaction(SIGINT, &sa, &old_int_) == 0 && ::sigaction(SIGTERM, &sa, &old_term_) == 0;
+    }
+  }
   ~OwnFileRemover() {
+    if (handlers_) {
+      ::sigaction(SIGINT, &old_int_, nullptr);
+      ::sigaction(SIGTERM, &old_term_, nullptr);
+      signal_path_[0] = '\0';
+    }
     if (!path_.empty()) ::unlink(path_.c_str());
   }
   OwnFileRemover(const OwnFileRemover&) = delete;
   OwnFileRemover& operator=(const OwnFileRemover&) = delete;
 
  private:
+  static void on_signal(int sig) {  // async-signal-safe calls only
+    if (signal_path_[0] != '\0') ::unlink(signal_path_);
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+  static inline char signal_path_[4096] = {};
   std::string path_;
+  bool handlers_ = false;
+  struct sigaction old_int_ {}, old_term_ {};
 };
 
 struct JobResult {
@@ -168,7 +193,11 @@ int run_nvme(const NvmeOpts& o) {
   if (o.qd < 1 || o.qd > 4096) return bad("--qd " + std::to_string(o.qd) + " must be in 1..4096");
   if (o.jobs < 1 || o.jobs > 64)
     return bad("--jobs " + std::to_string(o.jobs) + " must be in 1..64");
-  if (!(o.runtime > 0)) return bad("--runtime must be > 0 seconds");
+  if (!(o.runtime > 0) || o.runtime > 3600) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%g", o.runtime);
+    return bad(std::string("--runtime ") + text + " must be in (0, 3600] seconds");
+  }
   const bool write = o.rw == "write" || o.rw == "randwrite";
 
   // Which file, and whose: a directory gets the bench's own file; an existing file is the user's.

@@ -36,6 +36,7 @@
 #include "tiermem/pinned_host_pool.h"
 #include "tiermem/shard.h"
 #include "tiermem/swap_space.h"
+#include "tiermem/zero_plan.h"
 #include "tiermem/zero_engine.h"
 
 namespace tiermem::bench {
@@ -91,10 +92,34 @@ double io_alone(SwapSpace& swap, const std::vector<SwapExtent>& ext, const std::
 }
 
 int run(const ZoOpts& o) {
-  const std::uint64_t n = parse_size(o.params);
-  const std::uint64_t sg = parse_size(o.sub_group);
+  namespace fs = std::filesystem;
+  const std::uint64_t n = parse_size(o.params, "--params");
+  const std::uint64_t sg = parse_size(o.sub_group, "--sub-group");
+  if (n < 65536) throw ConfigError("--params", o.params, "must be at least 64K parameters");
+  // Two engines' state and master (host: 16 bytes a parameter; NVMe: its staging), the init and
+  // gradient vectors: about 40 bytes a parameter of this machine's memory.
+  if (const std::uint64_t phys = physical_memory_bytes(); phys > 0 && n > phys / 40) {
+    throw ConfigError("--params", o.params,
+                      "needs about " + format_bytes(40 * n) + " of memory (40 bytes a parameter), more than this machine's " +
+                          format_bytes(phys));
+  }
+  if (sg < 1024) throw ConfigError("--sub-group", o.sub_group, "must be at least 1024 elements (the shard alignment)");
   const std::uint64_t state = 12 * n;
-  std::filesystem::create_directories(o.dir);
+  if (fs::exists(o.dir) && !fs::is_directory(o.dir)) {
+    throw ConfigError("--dir", o.dir, "is a file: give a directory (on the NVMe drive)");
+  }
+  // The directories this run makes (--dir's missing parents, io-alone), innermost first: removed
+  // at the end when empty, after the engines and the swap space (declared below) removed their files.
+  std::vector<fs::path> made;
+  for (fs::path p = fs::absolute(o.dir); !p.empty() && !fs::exists(p); p = p.parent_path()) made.push_back(p);
+  struct Cleanup {
+    std::vector<fs::path>& made;
+    ~Cleanup() {
+      std::error_code ec;
+      for (const fs::path& d : made) fs::remove(d, ec);  // only when empty
+    }
+  } cleanup{made};
+  fs::create_directories(o.dir);
   const std::uint64_t swap_bytes = (state + (64ull << 20)) / 4096 * 4096;
   Config nv = parse_config(config_json(o, sg, swap_bytes, true));
   Config host = parse_config(config_json(o, sg, swap_bytes, false));
@@ -110,8 +135,9 @@ int run(const ZoOpts& o) {
   init = {};
 
   // The I/O-alone twin: same sub-group extents (3 × sub-group fp32) and staging buffers.
-  std::filesystem::path io_dir = std::filesystem::path(o.dir) / "io-alone";
-  std::filesystem::create_directories(io_dir);
+  fs::path io_dir = fs::path(o.dir) / "io-alone";
+  if (!fs::exists(io_dir)) made.insert(made.begin(), io_dir);
+  fs::create_directories(io_dir);
   auto io = make_io_engine(nv);
   SwapSpace swap(nv, {io_dir.string()}, *io);
   std::vector<ElemRange> groups = make_sub_groups(make_shard_layout(std::vector<std::size_t>{n}, 1, 1024).rank_flat,
@@ -207,14 +233,7 @@ std::function<int()> setup_zero_offload(CLI::App& sub) {
   sub.add_option("--o-direct", o->o_direct, "O_DIRECT swap I/O (true|false)")->capture_default_str();
   sub.add_option("--pin", o->pin, "offload_optimizer.pin_memory (true|false)")->capture_default_str();
   sub.add_flag("--json", o->json, "print one JSON object as the last line");
-  return [o] {
-    try {
-      return run(*o);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "zero-offload: %s\n", e.what());
-      return 2;
-    }
-  };
+  return [o] { return run(*o); };  // errors: tiermem-bench's (bad input 2, naming the option; others 1)
 }
 
 }  // namespace

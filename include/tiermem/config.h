@@ -222,7 +222,8 @@ void resolve_batch_sizes(Config& config, int world_size);
 
 // "auto" resolved: key=value, ... for every key in config.auto_keys, with the value it has now
 // in `config` (config_to_json) and, when `sources` names one, where it came from
-// ("train_micro_batch_size_per_gpu=8 (--batch)"). Empty when no key was "auto".
+// ("train_micro_batch_size_per_gpu=8 (--batch)"). A key still "auto" (tiermem.device, resolved
+// when the engine starts, which logs its choice) is left out. Empty when no key is listed.
 std::string auto_resolved_line(
     const Config& config, const std::vector<std::pair<std::string, std::string>>& sources = {});
 

@@ -65,6 +65,11 @@ ArrayView view_array(nb::handle obj, const char* fn, const char* arg, bool writa
   if (obj.is_none())
     throw nb::type_error(str_printf("%s: argument '%s' is None; expected a CPU numpy array or torch "
                                     "tensor", fn, arg).c_str());
+  // A torch tensor with its negative bit set (x._neg_view(), a lazily negated view) exports its
+  // memory unnegated through DLPack: it would be read with the wrong sign.
+  if (nb::hasattr(obj, "is_neg") && nb::cast<bool>(obj.attr("is_neg")()))
+    throw nb::value_error(str_printf("%s: argument '%s' is a negated view (its is_neg() is True); call "
+                                     ".resolve_neg() first", fn, arg).c_str());
   nb::ndarray<nb::ro> a;
   if (!nb::try_cast(obj, a, /*convert=*/false)) {
     std::string type = nb::type_name(obj.type()).c_str();

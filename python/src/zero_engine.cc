@@ -516,7 +516,7 @@ void bind_zero_engine(nb::module_& m) {
            "when a budget cannot hold them; nothing is written then). register_module must follow "
            "for each, in order. frozen[i]: module i is used but not trained (no master, gradient or "
            "optimizer state; never written back); empty: every module trains.")
-      .def("register_module", &PyZeroEngine::register_module, nb::arg("name"), nb::arg("values"),
+      .def("register_module", &PyZeroEngine::register_module, nb::arg("name"), nb::arg("values").none(),
            nb::arg("numel"), "Writes the module's initial fp32 parameters (a CPU float32 array of numel) to their homes.")
       .def("gather", &PyZeroEngine::gather, nb::arg("module"), nb::arg("phase") = "other",
            "The module's full working parameters as a 1-D torch tensor viewing the engine's memory "
@@ -525,7 +525,7 @@ void bind_zero_engine(nb::module_& m) {
            "Starts the module's all-gather now (several ranks, stage 3) so that compute hides it; the next "
            "gather(module) takes it. False where there is nothing to start (one rank, a module kept whole). "
            "Collective: every rank must call it for the same modules in the same order.")
-      .def("reduce_gradients", &PyZeroEngine::reduce_gradients, nb::arg("module"), nb::arg("grad"),
+      .def("reduce_gradients", &PyZeroEngine::reduce_gradients, nb::arg("module"), nb::arg("grad").none(),
            nb::arg("lend") = false,
            "Adds this rank's gradient of the module (a contiguous CPU float32 array of numel). lend=False: "
            "read before the call returns. lend=True: the engine keeps a reference and may read it on its "
@@ -533,7 +533,7 @@ void bind_zero_engine(nb::module_& m) {
            "by the next reduce_gradients, step(), synchronize() or zero_grad(); step() and synchronize() "
            "also drop the engine's reference), so the caller must not write it until then; an error "
            "there is raised by that next call.")
-      .def("set_module_params", &PyZeroEngine::set_module_params, nb::arg("module"), nb::arg("values"),
+      .def("set_module_params", &PyZeroEngine::set_module_params, nb::arg("module"), nb::arg("values").none(),
            "Replaces the module's master weights and working parameters (float32, numel).")
       .def("step", &PyZeroEngine::step, "AdamW over every sub-group; returns {skipped, loss_scale, grad_norm, step}.")
       .def("zero_grad", [](PyZeroEngine& p) { p.e().zero_grad(); })
@@ -553,7 +553,7 @@ void bind_zero_engine(nb::module_& m) {
       .def("export_module_state", &PyZeroEngine::export_module_state, nb::arg("module"), nb::arg("key"),
            "The module's full fp32 optimizer state 'exp_avg', 'exp_avg_sq' or 'master' as a new torch tensor "
            "(collective with several ranks). ValueError for a frozen module or an unknown key.")
-      .def("set_module_state", &PyZeroEngine::set_module_state, nb::arg("module"), nb::arg("key"), nb::arg("values"),
+      .def("set_module_state", &PyZeroEngine::set_module_state, nb::arg("module"), nb::arg("key"), nb::arg("values").none(),
            "Replaces the module's fp32 optimizer state of `key` (float32, numel; collective).")
       .def("export_grad", &PyZeroEngine::export_grad, nb::arg("module"),
            "The module's gradient as the next step would use it (mean over ranks, unscaled), float32 numel; "

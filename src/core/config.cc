@@ -205,12 +205,13 @@ std::string auto_resolved_line(const Config& c,
       }
     } catch (const json::exception&) {  // a key name json_pointer cannot hold: keep "(default)"
     }
+    if (value == "auto") continue;  // resolved later, by what logs its own choice (the device at engine start)
     std::string item = key + "=" + value;
     for (const auto& [k, src] : sources)
       if (k == key && !src.empty()) item += " (" + src + ")";
     line += (line.empty() ? "" : ", ") + item;
   }
-  return "\"auto\" resolved: " + line;
+  return line.empty() ? "" : "\"auto\" resolved: " + line;
 }
 
 Config load_config(const std::string& path) {

@@ -134,6 +134,10 @@ def test_a_lent_gradient_is_read_then_let_go(torch_or_skip, tmp_path):
         masters.append(z.export_master(0).clone())
         with pytest.raises(ValueError, match="float32"):
             z.reduce_gradients(0, g.double(), lend=True)
+        with pytest.raises(TypeError, match="argument 'grad' is None"):
+            z.reduce_gradients(0, None, lend=True)
+        with pytest.raises(ValueError, match="negated view"):  # DLPack would give its memory unnegated
+            z.reduce_gradients(0, torch.ones(n)._neg_view(), lend=lend)
         bad = torch.zeros(n + 1)
         held = sys.getrefcount(bad)
         with pytest.raises(ValueError, match="elements"):

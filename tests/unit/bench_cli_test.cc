@@ -199,7 +199,20 @@ TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
     const char* says;
   } cases[] = {{"h2d --reps -3", "--reps"}, {"gpt --batch 0", "--batch"}, {"pipeline --tensors 0", "--tensors"},
                {"prefetch --nvme-gbps x", "'x' is not a number"}, {"prefetch --nvme-gbps 0", "0 is outside [0.001, 10000]"},
-               {"prefetch --device-budget-frac 2", "2 is outside [1e-06, 1]"}, {"adam --threads -1", "--threads"}};
+               {"prefetch --device-budget-frac 2", "2 is outside [1e-06, 1]"}, {"adam --threads -1", "--threads"},
+               // Sizes and counts the runs cannot use: a division by zero (h2d --min-size 0), a heap
+               // overrun (adam --params 3), garbage tables (checksum --size 0, pipeline
+               // --tensor-size 0, zero-offload --params 0), a clamp (gpt --seq), a run without end.
+               {"h2d --min-size 0", "--min-size = 0: must be at least 4K"},
+               {"h2d --min-size 2G --max-size 8K", "is below --min-size"},
+               {"adam --params 3", "'3' is below the smallest count, 4096"},
+               {"adam --params 1M,,2M", "'' is not a parameter count"},
+               {"checksum --size 0", "--size = 0: must be at least 4K"},
+               {"pipeline --tensor-size 0", "--tensor-size = 0: must be at least 4K"},
+               {"zero-offload --params 0 --dir zo", "--params = 0: must be at least 64K"},
+               {"zero-offload --sub-group 0 --dir zo", "--sub-group = 0"},
+               {"gpt --model tiny --seq 100", "is above --model tiny's seq_len, 16"},
+               {"nvme --path . --runtime 1e30", "--runtime 1e+30 must be in (0, 3600] seconds"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
     const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN + " " + c.args + " >out.txt 2>err.txt";
@@ -209,6 +222,27 @@ TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
     EXPECT_NE(err.find(c.says), std::string::npos) << err;
     EXPECT_EQ(slurp(dir_ / "out.txt"), "") << "nothing ran";
   }
+  EXPECT_FALSE(fs::exists(dir_ / "zo")) << "zero-offload made its --dir before refusing the run";
+}
+
+// Stopped by SIGTERM (timeout) mid-run, nvme still removes its own data file, as at a normal exit.
+TEST_F(BenchCli, NvmeRemovesItsFileWhenStoppedBySigterm) {
+  fs::create_directories(dir_ / "stop");
+  const std::string cmd = "cd " + dir_.string() + " && timeout -s TERM 2 " + TIERMEM_BENCH_BIN +
+                          " nvme --path stop --rw read --bs 64K --size 8M --runtime 30 >out.txt 2>err.txt";
+  const int status = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 124) << "timeout ended it: " << slurp(dir_ / "err.txt");
+  EXPECT_FALSE(fs::exists(dir_ / "stop" / "tiermem-bench-nvme.dat")) << "left behind";
+}
+
+// zero-offload leaves no directory it made: --dir's missing parents and io-alone go with the run.
+TEST_F(BenchCli, ZeroOffloadRemovesTheDirectoriesItMade) {
+  const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN +
+                          " zero-offload --dir made/zo --params 64K --sub-group 16K --reps 1 >out.txt 2>err.txt";
+  const int status = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(dir_ / "err.txt");
+  EXPECT_NE(slurp(dir_ / "out.txt").find("zero-offload:"), std::string::npos) << slurp(dir_ / "out.txt");
+  EXPECT_FALSE(fs::exists(dir_ / "made")) << "left behind";
 }
 
 }  // namespace

@@ -400,6 +400,11 @@ TEST(Config, AutoResolvedLineListsEveryAutoKeyWithItsValue) {
   EXPECT_NE(line.find("train_micro_batch_size_per_gpu=4 (--batch)"), std::string::npos) << line;
   EXPECT_NE(line.find("zero_optimization.reduce_bucket_size=500000000"), std::string::npos) << line;
   EXPECT_EQ(auto_resolved_line(parse_config("{}")), "");
+  // Not resolved here (the engine resolves the device and logs it): left out, not shown as "auto".
+  Config d = parse_config(R"({"tiermem": {"device": "auto"}, "gradient_clipping": "auto"})");
+  d.gradient_clipping = 1.0;
+  EXPECT_EQ(auto_resolved_line(d), "\"auto\" resolved: gradient_clipping=1.0");
+  EXPECT_EQ(auto_resolved_line(parse_config(R"({"tiermem": {"device": "auto"}})")), "");
 }
 
 // Swap checksums are on unless the config turns them off (issue 17).

@@ -95,5 +95,5 @@ def load_config(config: Any, model: Optional[torch.nn.Module] = None, world_size
     parsed.resolve_batch_sizes(world_size)
     line = parsed.auto_resolved_line()
     if line and not quiet:
-        print(f"tiermem.torch: \"auto\" resolved: {line}", file=sys.stderr)
+        print(f"tiermem.torch: {line}", file=sys.stderr)
     return parsed, json.loads(parsed.to_json())
