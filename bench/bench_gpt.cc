@@ -28,7 +28,7 @@ namespace {
 struct GptOptions {
   std::string model = "mini";
   int batch = 8;
-  int seq = 0;  // 0: the config's seq_len
+  int seq = 0;  // 0: 128, or the config's seq_len where smaller
   int reps = 5;
   bool json = false;
 };
@@ -39,7 +39,7 @@ int run_gpt(const GptOptions& o) {
     throw ConfigError("--seq", std::to_string(o.seq),
                       fmt::format("is above --model {}'s seq_len, {}: give at most that", o.model, cfg.seq_len));
   }
-  const int T = o.seq > 0 ? o.seq : cfg.seq_len, B = o.batch;
+  const int T = o.seq > 0 ? o.seq : std::min(128, cfg.seq_len), B = o.batch;
   const long N = static_cast<long>(B) * T;
   auto params = gpt::init_params(cfg, 1234);
   std::vector<std::vector<float>> grads(params.size());
@@ -115,7 +115,7 @@ std::function<int()> setup_gpt(CLI::App& sub) {
   sub.add_option("--model", o->model, "named config: tiny, mini, gpt2, gpt2-medium, ...")
       ->capture_default_str();
   sub.add_option("--batch", o->batch, "sequences per step")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 65536));
-  sub.add_option("--seq", o->seq, "tokens per sequence, at most the config's seq_len [default: its seq_len]")->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
+  sub.add_option("--seq", o->seq, "tokens per sequence, at most the config's seq_len [default: 128, or its seq_len where smaller]")->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1 << 20));
   sub.add_option("--reps", o->reps, "timed repetitions (median reported)")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
   sub.add_flag("--json", o->json, "print one JSON object as the last line");
   return [o] { return run_gpt(*o); };
