@@ -181,11 +181,11 @@ int run_nvme(const NvmeOpts& o) {
     bs = parse_size(o.bs, "--bs");
     size = parse_size(o.size, "--size");
   } catch (const ConfigError& e) {
-    std::fprintf(stderr, "tiermem-bench nvme: %s\n", e.what());
+    std::fprintf(stderr, "tiermem-bench: error: %s\n", e.what());
     return 2;
   }
   auto bad = [](const std::string& m) {
-    std::fprintf(stderr, "tiermem-bench nvme: %s\n", m.c_str());
+    std::fprintf(stderr, "tiermem-bench: error: %s\n", m.c_str());
     return 2;
   };
   if (bs == 0 || bs % kDirectAlignment != 0)
@@ -386,10 +386,10 @@ std::function<int()> setup_nvme(CLI::App& sub) {
   sub.add_option("--rw", o->rw, "read|write|randread|randwrite")
       ->check(CLI::IsMember({"read", "write", "randread", "randwrite"}));
   sub.add_option("--bs", o->bs, "request size (4K multiple), e.g. 1M, 4K");
-  sub.add_option("--qd", o->qd, "requests in flight per job")->check(tiermem::cli::whole_number_check());
+  sub.add_option("--qd", o->qd, "requests in flight per job")->check(tiermem::cli::whole_number_check())->check(tiermem::cli::within(1, 4096));
   sub.add_option("--size", o->size,
                  "bytes of the file used, e.g. 1G [default: an existing file's size, else 1G]");
-  sub.add_option("--jobs", o->jobs, "threads, each with its own ring")->check(tiermem::cli::whole_number_check());
+  sub.add_option("--jobs", o->jobs, "threads, each with its own ring")->check(tiermem::cli::whole_number_check())->check(tiermem::cli::within(1, 64));
   sub.add_option("--runtime", o->runtime, "seconds")->check(tiermem::cli::number_check());
   sub.add_option("--engine", o->engine, "uring|posix")->check(CLI::IsMember({"uring", "posix"}));
   sub.add_flag("--sqpoll", o->sqpoll, "IORING_SETUP_SQPOLL");

@@ -63,7 +63,7 @@ int run_pipeline(const PipeOptions& o) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(o.path, ec)) {  // only a directory gets the bench's own files in it
-    std::fprintf(stderr, "tiermem-bench pipeline: --path '%s' %s: give an existing directory\n",
+    std::fprintf(stderr, "tiermem-bench: error: --path '%s' %s: give an existing directory\n",
                  o.path.c_str(), fs::exists(o.path, ec) ? "is not a directory" : "does not exist");
     return 2;
   }
@@ -235,7 +235,7 @@ TIERMEM_BENCH_COMMAND(pipeline, "pipeline",
                         sub.add_option("--chunk", o->chunk, "pipeline chunk (tiermem.pipeline_chunk_bytes)")->default_val("8M");
                         sub.add_option("--chunks", o->chunks, "bounce chunks (tiermem.pipeline_chunks)")->default_val(4)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 1024));
                         sub.add_option("--reps", o->reps, "interleaved repetitions (median)")->default_val(3)->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
-                        sub.add_option("--o-direct", o->o_direct, "open the swap file with O_DIRECT")->default_val(true);
+                        sub.add_option("--o-direct", o->o_direct, "open the swap file with O_DIRECT")->default_val(true)->check(tiermem::cli::bool_check());
                         sub.add_flag("--json", o->json, "print one JSON object as the last line");
                         return [o] { return run_pipeline(*o); };
                       });

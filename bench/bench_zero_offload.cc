@@ -230,8 +230,8 @@ std::function<int()> setup_zero_offload(CLI::App& sub) {
   sub.add_option("--sub-group", o->sub_group, "sub_group_size in elements")->capture_default_str();
   sub.add_option("--buffers", o->buffers, "offload_optimizer.buffer_count")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
   sub.add_option("--reps", o->reps, "interleaved repetitions (median reported)")->capture_default_str()->check(tiermem::cli::whole_number_check())->check(CLI::Range(1, 100000));
-  sub.add_option("--o-direct", o->o_direct, "O_DIRECT swap I/O (true|false)")->capture_default_str();
-  sub.add_option("--pin", o->pin, "offload_optimizer.pin_memory (true|false)")->capture_default_str();
+  sub.add_option("--o-direct", o->o_direct, "O_DIRECT swap I/O (true|false)")->capture_default_str()->check(tiermem::cli::bool_check());
+  sub.add_option("--pin", o->pin, "offload_optimizer.pin_memory (true|false)")->capture_default_str()->check(tiermem::cli::bool_check());
   sub.add_flag("--json", o->json, "print one JSON object as the last line");
   return [o] { return run(*o); };  // errors: tiermem-bench's (bad input 2, naming the option; others 1)
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +40,22 @@ inline const CLI::Validator& whole_number_check() {
         std::strtoll(v.c_str(), &end, 10);
         const bool whole = !v.empty() && end == v.c_str() + v.size();
         return whole ? std::string() : "'" + v + "' is not a whole number";
+      },
+      "");
+  return check;
+}
+
+// "'maybe' is not true or false" unless the value is one CLI11 reads as a bool (true/false, 1/0,
+// yes/no, on/off, in any case).
+inline const CLI::Validator& bool_check() {
+  static const CLI::Validator check(
+      [](std::string& v) {
+        std::string l;
+        for (char ch : v) l += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        for (const char* ok : {"true", "false", "1", "0", "yes", "no", "on", "off"}) {
+          if (l == ok) return std::string();
+        }
+        return "'" + v + "' is not true or false";
       },
       "");
   return check;

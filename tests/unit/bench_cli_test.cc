@@ -212,7 +212,11 @@ TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
                {"zero-offload --params 0 --dir zo", "--params = 0: must be at least 64K"},
                {"zero-offload --sub-group 0 --dir zo", "--sub-group = 0"},
                {"gpt --model tiny --seq 100", "is above --model tiny's seq_len, 16"},
-               {"nvme --path . --runtime 1e30", "--runtime 1e+30 must be in (0, 3600] seconds"}};
+               {"nvme --path . --runtime 1e30", "--runtime 1e+30 must be in (0, 3600] seconds"},
+               // Past what the option's type holds, and booleans that are neither (CLI11: "Could not convert").
+               {"nvme --path . --qd 99999999999", "99999999999 is outside [1, 4096]"},
+               {"zero-offload --pin maybe --dir zo", "'maybe' is not true or false"},
+               {"pipeline --o-direct maybe", "'maybe' is not true or false"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
     const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN + " " + c.args + " >out.txt 2>err.txt";
