@@ -9,6 +9,8 @@
 // Trace files: one access per line, `id bytes phase` (see tier_simulator.h). The model of the
 // tiers, the metrics and the efficiency definition are documented in include/tiermem/
 // tier_simulator.h; docs/benchmarks.md ("Prefetcher") records a run.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -30,7 +32,7 @@ struct PrefetchArgs {
   std::string trace_path;
   std::string model = "gpt2-xl";
   std::string dtype = "bf16";
-  double device_budget_frac = 0.25;
+  double device_budget_frac = 0;  // 0: 0.25, or the trace's largest tensor where that is more
   std::string device_budget;  // bytes; overrides the fraction
   double host_budget_frac = 0.5;
   std::string host_budget;
@@ -63,9 +65,28 @@ int run_prefetch(const PrefetchArgs& a) {
   TierModel m;
   m.home = a.home == "host" ? Tier::kHost : Tier::kNvme;
   if (a.home != "host" && a.home != "nvme") throw ConfigError("--home", a.home, "nvme or host");
-  m.device_budget_bytes = a.device_budget.empty()
-                              ? static_cast<std::uint64_t>(a.device_budget_frac * double(all))
-                              : parse_size(a.device_budget, "--device-budget");
+  // The device holds each tensor whole while it is used: a budget below the largest cannot run.
+  std::uint64_t largest = 0;
+  for (const Access& x : trace) largest = std::max(largest, x.bytes);
+  if (!a.device_budget.empty()) {
+    m.device_budget_bytes = parse_size(a.device_budget, "--device-budget");
+    if (m.device_budget_bytes < largest) {
+      throw ConfigError("--device-budget", a.device_budget,
+                        "is below the trace's largest tensor (" + format_bytes(largest) + "): give at least that");
+    }
+  } else {
+    const double frac = a.device_budget_frac > 0 ? a.device_budget_frac : 0.25;
+    m.device_budget_bytes = static_cast<std::uint64_t>(frac * double(all));
+    if (m.device_budget_bytes < largest && a.device_budget_frac > 0) {
+      char need[32], given[32];
+      std::snprintf(need, sizeof need, "%.3f", std::ceil(1000.0 * double(largest) / double(all)) / 1000.0);
+      std::snprintf(given, sizeof given, "%g", a.device_budget_frac);
+      throw ConfigError("--device-budget-frac", given,
+                        "gives " + format_bytes(m.device_budget_bytes) + ", below the trace's largest tensor (" +
+                            format_bytes(largest) + "): give at least " + need + ", or --device-budget");
+    }
+    m.device_budget_bytes = std::max(m.device_budget_bytes, largest);  // the default: the largest fits
+  }
   m.host_budget_bytes = a.host_budget.empty()
                             ? static_cast<std::uint64_t>(a.host_budget_frac * double(all))
                             : parse_size(a.host_budget, "--host-budget");
@@ -128,7 +149,7 @@ std::function<int()> setup_prefetch(CLI::App& sub) {
   sub.add_option("--trace", a->trace_path, "trace file: `id bytes phase` per line");
   sub.add_option("--model", a->model, "generated trace: gpt2-small|gpt2-medium|gpt2-xl|llama-7b|llama-70b");
   sub.add_option("--dtype", a->dtype, "parameter dtype of generated traces and of *_elems: bf16|fp16|fp32");
-  sub.add_option("--device-budget-frac", a->device_budget_frac, "device budget as a fraction of the trace's distinct bytes")->check(tiermem::cli::number_check())->check(tiermem::cli::within(1e-6, 1));
+  sub.add_option("--device-budget-frac", a->device_budget_frac, "device budget as a fraction of the trace's distinct bytes [default: 0.25, or what the largest tensor needs]")->check(tiermem::cli::number_check())->check(tiermem::cli::within(1e-6, 1));
   sub.add_option("--device-budget", a->device_budget, "device budget in bytes (\"2GiB\"); overrides the fraction");
   sub.add_option("--host-budget-frac", a->host_budget_frac, "host cache (NVMe home) as a fraction of distinct bytes")->check(tiermem::cli::number_check())->check(tiermem::cli::within(0, 1));
   sub.add_option("--host-budget", a->host_budget, "host cache in bytes; overrides the fraction");

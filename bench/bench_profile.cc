@@ -448,17 +448,12 @@ std::uint64_t meminfo(const char* key) {
 }
 
 int run_profile(const ProfileOpts& o) {
-  std::uint64_t nvme_bytes = 0, copy_bytes = 0;
-  try {
-    nvme_bytes = parse_size(o.nvme_size, "--size");
-    copy_bytes = parse_size(o.copy_size, "--copy-size");
-  } catch (const ConfigError& e) {  // bad input: one line, exit 2, like a flag CLI11 rejects
-    std::fprintf(stderr, "tiermem-bench: error: %s = %s: %s\n", e.key_path().c_str(), e.value().c_str(), e.what());
-    return 2;
-  }
-  if (nvme_bytes < (8u << 20) || copy_bytes < 4096) {
-    std::fprintf(stderr, "tiermem-bench: error: --size must be at least 8MiB and --copy-size at least 4KiB\n");
-    return 2;
+  // Bad input is a ConfigError: tiermem-bench prints it on one line and exits 2.
+  const std::uint64_t nvme_bytes = parse_size(o.nvme_size, "--size");
+  const std::uint64_t copy_bytes = parse_size(o.copy_size, "--copy-size");
+  if (nvme_bytes < (8u << 20)) throw ConfigError("--size", o.nvme_size, "must be at least 8MiB");
+  if (copy_bytes < 4096 || copy_bytes > (1ull << 30)) {
+    throw ConfigError("--copy-size", o.copy_size, "must be at least 4KiB and at most 1GiB");
   }
   const double t_start = now_s();
   std::string note, device;

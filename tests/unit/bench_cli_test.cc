@@ -216,7 +216,11 @@ TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
                // Past what the option's type holds, and booleans that are neither (CLI11: "Could not convert").
                {"nvme --path . --qd 99999999999", "99999999999 is outside [1, 4096]"},
                {"zero-offload --pin maybe --dir zo", "'maybe' is not true or false"},
-               {"pipeline --o-direct maybe", "'maybe' is not true or false"}};
+               {"pipeline --o-direct maybe", "'maybe' is not true or false"},
+               // A device budget below the trace's largest tensor cannot run (it failed late, exit 1).
+               {"prefetch --model gpt2-small --steps 2 --device-budget 10M", "is below the trace's largest tensor"},
+               {"prefetch --model gpt2-small --steps 2 --device-budget-frac 0.25", "give at least 0.311"},
+               {"profile --copy-size 100T", "--copy-size = 100T: must be at least 4KiB and at most 1GiB"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
     const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN + " " + c.args + " >out.txt 2>err.txt";
@@ -237,6 +241,16 @@ TEST_F(BenchCli, NvmeRemovesItsFileWhenStoppedBySigterm) {
   const int status = std::system(cmd.c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 124) << "timeout ended it: " << slurp(dir_ / "err.txt");
   EXPECT_FALSE(fs::exists(dir_ / "stop" / "tiermem-bench-nvme.dat")) << "left behind";
+}
+
+// The prefetch simulation runs at its defaults on every generated model: the default device budget
+// holds the trace's largest tensor (gpt2-small's wte is more than a quarter of its bytes).
+TEST_F(BenchCli, PrefetchRunsAtItsDefaults) {
+  const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN +
+                          " prefetch --model gpt2-small --steps 2 >out.txt 2>err.txt";
+  const int status = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(dir_ / "err.txt");
+  EXPECT_NE(slurp(dir_ / "out.txt").find("belady"), std::string::npos) << slurp(dir_ / "out.txt");
 }
 
 // zero-offload leaves no directory it made: --dir's missing parents and io-alone go with the run.
