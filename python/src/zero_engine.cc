@@ -18,8 +18,8 @@
 // Errors: as the rest of the extension (tiermem::ConfigError -> ValueError naming the key,
 // IoError -> tiermem.IoError, OutOfMemoryError -> MemoryError, other tiermem::Error ->
 // RuntimeError); argument errors are TypeError/ValueError naming the call and the argument.
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,8 +42,6 @@ struct PyConfig {
   Config config;
 };
 
-// The engine and the communicator it runs over, shared by the Python object and every gathered
-// tensor's owner.
 // Arrays lent to the engine (reduce_gradients(lend=True)). The engine drops its hold on one on its
 // gradient thread, which must not take the GIL (the driving thread may hold it while it waits for
 // that thread), so the hold only moves the object here; release() lets it go with the GIL held.
@@ -67,6 +65,8 @@ struct LentArrays {
   }
 };
 
+// The engine and the communicator it runs over, shared by the Python object and every gathered
+// tensor's owner.
 struct EngineBox {
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<ZeroEngine> engine;
