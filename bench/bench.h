@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tiermem/config.h"
 #include "tiermem/error.h"
 #include "tiermem/pinned_host_pool.h"
 
@@ -77,5 +79,41 @@ inline double quantile(std::vector<double> v, double q) {
   return v[std::min(i, v.size() - 1)];
 }
 inline double median(std::vector<double> v) { return quantile(std::move(v), 0.5); }
+
+// The directories a subcommand makes for its files: make() creates one with its missing parents and
+// remembers those it made; they go again (deepest first, each only when empty) when this does, on
+// a return or an error. Declare it before what puts files in them.
+class MadeDirs {
+ public:
+  MadeDirs() = default;
+  MadeDirs(const MadeDirs&) = delete;
+  MadeDirs& operator=(const MadeDirs&) = delete;
+  ~MadeDirs() {
+    std::error_code ec;
+    for (const std::filesystem::path& d : made_) std::filesystem::remove(d, ec);  // only when empty
+  }
+  void make(const std::filesystem::path& dir) {
+    std::vector<std::filesystem::path> fresh;
+    for (std::filesystem::path p = std::filesystem::absolute(dir); !p.empty() && !std::filesystem::exists(p);
+         p = p.parent_path()) {
+      fresh.push_back(p);
+    }
+    std::filesystem::create_directories(dir);
+    made_.insert(made_.begin(), fresh.begin(), fresh.end());
+  }
+
+ private:
+  std::vector<std::filesystem::path> made_;  // deepest first
+};
+
+// The size option `option` = `text` (parse_size) when it lies within [lo, hi], themselves sizes
+// ("4K", "1G"); else a ConfigError naming the option: "must be at least LO and at most HI".
+inline std::uint64_t parse_size_within(const std::string& text, const char* option, const char* lo, const char* hi) {
+  const std::uint64_t v = parse_size(text, option);
+  if (v < parse_size(lo) || v > parse_size(hi)) {
+    throw ConfigError(option, text, std::string("must be at least ") + lo + " and at most " + hi);
+  }
+  return v;
+}
 
 }  // namespace tiermem::bench

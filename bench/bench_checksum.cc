@@ -36,9 +36,7 @@ struct ChecksumOptions {
 };
 
 int run_checksum(const ChecksumOptions& o) {
-  const std::uint64_t bytes = parse_size(o.size, "--size");
-  if (bytes < 4096) throw ConfigError("--size", o.size, "must be at least 4K (4096 bytes)");
-  if (bytes > (4ull << 30)) throw ConfigError("--size", o.size, "must be at most 4G (two buffers of it are made)");
+  const std::uint64_t bytes = parse_size_within(o.size, "--size", "4K", "4G");  // two buffers of it
   std::vector<char> src(bytes), dst(bytes);
   for (std::uint64_t i = 0; i < bytes; ++i) src[i] = static_cast<char>(i * 2654435761u >> 13);
   std::memcpy(dst.data(), src.data(), bytes);  // prefault

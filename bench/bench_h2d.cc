@@ -86,11 +86,10 @@ double cudamemcpy_peak_gbps(std::uint64_t bytes, bool h2d, int reps) {
 }
 
 int run_copy(const CopyOptions& o, bool h2d) {
-  const std::uint64_t lo = parse_size(o.min_size, "--min-size");
-  const std::uint64_t hi = parse_size(o.max_size, "--max-size");
-  // Sizes step by 4x from --min-size; each is copied 64 MiB / size times a repetition.
-  if (lo < 4096) throw ConfigError("--min-size", o.min_size, "must be at least 4K (4096 bytes)");
-  if (hi > (1ull << 30)) throw ConfigError("--max-size", o.max_size, "must be at most 1G");
+  // Sizes step by 4x from --min-size (its top is --max-size's, checked below); each is copied
+  // 64 MiB / size times a repetition.
+  const std::uint64_t lo = parse_size_within(o.min_size, "--min-size", "4K", "1P");
+  const std::uint64_t hi = parse_size_within(o.max_size, "--max-size", "4K", "1G");
   if (hi < lo) {
     throw ConfigError("--max-size", o.max_size, "is below --min-size (" + format_bytes(lo) + "): give a larger one");
   }

@@ -51,14 +51,9 @@ struct PipeOptions {
 };
 
 int run_pipeline(const PipeOptions& o) {
-  const std::uint64_t tbytes = parse_size(o.tensor_size, "--tensor-size");
-  const std::uint64_t chunk = parse_size(o.chunk, "--chunk");
-  if (tbytes < 4096) throw ConfigError("--tensor-size", o.tensor_size, "must be at least 4K (4096 bytes)");
-  if (tbytes > (16ull << 30)) throw ConfigError("--tensor-size", o.tensor_size, "must be at most 16G");
-  if (chunk < 4096 || chunk % 4096 != 0) {
-    throw ConfigError("--chunk", o.chunk, "must be a multiple of 4K (4096 bytes), at least 4K");
-  }
-  if (chunk > (1ull << 30)) throw ConfigError("--chunk", o.chunk, "must be at most 1G");
+  const std::uint64_t tbytes = parse_size_within(o.tensor_size, "--tensor-size", "4K", "16G");
+  const std::uint64_t chunk = parse_size_within(o.chunk, "--chunk", "4K", "1G");
+  if (chunk % 4096 != 0) throw ConfigError("--chunk", o.chunk, "must be a multiple of 4K (4096 bytes)");
   const std::uint64_t total = tbytes * static_cast<std::uint64_t>(o.tensors);
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -100,23 +100,20 @@ struct NvmeRates {
 NvmeRates measure_nvme(const ProfileOpts& o, std::uint64_t bytes, std::string* note) {
   namespace fs = std::filesystem;
   Config cfg;
-  // The directories this run makes (deepest first) go again with its file, also on an error.
-  std::vector<fs::path> made;
+  // The directories this run makes go again after its file, also on an error.
   if (std::error_code ec; fs::exists(o.path, ec) && !fs::is_directory(o.path, ec)) {
     throw ConfigError("--path", o.path, "is a file, not a directory: give a directory on the drive to measure");
   }
-  for (fs::path p = fs::absolute(o.path); !p.empty() && !fs::exists(p); p = p.parent_path()) made.push_back(p);
-  fs::create_directories(o.path);
+  MadeDirs dirs;
+  dirs.make(o.path);
   const std::string file = (fs::path(o.path) / fmt::format("tiermem-profile-{}.dat", ::getpid())).string();
-  struct Cleanup {
+  struct RemoveFile {
     const std::string& file;
-    const std::vector<fs::path>& made;
-    ~Cleanup() {
+    ~RemoveFile() {
       std::error_code ec;
       fs::remove(file, ec);
-      for (const fs::path& d : made) fs::remove(d, ec);  // only when empty
     }
-  } cleanup{file, made};
+  } remove_file{file};
   std::unique_ptr<IoEngine> io = make_io_engine(cfg);
   IoFile f;
   try {
@@ -450,11 +447,8 @@ std::uint64_t meminfo(const char* key) {
 int run_profile(const ProfileOpts& o) {
   // Bad input is a ConfigError: tiermem-bench prints it on one line and exits 2.
   const std::uint64_t nvme_bytes = parse_size(o.nvme_size, "--size");
-  const std::uint64_t copy_bytes = parse_size(o.copy_size, "--copy-size");
+  const std::uint64_t copy_bytes = parse_size_within(o.copy_size, "--copy-size", "4KiB", "1GiB");
   if (nvme_bytes < (8u << 20)) throw ConfigError("--size", o.nvme_size, "must be at least 8MiB");
-  if (copy_bytes < 4096 || copy_bytes > (1ull << 30)) {
-    throw ConfigError("--copy-size", o.copy_size, "must be at least 4KiB and at most 1GiB");
-  }
   const double t_start = now_s();
   std::string note, device;
   const NvmeRates nvme = measure_nvme(o, nvme_bytes, &note);

@@ -108,18 +108,10 @@ int run(const ZoOpts& o) {
   if (fs::exists(o.dir) && !fs::is_directory(o.dir)) {
     throw ConfigError("--dir", o.dir, "is a file: give a directory (on the NVMe drive)");
   }
-  // The directories this run makes (--dir's missing parents, io-alone), innermost first: removed
-  // at the end when empty, after the engines and the swap space (declared below) removed their files.
-  std::vector<fs::path> made;
-  for (fs::path p = fs::absolute(o.dir); !p.empty() && !fs::exists(p); p = p.parent_path()) made.push_back(p);
-  struct Cleanup {
-    std::vector<fs::path>& made;
-    ~Cleanup() {
-      std::error_code ec;
-      for (const fs::path& d : made) fs::remove(d, ec);  // only when empty
-    }
-  } cleanup{made};
-  fs::create_directories(o.dir);
+  // The directories this run makes (--dir's missing parents, io-alone) go at the end, after the
+  // engines and the swap space (declared below) removed their files.
+  MadeDirs dirs;
+  dirs.make(o.dir);
   const std::uint64_t swap_bytes = (state + (64ull << 20)) / 4096 * 4096;
   Config nv = parse_config(config_json(o, sg, swap_bytes, true));
   Config host = parse_config(config_json(o, sg, swap_bytes, false));
@@ -136,8 +128,7 @@ int run(const ZoOpts& o) {
 
   // The I/O-alone twin: same sub-group extents (3 × sub-group fp32) and staging buffers.
   fs::path io_dir = fs::path(o.dir) / "io-alone";
-  if (!fs::exists(io_dir)) made.insert(made.begin(), io_dir);
-  fs::create_directories(io_dir);
+  dirs.make(io_dir);
   auto io = make_io_engine(nv);
   SwapSpace swap(nv, {io_dir.string()}, *io);
   std::vector<ElemRange> groups = make_sub_groups(make_shard_layout(std::vector<std::size_t>{n}, 1, 1024).rank_flat,

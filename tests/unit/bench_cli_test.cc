@@ -64,11 +64,12 @@ class BenchCli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Result run(const std::string& args) {
+  // tiermem-bench `args` run in dir_ (behind `wrapper`, e.g. "timeout -s TERM 2"); exit code -1
+  // when a signal ended it.
+  Result bench(const std::string& args, const std::string& wrapper = "") {
     const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN +
-                            " nvme --bs 64K --qd 4 --runtime 0.2 " + args + " >" + out.string() +
-                            " 2>" + err.string();
+    const std::string cmd = "cd " + dir_.string() + " && " + wrapper + " " + TIERMEM_BENCH_BIN + " " + args + " >" +
+                            out.string() + " 2>" + err.string();
     const int status = std::system(cmd.c_str());
     Result r;
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -76,6 +77,7 @@ class BenchCli : public ::testing::Test {
     r.err = slurp(err);
     return r;
   }
+  Result run(const std::string& args) { return bench("nvme --bs 64K --qd 4 --runtime 0.2 " + args); }
 
   fs::path dir_;
 };
@@ -181,10 +183,9 @@ TEST_F(BenchCli, ARangedOptionThatIsNoWholeNumberIsCalledThat) {
                           "pipeline --chunks 2.5", "checksum --reps abc", "adam --threads 1.5",
                           "zero-offload --reps abc"}) {
     SCOPED_TRACE(bad);
-    const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN + " " + bad + " >/dev/null 2>err.txt";
-    const int status = std::system(cmd.c_str());
-    const std::string err = slurp(dir_ / "err.txt");
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << err;
+    const Result r = bench(bad);
+    const std::string& err = r.err;
+    EXPECT_GT(r.exit_code, 0) << err;
     const std::string value = std::string(bad).substr(std::string(bad).rfind(' ') + 1);
     EXPECT_NE(err.find("'" + value + "' is not a whole number"), std::string::npos) << err;
     EXPECT_EQ(err.find("not in range"), std::string::npos) << err;
@@ -223,12 +224,10 @@ TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
                {"profile --copy-size 100T", "--copy-size = 100T: must be at least 4KiB and at most 1GiB"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
-    const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN + " " + c.args + " >out.txt 2>err.txt";
-    const int status = std::system(cmd.c_str());
-    const std::string err = slurp(dir_ / "err.txt");
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << err;
-    EXPECT_NE(err.find(c.says), std::string::npos) << err;
-    EXPECT_EQ(slurp(dir_ / "out.txt"), "") << "nothing ran";
+    const Result r = bench(c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "") << "nothing ran";
   }
   EXPECT_FALSE(fs::exists(dir_ / "zo")) << "zero-offload made its --dir before refusing the run";
 }
@@ -236,30 +235,24 @@ TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
 // Stopped by SIGTERM (timeout) mid-run, nvme still removes its own data file, as at a normal exit.
 TEST_F(BenchCli, NvmeRemovesItsFileWhenStoppedBySigterm) {
   fs::create_directories(dir_ / "stop");
-  const std::string cmd = "cd " + dir_.string() + " && timeout -s TERM 2 " + TIERMEM_BENCH_BIN +
-                          " nvme --path stop --rw read --bs 64K --size 8M --runtime 30 >out.txt 2>err.txt";
-  const int status = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 124) << "timeout ended it: " << slurp(dir_ / "err.txt");
+  const Result r = bench("nvme --path stop --rw read --bs 64K --size 8M --runtime 30", "timeout -s TERM 2");
+  EXPECT_EQ(r.exit_code, 124) << "timeout ended it: " << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "stop" / "tiermem-bench-nvme.dat")) << "left behind";
 }
 
 // The prefetch simulation runs at its defaults on every generated model: the default device budget
 // holds the trace's largest tensor (gpt2-small's wte is more than a quarter of its bytes).
 TEST_F(BenchCli, PrefetchRunsAtItsDefaults) {
-  const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN +
-                          " prefetch --model gpt2-small --steps 2 >out.txt 2>err.txt";
-  const int status = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(dir_ / "err.txt");
-  EXPECT_NE(slurp(dir_ / "out.txt").find("belady"), std::string::npos) << slurp(dir_ / "out.txt");
+  const Result r = bench("prefetch --model gpt2-small --steps 2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("belady"), std::string::npos) << r.out;
 }
 
 // zero-offload leaves no directory it made: --dir's missing parents and io-alone go with the run.
 TEST_F(BenchCli, ZeroOffloadRemovesTheDirectoriesItMade) {
-  const std::string cmd = "cd " + dir_.string() + " && " + TIERMEM_BENCH_BIN +
-                          " zero-offload --dir made/zo --params 64K --sub-group 16K --reps 1 >out.txt 2>err.txt";
-  const int status = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(dir_ / "err.txt");
-  EXPECT_NE(slurp(dir_ / "out.txt").find("zero-offload:"), std::string::npos) << slurp(dir_ / "out.txt");
+  const Result r = bench("zero-offload --dir made/zo --params 64K --sub-group 16K --reps 1");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("zero-offload:"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir_ / "made")) << "left behind";
 }
 
