@@ -34,6 +34,7 @@
 #include "tiermem/pinned_host_pool.h"
 #include "tiermem/swap_space.h"
 #include "tiermem/tensor_store.h"
+#include "tiermem/zero_plan.h"
 
 namespace tiermem::bench {
 namespace {
@@ -61,6 +62,21 @@ int run_pipeline(const PipeOptions& o) {
     std::fprintf(stderr, "tiermem-bench: error: --path '%s' %s: give an existing directory\n",
                  o.path.c_str(), fs::exists(o.path, ec) ? "is not a directory" : "does not exist");
     return 2;
+  }
+  // Refused up front rather than when allocated: the simulated device's two tensors, the tensors'
+  // initial contents and the stage-alone buffer hold about four tensors of host memory, and the
+  // swap directory is laid out to twice the tensors' bytes.
+  if (const std::uint64_t phys = physical_memory_bytes(); phys > 0 && 4 * tbytes > phys / 2) {
+    throw ConfigError("--tensor-size", o.tensor_size,
+                      fmt::format("the run holds about four tensors in host memory, {}, more than half of this "
+                                  "machine's {}: give {} or less",
+                                  format_bytes(4 * tbytes), format_bytes(phys), format_bytes(phys / 8)));
+  }
+  if (const std::uint64_t drive = drive_free_bytes(o.path); drive > 0 && 2 * total > drive) {
+    throw ConfigError("--tensor-size", o.tensor_size,
+                      fmt::format("{} tensors of it need {} on the drive under --path {}, which has {} free: give "
+                                  "fewer or smaller tensors, or a --path on a larger drive",
+                                  o.tensors, format_bytes(2 * total), o.path, format_bytes(drive)));
   }
   fs::path dir = fs::path(o.path) / ("tiermem-bench-pipeline-" + std::to_string(getpid()));
   fs::create_directories(dir);

@@ -36,10 +36,9 @@
 //                                     per second (repeated for at least a second, median);
 //                                     compute_gflops is d 768's at 512 tokens
 //   host_memory_bytes, host_available_bytes   /proc/meminfo MemTotal, MemAvailable
-//   nvme_free_bytes                   statvfs(--path) f_bavail
+//   nvme_free_bytes                   the free space of the drive under --path (drive_free_bytes)
 // With --json the last line is {"profile": {...}}; tiermem-plan --profile reads it.
 #include <omp.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -65,6 +64,7 @@
 #include "tiermem/io_engine.h"
 #include "tiermem/log.h"
 #include "tiermem/pinned_host_pool.h"
+#include "tiermem/swap_space.h"
 #include "tiermem/zero_engine.h"
 
 namespace tiermem::bench {
@@ -449,6 +449,20 @@ int run_profile(const ProfileOpts& o) {
   const std::uint64_t nvme_bytes = parse_size(o.nvme_size, "--size");
   const std::uint64_t copy_bytes = parse_size_within(o.copy_size, "--copy-size", "4KiB", "1GiB");
   if (nvme_bytes < (8u << 20)) throw ConfigError("--size", o.nvme_size, "must be at least 8MiB");
+  // Refused up front rather than when the file is laid out or the buffer allocated: --size bytes
+  // go to a file under --path and come back into a host buffer of the same size.
+  if (const std::uint64_t avail = meminfo("MemAvailable"); avail > 0 && nvme_bytes > avail / 2) {
+    throw ConfigError("--size", o.nvme_size,
+                      fmt::format("is read back into a host buffer of that size, and this machine has {} of "
+                                  "memory available: give {} or less",
+                                  format_bytes(avail), format_bytes(avail / 2)));
+  }
+  if (const std::uint64_t drive = drive_free_bytes(o.path); drive > 0 && nvme_bytes > drive) {
+    throw ConfigError("--size", o.nvme_size,
+                      fmt::format("needs {} on the drive under --path {}, which has {} free: give a smaller size, "
+                                  "or a --path on a larger drive",
+                                  format_bytes(nvme_bytes), o.path, format_bytes(drive)));
+  }
   const double t_start = now_s();
   std::string note, device;
   const NvmeRates nvme = measure_nvme(o, nvme_bytes, &note);
@@ -477,9 +491,8 @@ int run_profile(const ProfileOpts& o) {
     by_width[std::to_string(d)] = measure_model(o, d, 4);
     by_width_128[std::to_string(d)] = measure_model(o, d, 1);
   }
-  struct statvfs sv {};
-  std::uint64_t free_bytes = 0;
-  if (statvfs(o.path.c_str(), &sv) == 0) free_bytes = static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
+  // The drive's free space, read after measure_nvme removed the directories it made.
+  const std::uint64_t free_bytes = drive_free_bytes(o.path);
   const Config cfg;
   nlohmann::json p;
   p["name"] = "this machine (tiermem-bench profile)";

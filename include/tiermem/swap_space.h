@@ -192,4 +192,9 @@ std::vector<std::string> make_swap_dirs(const std::string& dir);
 // SwapSpace that failed to open). Never throws.
 void remove_swap_dir_if_unused(const std::string& dir) noexcept;
 
+// The free space, in bytes (statvfs f_bavail x f_frsize), of the filesystem that holds `path`, or
+// that would hold it: a path not made yet is looked up at its nearest existing ancestor (a
+// relative path at the working directory). 0 when even that cannot be read. Never throws.
+std::uint64_t drive_free_bytes(const std::string& path) noexcept;
+
 }  // namespace tiermem

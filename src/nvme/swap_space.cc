@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <optional>
 
@@ -485,5 +486,12 @@ SwapStats SwapSpace::stats() const {
 std::vector<std::string> make_swap_dirs(const std::string& dir) { return detail::make_marked_dirs(dir, ""); }
 
 void remove_swap_dir_if_unused(const std::string& dir) noexcept { detail::remove_if_unused(dir); }
+
+std::uint64_t drive_free_bytes(const std::string& path) noexcept {
+  std::error_code ec;
+  std::filesystem::path probe = path.empty() ? "." : path;
+  while (!probe.empty() && !std::filesystem::exists(probe, ec)) probe = probe.parent_path();
+  return fs_free_bytes(probe.empty() ? "." : probe.string());
+}
 
 }  // namespace tiermem

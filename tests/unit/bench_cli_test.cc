@@ -221,7 +221,10 @@ TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
                // A device budget below the trace's largest tensor cannot run (it failed late, exit 1).
                {"prefetch --model gpt2-small --steps 2 --device-budget 10M", "is below the trace's largest tensor"},
                {"prefetch --model gpt2-small --steps 2 --device-budget-frac 0.25", "give at least 0.311"},
-               {"profile --copy-size 100T", "--copy-size = 100T: must be at least 4KiB and at most 1GiB"}};
+               {"profile --copy-size 100T", "--copy-size = 100T: must be at least 4KiB and at most 1GiB"},
+               // Beyond the drive or memory: refused before the file is laid out (it failed late).
+               {"pipeline --tensor-size 16G --tensors 1000", "--tensor-size = 16G: the run holds about four tensors"},
+               {"profile --path pz/q --size 1000T", "--size = 1000T: is read back into a host buffer of that size"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
     const Result r = bench(c.args);
@@ -230,6 +233,7 @@ TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
     EXPECT_EQ(r.out, "") << "nothing ran";
   }
   EXPECT_FALSE(fs::exists(dir_ / "zo")) << "zero-offload made its --dir before refusing the run";
+  EXPECT_FALSE(fs::exists(dir_ / "pz")) << "profile made its --path before refusing the run";
 }
 
 // Stopped by SIGTERM (timeout) mid-run, nvme still removes its own data file, as at a normal exit.

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fcntl.h>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -546,6 +547,19 @@ TEST(SwapSpace, DirectoryOwnedByAnotherUserIsRefused) {
     EXPECT_NE(m.find("owned by uid 4242, not by you (uid 0)"), std::string::npos) << m;
   }
   EXPECT_TRUE(std::filesystem::is_empty(d.path())) << "nothing may be created in it";
+}
+
+// A directory not made yet is looked up at its nearest existing ancestor (tiermem-bench profile
+// printed "0 B free" for the --path it had made and removed again).
+TEST(SwapSpace, DriveFreeBytesOfAPathNotMadeYetIsItsAncestorsDrives) {
+  TempDir d;
+  ASSERT_TRUE(d.ok());
+  const std::uint64_t here = drive_free_bytes(d.path());
+  const std::uint64_t below = drive_free_bytes(d.path() + "/not/made/yet");
+  ASSERT_GT(here, 0u);
+  // The same filesystem: equal but for what other processes wrote between the two calls.
+  EXPECT_LT(std::llabs(static_cast<long long>(below) - static_cast<long long>(here)), static_cast<long long>(here / 20));
+  EXPECT_FALSE(std::filesystem::exists(d.path() + "/not")) << "nothing is made";
 }
 
 }  // namespace

@@ -14,7 +14,6 @@
 // predicted (budgets resolve for this machine's memory); time needs rates.
 // Exit: 0 the configuration runs (or --check printed), 1 it cannot run (why and the smallest
 // fix printed), 2 bad input (one line naming the flag, key or path).
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +31,7 @@
 #include "tiermem/device_choice.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
+#include "tiermem/swap_space.h"
 #include "train/train_loop.h"
 #include "train/train_options.h"
 
@@ -60,12 +60,7 @@ plan::MachineProfile memory_only_profile(const std::string& swap_dir) {
   m.name = "this machine (memory only; give --profile for time)";
   m.host_memory_bytes = static_cast<std::uint64_t>(sysconf(_SC_PHYS_PAGES)) *
                         static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
-  struct statvfs sv {};
-  std::filesystem::path probe = swap_dir.empty() ? "." : swap_dir;
-  while (!probe.empty() && !std::filesystem::exists(probe)) probe = probe.parent_path();
-  if (statvfs(probe.empty() ? "." : probe.c_str(), &sv) == 0) {
-    m.nvme_free_bytes = static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
-  }
+  m.nvme_free_bytes = drive_free_bytes(swap_dir);
   return m;
 }
 
