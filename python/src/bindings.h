@@ -30,8 +30,9 @@ struct ArrayView {
 };
 
 // Views `obj` (argument `arg` of function `fn`) as a contiguous CPU array. `writable`: the array
-// is written (a read destination). Throws nb::type_error (not an array, or a tensor that needs
-// .detach()), nb::value_error (not on the CPU, not contiguous, read-only when writable).
+// is written (a read destination); a torch tensor that requires grad is viewed as its data.
+// Throws nb::type_error (None, not an array: a meta or sparse tensor says so), nb::value_error
+// (not on the CPU, not contiguous, a negated view, read-only when writable).
 ArrayView view_array(nb::handle obj, const char* fn, const char* arg, bool writable);
 
 // Name of a DLPack dtype, e.g. "float32", "bfloat16".

@@ -73,10 +73,15 @@ ArrayView view_array(nb::handle obj, const char* fn, const char* arg, bool writa
   nb::ndarray<nb::ro> a;
   if (!nb::try_cast(obj, a, /*convert=*/false)) {
     std::string type = nb::type_name(obj.type()).c_str();
+    // Why a torch tensor has no view: the hint that fits it, none for other objects. (A tensor that
+    // requires grad has one: nanobind takes it detached.)
+    auto flag = [&](const char* name) { return nb::hasattr(obj, name) && nb::cast<bool>(obj.attr(name)); };
+    const char* hint = "";
+    if (flag("is_meta")) hint = " (a meta tensor has no data: materialize it first, e.g. .to_empty(device='cpu'))";
+    else if (flag("is_sparse") || flag("is_sparse_csr")) hint = " (a sparse tensor: call .to_dense() first)";
     throw nb::type_error(
         str_printf("%s: argument '%s' must be a CPU array supporting DLPack or the buffer protocol "
-                   "(numpy array, torch tensor), got %s (a torch tensor that requires grad must be "
-                   ".detach()ed first)", fn, arg, type.c_str())
+                   "(numpy array, torch tensor), got %s%s", fn, arg, type.c_str(), hint)
             .c_str());
   }
   int dev = a.device_type();

@@ -169,3 +169,24 @@ def test_adam_step_binding_checks_arguments(torch_or_skip):
     with pytest.raises(TypeError, match="'param'"):
         tiermem.adam_step(None, f, f.clone(), f.clone(), 1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
     assert tiermem.adam_isa() in ("avx512", "avx2", "scalar")
+
+
+def test_an_array_without_a_view_gets_the_hint_that_fits_it(torch_or_skip):
+    """view_array's hint names what to do for the tensor given. It used to tell every tensor to
+    be .detach()ed first, though a tensor that requires grad is taken (detached) and that hint fit
+    none of those refused."""
+    torch = torch_or_skip
+    import tiermem
+    f = torch.zeros(8)
+    args = (f.clone(), f.clone(), f.clone(), 1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
+    p = torch.zeros(8, requires_grad=True)
+    tiermem.adam_step(p, f.clone(), *args[1:])  # taken as its data; the step moves no zero param
+    assert p.requires_grad and torch.equal(p.detach(), torch.zeros(8))
+    with pytest.raises(TypeError, match="meta tensor has no data") as e:
+        tiermem.adam_step(torch.zeros(8, device="meta"), *args)
+    assert "detach" not in str(e.value)
+    with pytest.raises(TypeError, match=r"sparse tensor: call \.to_dense\(\)") as e:
+        tiermem.adam_step(torch.zeros(8).to_sparse(), *args)
+    assert "detach" not in str(e.value)
+    with pytest.raises(TypeError, match="got str$"):
+        tiermem.adam_step("not an array", *args)
