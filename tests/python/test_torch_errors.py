@@ -241,3 +241,15 @@ def test_failed_initialize_leaves_the_model_as_it_was(torch_or_skip, tmp_path):
         tt.initialize(model=m, config=cfg)
     for n, p in m.named_parameters():
         assert torch.equal(p.detach(), before[n]), n
+
+
+def test_the_banner_says_where_the_parameters_are_at_each_stage(torch_or_skip, tmp_path, capfd):
+    """Below stage 3 the parameters are not partitioned: the banner said "params -> device" on a
+    CPU run whose parameters stay the model's own tensors in host memory."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    for stage, says in ((2, "params -> the model's own (not partitioned below stage 3)"), (3, "params -> device")):
+        engine, *_ = tt.initialize(model=_small(torch), config=ds_config(tmp_path, "none", stage=stage))
+        err = capfd.readouterr().err
+        assert f"stage {stage}: {says}, optimizer -> " in err, err
+        engine.close()

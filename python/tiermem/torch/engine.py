@@ -266,7 +266,10 @@ class TiermemEngine:
             if self.forward_only:  # no optimizer state, gradients or master weights to place
                 homes = f"params -> {st['param_home']} ({self._zero.working_dtype()}, forward only: no optimizer)"
             else:
-                homes = (f"params -> {st['param_home']}, optimizer -> {st['optimizer_home']}, gradients -> "
+                # Below stage 3 the parameters are not partitioned: they stay the model's own tensors.
+                params = (st['param_home'] if config['zero_optimization']['stage'] >= 3
+                          else "the model's own (not partitioned below stage 3)")
+                homes = (f"params -> {params}, optimizer -> {st['optimizer_home']}, gradients -> "
                          f"{st['gradient_home']} ({self._zero.working_dtype()} working params, fp32 master weights)")
             print(f"tiermem.torch: {len(numels)} engine modules, {sum(numels)} parameters ({n_frozen} frozen), stage "
                   f"{config['zero_optimization']['stage']}: {homes}", file=sys.stderr)
