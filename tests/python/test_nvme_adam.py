@@ -153,6 +153,27 @@ def test_errors(torch_or_skip, tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(NotADirectoryError, match="afile.*is a file"):
         NVMeAdamW([p], nvme_path=str(tmp_path / "afile"))
+    with pytest.raises(ValueError, match="lists one directory twice"):  # was "in use by another engine"
+        NVMeAdamW([p], nvme_path=[d, d + "/."])
+
+
+def test_what_the_layout_cannot_follow_is_refused(torch_or_skip, tmp_path):
+    """The sub-groups on NVMe are laid out when the optimizer is built: a param group added later
+    was accepted and never stepped, and a parameter resized later was stepped over its old length
+    only (its other elements silently left as they were)."""
+    torch = torch_or_skip
+    from tiermem.torch import NVMeAdamW
+    p = torch.nn.Parameter(torch.zeros(5))
+    opt = NVMeAdamW([p], nvme_path=nvme(tmp_path, "n"))
+    with pytest.raises(NotImplementedError, match="give every param group to NVMeAdamW"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))], "lr": 0.1})
+    assert len(opt.param_groups) == 1
+    p.data = torch.zeros(50)
+    p.grad = torch.ones(50)
+    with pytest.raises(ValueError, match=r"params'\]\[0\] has 50 elements .* had 5 when the optimizer was built"):
+        opt.step()
+    assert torch.equal(p.detach(), torch.zeros(50)) and "step" not in opt.state[p]  # nothing changed
+    opt.close()
 
 
 def test_directories_it_made_go_with_it(torch_or_skip, tmp_path):

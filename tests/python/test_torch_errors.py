@@ -62,6 +62,21 @@ def test_step_before_any_backward(torch_or_skip, tmp_path):
     engine.backward(loss)
     engine.step()
     assert engine.global_steps == 1
+    with pytest.raises(RuntimeError, match=r"no backward\(\) since the last step\(\)"):
+        engine.step()
+    assert engine.global_steps == 1 and engine.micro_steps == 1
+    engine.close()
+    # With accumulation, a second step() after one backward() stepped the optimizer on half of the
+    # step's micro-batches.
+    engine, *_ = tt.initialize(model=_small(torch), config=ds_config(tmp_path, "cpu", gas=2))
+    engine.backward(engine(torch.ones(4, 8)).sum())
+    engine.step()
+    with pytest.raises(RuntimeError, match=r"no backward\(\) since the last step\(\)"):
+        engine.step()
+    assert engine.global_steps == 0 and engine.micro_steps == 1
+    engine.backward(engine(torch.ones(4, 8)).sum())
+    engine.step()
+    assert engine.global_steps == 1 and engine.micro_steps == 2
     engine.close()
 
 

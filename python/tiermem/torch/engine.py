@@ -296,13 +296,17 @@ class TiermemEngine:
     def step(self) -> None:
         self.check_open()
         self._require_trainable("step")
-        boundary = self.is_gradient_accumulation_boundary()
-        if boundary:
+        # Each micro-batch's step() follows its backward(): a step() with none since the last one
+        # would count a micro-batch that added no gradient (at the boundary, step on part of them).
+        if self._backwards_since_step <= self.micro_steps % self.gradient_accumulation_steps:
+            if self.micro_steps == 0:
+                raise RuntimeError("TiermemEngine.step: called before any backward(); run engine.backward(loss) first")
+            raise RuntimeError("TiermemEngine.step: no backward() since the last step(); call step() once after each "
+                               "micro-batch's engine.backward(loss)")
+        if self.is_gradient_accumulation_boundary():
             self.optimizer.step()
             if self.lr_scheduler is not None and not self._last_skipped:
                 self.lr_scheduler.step()
-        elif self._backwards_since_step == 0 and self.micro_steps % self.gradient_accumulation_steps == 0:
-            raise RuntimeError("TiermemEngine.step: called before any backward(); run engine.backward(loss) first")
         self.micro_steps += 1
 
     def zero_grad(self) -> None:

@@ -257,6 +257,13 @@ class NVMeAdamW(torch.optim.Optimizer):
         for d in dirs:
             if os.path.exists(d) and not os.path.isdir(d):
                 raise NotADirectoryError(f"NVMeAdamW: nvme_path '{d}' is a file, not a directory")
+        seen = {}
+        for d in dirs:
+            real = os.path.realpath(d)
+            if real in seen:
+                raise ValueError(f"NVMeAdamW: nvme_path lists one directory twice ('{seen[real]}' and '{d}'); "
+                                 "give each directory once")
+            seen[real] = d
 
         self._sub_groups: list[_SubGroup] = []
         self._chunks_of: dict[int, list[tuple[_SubGroup, _Chunk]]] = {}
@@ -350,6 +357,14 @@ class NVMeAdamW(torch.optim.Optimizer):
         if self._swap is None:
             raise RuntimeError("NVMeAdamW: the optimizer was closed")
 
+    def add_param_group(self, param_group: dict) -> None:
+        # torch.optim.Optimizer.__init__ adds the groups given; after that the sub-groups on NVMe
+        # are laid out, and a group added later would never be stepped.
+        if hasattr(self, "_sub_groups"):
+            raise NotImplementedError("NVMeAdamW.add_param_group: the optimizer state on NVMe is laid out when the "
+                                      "optimizer is built; give every param group to NVMeAdamW(...) instead")
+        super().add_param_group(param_group)
+
     # ---- step --------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
@@ -358,6 +373,15 @@ class NVMeAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._require_open()
+        # A parameter resized since the layout (p.data = ..., resize_token_embeddings) would be
+        # stepped over its old length only: refused before anything changes.
+        for gi, group in enumerate(self.param_groups):
+            for pi, p in enumerate(group["params"]):
+                laid = sum(c.length for _, c in self._chunks_of.get(id(p), []))
+                if p.grad is not None and p.numel() != laid:
+                    raise ValueError(f"NVMeAdamW: param_groups[{gi}]['params'][{pi}] has {p.numel()} elements (shape "
+                                     f"{tuple(p.shape)}) but had {laid} when the optimizer was built: its state on "
+                                     "NVMe is laid out for that size; build a new optimizer after resizing a parameter")
         # Step counts first (host memory), so a sub-group's chunks know theirs.
         stepped = set()
         for gi, group in enumerate(self.param_groups):
