@@ -522,7 +522,12 @@ void check_run_paths(const TrainOptions& opts, const Config& cfg) {
   if (!opts.save_dir.empty())
     check_dir("--save", opts.save_dir, false, "checkpoint directory", /*private_dir=*/false);
   if (!opts.trace_path.empty()) {
-    // The trace is written at the end through "<path>.tmp": find out now that it cannot be.
+    // The trace is written at the end through "<path>.tmp", then renamed over the path: find out
+    // now that it cannot be (a directory there took the whole run to say so).
+    if (std::error_code ec; std::filesystem::is_directory(opts.trace_path, ec)) {
+      throw UsageError("--trace", opts.trace_path, "is a directory: give a file path, e.g. " +
+                                                       (std::filesystem::path(opts.trace_path) / "trace.json").string());
+    }
     const std::string probe = opts.trace_path + ".tmp";
     const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 && errno != EEXIST) {

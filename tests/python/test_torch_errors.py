@@ -144,6 +144,10 @@ def test_a_half_model_under_an_fp32_config_is_said_to_become_fp32(torch_or_skip,
         engine, *_ = tt.initialize(model=_small(torch).half(), config=ds_config(tmp_path / "swap", "cpu"))
     assert engine.module(torch.randn(2, 8)).dtype == torch.float32
     engine.close()
+    # float64 has no mode of its own to point to.
+    with pytest.warns(UserWarning, match=r"float64 parameters become float32 .*float32, bfloat16 or float16 only"):
+        engine, *_ = tt.initialize(model=_small(torch).double(), config=ds_config(tmp_path / "swap", "cpu"))
+    engine.close()
 
 
 def test_nvme_path_that_is_a_file(torch_or_skip, tmp_path):

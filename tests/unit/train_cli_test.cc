@@ -159,6 +159,8 @@ TEST_F(TrainCli, PathThatIsAFile) {
   expect_usage_error("--swap-dir swap --config a_dir_that_is_missing.json", {"--config"});
   expect_usage_error("--swap-dir ''", {"--swap-dir", "empty"});
   expect_usage_error("--swap-dir swap --save ''", {"--save", "empty"});
+  // A directory as the trace file was found only when the run ended (exit 1 after training).
+  expect_usage_error("--swap-dir swap --trace .", {"--trace", "is a directory: give a file path"});
 }
 
 // A bad --config file is bad input too: exit 2 and one line naming the file or the key.

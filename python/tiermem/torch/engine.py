@@ -202,10 +202,12 @@ class TiermemEngine:
             others = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()
                              if p.is_floating_point() and p.dtype != torch.float32})
             if others:
+                halves = [o for o in others if o in ("bfloat16", "float16")]
+                advice = ("enable 'bf16' or 'fp16' in the config to train in " + " or ".join(halves) if halves else
+                          "tiermem trains in float32, bfloat16 or float16 only")
                 warnings.warn(f"tiermem.torch.initialize: the config trains in float32 (neither 'bf16' nor 'fp16' is "
                               f"enabled), so the model's {' and '.join(others)} parameters become float32 and its "
-                              "inputs must be float32; enable 'bf16' or 'fp16' in the config to train in those",
-                              stacklevel=3)
+                              f"inputs must be float32 (cast them with .float()); {advice}", stacklevel=3)
 
         self._hooks = ParamHooks(model, leaf_types)
         units = self._hooks.units
