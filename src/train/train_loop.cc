@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -153,6 +154,12 @@ void save_checkpoint(const std::string& dir, int step, const TrainPlan& plan,
   meta["config"] = nlohmann::json::parse(config_to_json(plan.config));
   const std::string path = w.commit(meta);
   TM_LOG_INFO("TRAIN", "checkpoint of step {} written: {}", step, path);
+}
+
+// The kind of state an optimizer.type keeps: Adam and AdamW the same two moments.
+std::string optimizer_family(std::string type) {
+  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return type == "adam" ? "adamw" : type;
 }
 
 template <typename T>
@@ -330,6 +337,17 @@ bool resume(const TrainOptions& opts, const TrainPlan& plan, RunData& data, Trai
   expect_same(mf, "meta.seq_len", r.meta().value("seq_len", 0), plan.seq_len);
   expect_same(mf, "meta.seed", r.meta().value("seed", std::uint64_t{0}), plan.seed);
   const nlohmann::json& meta = r.meta();
+  // The optimizer's state is its own kind's (AdamW's two moments, Lion's one, Adagrad's sum):
+  // another kind would take it for its own.
+  if (const nlohmann::json::json_pointer ptr("/config/optimizer/type"); meta.contains(ptr) && meta.at(ptr).is_string()) {
+    const std::string saved = meta.at(ptr).get<std::string>();
+    if (optimizer_family(saved) != optimizer_family(plan.config.optimizer.type)) {
+      throw CheckpointError(fmt::format("checkpoint {}: its optimizer state is {}'s (optimizer.type \"{}\") but this run's "
+                                        "optimizer.type is \"{}\": the state does not carry over; resume with "
+                                        "optimizer.type \"{}\", or start a new run",
+                                        mf, saved, saved, plan.config.optimizer.type, saved));
+    }
+  }
   warn_if_changed(mf, meta, "/data/path", "--data", data.corpus.path);
   warn_if_changed(mf, meta, "/data/tokens", "data tokens", data.corpus.tokens.size());
   warn_if_changed(mf, meta, "/steps", "--steps", plan.steps);

@@ -218,3 +218,19 @@ def test_reshard_source_from_python(tmp_path):
     shutil.rmtree(tmp_path / "rank1")
     with pytest.raises(RuntimeError, match="rank1"):
         _tiermem.OptimizerStateReshard(str(tmp_path), 2, names, [20], 4, 1, 0)
+
+
+def test_another_optimizers_state_is_refused(torch_or_skip, tmp_path):
+    """AdamW's moments loaded into a Lion engine were taken for Lion's state, silently."""
+    hf_or_skip()
+    import tiermem.torch as tt
+    _, a = _engine(tt, tmp_path)
+    engine_losses(a, batches(1), 1)
+    a.save_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    a.close()
+    _, b = _engine(tt, tmp_path, optimizer={"type": "Lion", "params": {"lr": 1e-4}})
+    with pytest.raises(ValueError, match=r"(?i)its optimizer state is AdamW's but this engine's optimizer is Lion"):
+        b.load_checkpoint(str(tmp_path / "ckpt"), tag="t")
+    assert b.global_steps == 0  # nothing loaded
+    b.load_checkpoint(str(tmp_path / "ckpt"), tag="t", load_optimizer_states=False)  # the weights only
+    b.close()

@@ -295,6 +295,13 @@ TEST_F(TrainE2E, ResumeIsBitwiseIdentical) {
   for (std::size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(want[i], got[i]) << "step " << i + 11;
   }
+  // Another optimizer would take AdamW's moments for its own state (Lion's was accepted silently).
+  std::ofstream(dir_ / "lion.json") << R"({"optimizer": {"type": "Lion"}})";
+  RunResult lion = run(base + "--config lion.json --resume ckpt");
+  EXPECT_NE(lion.exit_code, 0);
+  EXPECT_NE(lion.err.find("its optimizer state is AdamW's"), std::string::npos) << lion.err;
+  EXPECT_NE(lion.err.find("optimizer.type is \"lion\""), std::string::npos) << lion.err;
+  EXPECT_TRUE(lion.steps.empty());
   // Corrupt one byte of the state: a clear error naming the tensor, before any step.
   fs::path state;
   for (const auto& e : fs::directory_iterator(dir_ / "ckpt/rank0"))

@@ -156,6 +156,7 @@ def save_checkpoint(engine, save_dir: str, tag: Optional[str] = None, client_sta
             "skipped_steps": engine.skipped_steps,
             "working_dtype": engine.working_dtype,
             "lr": [float(g["lr"]) for g in engine.optimizer.param_groups],  # what the next step uses
+            "optimizer_type": str(engine.config["optimizer"]["type"]),
         }
         w.commit(json.dumps(meta))
     except BaseException:
@@ -226,6 +227,12 @@ def _meta_lrs(meta: dict, where: str) -> list:
     return [float(x) for x in lrs]
 
 
+def _optimizer_family(kind: str) -> str:
+    """The kind of state an optimizer type keeps: Adam and AdamW the same two moments."""
+    k = kind.lower()
+    return "adamw" if k == "adam" else k
+
+
 def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optimizer_states: bool = True,
                     load_lr_scheduler_states: bool = True, load_module_only: bool = False):
     """Returns (path, client_state) as DeepSpeed's engine.load_checkpoint does."""
@@ -254,6 +261,14 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
                 raise ValueError(f"load_checkpoint: {where}: engine module {i} is {a[0]!r} with {a[1]} parameters in "
                                  f"the checkpoint but {b[0]!r} with {b[1]} in this model: not the same model")
         raise ValueError(f"load_checkpoint: {where} has {len(meta['units'])} engine modules, this model {len(units)}")
+    # The optimizer state is its own kind's (AdamW's two moments, Lion's one, Adagrad's sum): another
+    # kind would take it for its own. (Checkpoints written before this was recorded are not checked.)
+    saved_type, this_type = meta.get("optimizer_type"), str(engine.config["optimizer"]["type"])
+    if load_optimizer_states and not load_module_only and isinstance(saved_type, str) and \
+            _optimizer_family(saved_type) != _optimizer_family(this_type):
+        raise ValueError(f"load_checkpoint: {where}: its optimizer state is {saved_type}'s but this engine's optimizer "
+                         f"is {this_type}: the state does not carry over; load it into an engine with optimizer.type "
+                         f"{saved_type!r}, or pass load_optimizer_states=False to load the weights only")
     header = meta["engine"]
     n = engine.optimizer_shard_numel
     # The optimizer state's partition: over every rank at stages 1-3, whole on each at stage 0.
