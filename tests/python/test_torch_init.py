@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from torch_models import batches, build, ds_config, engine_losses, hf_or_skip, reference_losses
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,7 +28,11 @@ def test_init_losses_equal_plain_pytorch(torch_or_skip, tmp_path):
             model = build(kind)
         w = model.lm_head.weight
         assert w.shape == (128, 64) and w.stride() == (0, 0)  # a placeholder: no memory of its own
+        # Run before initialize took its parameters, the model computed other outputs, silently.
+        with pytest.raises(RuntimeError, match="built under tiermem.torch.zero.Init.*call initialize before"):
+            model(input_ids=data[0])
         engine, *_ = tt.initialize(model=model, config=cfg)
+        assert not any("_tm_init_guard" in m.__dict__ for m in model.modules())  # the guards are gone
         assert [f for f in os.listdir(tmp_path) if f.startswith("tiermem-init-")] == []  # staging gone
         got = engine_losses(engine, data, 5)
         assert max(abs(a - b) / abs(b) for a, b in zip(got, want)) <= 1e-5

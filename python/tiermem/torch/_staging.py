@@ -25,7 +25,7 @@ import torch
 
 from ._params import is_metadata, param_subclass, placeholder
 
-__all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_staging", "make_marked_dirs", "MADE_MARKER"]
+__all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_staging", "guard_staged_module", "make_marked_dirs", "MADE_MARKER"]
 
 
 # The marker of a directory tiermem made (src/nvme/made_dirs.h): the engine that last uses it
@@ -185,3 +185,23 @@ def release_staging(model: torch.nn.Module) -> None:
     for p in model.parameters():
         if p.__dict__.get("_tm_stage") is not None:
             drop_staged(p)
+    for m in model.modules():
+        guard = m.__dict__.pop("_tm_init_guard", None)
+        if guard is not None:
+            guard.remove()
+
+
+def guard_staged_module(module: torch.nn.Module) -> None:
+    """A module with parameters staged by Init refuses to run its forward until initialize took
+    them (release_staging removes the guard): the forward would compute on what the staging lends
+    each call, not what the engine trains (it gave other outputs, silently)."""
+    if "_tm_init_guard" in module.__dict__:
+        return
+
+    def refuse(mod, args):
+        if any(p.__dict__.get("_tm_stage") is not None for p in mod.parameters(recurse=False)):
+            raise RuntimeError(f"tiermem.torch: {type(mod).__name__} was built under tiermem.torch.zero.Init, so its "
+                               "parameters are staged until tiermem.torch.initialize(model=...) takes them: call "
+                               "initialize before running the model (or build it outside zero.Init)")
+
+    module.__dict__["_tm_init_guard"] = module.register_forward_pre_hook(refuse)

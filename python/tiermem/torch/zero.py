@@ -16,7 +16,7 @@ import torch
 
 from ._config import load_config
 from ._malloc import fix_malloc_threshold
-from ._staging import Stage, stage_param
+from ._staging import Stage, guard_staged_module, stage_param
 
 __all__ = ["GatheredParameters", "Init"]
 
@@ -180,3 +180,4 @@ class Init:
             if p.device.type != "cpu":
                 continue
             stage_param(p, self.stage)
+            guard_staged_module(module)
