@@ -272,3 +272,27 @@ def test_the_banner_says_where_the_parameters_are_at_each_stage(torch_or_skip, t
         err = capfd.readouterr().err
         assert f"stage {stage}: {says}, optimizer -> " in err, err
         engine.close()
+
+
+def test_a_parameter_replaced_after_initialize_is_refused(torch_or_skip, tmp_path):
+    """`p.data = t` or `module.half()` after initialize replaced the placeholder; the next gather
+    pointed the parameter at the engine's values again, and the change was lost without a word."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    for change in (lambda m: setattr(m[0].weight, "data", torch.full((8, 8), 3.0)), lambda m: m.half()):
+        m = _small(torch)
+        engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path, "cpu"))
+        with pytest.raises(RuntimeError, match=r"had its \.data replaced .* inside `with tiermem.torch.zero.GatheredParameters"):
+            change(m)  # half(): its next parameter's cast gathers the unit and finds the first replaced
+            engine(torch.ones(4, 8))
+        engine.close()
+    # Inside GatheredParameters the change is written back and kept.
+    m = _small(torch)
+    engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path, "cpu"))
+    with tt.zero.GatheredParameters([m[0].weight, m[0].bias], modifier_rank=0):
+        m[0].weight.data.fill_(0.0)
+        m[0].bias.data.fill_(0.0)
+    engine(torch.ones(4, 8))  # a forward after the write-back runs
+    with tt.zero.GatheredParameters([m[0].weight]):
+        assert torch.count_nonzero(m[0].weight) == 0
+    engine.close()

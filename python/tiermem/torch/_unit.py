@@ -126,7 +126,7 @@ class Unit:
     releases them, and holds their fp32 gradient buffer during a backward."""
 
     __slots__ = ("index", "name", "link", "frozen", "params", "slot_of", "numel", "flat", "active", "n_trainable",
-                 "grad", "received", "got", "bw_flat")
+                 "grad", "received", "got", "bw_flat", "released")
 
     def __init__(self, index: int, name: str, link: EngineLink, frozen: bool = False) -> None:
         self.index = index
@@ -143,6 +143,7 @@ class Unit:
         self.received = 0
         self.got: set[int] = set()                # indices of params whose gradient arrived
         self.bw_flat = None                       # weakref to the last backward gather
+        self.released = False                     # its parameters hold placeholders (release ran)
 
     def __reduce_ex__(self, protocol):
         raise TypeError(NOT_PICKLABLE)
@@ -181,6 +182,7 @@ class Unit:
         `copy`: a copy the engine does not pin, as zero.GatheredParameters shows); returns it."""
         if self.flat is None:
             link = self.link
+            self._check_placeholders()
             flat = link.to_compute(link.engine_gather(self, phase or link.phase()), copy)
             self.flat = flat
             for p, off, n in self.params:
@@ -210,10 +212,27 @@ class Unit:
         if self.active == 0:
             self.release()
 
+    def _check_placeholders(self) -> None:
+        """A released parameter still holds its placeholder: one whose ``.data`` was replaced since
+        (``p.data = t``, ``module.half()``) would be pointed at the gathered unit again, the change
+        lost without a word."""
+        if not self.released:  # not given back yet since the model's own values (registration)
+            return
+        link = self.link
+        for i, (p, _, _) in enumerate(self.params):
+            held = p.data
+            if held.dtype != link.working_dtype or \
+                    held.data_ptr() != placeholder(p.shape, link.working_dtype, link.compute_device).data_ptr():
+                raise RuntimeError(f"tiermem.torch: parameter {i} of {self.name!r} (shape {tuple(p.shape)}) had its .data "
+                                   f"replaced ({held.dtype}) after initialize; the engine holds its values, so the change "
+                                   "would be lost: change parameters inside `with tiermem.torch.zero.GatheredParameters("
+                                   "params, modifier_rank=0):`, and keep the model's dtype")
+
     def release(self) -> None:
         """The parameters' ``.data`` become placeholders again (the gathered memory goes when the
         last view of it does)."""
         self.flat = None
+        self.released = True
         link = self.link
         for p, _, _ in self.params:
             p.data = placeholder(p.shape, link.working_dtype, link.compute_device)
