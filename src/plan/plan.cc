@@ -179,6 +179,13 @@ void check_fit(const RunShape& run, const Config& cfg, const MachineProfile& m, 
   if (!z.fits) {
     p.fits = false;
     p.why = z.why;
+    const std::uint64_t dev_mem = sim ? m.host_memory_bytes : m.device_memory_bytes;
+    const std::string device_fix =
+        dev_mem == 0 || z.device_min_bytes <= dev_mem
+            ? fmt::format("raise the device budget to {} (--device-budget {} or tiermem.device_budget_bytes)",
+                          format_bytes(z.device_min_bytes), z.device_min_bytes)
+            : std::string("offload the parameters (--offload nvme, or offload_param.device cpu|nvme)");
+    const bool device_short = z.device_budget_bytes != 0 && z.device_budget_bytes < z.device_min_bytes;
     if (z.host_budget_bytes < z.host_min_bytes) {
       if (z.host_min_bytes + p.host_peak_bytes - p.host_pool_peak_bytes <= m.host_memory_bytes) {
         p.fix = fmt::format("raise the host budget to {} (--host-budget {} or tiermem.host_budget_bytes)",
@@ -199,14 +206,9 @@ void check_fit(const RunShape& run, const Config& cfg, const MachineProfile& m, 
                             format_bytes(z.host_min_bytes), format_bytes(rest), sim ? ", the simulated device" : "",
                             format_bytes(m.host_memory_bytes));
       }
+      if (device_short && z.why.find("device budget") != std::string::npos) p.fix += "; and " + device_fix;
     } else {
-      const std::uint64_t dev_mem = sim ? m.host_memory_bytes : m.device_memory_bytes;
-      if (dev_mem == 0 || z.device_min_bytes <= dev_mem) {
-        p.fix = fmt::format("raise the device budget to {} (--device-budget {} or tiermem.device_budget_bytes)",
-                            format_bytes(z.device_min_bytes), z.device_min_bytes);
-      } else {
-        p.fix = "offload the parameters (--offload nvme, or offload_param.device cpu|nvme)";
-      }
+      p.fix = device_fix;
     }
     return;
   }

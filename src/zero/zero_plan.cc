@@ -428,6 +428,11 @@ void plan_nvme(const Sizing& s, ZeroPlan& p) {
 
 // fits and why: the host budget against its minimum, then the device's.
 void check_budgets(ZeroPlan& p) {
+  const bool device_short = needs_device(p) && p.device_budget_bytes != 0 && p.device_budget_bytes < p.device_min_bytes;
+  const std::string device_why =
+      device_short ? fmt::format("device budget {} (tiermem.device_budget_bytes) is below the {} this model needs: {}",
+                                 format_bytes(p.device_budget_bytes), format_bytes(p.device_min_bytes), p.device_min_why)
+                   : std::string();
   if (p.host_budget_bytes < p.host_min_bytes) {
     p.fits = false;
     // The minimum is exact (a budget of it runs): give it in bytes too, and the budget as well
@@ -439,10 +444,10 @@ void check_budgets(ZeroPlan& p) {
                         format_bytes(p.host_min_bytes), p.host_min_bytes, p.host_min_why);
     p.why += fmt::format("; raise tiermem.host_budget_bytes (tiermem-train --host-budget) to at least {}", p.host_min_bytes);
     if (p.host_home_bytes > 0) p.why += ", or home parameters or optimizer state on NVMe (offload_param / offload_optimizer device \"nvme\"; --offload nvme)";
-  } else if (needs_device(p) && p.device_budget_bytes != 0 && p.device_budget_bytes < p.device_min_bytes) {
+    if (device_short) p.why += "; and the " + device_why;  // both said at once, not one per try
+  } else if (device_short) {
     p.fits = false;
-    p.why = fmt::format("device budget {} (tiermem.device_budget_bytes) is below the {} this model needs: {}",
-                        format_bytes(p.device_budget_bytes), format_bytes(p.device_min_bytes), p.device_min_why);
+    p.why = device_why;
   }
 }
 

@@ -360,6 +360,21 @@ TEST_F(PlanTest, SmallestFixWhenEverythingIsOnNvmeAlready) {
   EXPECT_NE(fix.find("nothing more can move to NVMe"), std::string::npos) << fix;
 }
 
+// Both budgets too small: both said at once (the device's showed only after the host's was fixed),
+// and the largest model says it raised them.
+TEST_F(PlanTest, BothBudgetsBelowTheirMinimumsAreSaidTogether) {
+  const RunResult p = plan("--model gpt2 --offload none --host-budget 64MiB --device-budget 1KiB --json");
+  EXPECT_EQ(p.exit_code, 1) << p.out << p.err;
+  ASSERT_TRUE(p.summary.is_object()) << p.out;
+  const std::string why = p.summary["why"].get<std::string>(), fix = p.summary["fix"].get<std::string>();
+  EXPECT_NE(why.find("host budget 64.0 MiB"), std::string::npos) << why;
+  EXPECT_NE(why.find("; and the device budget 1.0 KiB (tiermem.device_budget_bytes) is below"), std::string::npos) << why;
+  EXPECT_NE(fix.find("raise the host budget"), std::string::npos) << fix;
+  EXPECT_NE(fix.find("; and raise the device budget"), std::string::npos) << fix;
+  const RunResult text = plan("--model gpt2 --offload none --host-budget 64MiB --device-budget 1KiB");
+  EXPECT_NE(text.out.find("at this configuration, budgets raised to their minimums"), std::string::npos) << text.out;
+}
+
 TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
   json fast = json::parse(kProfile);
   fast["compute_gflops"] = 1e5;  // compute out of the way: the NVMe link must be the bottleneck

@@ -249,8 +249,11 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
                    p.sim_device_bytes ? " + sim device " + format_bytes(p.sim_device_bytes) : "");
   t += fmt::format("  nvme          peak {:>10}{}\n", format_bytes(p.nvme_peak_bytes),
                    m.nvme_free_bytes ? fmt::format("   free {}", format_bytes(m.nvme_free_bytes)) : "");
-  t += fmt::format("largest model   {} layers, {:.2f} B params at this configuration{}\n", big.n_layer,
-                   static_cast<double>(big.params) / 1e9, big.limit.empty() ? "" : " (next size: " + big.limit + ")");
+  // It is sized with each budget raised to its minimum where it is below (as a user would): said so
+  // when this run's own budgets are below.
+  t += fmt::format("largest model   {} layers, {:.2f} B params at this configuration{}{}\n", big.n_layer,
+                   static_cast<double>(big.params) / 1e9, p.zero.fits ? "" : ", budgets raised to their minimums",
+                   big.limit.empty() ? "" : " (next size: " + big.limit + ")");
   if (!p.fits) {
     t += fmt::format("CANNOT RUN      {}\nsmallest fix    {}\n", p.why, p.fix);
   } else if (timed) {
