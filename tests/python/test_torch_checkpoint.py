@@ -185,6 +185,18 @@ def test_gathered_parameters_modify_and_write_back(torch_or_skip, tmp_path):
             raise KeyError("x")
     with tt.zero.GatheredParameters(w):
         assert torch.equal(w.detach(), want)
+    # A value of another shape cannot go back into the unit: named, nothing written (it was torch's
+    # "The size of tensor a (16384) must match ..."), and the parameter keeps its shape.
+    with pytest.raises(ValueError, match=r"parameter \d+ of '.*c_fc' was set to shape \(3,\) .* but it is \(64, 256\)"):
+        with tt.zero.GatheredParameters(w, modifier_rank=0):
+            w.data = torch.zeros(3)
+    assert w.shape == (64, 256)
+    with tt.zero.GatheredParameters(w):
+        assert torch.equal(w.detach(), want)
+    with pytest.raises(TypeError, match="params must be a parameter or an iterable of parameters, got int"):
+        tt.zero.GatheredParameters(5)
+    with pytest.raises(TypeError, match=r"params\[1\] is a str, not a parameter"):
+        tt.zero.GatheredParameters([w, "w"])
     a.close()
 
 

@@ -26,7 +26,14 @@ class GatheredParameters:
                  fwd_module=None, enabled: bool = True) -> None:
         if isinstance(params, torch.Tensor):
             params = [params]
-        self.params = [p for p in params if p is not None]
+        try:
+            self.params = [p for p in params if p is not None]
+        except TypeError:
+            raise TypeError(f"GatheredParameters: params must be a parameter or an iterable of parameters, got "
+                            f"{type(params).__name__}") from None
+        for i, p in enumerate(self.params):
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"GatheredParameters: params[{i}] is a {type(p).__name__}, not a parameter")
         self.enabled = enabled
         self.modifier_rank = modifier_rank
         self._held = []  # (unit, [(param, snapshot)])
@@ -52,10 +59,16 @@ class GatheredParameters:
     def __exit__(self, exc_type, exc, tb):
         held, self._held = self._held, []
         writes = []
+        # A parameter given another shape or dtype inside cannot be written back into its unit.
+        reshaped = [(unit, i, tuple(q.data.shape), q.data.dtype, s) for unit, snaps in held
+                    for i, (q, s) in enumerate(snaps) if q.data.shape != s.shape or q.data.dtype != s.dtype]
         for unit, snaps in held:
-            if exc_type is not None:  # nothing is written back: undo any change in place
+            if exc_type is not None or reshaped:  # nothing is written back: undo any change
                 for q, s in snaps:
-                    q.data.copy_(s)
+                    if q.data.shape != s.shape or q.data.dtype != s.dtype:
+                        q.data = s
+                    else:
+                        q.data.copy_(s)
             elif any(not torch.equal(q.data, s) for q, s in snaps):
                 writes.append((unit, unit.flat_values()))
         for unit, _ in held:  # the gathered copy goes first: the write-back replaces it
@@ -63,6 +76,11 @@ class GatheredParameters:
             unit.link.gathered_params_open -= 1
         for unit, values in writes:
             unit.set_values(values)
+        if reshaped and exc_type is None:
+            unit, i, shape, dtype, snap = reshaped[0]
+            raise ValueError(f"GatheredParameters: parameter {i} of {unit.name!r} was set to shape {shape} "
+                             f"{dtype} inside the block, but it is {tuple(snap.shape)} {snap.dtype}: write values of "
+                             "its own shape and dtype into it (p.data.copy_(...)); nothing was written back")
         return False
 
 
