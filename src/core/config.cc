@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -238,6 +239,9 @@ namespace {
 json read_profile(const std::string& path) {
   const std::string key = "tiermem.machine_profile";
   const std::string make = "write one with: tiermem-bench profile --json > profile.json";
+  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
+    throw ConfigError(key, path, "config key '" + key + "' = \"" + path + "\" is a directory, not a profile file; " + make);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw ConfigError(key, path,

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -26,6 +25,7 @@
 #include "tiermem/trace.h"
 #include "train/data.h"
 #include "train/kill_point.h"
+#include "train/resume_checks.h"
 #include "gpt/kernels_cpu.h"
 #include "gpt/backend.h"
 #include "train/train_device.h"
@@ -154,34 +154,6 @@ void save_checkpoint(const std::string& dir, int step, const TrainPlan& plan,
   meta["config"] = nlohmann::json::parse(config_to_json(plan.config));
   const std::string path = w.commit(meta);
   TM_LOG_INFO("TRAIN", "checkpoint of step {} written: {}", step, path);
-}
-
-// The kind of state an optimizer.type keeps: Adam and AdamW the same two moments.
-std::string optimizer_family(std::string type) {
-  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return type == "adam" ? "adamw" : type;
-}
-
-template <typename T>
-void expect_same(const std::string& manifest, const char* key, const T& saved, const T& now) {
-  if (saved != now) {
-    throw CheckpointError(fmt::format("checkpoint {}: key '{}' is {} but this run has {} "
-                                      "(resume with the same settings)",
-                                      manifest, key, nlohmann::json(saved).dump(),
-                                      nlohmann::json(now).dump()));
-  }
-}
-
-// Settings a resumed run may change on purpose (a longer run, new data, another tier), but that
-// make it no longer the same run: one warning naming the key, the saved and the new value.
-// `where` is a JSON pointer into the checkpoint's meta ("/data/path"); absent = nothing to say.
-void warn_if_changed(const std::string& manifest, const nlohmann::json& meta, const char* where,
-                     const char* key, const nlohmann::json& now) {
-  const nlohmann::json::json_pointer ptr(where);
-  if (meta.contains(ptr) && meta.at(ptr) != now) {
-    TM_LOG_WARN("TRAIN", "resuming {} with {} = {} (the checkpoint has {}): the run continues, but "
-                "not as the saved one would have", manifest, key, now.dump(), meta.at(ptr).dump());
-  }
 }
 
 // A resume at another world size (the ZeRO engine re-partitions the optimizer state,
@@ -337,17 +309,7 @@ bool resume(const TrainOptions& opts, const TrainPlan& plan, RunData& data, Trai
   expect_same(mf, "meta.seq_len", r.meta().value("seq_len", 0), plan.seq_len);
   expect_same(mf, "meta.seed", r.meta().value("seed", std::uint64_t{0}), plan.seed);
   const nlohmann::json& meta = r.meta();
-  // The optimizer's state is its own kind's (AdamW's two moments, Lion's one, Adagrad's sum):
-  // another kind would take it for its own.
-  if (const nlohmann::json::json_pointer ptr("/config/optimizer/type"); meta.contains(ptr) && meta.at(ptr).is_string()) {
-    const std::string saved = meta.at(ptr).get<std::string>();
-    if (optimizer_family(saved) != optimizer_family(plan.config.optimizer.type)) {
-      throw CheckpointError(fmt::format("checkpoint {}: its optimizer state is {}'s (optimizer.type \"{}\") but this run's "
-                                        "optimizer.type is \"{}\": the state does not carry over; resume with "
-                                        "optimizer.type \"{}\", or start a new run",
-                                        mf, saved, saved, plan.config.optimizer.type, saved));
-    }
-  }
+  expect_same_optimizer(mf, meta, plan.config.optimizer.type);
   warn_if_changed(mf, meta, "/data/path", "--data", data.corpus.path);
   warn_if_changed(mf, meta, "/data/tokens", "data tokens", data.corpus.tokens.size());
   warn_if_changed(mf, meta, "/steps", "--steps", plan.steps);

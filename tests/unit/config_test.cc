@@ -470,6 +470,8 @@ TEST(Config, NvmeRatesFromKeysOrTheMachineProfile) {
   const std::string garbage = write("garbage.json", "not json at all\n");
   expect_message([&] { resolve_nvme_rates(with_profile(garbage)); },
                  {"tiermem.machine_profile", garbage, "not a machine profile", "tiermem-bench profile --json"});
+  expect_message([&] { resolve_nvme_rates(with_profile(dir.string())); },  // was "no JSON object"
+                 {"tiermem.machine_profile", "is a directory, not a profile file", "tiermem-bench profile --json"});
   const std::string no_rate = write("no_rate.json", R"({"profile": {"nvme_read_gbps": 2.0}})");
   expect_message([&] { resolve_nvme_rates(with_profile(no_rate)); },
                  {"tiermem.machine_profile", no_rate, "nvme_write_gbps", "tiermem-bench profile --json"});

@@ -338,6 +338,11 @@ TEST_F(PlanTest, CheckHoldsTheSummarysOwnRunAndRefusesBadOnes) {
   EXPECT_EQ(dir.exit_code, 2);
   EXPECT_NE(dir.err.find("is a directory"), std::string::npos) << dir.err;
 
+  std::ofstream(dir_ / "empty_summary.jsonl") << R"({"summary": {}})" << "\n";  // was "no {"summary": ...} object"
+  const RunResult empty = plan("--check empty_summary.jsonl --profile profile.json");
+  EXPECT_EQ(empty.exit_code, 2);
+  EXPECT_NE(empty.err.find("object has no 'model' field"), std::string::npos) << empty.err;
+
   json one = good;
   one["steps"] = 1;
   std::ofstream(dir_ / "one.jsonl") << json{{"summary", one}}.dump() << "\n";

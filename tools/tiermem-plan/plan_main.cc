@@ -104,6 +104,10 @@ json read_summary(const std::string& path) {
                         "not valid JSON (truncated, or NaN/Infinity, which JSON has not), and no "
                         "{\"summary\": ...} line of tiermem-train --json after it");
     }
+    if (found.is_object()) {  // a summary object, but not tiermem-train's (empty, or its fields missing)
+      throw ConfigError("--check", path, "its {\"summary\": ...} object has no 'model' field: give the output of "
+                                         "tiermem-train --json unchanged");
+    }
     throw ConfigError("--check", path, "no {\"summary\": ...} object of tiermem-train --json in it");
   }
   return found;
