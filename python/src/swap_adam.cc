@@ -8,6 +8,7 @@
 // Thread-safety: SwapSpace methods may be called from any Python thread (the C++ object is
 // thread-safe); Request.wait() and adam_step release the GIL while they run.
 #include <cerrno>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -204,6 +205,14 @@ void adam_step_py(nb::handle param, nb::handle grad, nb::handle exp_avg, nb::han
   if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
     throw nb::value_error(str_printf("%s: 'beta1' and 'beta2' must be in [0, 1), got %g, %g", fn,
                                      beta1, beta2).c_str());
+  // As CPUAdamW checks them (a negative lr climbed the loss, a NaN one made every parameter NaN).
+  const std::pair<const char*, double> scalars[] = {{"lr", lr}, {"eps", eps}, {"weight_decay", weight_decay}};
+  for (const auto& [name, value] : scalars) {
+    if (!(value >= 0) || !std::isfinite(value))
+      throw nb::value_error(str_printf("%s: '%s' must be a finite number >= 0, got %g", fn, name, value).c_str());
+  }
+  if (!(grad_scale > 0) || !std::isfinite(grad_scale))
+    throw nb::value_error(str_printf("%s: 'grad_scale' must be a finite number > 0, got %g", fn, grad_scale).c_str());
   void* half_ptr = nullptr;
   DType half_dtype = DType::kBF16;
   if (!half.is_none()) {
