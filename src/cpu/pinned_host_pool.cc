@@ -103,6 +103,7 @@ int class_of(std::uint64_t rounded) {
 }
 
 std::atomic<bool> g_logged_small_pages{false};
+std::atomic<bool> g_warned_numa_node{false};  // a tiermem.numa_node this machine has not (said once)
 
 #if TIERMEM_HAVE_CUDA
 bool cuda_visible() {
@@ -118,7 +119,14 @@ bool cuda_visible() {
 
 PinnedHostPool::PinnedHostPool(PinnedHostPoolOptions options) : options_(options) {
   options_.budget_bytes = options_.budget_bytes / kAlignment * kAlignment;
-  if (options_.numa_node < 0) options_.numa_node = current_numa_node();
+  if (options_.numa_node < 0) {
+    options_.numa_node = current_numa_node();
+  } else if (const int nodes = numa_node_count(); options_.numa_node >= nodes && !g_warned_numa_node.exchange(true)) {
+    // Binding to it fails (mbind), silently: the pool's memory then lands wherever the kernel puts it.
+    TM_LOG_WARN("HOST", "tiermem.numa_node = {}: this machine has {} NUMA node(s) (0..{}); the host pool is not bound "
+                "to a node (set -1 for the node nearest the GPU or the calling thread)",
+                options_.numa_node, nodes, nodes - 1);
+  }
   classes_.resize(64 - 12);
   for (std::size_t k = 0; k < classes_.size(); ++k) classes_[k].slot_bytes = kAlignment << k;
   if (options_.huge_pages) {

@@ -305,5 +305,21 @@ TEST(PinnedHostPool, SmallPinnedPoolWithinLimitIsLocked) {
   pool.free(p);
 }
 
+// A tiermem.numa_node the machine has not was taken silently (the mbind failed, the memory went
+// wherever the kernel put it): said once, naming the key, the value and the nodes there are.
+TEST(PinnedHostPool, ANumaNodeTheMachineHasNotIsWarnedAbout) {
+  PinnedHostPoolOptions o = small(2 * PinnedHostPool::kHugePageBytes);
+  o.numa_node = 4000;
+  testing::internal::CaptureStderr();
+  {
+    PinnedHostPool pool(o);
+    void* p = pool.allocate(4096);
+    ASSERT_NE(p, nullptr);
+    pool.free(p);
+  }
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("tiermem.numa_node = 4000: this machine has"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace tiermem
