@@ -136,7 +136,8 @@ struct ZeroPlan {
   std::uint64_t gather_reserve_bytes = 0;  // device room kept for all-gathered modules (world > 1)
 
   bool fits = true;  // both budgets >= their minimum
-  std::string why;   // when !fits: one line naming the budget key, its value and the minimum
+  bool device_budget_short = false;  // the device budget (one is needed) is below device_min_bytes
+  std::string why;   // when !fits: one line naming each short budget's key, its value and the minimum
 };
 
 // The resolved default host budget (bytes) when tiermem.host_budget_bytes is 0: 1/16 of the

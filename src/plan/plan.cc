@@ -185,7 +185,6 @@ void check_fit(const RunShape& run, const Config& cfg, const MachineProfile& m, 
             ? fmt::format("raise the device budget to {} (--device-budget {} or tiermem.device_budget_bytes)",
                           format_bytes(z.device_min_bytes), z.device_min_bytes)
             : std::string("offload the parameters (--offload nvme, or offload_param.device cpu|nvme)");
-    const bool device_short = z.device_budget_bytes != 0 && z.device_budget_bytes < z.device_min_bytes;
     if (z.host_budget_bytes < z.host_min_bytes) {
       if (z.host_min_bytes + p.host_peak_bytes - p.host_pool_peak_bytes <= m.host_memory_bytes) {
         p.fix = fmt::format("raise the host budget to {} (--host-budget {} or tiermem.host_budget_bytes)",
@@ -206,7 +205,7 @@ void check_fit(const RunShape& run, const Config& cfg, const MachineProfile& m, 
                             format_bytes(z.host_min_bytes), format_bytes(rest), sim ? ", the simulated device" : "",
                             format_bytes(m.host_memory_bytes));
       }
-      if (device_short && z.why.find("device budget") != std::string::npos) p.fix += "; and " + device_fix;
+      if (z.device_budget_short) p.fix += "; and " + device_fix;
     } else {
       p.fix = device_fix;
     }

@@ -426,9 +426,10 @@ void plan_nvme(const Sizing& s, ZeroPlan& p) {
   p.nvme_bytes = p.nvme_param_bytes + p.nvme_optimizer_bytes;
 }
 
-// fits and why: the host budget against its minimum, then the device's.
+// fits and why: the host budget against its minimum, and the device's (both named when both are short).
 void check_budgets(ZeroPlan& p) {
   const bool device_short = needs_device(p) && p.device_budget_bytes != 0 && p.device_budget_bytes < p.device_min_bytes;
+  p.device_budget_short = device_short;
   const std::string device_why =
       device_short ? fmt::format("device budget {} (tiermem.device_budget_bytes) is below the {} this model needs: {}",
                                  format_bytes(p.device_budget_bytes), format_bytes(p.device_min_bytes), p.device_min_why)
