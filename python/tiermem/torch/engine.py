@@ -194,6 +194,8 @@ class TiermemEngine:
         self.micro_steps = 0
         self.skipped_steps = 0
         self._backwards_since_step = 0
+        self._backwards = 0  # backward passes of this engine, and their count at the last step() call
+        self._backwards_at_step = 0
         self._closed = False
         self.bf16 = bool(config["bf16"]["enabled"])
         self.fp16 = bool(config["fp16"]["enabled"])
@@ -300,8 +302,8 @@ class TiermemEngine:
         self._require_trainable("step")
         # Each micro-batch's step() follows its backward(): a step() with none since the last one
         # would count a micro-batch that added no gradient (at the boundary, step on part of them).
-        if self._backwards_since_step <= self.micro_steps % self.gradient_accumulation_steps:
-            if self.micro_steps == 0:
+        if self._backwards == self._backwards_at_step:
+            if self._backwards == 0:
                 raise RuntimeError("TiermemEngine.step: called before any backward(); run engine.backward(loss) first")
             raise RuntimeError("TiermemEngine.step: no backward() since the last step(); call step() once after each "
                                "micro-batch's engine.backward(loss)")
@@ -309,6 +311,7 @@ class TiermemEngine:
             self.optimizer.step()
             if self.lr_scheduler is not None and not self._last_skipped:
                 self.lr_scheduler.step()
+        self._backwards_at_step = self._backwards  # after the step: one that raised can be called again
         self.micro_steps += 1
 
     def zero_grad(self) -> None:
@@ -497,6 +500,7 @@ class TiermemEngine:
 
     def _note_backward(self) -> None:
         self._backwards_since_step += 1
+        self._backwards += 1
 
 
 def _declares_optimizer(config) -> bool:
