@@ -192,6 +192,7 @@ struct Config {
   std::vector<std::string> auto_keys;     // keys given as "auto" and resolved to defaults
   std::vector<std::string> given_keys;    // keys written with a value (not absent, not "auto")
   std::vector<InertKey> inert_keys;       // keys read but not acted on (one warning each)
+  std::vector<InertKey> doubtful_values;  // values that run but are likely a slip (one warning each)
 
   // True when `key_path` ("optimizer.params.lr") was written in the document with a value.
   bool given(std::string_view key_path) const;

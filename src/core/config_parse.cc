@@ -156,6 +156,14 @@ void read_scheduler_params(Section& p, Config& cfg) {
                "only WarmupCosineLR has this parameter (scheduler.type is \"" + sc.type + "\")");
     }
   }
+  // DeepSpeed warns about it too: the decay would begin before the warm-up ends.
+  if (sc.type != "WarmupLR" && sc.total_num_steps && sc.warmup_num_steps && *sc.total_num_steps < *sc.warmup_num_steps) {
+    cfg.doubtful_values.push_back(
+        {p.path("total_num_steps"),
+         fmt::format("{} is below warmup_num_steps ({}): the schedule ends before its warm-up does, so the peak lr is "
+                     "never reached; give total_num_steps >= warmup_num_steps",
+                     *sc.total_num_steps, *sc.warmup_num_steps)});
+  }
   if (sc.type == "WarmupLR" && cfg.given(p.path("total_num_steps"))) {
     p.broken("total_num_steps", std::to_string(*sc.total_num_steps),
              "WarmupLR has no total_num_steps (it holds the peak lr after the warm-up); use "
@@ -433,6 +441,10 @@ void warn_about_keys(const Config& cfg, std::string_view source) {
   for (const InertKey& k : cfg.inert_keys) {
     TM_LOG_WARN_ONCE_RANK0("CONFIG", "config-inert:" + std::string(source) + ":" + k.key,
                            "{}: '{}' is read but has no effect: {}", source, k.key, k.why);
+  }
+  for (const InertKey& k : cfg.doubtful_values) {
+    TM_LOG_WARN_ONCE_RANK0("CONFIG", "config-doubtful:" + std::string(source) + ":" + k.key, "{}: '{}' = {}", source,
+                           k.key, k.why);
   }
   if (!cfg.auto_keys.empty()) {
     std::string list;

@@ -279,12 +279,21 @@ def test_a_parameter_replaced_after_initialize_is_refused(torch_or_skip, tmp_pat
     pointed the parameter at the engine's values again, and the change was lost without a word."""
     torch = torch_or_skip
     import tiermem.torch as tt
-    for change in (lambda m: setattr(m[0].weight, "data", torch.full((8, 8), 3.0)), lambda m: m.half()):
+    for change in (lambda m: setattr(m[0].weight, "data", torch.full((8, 8), 3.0)),
+                   lambda m: setattr(m[0].weight, "data", torch.zeros(3)), lambda m: m.half()):
         m = _small(torch)
         engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path, "cpu"))
-        with pytest.raises(RuntimeError, match=r"had its \.data replaced .* inside `with tiermem.torch.zero.GatheredParameters"):
+        with tt.zero.GatheredParameters([m[0].weight]):
+            before = m[0].weight.detach().clone()
+        with pytest.raises(RuntimeError, match=r"had its \.data replaced .* which is undone"):
             change(m)  # half(): its next parameter's cast gathers the unit and finds the first replaced
             engine(torch.ones(4, 8))
+        # Undone: the engine's values, shapes and dtype stand, and it trains on (it stayed broken).
+        assert [p.dtype for p in m.parameters()] == [torch.float32] * 4 and m[0].weight.shape == (8, 8)
+        with tt.zero.GatheredParameters([m[0].weight]):
+            assert torch.equal(m[0].weight.detach(), before)
+        engine.backward(engine(torch.ones(4, 8)).sum())
+        engine.step()
         engine.close()
     # Inside GatheredParameters the change is written back and kept.
     m = _small(torch)

@@ -64,6 +64,27 @@ def test_host_memory_does_not_grow_with_the_model(torch_or_skip, tmp_path):
     assert max(rss) - min(rss) < 128 * mib, rss
 
 
+def test_data_given_under_init_before_initialize_is_kept(torch_or_skip, tmp_path):
+    """`p.data = t` on a parameter built under Init, before initialize: t is what the engine
+    trains (the staged value won, silently); t of another shape is refused, naming both."""
+    torch = torch_or_skip
+    import pytest
+    import tiermem.torch as tt
+    cfg = ds_config(tmp_path, "nvme")
+    with tt.zero.Init(config=cfg):
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    m[0].weight.data = torch.ones(16, 8)
+    engine, *_ = tt.initialize(model=m, config=cfg)
+    with tt.zero.GatheredParameters([m[0].weight]):
+        assert torch.equal(m[0].weight.detach(), torch.ones(16, 8))
+    engine.close()
+    with tt.zero.Init(config=cfg):
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16))
+    m[0].weight.data = torch.ones(3)
+    with pytest.raises(ValueError, match=r"built under zero.Init as \(16, 8\) torch.float32 was given .data of \(3,\)"):
+        tt.initialize(model=m, config=cfg)
+
+
 def test_module_classes_defined_inside_init_are_staged(torch_or_skip, tmp_path):
     """transformers imports a model's file on the first use of its name, often inside the Init
     block (GPT-2's Conv1D was missed so, and its 85 M parameters stayed in host memory): a Module

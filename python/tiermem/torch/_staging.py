@@ -162,6 +162,16 @@ def take_staged(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
     st = p.__dict__.get("_tm_stage")
     if st is None:
         return None
+    # `p.data = t` after the build replaced the placeholder: t is the parameter's value now (the
+    # staged one would silently win). Of another shape or dtype it cannot be the module's.
+    _, _, dtype, shape = st.slots[id(p)]
+    held = p.data
+    if held.data_ptr() != placeholder(held.shape, held.dtype).data_ptr():
+        if held.shape != shape or held.dtype != dtype:
+            raise ValueError(f"tiermem.torch.initialize: a parameter built under zero.Init as {tuple(shape)} {dtype} "
+                             f"was given .data of {tuple(held.shape)} {held.dtype}: give it values of its own shape and "
+                             "dtype (or build the module with the shape it should have)")
+        return held
     return st.load(p)
 
 

@@ -126,7 +126,7 @@ class Unit:
     releases them, and holds their fp32 gradient buffer during a backward."""
 
     __slots__ = ("index", "name", "link", "frozen", "params", "slot_of", "numel", "flat", "active", "n_trainable",
-                 "grad", "received", "got", "bw_flat", "released")
+                 "grad", "received", "got", "bw_flat", "released", "shapes")
 
     def __init__(self, index: int, name: str, link: EngineLink, frozen: bool = False) -> None:
         self.index = index
@@ -134,6 +134,7 @@ class Unit:
         self.link = link
         self.frozen = frozen  # every parameter has requires_grad False: no gradient, no optimizer state
         self.params: list[tuple[torch.nn.Parameter, int, int]] = []  # (param, offset, numel)
+        self.shapes: list[torch.Size] = []        # each parameter's shape as registered
         self.slot_of: dict[int, tuple[int, int, int]] = {}  # id(param) -> (index in params, offset, numel)
         self.numel = 0
         self.flat: Optional[torch.Tensor] = None  # gathered working params while in use
@@ -152,6 +153,7 @@ class Unit:
         n = p.numel()
         self.slot_of[id(p)] = (len(self.params), self.numel, n)
         self.params.append((p, self.numel, n))
+        self.shapes.append(p.shape)
         self.numel += n
         if p.requires_grad:
             self.n_trainable += 1
@@ -219,14 +221,19 @@ class Unit:
         if not self.released:  # not given back yet since the model's own values (registration)
             return
         link = self.link
+        replaced = []
         for i, (p, _, _) in enumerate(self.params):
             held = p.data
-            if held.dtype != link.working_dtype or \
+            if held.dtype != link.working_dtype or held.shape != self.shapes[i] or \
                     held.data_ptr() != placeholder(p.shape, link.working_dtype, link.compute_device).data_ptr():
-                raise RuntimeError(f"tiermem.torch: parameter {i} of {self.name!r} (shape {tuple(p.shape)}) had its .data "
-                                   f"replaced ({held.dtype}) after initialize; the engine holds its values, so the change "
-                                   "would be lost: change parameters inside `with tiermem.torch.zero.GatheredParameters("
-                                   "params, modifier_rank=0):`, and keep the model's dtype")
+                replaced.append((i, tuple(held.shape), held.dtype))
+        if replaced:
+            self.release()  # every parameter back on its placeholder: the engine's values stand, usable again
+            i, shape, dtype = replaced[0]
+            raise RuntimeError(f"tiermem.torch: parameter {i} of {self.name!r} had its .data replaced ({shape} {dtype}) "
+                               "after initialize, which is undone: the engine holds its values. Change parameters "
+                               "inside `with tiermem.torch.zero.GatheredParameters(params, modifier_rank=0):`, and keep "
+                               "the model's dtype")
 
     def release(self) -> None:
         """The parameters' ``.data`` become placeholders again (the gathered memory goes when the
@@ -234,8 +241,8 @@ class Unit:
         self.flat = None
         self.released = True
         link = self.link
-        for p, _, _ in self.params:
-            p.data = placeholder(p.shape, link.working_dtype, link.compute_device)
+        for (p, _, _), shape in zip(self.params, self.shapes):
+            p.data = placeholder(shape, link.working_dtype, link.compute_device)
 
     def backward_flat(self) -> torch.Tensor:
         """The gathered unit for a tensor autograd saved: the unit in use, else the last backward
