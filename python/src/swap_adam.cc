@@ -208,10 +208,10 @@ void adam_step_py(nb::handle param, nb::handle grad, nb::handle exp_avg, nb::han
   // As CPUAdamW checks them (a negative lr climbed the loss, a NaN one made every parameter NaN).
   const std::pair<const char*, double> scalars[] = {{"lr", lr}, {"eps", eps}, {"weight_decay", weight_decay}};
   for (const auto& [name, value] : scalars) {
-    if (!(value >= 0) || !std::isfinite(value))
-      throw nb::value_error(str_printf("%s: '%s' must be a finite number >= 0, got %g", fn, name, value).c_str());
+    if (!(value >= 0) || !std::isfinite(static_cast<float>(value)))  // the kernel's float32 (1e300 is inf)
+      throw nb::value_error(str_printf("%s: '%s' must be a finite float32 number >= 0, got %g", fn, name, value).c_str());
   }
-  if (!(grad_scale > 0) || !std::isfinite(grad_scale))
+  if (!(grad_scale > 0) || !std::isfinite(static_cast<float>(grad_scale)))
     throw nb::value_error(str_printf("%s: 'grad_scale' must be a finite number > 0, got %g", fn, grad_scale).c_str());
   void* half_ptr = nullptr;
   DType half_dtype = DType::kBF16;

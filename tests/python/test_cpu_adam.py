@@ -169,9 +169,10 @@ def test_adam_step_binding_checks_arguments(torch_or_skip):
     with pytest.raises(TypeError, match="'param'"):
         tiermem.adam_step(None, f, f.clone(), f.clone(), 1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
     # Scalars CPUAdamW refuses: a negative lr climbed the loss, a NaN one made every parameter NaN.
-    for lr, eps, wd, says in ((-1.0, 1e-8, 0.0, "'lr' must be a finite number >= 0, got -1"),
-                              (float("nan"), 1e-8, 0.0, "'lr' must be a finite number >= 0, got nan"),
-                              (1e-3, -1e-8, 0.0, "'eps' must be"), (1e-3, 1e-8, float("inf"), "'weight_decay' must be")):
+    for lr, eps, wd, says in ((-1.0, 1e-8, 0.0, "'lr' must be a finite float32 number >= 0, got -1"),
+                              (float("nan"), 1e-8, 0.0, "'lr' must be a finite float32 number >= 0, got nan"),
+                              (1e-3, -1e-8, 0.0, "'eps' must be"), (1e-3, 1e-8, float("inf"), "'weight_decay' must be"),
+                              (1e300, 1e-8, 0.0, "'lr' must be a finite float32 number")):
         p = torch.ones(8)
         with pytest.raises(ValueError, match=says):
             tiermem.adam_step(p, f.clone(), f.clone(), f.clone(), lr, 0.9, 0.999, eps, wd, 1)

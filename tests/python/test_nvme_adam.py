@@ -174,6 +174,15 @@ def test_what_the_layout_cannot_follow_is_refused(torch_or_skip, tmp_path):
         opt.step()
     assert torch.equal(p.detach(), torch.zeros(50)) and "step" not in opt.state[p]  # nothing changed
     opt.close()
+    # A dtype changed since stepped the parameters before it, then failed on a None master.
+    a, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))
+    opt = NVMeAdamW([a, b], nvme_path=nvme(tmp_path, "d"))
+    b.data = b.data.to(torch.bfloat16)
+    a.grad, b.grad = torch.ones(4), torch.ones(4, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"params'\]\[1\] is torch.bfloat16 but was torch.float32"):
+        opt.step()
+    assert torch.equal(a.detach(), torch.zeros(4)) and not opt.state[a]  # nothing stepped
+    opt.close()
 
 
 def test_directories_it_made_go_with_it(torch_or_skip, tmp_path):

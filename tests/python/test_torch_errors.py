@@ -243,6 +243,12 @@ def test_misuse_after_initialize_is_named(torch_or_skip, tmp_path):
     engine.close()
     with pytest.raises(RuntimeError, match="engine that has been closed"):
         m(torch.ones(4, 8))
+    # Reading a closed model's values gave zeros without a word (a state_dict saved after close,
+    # a second initialize training from zeros); its shapes still answer.
+    assert m[0].weight.shape == (8, 8) and m[0].weight.dtype == torch.float32
+    for read in (m.state_dict, lambda: m[0].weight.sum(), lambda: tt.initialize(model=m, config=ds_config(tmp_path / "s2", "nvme"))):
+        with pytest.raises(RuntimeError, match="engine that has been closed, and their values went with it"):
+            read()
     with pytest.raises(RuntimeError, match="the engine was closed"):
         engine.stats()
     with pytest.raises(RuntimeError, match="the engine was closed"):

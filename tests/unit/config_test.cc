@@ -292,6 +292,18 @@ TEST(Config, KeysReadButNotActedOnAreNamedOnceWithAReason) {
 
 // DeepSpeed's activation_checkpointing section turns the trainer's checkpointing on; its
 // cpu_checkpointing is read, the keys without an effect here are warned one by one.
+// A decay schedule that ends before its warm-up runs, as DeepSpeed lets it, with one warning (it
+// was accepted silently): the peak lr is never reached.
+TEST(Config, ADecayShorterThanItsWarmupIsDoubted) {
+  const Config c = parse_config(
+      R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 1, "warmup_num_steps": 5}}})");
+  ASSERT_EQ(c.doubtful_values.size(), 1u);
+  EXPECT_EQ(c.doubtful_values[0].key, "scheduler.params.total_num_steps");
+  EXPECT_NE(c.doubtful_values[0].why.find("1 is below warmup_num_steps (5)"), std::string::npos) << c.doubtful_values[0].why;
+  EXPECT_TRUE(parse_config(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 10,
+      "warmup_num_steps": 5}}})").doubtful_values.empty());
+}
+
 TEST(Config, ActivationCheckpointingSectionIsRead) {
   EXPECT_FALSE(parse_config("{}").activation_checkpointing.enabled);
   Config c = parse_config(R"({"activation_checkpointing": {}})");

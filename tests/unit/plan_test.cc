@@ -341,7 +341,7 @@ TEST_F(PlanTest, CheckHoldsTheSummarysOwnRunAndRefusesBadOnes) {
   std::ofstream(dir_ / "empty_summary.jsonl") << R"({"summary": {}})" << "\n";  // was "no {"summary": ...} object"
   const RunResult empty = plan("--check empty_summary.jsonl --profile profile.json");
   EXPECT_EQ(empty.exit_code, 2);
-  EXPECT_NE(empty.err.find("object has no 'model' field"), std::string::npos) << empty.err;
+  EXPECT_NE(empty.err.find("no 'model' field of a tiermem-train --json summary"), std::string::npos) << empty.err;
 
   json one = good;
   one["steps"] = 1;

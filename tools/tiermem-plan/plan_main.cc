@@ -104,9 +104,9 @@ json read_summary(const std::string& path) {
                         "not valid JSON (truncated, or NaN/Infinity, which JSON has not), and no "
                         "{\"summary\": ...} line of tiermem-train --json after it");
     }
-    if (found.is_object()) {  // a summary object, but not tiermem-train's (empty, or its fields missing)
-      throw ConfigError("--check", path, "its {\"summary\": ...} object has no 'model' field: give the output of "
-                                         "tiermem-train --json unchanged");
+    if (found.is_object()) {  // a JSON object, but not tiermem-train's summary (empty, or its fields missing)
+      throw ConfigError("--check", path, "its JSON has no 'model' field of a tiermem-train --json summary: give that "
+                                         "output unchanged");
     }
     throw ConfigError("--check", path, "no {\"summary\": ...} object of tiermem-train --json in it");
   }

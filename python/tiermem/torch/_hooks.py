@@ -84,6 +84,18 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
                 u.release()
 
 
+CLOSED = ("this model's parameters were in a tiermem engine that has been closed, and their values went with it; "
+          "build the model again (or load a checkpoint / save_fp32_model file into a new one), and save values "
+          "before close() (engine.save_fp32_model, or GatheredParameters)")
+
+
+def _closed_param_torch_function(cls, func, types, args=(), kwargs=None):
+    if not is_metadata(func):
+        raise RuntimeError(f"tiermem.torch: {CLOSED}")
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **(kwargs or {}))
+
+
 def _zero_param_class(cls: type) -> type:
     return param_subclass(cls, "Zero", _zero_param_torch_function)
 
@@ -154,6 +166,14 @@ class ParamHooks:
             except Exception:  # noqa: BLE001 - already popped (the interrupted forward's own exit)
                 pass
         self.depth = 0
+
+    def mark_closed(self) -> None:
+        """After detach at close(): each parameter (a placeholder, its values gone with the engine)
+        refuses every call that reads its values, which would read zeros without a word
+        (``state_dict()``, ``initialize`` of the model again); its shape and dtype still answer."""
+        for u in self.units.units:
+            for p, _, _ in u.params:
+                p.__class__ = param_subclass(type(p), "Closed", _closed_param_torch_function)
 
     def detach(self) -> None:
         """Removes every hook; the parameters get their own class back."""

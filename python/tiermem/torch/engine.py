@@ -40,7 +40,7 @@ from .. import _tiermem
 from . import checkpoint
 from ._config import load_config
 from ._dist import DistOps, ensure_process_group, launched_world_size
-from ._hooks import ParamHooks
+from ._hooks import CLOSED, ParamHooks
 from ._malloc import fix_malloc_threshold
 from ._staging import release_staging
 
@@ -398,6 +398,7 @@ class TiermemEngine:
         if not self._closed:
             self._hooks.release_all()  # units an interrupted forward left gathered
             self._hooks.detach()
+            self._hooks.mark_closed()
             self._zero.close()
             self._closed = True
             self.module._tiermem_engine = None
@@ -514,8 +515,7 @@ def _declares_optimizer(config) -> bool:
 
 
 def _closed_model(module, args):
-    raise RuntimeError("this model's parameters were in a tiermem engine that has been closed; build the model again "
-                       "(or load a checkpoint / save_fp32_model file into a new one)")
+    raise RuntimeError(CLOSED)
 
 
 def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=None, model_parameters=None,

@@ -267,6 +267,7 @@ class NVMeAdamW(torch.optim.Optimizer):
 
         self._sub_groups: list[_SubGroup] = []
         self._chunks_of: dict[int, list[tuple[_SubGroup, _Chunk]]] = {}
+        self._dtype_of = {id(p): p.dtype for g in self.param_groups for p in g["params"]}
         for gi, group in enumerate(self.param_groups):
             sg = None
             for pi, p in enumerate(group["params"]):
@@ -382,6 +383,10 @@ class NVMeAdamW(torch.optim.Optimizer):
                     raise ValueError(f"NVMeAdamW: param_groups[{gi}]['params'][{pi}] has {p.numel()} elements (shape "
                                      f"{tuple(p.shape)}) but had {laid} when the optimizer was built: its state on "
                                      "NVMe is laid out for that size; build a new optimizer after resizing a parameter")
+                if p.grad is not None and p.dtype != self._dtype_of[id(p)]:  # (a half one has a master field)
+                    raise ValueError(f"NVMeAdamW: param_groups[{gi}]['params'][{pi}] is {p.dtype} but was "
+                                     f"{self._dtype_of[id(p)]} when the optimizer was built: its state on NVMe is laid "
+                                     "out for that dtype; build a new optimizer after changing a parameter's dtype")
         # Step counts first (host memory), so a sub-group's chunks know theirs.
         stepped = set()
         for gi, group in enumerate(self.param_groups):
