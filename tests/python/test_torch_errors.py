@@ -282,20 +282,25 @@ def test_the_banner_says_where_the_parameters_are_at_each_stage(torch_or_skip, t
 
 def test_a_parameter_replaced_after_initialize_is_refused(torch_or_skip, tmp_path):
     """`p.data = t` or `module.half()` after initialize replaced the placeholder; the next gather
-    pointed the parameter at the engine's values again, and the change was lost without a word."""
+    pointed the parameter at the engine's values again, and the change was lost without a word. A
+    Parameter object put in the registered one's place was never trained."""
     torch = torch_or_skip
     import tiermem.torch as tt
     for change in (lambda m: setattr(m[0].weight, "data", torch.full((8, 8), 3.0)),
-                   lambda m: setattr(m[0].weight, "data", torch.zeros(3)), lambda m: m.half()):
+                   lambda m: setattr(m[0].weight, "data", torch.zeros(3)), lambda m: m.half(),
+                   # A new Parameter object was computed with and never trained.
+                   lambda m: setattr(m[0], "weight", torch.nn.Parameter(torch.zeros(8, 8)))):
         m = _small(torch)
         engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path, "cpu"))
+        registered = m[0].weight
         with tt.zero.GatheredParameters([m[0].weight]):
             before = m[0].weight.detach().clone()
-        with pytest.raises(RuntimeError, match=r"had its \.data replaced .* which is undone"):
+        with pytest.raises(RuntimeError, match=r"(had its \.data replaced|was replaced by another object) .* which is undone"):
             change(m)  # half(): its next parameter's cast gathers the unit and finds the first replaced
             engine(torch.ones(4, 8))
         # Undone: the engine's values, shapes and dtype stand, and it trains on (it stayed broken).
         assert [p.dtype for p in m.parameters()] == [torch.float32] * 4 and m[0].weight.shape == (8, 8)
+        assert m[0].weight is registered
         with tt.zero.GatheredParameters([m[0].weight]):
             assert torch.equal(m[0].weight.detach(), before)
         engine.backward(engine(torch.ones(4, 8)).sum())

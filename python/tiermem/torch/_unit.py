@@ -126,7 +126,7 @@ class Unit:
     releases them, and holds their fp32 gradient buffer during a backward."""
 
     __slots__ = ("index", "name", "link", "frozen", "params", "slot_of", "numel", "flat", "active", "n_trainable",
-                 "grad", "received", "got", "bw_flat", "released", "shapes")
+                 "grad", "received", "got", "bw_flat", "released", "shapes", "holders")
 
     def __init__(self, index: int, name: str, link: EngineLink, frozen: bool = False) -> None:
         self.index = index
@@ -135,6 +135,7 @@ class Unit:
         self.frozen = frozen  # every parameter has requires_grad False: no gradient, no optimizer state
         self.params: list[tuple[torch.nn.Parameter, int, int]] = []  # (param, offset, numel)
         self.shapes: list[torch.Size] = []        # each parameter's shape as registered
+        self.holders: list[tuple[int, torch.nn.Module, str]] = []  # (param index, module, key) holding each
         self.slot_of: dict[int, tuple[int, int, int]] = {}  # id(param) -> (index in params, offset, numel)
         self.numel = 0
         self.flat: Optional[torch.Tensor] = None  # gathered working params while in use
@@ -220,6 +221,17 @@ class Unit:
         lost without a word."""
         if not self.released:  # not given back yet since the model's own values (registration)
             return
+        # A Parameter object replaced (module.weight = nn.Parameter(...)) would be computed with and
+        # never trained: the registered one is put back.
+        swapped = [(i, mod, key) for i, mod, key in self.holders if mod._parameters.get(key) is not self.params[i][0]]
+        for i, mod, key in swapped:
+            mod._parameters[key] = self.params[i][0]
+        if swapped:
+            i, mod, key = swapped[0]
+            raise RuntimeError(f"tiermem.torch: {type(mod).__name__}.{key} (parameter {i} of {self.name!r}) was replaced "
+                               "by another object after initialize, which is undone: the engine trains the registered "
+                               "parameter. Change its values inside `with tiermem.torch.zero.GatheredParameters(params, "
+                               "modifier_rank=0):` instead")
         link = self.link
         replaced = []
         for i, (p, _, _) in enumerate(self.params):
@@ -340,9 +352,10 @@ def build_units(model: torch.nn.Module, leaf_types: tuple, link: EngineLink) -> 
             for sub in module.modules():
                 if sub is not module:
                     skip.add(id(sub))
-            params = [p for sub in module.modules() for p in sub._parameters.values() if p is not None]
+            held = [(sub, k, p) for sub in module.modules() for k, p in sub._parameters.items() if p is not None]
         else:
-            params = [p for p in module._parameters.values() if p is not None]
+            held = [(module, k, p) for k, p in module._parameters.items() if p is not None]
+        params = [p for _, _, p in held]
         unit = None   # this module's trainable parameters
         funit = None  # ... and its frozen ones
         needs: list[Unit] = []
@@ -371,6 +384,11 @@ def build_units(model: torch.nn.Module, leaf_types: tuple, link: EngineLink) -> 
                 target = funit
             target.add(p)
             m.unit_of[id(p)] = (target, p)
+        for sub, key, p in held:  # every module attribute holding a parameter, tied ones too
+            owner = m.unit_of.get(id(p))
+            if owner is not None:
+                u = owner[0]
+                u.holders.append((u.slot_of[id(p)][0], sub, key))
         if needs:
             m.module_units[id(module)] = needs
     return m
