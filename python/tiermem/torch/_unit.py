@@ -185,7 +185,7 @@ class Unit:
         `copy`: a copy the engine does not pin, as zero.GatheredParameters shows); returns it."""
         if self.flat is None:
             link = self.link
-            self._check_placeholders()
+            self._undo_replacements()
             flat = link.to_compute(link.engine_gather(self, phase or link.phase()), copy)
             self.flat = flat
             for p, off, n in self.params:
@@ -215,7 +215,7 @@ class Unit:
         if self.active == 0:
             self.release()
 
-    def _check_placeholders(self) -> None:
+    def _undo_replacements(self) -> None:
         """A released parameter still holds its placeholder: one whose ``.data`` was replaced since
         (``p.data = t``, ``module.half()``) would be pointed at the gathered unit again, the change
         lost without a word."""
@@ -233,11 +233,12 @@ class Unit:
                                "parameter. Change its values inside `with tiermem.torch.zero.GatheredParameters(params, "
                                "modifier_rank=0):` instead")
         link = self.link
+        # Every placeholder of the unit is a view of the one shared element: its address, once.
+        shared = placeholder((), link.working_dtype, link.compute_device).data_ptr()
         replaced = []
         for i, (p, _, _) in enumerate(self.params):
             held = p.data
-            if held.dtype != link.working_dtype or held.shape != self.shapes[i] or \
-                    held.data_ptr() != placeholder(p.shape, link.working_dtype, link.compute_device).data_ptr():
+            if held.dtype != link.working_dtype or held.shape != self.shapes[i] or held.data_ptr() != shared:
                 replaced.append((i, tuple(held.shape), held.dtype))
         if replaced:
             self.release()  # every parameter back on its placeholder: the engine's values stand, usable again
