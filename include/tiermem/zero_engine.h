@@ -124,6 +124,7 @@ struct ZeroStats {
   std::uint64_t deferred_update_ns = 0;
   std::uint64_t deferred_update_stall_ns = 0;  // ... of which the caller waited (part of driving_stall_ns)
   std::uint64_t deferred_updates_ahead = 0;    // modules whose deferred update ran ahead (count)
+  std::uint64_t updates_in_backward = 0;       // modules updated during backward (step_in_backward; count)
   // The NVMe traffic, stalls and I/O busy time by training phase (TensorStoreStats::phases,
   // indexed by Phase value; the phase is the one gather()/the step passed to the store). Each sums
   // over phases to nvme_read_bytes, nvme_written_bytes, stall_ns.
@@ -349,6 +350,32 @@ class ZeroEngine {
   // their next gather, see above; grad_norm is returned now either way). Counts micro-batches
   // itself (no gradient_accumulation_steps bookkeeping needed by the caller).
   StepResult step();
+
+  // Declares that the coming backward pass completes this step's gradients (the last micro-batch
+  // of an accumulation) and that step() follows it at learning rate `lr`: each module's update may
+  // then run during that backward, on the engine's update thread beside the calling thread's
+  // compute, once the module's gradient is complete, so its gradient partitions need not go to
+  // NVMe and its state's reads and write-backs overlap backward instead of the next forward. The
+  // rule of the update running ahead in forward holds: one module at a time, started by a backward
+  // gather (Phase::kBackward) once the module's last hand-off has completed, only with room for it
+  // beside every pin held, and waited for by the next call. step() updates what is left. Every
+  // result equals the deferred or eager step bit for bit (the same scalars, gradients and state).
+  // Applies (returns true) with tiermem.update_in_backward on (its "auto": where the overlapped
+  // step is), ZeRO-3 on one rank, host-addressable memory, the host optimizer, no gradient
+  // clipping, no fp16 loss scaler, mean_over_micro_batches false and nothing pending; else false,
+  // and nothing changes. Once armed, until step():
+  //   - a module's gradient must be complete at its last reduce_gradients of the backward, and its
+  //     working params not read again in it (true of autograd: every use of a trained weight adds
+  //     to its gradient before the gradient is final); a module gathered again after its hand-off
+  //     is left to step(). A second gradient for a module already updated is an Error (nothing
+  //     more is updated; call with tiermem.update_in_backward false for such a model);
+  //   - step() with another learning rate uses `lr` (a warning names both): the updates already
+  //     ran with it;
+  //   - export_grad of an updated module, and zero_grad() after any update, are Errors (the
+  //     gradient was consumed by its update).
+  // Thread-safety: the driving thread, between steps. Errors: an update's IoError or
+  // OutOfMemoryError from the call that waits for it.
+  bool step_in_backward(double lr);
 
   // Sets the AdamW learning rate used by the next step() calls (a schedule's value for the
   // step; the config's optimizer.params.lr until called). Must be finite and >= 0, else throws

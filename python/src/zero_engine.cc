@@ -417,6 +417,7 @@ class PyZeroEngine {
     d["deferred_update_ns"] = s.deferred_update_ns;
     d["deferred_update_stall_ns"] = s.deferred_update_stall_ns;
     d["deferred_updates_ahead"] = s.deferred_updates_ahead;
+    d["updates_in_backward"] = s.updates_in_backward;
     // By phase, named as gather() takes them ("outside": Phase::kOutsideStep).
     nb::dict phases;
     static constexpr const char* kPhaseKeys[kNumPhases] = {"forward", "backward", "optimizer", "other", "outside"};
@@ -545,6 +546,11 @@ void bind_zero_engine(nb::module_& m) {
            "Writes every dirty tensor home and drops the cached copies above it; returns the host pool's "
            "free pages and the device's cache (ZeroEngine::offload_states). Returns the bytes dropped.")
       .def("set_learning_rate", [](PyZeroEngine& p, double lr) { p.e().set_learning_rate(lr); }, nb::arg("lr"))
+      .def("step_in_backward", [](PyZeroEngine& p, double lr) { return p.e().step_in_backward(lr); }, nb::arg("lr"),
+           "Declares that the coming backward pass completes this step's gradients and that step() follows at "
+           "learning rate lr: each module's update may run during that backward once its gradient is complete "
+           "(ZeroEngine::step_in_backward). True when it applies (tiermem.update_in_backward, ZeRO-3 on one rank, "
+           "no clipping, no fp16).")
       .def("loss_scale", [](PyZeroEngine& p) { return p.e().loss_scale(); })
       .def("module_numel", [](PyZeroEngine& p, int m) { return p.e().module_numel(m); }, nb::arg("module"))
       .def("num_modules", [](PyZeroEngine& p) { return p.e().num_modules(); })

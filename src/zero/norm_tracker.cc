@@ -44,7 +44,7 @@ void NormTracker::fold(int pi, const float* g, std::optional<double> partial) {
 bool NormTracker::folded_sumsq(double& sumsq) const {
   if (!folds()) return false;
   auto has_grad = [&](const ZeroModule& m) {
-    return !m.pieces.empty() && !pieces_[static_cast<std::size_t>(m.pieces.front())].grad_fresh;
+    return !m.pieces.empty() && (m.stepped_in_backward || !pieces_[static_cast<std::size_t>(m.pieces.front())].grad_fresh);
   };
   for (std::size_t i = 0; i < mods_.size(); ++i) {
     if (has_grad(mods_[i]) && !module_ready(i)) return false;

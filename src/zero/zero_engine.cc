@@ -323,6 +323,7 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
     g.engine_ = this;
     // The next module's deferred update runs while this one computes (joined at the next call).
     if (phase == Phase::kForward) I.start_update_ahead(module);
+    if (phase == Phase::kBackward) I.start_update_in_backward(module);  // backward_step.cc
     return g;
   }
   if (I.shape.opaque) {  // device memory the CPU cannot address: device_staging.h
@@ -357,6 +358,7 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
   I.apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
   ++m.grad_calls;
   I.reducer.reduce(module, grad);  // by stage and world: gradient_reducer.h
+  if (I.shape.world == 1) I.note_gradient(module, true);  // added already (one rank: no bucket in flight)
 }
 
 bool ZeroEngine::Impl::begin_hand_off(int module, std::size_t numel) {
@@ -368,6 +370,7 @@ bool ZeroEngine::Impl::begin_hand_off(int module, std::size_t numel) {
   }
   open_step_window();
   apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
+  note_gradient(module, false);  // updates in backward: complete once the hand-off is
   ++mods[static_cast<std::size_t>(module)].grad_calls;
   return true;
 }
@@ -432,6 +435,14 @@ void ZeroEngine::Impl::zero_grad() {
 }
 
 void ZeroEngine::zero_grad() {
+  impl_->finalize();  // an update in backward in flight is waited for
+  if (impl_->bwd.updated > 0) {
+    throw Error(fmt::format("ZeroEngine::zero_grad: {} modules were already updated in this backward pass "
+                            "(step_in_backward), their gradients consumed; call step() to finish the step, or set "
+                            "tiermem.update_in_backward to false to drop gradients between backward and step",
+                            impl_->bwd.updated));
+  }
+  impl_->bwd.armed = false;
   impl_->sync();
   impl_->apply_all_pending(Phase::kOutsideStep);  // the last step's updates still read theirs
   impl_->zero_grad();

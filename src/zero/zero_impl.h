@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <memory>
@@ -106,6 +107,22 @@ struct ZeroEngine::Impl {
   // or rewrites m's state; apply_all_pending: every one. replay_outside_accesses(m): see
   // ZeroModule::replay.
   detail::DeferredUpdates deferred;
+  // The updates in backward (ZeroEngine::step_in_backward; zero_step.cc): armed until step(),
+  // with the step's scalars `ap`. A module's gradient is complete once its last hand-off has
+  // finished: `handing` is the module whose hand-off may be in flight (-1: none), `ready` the
+  // modules complete and not yet updated, oldest first; `state`: each module's part this step
+  // (gathered again after a gradient came: left to step()). `updated`: modules updated so far.
+  struct BackwardStep {
+    bool armed = false;
+    AdamParams ap;
+    std::deque<int> ready;
+    enum ModuleState : unsigned char { kNone, kReduced, kLeftToStep };
+    std::vector<ModuleState> state;
+    int handing = -1;
+    int updated = 0;
+    int micro = 0;      // the micro-batches the updates divided by (mean_over_micro_batches)
+    bool seen = false;  // a step has had updates in backward (the store's trace re-recorded once)
+  } bwd;
   detail::NormTracker norm{comm, shape, mods, pieces};
   detail::DeviceStaging staging{comm, shape, device, [this](std::uint64_t u) { sample_host_peak(u); }};
   detail::Gatherer gatherer{comm, shape, mods, device};
@@ -176,6 +193,16 @@ struct ZeroEngine::Impl {
   // After the forward gather of `after`: the update of the next module still pending starts on
   // `ahead`'s thread when it can run there (helper_task.h); join: waits for it (finalize()).
   void start_update_ahead(int after);
+  // Updates in backward (step_in_backward): a reduce_gradients of `module` begins (after the
+  // previous hand-off was waited for); `complete`: its gradient is added already (no hand-off).
+  void note_gradient(int module, bool complete);
+  // At the backward gather of `gathered`: the oldest module whose gradient is complete starts its
+  // update on `ahead`'s thread when it can run there (the rule of start_update_ahead).
+  void start_update_in_backward(int gathered);
+  // Whether module m's update can run beside the driving thread now: a stored module of
+  // host-stepped pieces with host gradients, whose working shard (written at `publish`) and first
+  // `buffer_count` sub-groups fit beside every pin held now.
+  bool update_fits_now(const detail::ZeroModule& m, Tier publish) const;
   void join_update_ahead();
   void apply_all_pending(Phase phase);
   void replay_outside_accesses(int module);

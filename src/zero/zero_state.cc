@@ -99,6 +99,12 @@ std::vector<float> ZeroEngine::export_grad(int module) {
   Impl& I = *impl_;
   I.finalize();
   const detail::ZeroModule& m = I.trained_module(module, "export_grad");
+  if (m.stepped_in_backward) {
+    throw Error(fmt::format("ZeroEngine::export_grad: module {} (\"{}\") was updated in this backward pass "
+                            "(step_in_backward) and its gradient consumed; read gradients before step() with "
+                            "tiermem.update_in_backward false",
+                            module, m.name));
+  }
   I.sync();
   I.apply_pending(module, Phase::kOutsideStep);  // after a deferring step() its gradient is consumed
   std::vector<float> full(m.shard.padded, 0.0f);

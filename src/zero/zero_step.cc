@@ -35,7 +35,24 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
       grad_scale = static_cast<float>(grad_scale * cfg.gradient_clipping / (res.grad_norm + 1e-6));
     }
   }
-  const AdamParams ap = step_params(grad_scale);
+  AdamParams ap = step_params(grad_scale);
+  if (bwd.updated > 0) {  // updates ran in backward (backward_step.cc): the rest take their scalars
+    if (ap.lr != bwd.ap.lr) {
+      TM_LOG_WARN("ZERO",
+                  "step {}: the learning rate changed from {} to {} between the backward pass and step(); {} modules "
+                  "were updated in backward with {}, so the whole step uses it (set the learning rate before the "
+                  "accumulation boundary's backward, or tiermem.update_in_backward false)",
+                  ap.step, bwd.ap.lr, ap.lr, bwd.updated, bwd.ap.lr);
+    }
+    if (ap.grad_scale != bwd.ap.grad_scale) {
+      TM_LOG_WARN("ZERO",
+                  "step {}: {} micro-batches were counted when {} modules were updated in backward, {} at step(): a "
+                  "module got gradients from more micro-batches than the others; the whole step divides by {} (set "
+                  "tiermem.update_in_backward false for such a model)",
+                  ap.step, bwd.micro, bwd.updated, micro, bwd.micro);
+    }
+    ap = bwd.ap;
+  }
 
   // Overlapped with the next forward (tiermem.overlap_optimizer_step): with the norm known
   // without reading a gradient (folded into accumulation; no fp16 overflow check), each stored
@@ -136,6 +153,7 @@ void ZeroEngine::Impl::stream_update(const AdamParams& ap, bool defer, detail::N
   if (sum != nullptr) norm_hook = [this, sum](std::size_t k, const float* g) { norm.add(*sum, k, g); };
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[k].module)];
+    if (m.stepped_in_backward) continue;  // updated in backward already (backward_step.cc)
     if (defer && m.stored) {
       deferred.defer(pieces[k].module, ap);
       continue;
@@ -155,8 +173,17 @@ void ZeroEngine::Impl::end_step(bool defer) {
     // has them: record the next step afresh (a new Prefetcher), instead of diverging on it.
     store->set_policy(std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype)));
   }
+  if (bwd.updated > 0 && !std::exchange(bwd.seen, true)) {
+    // Likewise the first step with updates inside backward (once the Prefetcher replays them).
+    store->set_policy(std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype)));
+  }
   store->begin_step();
   ++st.steps;
+  for (auto& m : mods) m.stepped_in_backward = false;
+  bwd.armed = false;
+  bwd.updated = 0;
+  bwd.ready.clear();
+  bwd.handing = -1;
   zero_grad();
 }
 
@@ -269,26 +296,9 @@ void ZeroEngine::Impl::start_update_ahead(int after) {
     }
   }
   if (next < 0) return;
-  detail::ZeroModule& m = mods[static_cast<std::size_t>(next)];
-  if (!m.stored) return;
-  const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
-  std::uint64_t host_need = 0;
-  for (std::size_t j = 0; j < m.pieces.size(); ++j) {
-    const detail::Piece& p = pieces[static_cast<std::size_t>(m.pieces[j])];
-    if (p.on_device || p.gtier != Tier::kHost) return;  // the device optimizer, device gradients
-    if (j < B) host_need += 4ull * p.size() * (m.shared_master ? 3 : 4);  // moments (and master), gradient
-  }
+  const detail::ZeroModule& m = mods[static_cast<std::size_t>(next)];
   const Tier at = staging.gather_tier(m);  // where its gather reads the shard: the update writes it there
-  const TensorStoreStats ss = store->stats();
-  const int h = static_cast<int>(Tier::kHost), d = static_cast<int>(Tier::kDevice);
-  const std::uint64_t shard_bytes = m.shard.shard * shape.wsize;
-  std::uint64_t dev_need = 0;
-  if (m.update_tier(at) == Tier::kDevice) dev_need = shard_bytes;
-  else host_need += shard_bytes;
-  if (ss.pinned_bytes[h] + host_need > ss.budget_bytes[h] ||
-      (dev_need > 0 && ss.pinned_bytes[d] + dev_need > ss.budget_bytes[d])) {
-    return;  // applied at its gather, as without this
-  }
+  if (!update_fits_now(m, at)) return;  // applied at its gather, as without this
   const std::optional<AdamParams> ap = deferred.take(next);
   std::vector<bool> still(mods.size());
   for (std::size_t q = 0; q < mods.size(); ++q) still[q] = deferred.pending(static_cast<int>(q));
@@ -297,6 +307,25 @@ void ZeroEngine::Impl::start_update_ahead(int after) {
     run_update(next, ap, Phase::kOptimizer, std::optional<Tier>(at),
                [&still](int q) { return still[static_cast<std::size_t>(q)]; });
   });
+}
+
+bool ZeroEngine::Impl::update_fits_now(const detail::ZeroModule& m, Tier at) const {
+  if (!m.stored) return false;
+  const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
+  std::uint64_t host_need = 0;
+  for (std::size_t j = 0; j < m.pieces.size(); ++j) {
+    const detail::Piece& p = pieces[static_cast<std::size_t>(m.pieces[j])];
+    if (p.on_device || p.gtier != Tier::kHost) return false;  // the device optimizer, device gradients
+    if (j < B) host_need += 4ull * p.size() * (m.shared_master ? 3 : 4);  // moments (and master), gradient
+  }
+  const TensorStoreStats ss = store->stats();
+  const int h = static_cast<int>(Tier::kHost), d = static_cast<int>(Tier::kDevice);
+  const std::uint64_t shard_bytes = m.shard.shard * shape.wsize;
+  std::uint64_t dev_need = 0;
+  if (m.update_tier(at) == Tier::kDevice) dev_need = shard_bytes;
+  else host_need += shard_bytes;
+  return ss.pinned_bytes[h] + host_need <= ss.budget_bytes[h] &&
+         (dev_need == 0 || ss.pinned_bytes[d] + dev_need <= ss.budget_bytes[d]);
 }
 
 void ZeroEngine::Impl::join_update_ahead() {

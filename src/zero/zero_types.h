@@ -151,6 +151,9 @@ struct ZeroModule {
   std::vector<float> init_shard;  // deferred registration only (no numels up front)
   std::vector<int> pieces;        // indices into the engine's pieces (consecutive)
   int grad_calls = 0;
+  // Updated during this step's backward (ZeroEngine::step_in_backward): step() passes it over, and
+  // its gradient (consumed) still counts in the step's folded norm.
+  bool stepped_in_backward = false;
   // Optimizer-phase accesses its update made outside a step (a checkpoint export, an eval
   // gather): shown to the store's policy at the next in-step gather (touch) so the recorded
   // access trace still matches.

@@ -291,6 +291,16 @@ class TiermemEngine:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("TiermemEngine.backward: loss must be a scalar tensor")
         scale = self._zero.loss_scale() / self.gradient_accumulation_steps
+        if self.is_gradient_accumulation_boundary() and self.optimizer is not None:
+            if self._armed_at == self._backwards_at_step:
+                raise RuntimeError("TiermemEngine.backward: a second backward() at the accumulation boundary before "
+                                   "step(): the first one already updated modules whose gradients were complete "
+                                   "(tiermem.update_in_backward); call step() after each micro-batch's backward(), or "
+                                   "set tiermem.update_in_backward to false to run several backward passes per step")
+            # The step's learning rate is known now: each module's update may run during this
+            # backward, once its gradient is complete (ZeroEngine::step_in_backward).
+            if self._zero.step_in_backward(float(self.optimizer.param_groups[0]["lr"])):
+                self._armed_at = self._backwards_at_step
         (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         return loss
 
@@ -476,6 +486,7 @@ class TiermemEngine:
     # -------------------------------------------------------------------- internals
     _last_skipped = False
     _last_grad_norm: Optional[float] = None
+    _armed_at = -1  # _backwards_at_step when a boundary backward armed the updates in backward
 
     def _optimizer_step(self, lr: float) -> None:
         self.check_open()

@@ -1,0 +1,189 @@
+// ZeroEngine::step_in_backward (tiermem.update_in_backward): at the accumulation boundary, each
+// module's update runs during the backward pass once its gradient is complete, and the training
+// is bit for bit that of the overlapped (deferred) step and of the eager step: masters, moments,
+// step counts and grad norms. What it cannot keep exact it refuses: a clip (the norm is needed
+// first), a second gradient for a module already updated, zero_grad and export_grad after an
+// update; a learning rate changed after the updates ran is warned about and the step keeps the one
+// they used.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mpi/zero_mlp.h"
+#include "tiermem/error.h"
+#include "tiermem/zero_engine.h"
+
+namespace tiermem {
+namespace {
+
+struct Dir {
+  std::string path;
+  explicit Dir(const std::string& tag) {
+    auto d = std::filesystem::temp_directory_path() /
+             ("tiermem-bwd-step-" + tag + "-" + std::to_string(getpid()));
+    std::filesystem::create_directories(d);
+    path = d.string();
+  }
+  ~Dir() { std::filesystem::remove_all(path); }
+};
+
+enum class Mode { kInBackward, kDeferred, kEager };
+
+Config config(const std::string& dir, Mode mode, const std::string& type = "adamw", double clip = 0) {
+  Config cfg = testing::with_param_offload(testing::mlp_config(3, "nvme", dir, 2), "nvme", dir);
+  cfg.zero.stage3_param_persistence_threshold_elems = 0;  // both modules stored
+  cfg.tiermem.host_budget_bytes = 4 << 20;
+  cfg.gradient_clipping = clip;
+  cfg.optimizer.type = type;
+  cfg.tiermem.overlap_optimizer_step = mode != Mode::kEager;
+  cfg.tiermem.update_in_backward = mode == Mode::kInBackward;
+  return cfg;
+}
+
+struct Trained {
+  std::vector<std::vector<float>> master;
+  ZeroOptimizerState state;
+  std::vector<double> norms;
+  std::vector<bool> armed;
+  ZeroStats stats;
+};
+
+// One training step of the MLP as a framework drives it: micro-batches of forward (gathers) and
+// backward (the last module's gather for its backward, its gradient, then the first module's);
+// at the last micro-batch the step is declared first (step_in_backward at `lr`). `lr_at_step`:
+// the learning rate step() is given (the same unless a test changes it in between).
+bool train_step(ZeroEngine& e, int s, double lr, double lr_at_step, std::vector<double>& norms) {
+  const testing::MlpData D = testing::mlp_data();
+  const int micro = 2, per_micro = testing::kSamples / micro;
+  bool armed = false;
+  for (int mb = 0; mb < micro; ++mb) {
+    const int s0 = mb * per_micro;
+    std::vector<float> p0, p1, g0, g1;
+    {
+      auto a = e.gather(0, Phase::kForward);
+      auto b = e.gather(1, Phase::kForward);
+      p0 = testing::to_f32_host(e, a);
+      p1 = testing::to_f32_host(e, b);
+    }
+    if (mb + 1 == micro) armed = e.step_in_backward(lr);
+    testing::mlp_forward_backward(D, p0.data(), p1.data(), s0, s0 + per_micro, g0, g1);
+    { auto b = e.gather(1, Phase::kBackward); }
+    e.reduce_gradients(1, g1);  // complete on return: its update may start at the next backward gather
+    { auto a = e.gather(0, Phase::kBackward); }
+    e.reduce_gradients(0, std::vector<float>(g0));  // handed off: complete only by step()
+  }
+  e.set_learning_rate(lr_at_step);
+  norms.push_back(e.step().grad_norm);
+  (void)s;
+  return armed;
+}
+
+Trained train(const Config& cfg, int steps, double lr_at_step_1 = 0.01) {
+  auto comm = make_single_communicator();
+  ZeroEngine e(cfg, *comm);
+  auto init = testing::mlp_init();
+  e.register_module("fc1", init[0]);
+  e.register_module("fc2", init[1]);
+  Trained r;
+  for (int s = 0; s < steps; ++s) r.armed.push_back(train_step(e, s, 0.01, s == 1 ? lr_at_step_1 : 0.01, r.norms));
+  r.master = {e.export_master(0), e.export_master(1)};
+  r.state = e.export_optimizer_state();
+  r.stats = e.stats();
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void expect_same(const Trained& a, const Trained& b) {
+  for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(a.master[m], b.master[m])) << "module " << m << " master";
+  EXPECT_TRUE(same_bits(a.state.exp_avg, b.state.exp_avg));
+  EXPECT_TRUE(same_bits(a.state.exp_avg_sq, b.state.exp_avg_sq));
+  EXPECT_EQ(a.state.steps, b.state.steps);
+  ASSERT_EQ(a.norms.size(), b.norms.size());
+  for (std::size_t i = 0; i < a.norms.size(); ++i) EXPECT_EQ(a.norms[i], b.norms[i]) << "step " << i;
+}
+
+TEST(ZeroBackwardStep, UpdatesInBackwardEqualTheDeferredAndTheEagerStep) {
+  for (const char* type : {"adamw", "lion", "adagrad"}) {
+    SCOPED_TRACE(type);
+    Dir d0("bwd"), d1("def"), d2("eager");
+    const Trained bwd = train(config(d0.path, Mode::kInBackward, type), 4);
+    const Trained def = train(config(d1.path, Mode::kDeferred, type), 4);
+    const Trained eager = train(config(d2.path, Mode::kEager, type), 4);
+    expect_same(bwd, def);
+    expect_same(bwd, eager);
+    // Module 1 (its gradient complete before module 0's backward gather) was updated in each
+    // step's backward; module 0's hand-off completes only in step(), which updates it.
+    EXPECT_EQ(bwd.armed, std::vector<bool>(4, true));
+    EXPECT_EQ(bwd.stats.updates_in_backward, 4u);
+    EXPECT_EQ(def.armed, std::vector<bool>(4, false));
+    EXPECT_EQ(def.stats.updates_in_backward, 0u);
+    EXPECT_EQ(eager.stats.updates_in_backward, 0u);
+  }
+}
+
+TEST(ZeroBackwardStep, DoesNotApplyWhereTheNormIsNeededFirst) {
+  Dir d("clip");
+  auto comm = make_single_communicator();
+  ZeroEngine e(config(d.path, Mode::kInBackward, "adamw", 0.5), *comm);
+  auto init = testing::mlp_init();
+  e.register_module("fc1", init[0]);
+  e.register_module("fc2", init[1]);
+  EXPECT_FALSE(e.step_in_backward(0.01)) << "a clip needs the global norm before any update";
+  EXPECT_THROW(e.step_in_backward(-1.0), ConfigError);
+}
+
+// The learning rate step() is given differs from the one declared: the step keeps the declared
+// one (the updates in backward used it), so it equals a run at that rate throughout.
+TEST(ZeroBackwardStep, ALearningRateChangedAfterTheUpdatesKeepsTheirs) {
+  Dir d0("lr"), d1("ref");
+  const Trained changed = train(config(d0.path, Mode::kInBackward), 3, 0.05);
+  const Trained ref = train(config(d1.path, Mode::kDeferred), 3);
+  expect_same(changed, ref);
+}
+
+TEST(ZeroBackwardStep, RefusesWhatWouldLoseExactness) {
+  Dir d("refuse");
+  auto comm = make_single_communicator();
+  ZeroEngine e(config(d.path, Mode::kInBackward), *comm);
+  auto init = testing::mlp_init();
+  e.register_module("fc1", init[0]);
+  e.register_module("fc2", init[1]);
+  const testing::MlpData D = testing::mlp_data();
+  std::vector<float> p0, p1, g0, g1;
+  {
+    auto a = e.gather(0, Phase::kForward);
+    auto b = e.gather(1, Phase::kForward);
+    p0 = testing::to_f32_host(e, a);
+    p1 = testing::to_f32_host(e, b);
+  }
+  ASSERT_TRUE(e.step_in_backward(0.01));
+  testing::mlp_forward_backward(D, p0.data(), p1.data(), 0, 12, g0, g1);
+  e.reduce_gradients(1, g1);
+  { auto a = e.gather(0, Phase::kBackward); }  // starts module 1's update
+  e.reduce_gradients(0, g0);                   // waits for it
+  EXPECT_EQ(e.stats().updates_in_backward, 1u);
+  try {
+    e.reduce_gradients(1, g1);
+    ADD_FAILURE() << "a second gradient for an updated module was taken";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("fc2"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("update_in_backward"), std::string::npos) << err.what();
+  }
+  EXPECT_THROW(e.export_grad(1), Error);
+  EXPECT_THROW(e.zero_grad(), Error);
+  // The step still finishes: module 0 updated now, module 1 not twice.
+  const ZeroEngine::StepResult r = e.step();
+  EXPECT_EQ(r.step, 1);
+  EXPECT_FALSE(e.export_grad(1).empty());  // after the step: a fresh (zero) gradient again
+}
+
+}  // namespace
+}  // namespace tiermem
