@@ -121,10 +121,9 @@ struct TiermemConfig {
   // ZeRO-3: each module's AdamW update at its next gather; unset ("auto"): on when the optimizer
   // state is on NVMe (offload_optimizer.device nvme)
   std::optional<bool> overlap_optimizer_step;
-  // ZeRO-3, no gradient clipping, no fp16: at the accumulation boundary each module's update runs
-  // during backward once its gradient is complete (ZeroEngine::step_in_backward); unset ("auto"):
-  // where the overlapped step is on
-  std::optional<bool> update_in_backward;
+  // ZeRO-3 on one rank, no gradient clipping, no fp16: at the accumulation boundary each module's
+  // update runs during backward once its gradient is complete (ZeroEngine::step_in_backward)
+  bool update_in_backward = false;
   // fp32 training, ZeRO-3: a module's working shard is its fp32 master (one copy on its home tier,
   // not two) when the parameters and the optimizer state share a home tier
   bool fp32_single_copy = true;

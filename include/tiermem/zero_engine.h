@@ -360,17 +360,17 @@ class ZeroEngine {
   // gather (Phase::kBackward) once the module's last hand-off has completed, only with room for it
   // beside every pin held, and waited for by the next call. step() updates what is left. Every
   // result equals the deferred or eager step bit for bit (the same scalars, gradients and state).
-  // Applies (returns true) with tiermem.update_in_backward on (its "auto": where the overlapped
-  // step is), ZeRO-3 on one rank, host-addressable memory, the host optimizer, no gradient
-  // clipping, no fp16 loss scaler, mean_over_micro_batches false and nothing pending; else false,
-  // and nothing changes. Once armed, until step():
+  // Applies (returns true) with tiermem.update_in_backward true, ZeRO-3 on one rank,
+  // host-addressable memory, the host optimizer, no gradient clipping and no fp16 loss scaler;
+  // else false, and nothing changes. Once armed, until step():
   //   - a module's gradient must be complete at its last reduce_gradients of the backward, and its
   //     working params not read again in it (true of autograd: every use of a trained weight adds
   //     to its gradient before the gradient is final); a module gathered again after its hand-off
   //     is left to step(). A second gradient for a module already updated is an Error (nothing
   //     more is updated; call with tiermem.update_in_backward false for such a model);
   //   - step() with another learning rate uses `lr` (a warning names both): the updates already
-  //     ran with it;
+  //     ran with it; likewise the micro-batch count of mean_over_micro_batches, taken at the first
+  //     update (the most reduce calls of any module then);
   //   - export_grad of an updated module, and zero_grad() after any update, are Errors (the
   //     gradient was consumed by its update).
   // Thread-safety: the driving thread, between steps. Errors: an update's IoError or

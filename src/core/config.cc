@@ -387,7 +387,7 @@ std::string config_to_json(const Config& c, int indent) {
         {"pipeline_chunks", t.pipeline_chunks},
         {"nvme_prefetch_bytes", t.nvme_prefetch_bytes},
         {"overlap_optimizer_step", t.overlap_optimizer_step ? json(*t.overlap_optimizer_step) : json("auto")},
-        {"update_in_backward", t.update_in_backward ? json(*t.update_in_backward) : json("auto")},
+        {"update_in_backward", t.update_in_backward},
         {"host_eviction_plan", t.host_eviction_plan},
         {"device_optimizer", t.device_optimizer},
         {"acquire_timeout_s", t.acquire_timeout_s},

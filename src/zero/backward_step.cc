@@ -33,10 +33,7 @@ bool ZeroEngine::step_in_backward(double lr) {
     if (I.bwd.updated == 0) I.bwd.ap.lr = static_cast<float>(lr);
     return true;
   }
-  const bool on = I.cfg.tiermem.update_in_backward.value_or(
-      defers_optimizer_step(I.plan, I.cfg, I.shape.publish_tier == Tier::kDevice || !I.shape.opaque,
-                            I.norm.folds() && !I.scaler));
-  if (!on || I.shape.world != 1 || I.shape.stage != 3 || I.shape.opaque || I.scaler ||
+  if (!I.cfg.tiermem.update_in_backward || I.shape.world != 1 || I.shape.stage != 3 || I.shape.opaque || I.scaler ||
       I.cfg.gradient_clipping > 0 || I.plan.optimizer_on_device || !I.store) {
     return false;
   }
@@ -85,13 +82,21 @@ void ZeroEngine::Impl::start_update_in_backward(int gathered) {
   // which waits for it: not when it happens to finish, so every step takes the same decisions
   // and the store's recorded trace holds.
   if (ahead.running()) return;
-  while (!bwd.ready.empty()) {
-    const int next = bwd.ready.front();
+  bwd.ready.erase(std::remove_if(bwd.ready.begin(), bwd.ready.end(),
+                                 [&](int q) {  // left to step()
+                                   return bwd.state[static_cast<std::size_t>(q)] == BackwardStep::kLeftToStep ||
+                                          deferred.pending(q) || !mods[static_cast<std::size_t>(q)].stored;
+                                 }),
+                  bwd.ready.end());
+  // The update is joined at the next call, so it hides behind this module's backward compute
+  // only: the oldest update no more than twice this module's size (a layer norm's short backward
+  // takes a layer norm's update, a projection's a projection's).
+  const std::size_t limit = 2 * mods[static_cast<std::size_t>(gathered)].numel + (std::size_t{1} << 16);
+  auto pick = std::find_if(bwd.ready.begin(), bwd.ready.end(),
+                           [&](int q) { return mods[static_cast<std::size_t>(q)].numel <= limit; });
+  if (pick != bwd.ready.end()) {
+    const int next = *pick;
     detail::ZeroModule& m = mods[static_cast<std::size_t>(next)];
-    if (bwd.state[static_cast<std::size_t>(next)] == BackwardStep::kLeftToStep || deferred.pending(next) || !m.stored) {
-      bwd.ready.pop_front();  // left to step()
-      continue;
-    }
     // The micro-batches step() will divide by (mean_over_micro_batches): the most reduce calls of
     // any module so far, the same for every update of the step (else the rest wait for step()).
     int micro = 1;
@@ -103,7 +108,7 @@ void ZeroEngine::Impl::start_update_in_backward(int gathered) {
     if (!update_fits_now(m, at)) return;     // tried again at the next backward gather, else in step()
     bwd.micro = micro;
     bwd.ap.grad_scale = static_cast<float>(1.0 / (static_cast<double>(shape.world) * micro));
-    bwd.ready.pop_front();
+    bwd.ready.erase(pick);
     m.stepped_in_backward = true;
     ++bwd.updated;
     ++st.updates_in_backward;

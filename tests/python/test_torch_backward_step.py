@@ -47,7 +47,8 @@ def test_updates_in_backward_change_nothing(torch_or_skip, tmp_path, kind, gas):
 def test_a_second_backward_at_the_boundary_is_refused(torch_or_skip, tmp_path):
     hf_or_skip()
     import tiermem.torch as tt
-    engine, *_ = tt.initialize(model=build("gpt2"), config=ds_config(tmp_path, "nvme", clip=0.0))
+    engine, *_ = tt.initialize(model=build("gpt2"), config=ds_config(tmp_path, "nvme", clip=0.0,
+                                                                  tiermem={"update_in_backward": True}))
     b = batches(1)[0]
     engine.backward(engine(input_ids=b, labels=b).loss)
     with pytest.raises(RuntimeError, match="second backward"):
