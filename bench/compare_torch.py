@@ -12,7 +12,7 @@
 Model: transformers.GPT2LMHeadModel from GPT2Config (--model small: the defaults, n_layer 12,
 n_embd 768, vocab 50257, 124 M parameters; --model medium: n_layer 24, n_embd 1024, 355 M), built
 under a fixed seed (no download); one fixed random token batch of --batch x --seq (default 1 x
-128) as input_ids and labels; fp32; AdamW lr 1e-4, weight decay 0.01, clipping 1.0. --llama PRESET
+128) as input_ids and labels; fp32; AdamW lr 1e-4, weight decay 0.01, clipping --clip (1.0). --llama PRESET
 (without --lora): the same full training of transformers.LlamaForCausalLM of that shape
 (torch_bench_common.LLAMA_SHAPES; 1b: TinyLlama-1.1B's, 1.10 B parameters, untied head) instead of
 GPT-2, built under each contender's zero.Init as below; offload_param's buffer_size is then the
@@ -36,7 +36,8 @@ Contenders, each in its own fresh process (so one cannot warm the next, and ru_m
   tiermem_init  tiermem as a user short of memory runs it: built under zero.Init, host and device
                 budgets --init-host-budget and --init-device-budget (256 MiB each), otherwise the
                 same ds_config; tiermem_init@SIZE: the same at host and device budgets of SIZE each
-                (e.g. tiermem_init@1GiB beside tiermem_init in one interleaved run)
+                (e.g. tiermem_init@1GiB beside tiermem_init in one interleaved run); a contender
+                tiermem...+ub: the same with tiermem.update_in_backward (it applies with --clip 0)
 --build plain builds every model outside any Init. The model's classes are imported before any
 Init (DeepSpeed 0.19.8's Init fails when transformers imports GPT-2's file inside it, on torch
 2.15).
@@ -156,6 +157,9 @@ def ds_config(a, nvme_dir, offload=True):
                            buffer_size=buffer_size, offload=offload, tiermem=tiermem)
     if a.worker == "deepspeed" and offload:
         cfg["zero_optimization"] = ds_variant(cfg["zero_optimization"], a.ds_variant)
+    cfg["gradient_clipping"] = a.clip
+    if getattr(a, "update_in_backward", False) and a.worker.startswith("tiermem"):
+        cfg.setdefault("tiermem", {})["update_in_backward"] = True
     return cfg
 
 
@@ -226,7 +230,8 @@ def run_worker(a):
             def step():
                 loss = model(input_ids=data, labels=data).loss
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                if a.clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
                 opt.step()
                 opt.zero_grad()
                 return loss
@@ -363,7 +368,8 @@ def run_lora_worker(a):
             def step():
                 loss = model(input_ids=data, labels=data).loss
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+                if a.clip > 0:
+                    torch.nn.utils.clip_grad_norm_(trainable, a.clip)
                 opt.step()
                 opt.zero_grad()
                 return loss
@@ -422,6 +428,9 @@ def report_profile(prof, step, a):
 # ---------------------------------------------------------------- driver
 
 def spawn(a, who, profile=False):
+    extra = []
+    if who.endswith("+ub"):  # tiermem.update_in_backward on (applies with --clip 0)
+        who, extra = who[:-3], ["--update-in-backward"]
     if who.startswith("tiermem_init@"):  # tiermem_init at other budgets: host and device SIZE each
         size = who.split("@", 1)[1]
         a = argparse.Namespace(**{**vars(a), "init_host_budget": size, "init_device_budget": size})
@@ -431,7 +440,7 @@ def spawn(a, who, profile=False):
            "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir, "--ds-buffer-size",
            str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget,
            "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget, "--build", a.build,
-           "--ds-variant", a.ds_variant]
+           "--ds-variant", a.ds_variant, "--clip", str(a.clip)] + extra
     if a.llama:
         cmd += ["--llama", a.llama]
         for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
@@ -714,6 +723,8 @@ def main():
                         "size ('half': half the frozen base's fp32 bytes; or e.g. 1.5GiB); needs root")
     p.add_argument("--ds-variant", default="base",
                    help=f"without --lora: DeepSpeed's configuration ({', '.join(DS_VARIANTS)}; 'a+b' both; default base)")
+    p.add_argument("--clip", type=float, default=1.0, help="gradient_clipping of every contender (0: none)")
+    p.add_argument("--update-in-backward", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.steps is None:
