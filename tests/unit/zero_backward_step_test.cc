@@ -53,10 +53,24 @@ struct Trained {
   ZeroStats stats;
 };
 
-// One training step of the MLP as a framework drives it: micro-batches of forward (gathers) and
-// backward (the last module's gather for its backward, its gradient, then the first module's);
-// at the last micro-batch the step is declared first (step_in_backward at `lr`). `lr_at_step`:
-// the learning rate step() is given (the same unless a test changes it in between).
+// A third module (a "head" of kHead elements) beside the MLP's two: not used by the MLP's loss;
+// its gradient is a fixed function of the step and micro-batch. It gives the backward pass a
+// module whose update runs while another module's gradient is still being added on the engine's
+// gradient thread.
+constexpr std::size_t kHead = 300;
+
+std::vector<float> head_grad(int s, int mb) {
+  std::vector<float> g(kHead);
+  for (std::size_t i = 0; i < kHead; ++i) g[i] = 0.01f * static_cast<float>((i * 7 + s * 3 + mb) % 11) - 0.05f;
+  return g;
+}
+
+// One training step as a framework drives it: micro-batches of forward (gathers) and backward,
+// last module first, each module's backward gather then its gradient: the head's handed off, the
+// second layer's handed off (the head's hand-off complete then: its update starts at the next
+// backward gather and runs beside this hand-off), the first layer's copied (complete at once).
+// At the last micro-batch the step is declared first (step_in_backward at `lr`). `lr_at_step`: the
+// learning rate step() is given (the same unless a test changes it in between).
 bool train_step(ZeroEngine& e, int s, double lr, double lr_at_step, std::vector<double>& norms) {
   const testing::MlpData D = testing::mlp_data();
   const int micro = 2, per_micro = testing::kSamples / micro;
@@ -67,19 +81,21 @@ bool train_step(ZeroEngine& e, int s, double lr, double lr_at_step, std::vector<
     {
       auto a = e.gather(0, Phase::kForward);
       auto b = e.gather(1, Phase::kForward);
+      auto h = e.gather(2, Phase::kForward);
       p0 = testing::to_f32_host(e, a);
       p1 = testing::to_f32_host(e, b);
     }
     if (mb + 1 == micro) armed = e.step_in_backward(lr);
     testing::mlp_forward_backward(D, p0.data(), p1.data(), s0, s0 + per_micro, g0, g1);
+    { auto h = e.gather(2, Phase::kBackward); }
+    e.reduce_gradients(2, head_grad(s, mb));
     { auto b = e.gather(1, Phase::kBackward); }
-    e.reduce_gradients(1, g1);  // complete on return: its update may start at the next backward gather
-    { auto a = e.gather(0, Phase::kBackward); }
-    e.reduce_gradients(0, std::vector<float>(g0));  // handed off: complete only by step()
+    e.reduce_gradients(1, std::vector<float>(g1));
+    { auto a = e.gather(0, Phase::kBackward); }  // the head's update starts here
+    e.reduce_gradients(0, g0);
   }
   e.set_learning_rate(lr_at_step);
   norms.push_back(e.step().grad_norm);
-  (void)s;
   return armed;
 }
 
@@ -89,9 +105,12 @@ Trained train(const Config& cfg, int steps, double lr_at_step_1 = 0.01) {
   auto init = testing::mlp_init();
   e.register_module("fc1", init[0]);
   e.register_module("fc2", init[1]);
+  std::vector<float> head(kHead);
+  for (std::size_t i = 0; i < kHead; ++i) head[i] = 0.001f * static_cast<float>(i % 17);
+  e.register_module("head", head);
   Trained r;
   for (int s = 0; s < steps; ++s) r.armed.push_back(train_step(e, s, 0.01, s == 1 ? lr_at_step_1 : 0.01, r.norms));
-  r.master = {e.export_master(0), e.export_master(1)};
+  r.master = {e.export_master(0), e.export_master(1), e.export_master(2)};
   r.state = e.export_optimizer_state();
   r.stats = e.stats();
   return r;
@@ -102,7 +121,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 void expect_same(const Trained& a, const Trained& b) {
-  for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(a.master[m], b.master[m])) << "module " << m << " master";
+  for (std::size_t m = 0; m < a.master.size(); ++m) EXPECT_TRUE(same_bits(a.master[m], b.master[m])) << "module " << m << " master";
   EXPECT_TRUE(same_bits(a.state.exp_avg, b.state.exp_avg));
   EXPECT_TRUE(same_bits(a.state.exp_avg_sq, b.state.exp_avg_sq));
   EXPECT_EQ(a.state.steps, b.state.steps);
@@ -119,8 +138,9 @@ TEST(ZeroBackwardStep, UpdatesInBackwardEqualTheDeferredAndTheEagerStep) {
     const Trained eager = train(config(d2.path, Mode::kEager, type), 4);
     expect_same(bwd, def);
     expect_same(bwd, eager);
-    // Module 1 (its gradient complete before module 0's backward gather) was updated in each
-    // step's backward; module 0's hand-off completes only in step(), which updates it.
+    // The head (its hand-off waited for by the second layer's) was updated in each step's
+    // backward, at the first layer's gather; the layers' gradients complete after the last
+    // backward gather, so step() updates them.
     EXPECT_EQ(bwd.armed, std::vector<bool>(4, true));
     EXPECT_EQ(bwd.stats.updates_in_backward, 4u);
     EXPECT_EQ(def.armed, std::vector<bool>(4, false));
