@@ -372,7 +372,9 @@ class ZeroEngine {
   //     ran with it; likewise the micro-batch count of mean_over_micro_batches, taken at the first
   //     update (the most reduce calls of any module then);
   //   - export_grad of an updated module, and zero_grad() after any update, are Errors (the
-  //     gradient was consumed by its update).
+  //     gradient was consumed by its update), and so is export_optimizer_state (half a step);
+  //   - an updated module's working params and master already hold the step's new values (a
+  //     gather or export_master between that backward and step() sees them).
   // Thread-safety: the driving thread, between steps. Errors: an update's IoError or
   // OutOfMemoryError from the call that waits for it.
   bool step_in_backward(double lr);

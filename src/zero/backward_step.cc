@@ -43,6 +43,7 @@ bool ZeroEngine::step_in_backward(double lr) {
   I.bwd.ap.lr = static_cast<float>(lr);
   I.bwd.micro = 0;
   I.bwd.armed = true;
+  I.reducer.hold_pins(true);  // the room checks see pins that change only on this thread
   I.bwd.ready.clear();
   I.bwd.state.assign(I.mods.size(), Impl::BackwardStep::kNone);
   I.bwd.handing = -1;

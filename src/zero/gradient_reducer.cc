@@ -171,7 +171,9 @@ void GradientReducer::lend(int module, std::span<const float> grad, std::shared_
 void GradientReducer::start_task(int module, std::span<const float> grad, std::shared_ptr<const void> keep,
                                  float* clear) {
   auto work = std::make_shared<std::vector<Work>>(pin(module, 0, grad.size()));
-  task_.start([this, work, grad, keep = std::move(keep), clear]() mutable {
+  const bool hold = hold_pins_;
+  if (hold) task_work_ = work;  // released by wait_hand_off(), on the driving thread
+  task_.start([this, work, grad, keep = std::move(keep), clear, hold]() mutable {
     try {
       const std::size_t zeroed = add(*work, 0, grad.data(), clear);
       if (clear != nullptr && zeroed != grad.size()) std::fill(clear, clear + grad.size(), 0.0f);
@@ -180,7 +182,7 @@ void GradientReducer::start_task(int module, std::span<const float> grad, std::s
       keep.reset();
       throw;
     }
-    work->clear();
+    if (!hold) work->clear();
     keep.reset();  // done with the memory: the owner may reuse it before the task is joined
   });
 }
@@ -197,7 +199,9 @@ void GradientReducer::wait_hand_off() {
   if (!task_.running()) return;
   std::shared_ptr<std::vector<float>> buf = std::move(task_buf_);
   task_bytes_ = 0;
+  std::shared_ptr<std::vector<Work>> held = std::move(task_work_);
   task_.join();  // rethrows
+  held.reset();  // the pins it held (hold_pins), released here
   // Its buffer, zeroed by the task, becomes the spare for the next buffer() call.
   if (buf && buf->capacity() >= spare_.capacity()) spare_ = std::move(*buf);
 }

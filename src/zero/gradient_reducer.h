@@ -69,6 +69,11 @@ class GradientReducer {
   // A zeroed buffer of `numel` elements: the spare when it is large enough, else a new one.
   std::vector<float> buffer(std::size_t numel);
   void wait_hand_off();  // rethrows the hand-off's error
+  // With `on`, a hand-off started from now keeps its partitions pinned until wait_hand_off()
+  // (the driving thread) instead of letting them go when its additions are done: the pins held
+  // then change only on the driving thread, in call order (ZeroEngine::step_in_backward's room
+  // checks take the same decisions on every step).
+  void hold_pins(bool on) { hold_pins_ = on; }
   // Nanoseconds the driving thread has waited in wait_hand_off() (cumulative).
   std::uint64_t waited_ns() const { return task_.waited_ns(); }
   void sync();           // the hand-off and every bucket in flight complete
@@ -120,6 +125,8 @@ class GradientReducer {
   std::deque<Bucket> inflight_;
   std::uint64_t bucket_bytes_live_ = 0;
   std::shared_ptr<std::vector<float>> task_buf_;  // zeroed by the task after its additions
+  std::shared_ptr<std::vector<Work>> task_work_;  // the pins a hand-off holds until waited for (hold_pins)
+  bool hold_pins_ = false;
   std::uint64_t task_bytes_ = 0;
   std::vector<float> spare_;  // once the task is waited for: what buffer() hands out again
   std::uint64_t reduce_scatter_calls_ = 0;

@@ -443,6 +443,7 @@ void ZeroEngine::zero_grad() {
                             impl_->bwd.updated));
   }
   impl_->bwd.armed = false;
+  impl_->reducer.hold_pins(false);
   impl_->sync();
   impl_->apply_all_pending(Phase::kOutsideStep);  // the last step's updates still read theirs
   impl_->zero_grad();

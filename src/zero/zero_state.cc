@@ -361,6 +361,11 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
 ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(const ZeroStateChunk&)>& sink) {
   Impl& I = *impl_;
   I.finalize();
+  if (I.bwd.updated > 0) {  // half a step: some modules hold this step's state, the rest the last's
+    throw Error(fmt::format("ZeroEngine::export_optimizer_state: {} modules were already updated in this backward "
+                            "pass (step_in_backward) and the step is not finished; save after step()",
+                            I.bwd.updated));
+  }
   I.sync();
   I.apply_all_pending(Phase::kOutsideStep);
   I.export_state(sink);

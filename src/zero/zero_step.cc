@@ -181,6 +181,7 @@ void ZeroEngine::Impl::end_step(bool defer) {
   ++st.steps;
   for (auto& m : mods) m.stepped_in_backward = false;
   bwd.armed = false;
+  reducer.hold_pins(false);
   bwd.updated = 0;
   bwd.ready.clear();
   bwd.handing = -1;

@@ -2,9 +2,9 @@
 // module's update runs during the backward pass once its gradient is complete, and the training
 // is bit for bit that of the overlapped (deferred) step and of the eager step: masters, moments,
 // step counts and grad norms. What it cannot keep exact it refuses: a clip (the norm is needed
-// first), a second gradient for a module already updated, zero_grad and export_grad after an
-// update; a learning rate changed after the updates ran is warned about and the step keeps the one
-// they used.
+// first), a second gradient for a module already updated, zero_grad, export_grad and the state's
+// export after an update; a learning rate changed after the updates ran is warned about and the
+// step keeps the one they used.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -199,6 +199,7 @@ TEST(ZeroBackwardStep, RefusesWhatWouldLoseExactness) {
   }
   EXPECT_THROW(e.export_grad(1), Error);
   EXPECT_THROW(e.zero_grad(), Error);
+  EXPECT_THROW(e.export_optimizer_state(), Error) << "half a step would be saved";
   // The step still finishes: module 0 updated now, module 1 not twice.
   const ZeroEngine::StepResult r = e.step();
   EXPECT_EQ(r.step, 1);
