@@ -371,10 +371,12 @@ class ZeroEngine {
   //   - step() with another learning rate uses `lr` (a warning names both): the updates already
   //     ran with it; likewise the micro-batch count of mean_over_micro_batches, taken at the first
   //     update (the most reduce calls of any module then);
-  //   - export_grad of an updated module, and zero_grad() after any update, are Errors (the
-  //     gradient was consumed by its update), and so is export_optimizer_state (half a step);
-  //   - an updated module's working params and master already hold the step's new values (a
-  //     gather or export_master between that backward and step() sees them).
+  //   - after any update the step is half done (the updated modules' params and state are this
+  //     step's, the others' the last step's) until step(): export_grad of an updated module and
+  //     zero_grad() (the gradient was consumed), and every read or write of the model but a
+  //     backward gather (gather of another phase, export_master, export_module_state,
+  //     export_optimizer_state, set_module_params, set_module_state, import_optimizer_state,
+  //     offload_states) are Errors, and change nothing.
   // Thread-safety: the driving thread, between steps. Errors: an update's IoError or
   // OutOfMemoryError from the call that waits for it.
   bool step_in_backward(double lr);

@@ -48,6 +48,7 @@ struct EngineStats {
   std::uint64_t host_engine_peak_bytes = 0;  // the engine's own buffers (working copies, buckets)
   std::uint64_t host_grad_buffer_peak_bytes = 0;  // the trainer's per-module gradient buffers
   std::uint64_t host_sim_device_bytes = 0;   // SimDevice's peak (its "device memory" is host RAM)
+  std::uint64_t updates_in_backward = 0;  // modules updated during backward (tiermem.update_in_backward)
   StepIo last_step_io;  // the last optimizer step's NVMe traffic and bound (ZeroEngine only)
 };
 
@@ -85,6 +86,9 @@ class TrainEngine {
 
   virtual void begin_step() {}
   virtual void end_step() {}
+  // The micro-batch that follows is the step's last, and step() follows it at learning rate `lr`
+  // (ZeroEngine::step_in_backward: its modules' updates may run during its backward).
+  virtual void before_last_micro_batch(double lr) { (void)lr; }
 
   // The parameters of `module` for one model step; valid until release_params(module).
   virtual gpt::ParamView acquire_params(int module, Phase phase) = 0;

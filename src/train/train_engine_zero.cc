@@ -215,6 +215,7 @@ class ZeroTrainEngine final : public TrainEngine {
     std::vector<float>().swap(g);
   }
   void zero_grad() override {}  // ZeroEngine::step() zeroes its accumulation
+  void before_last_micro_batch(double lr) override { zero_->step_in_backward(lr); }  // tiermem.update_in_backward
 
   void step(const OptimStep& s) override {
     const auto t0 = Clock::now();
@@ -358,6 +359,7 @@ class ZeroTrainEngine final : public TrainEngine {
     e.host_bounce_bytes = z.host_bounce_bytes;
     e.host_engine_peak_bytes = z.host_engine_peak_bytes + staged_peak_;
     e.host_grad_buffer_peak_bytes = grad_buffer_peak_;
+    e.updates_in_backward = z.updates_in_backward;
     // SimDevice memory is host memory too: counted here as well as on the device line.
     const Device* device = zero_->device();
     e.host_sim_device_bytes = device && device->kind() == DeviceKind::kSim ? z.device_peak_bytes : 0;

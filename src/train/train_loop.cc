@@ -436,6 +436,7 @@ void train_steps(const TrainOptions& opts, const TrainPlan& plan, RunData& data,
     double loss_sum = 0;
     for (int micro = 0; micro < plan.grad_accum; ++micro) {
       data.sampler.next_batch(plan.batch * plan.world_size, plan.rank * plan.batch, plan.batch, &batch);
+      if (micro + 1 == plan.grad_accum) engine.before_last_micro_batch(static_cast<float>(learning_rate(plan, t)));
       loss_sum += run_micro_batch(model, engine, batch, /*backward=*/true, &loop.timers);
     }
     OptimStep os;
@@ -549,6 +550,7 @@ Summary make_summary(const TrainPlan& plan, const gpt::ModelBackend& model, Trai
   s.host_bounce_bytes = st.host_bounce_bytes;
   s.host_engine_peak_bytes = st.host_engine_peak_bytes;
   s.host_grad_buffer_peak_bytes = st.host_grad_buffer_peak_bytes;
+  s.updates_in_backward = st.updates_in_backward;
   s.host_sim_device_bytes = st.host_sim_device_bytes;
   {
     struct rusage ru {};

@@ -198,6 +198,7 @@ void Reporter::summary(const Summary& s) {
     j["host_bounce_bytes"] = s.host_bounce_bytes;
     j["host_engine_peak_bytes"] = s.host_engine_peak_bytes;
     j["host_grad_buffer_peak_bytes"] = s.host_grad_buffer_peak_bytes;
+    j["updates_in_backward"] = s.updates_in_backward;
     j["activation_bytes"] = s.activation_bytes;
     j["activation_peak_bytes"] = s.activation_bytes;  // allocated once: the same number
     j["activation_checkpointing"] = s.activation_checkpointing;

@@ -85,6 +85,7 @@ struct Summary {
   // host_peak_bytes by part (EngineStats) plus the model's activations, and what the OS says.
   std::uint64_t host_pool_peak_bytes = 0, host_bounce_bytes = 0, host_engine_peak_bytes = 0;
   std::uint64_t host_grad_buffer_peak_bytes = 0, activation_bytes = 0, host_sim_device_bytes = 0;
+  std::uint64_t updates_in_backward = 0;  // modules updated during backward (tiermem.update_in_backward)
   // The model's activation memory: allocated once, so activation_bytes is also its peak. With
   // activation checkpointing, activation_checkpoint_bytes of it are the kept block inputs.
   bool activation_checkpointing = false;

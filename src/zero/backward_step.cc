@@ -51,6 +51,15 @@ bool ZeroEngine::step_in_backward(double lr) {
   return true;
 }
 
+void ZeroEngine::Impl::refuse_half_step(const char* call) const {
+  if (bwd.updated == 0) return;
+  throw Error(fmt::format(
+      "ZeroEngine::{}: {} modules were already updated in this backward pass (tiermem.update_in_backward) and step() "
+      "has not run: their parameters and state are this step's, the others' the last step's. Call step() first; to "
+      "read or change the model between backward and step, set tiermem.update_in_backward to false",
+      call, bwd.updated));
+}
+
 void ZeroEngine::Impl::note_gradient(int module, bool complete) {
   if (!bwd.armed) return;
   detail::ZeroModule& m = mods[static_cast<std::size_t>(module)];

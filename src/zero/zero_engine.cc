@@ -292,6 +292,7 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   Impl& I = *impl_;
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::gather: unknown module " + std::to_string(module));
+  if (phase != Phase::kBackward) I.refuse_half_step("gather");  // a forward or an evaluation would mix steps
   I.open_step_window(phase);
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   Gathered g;
@@ -409,6 +410,7 @@ void ZeroEngine::synchronize() { impl_->sync(); }
 std::uint64_t ZeroEngine::offload_states() {
   Impl& I = *impl_;
   I.finalize();
+  I.refuse_half_step("offload_states");
   I.sync();
   I.apply_all_pending(Phase::kOutsideStep);
   I.reducer.drop_spare();

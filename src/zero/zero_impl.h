@@ -199,6 +199,9 @@ struct ZeroEngine::Impl {
   // At the backward gather of `gathered`: the oldest module whose gradient is complete starts its
   // update on `ahead`'s thread when it can run there (the rule of start_update_ahead).
   void start_update_in_backward(int gathered);
+  // Throws Error naming `call` while a step is half done: modules updated in backward, step() not
+  // yet called (their state and params are this step's, the others' the last step's).
+  void refuse_half_step(const char* call) const;
   // Whether module m's update can run beside the driving thread now: a stored module of
   // host-stepped pieces with host gradients, whose working shard (written at `publish`) and first
   // `buffer_count` sub-groups fit beside every pin held now.

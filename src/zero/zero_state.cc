@@ -14,6 +14,7 @@ std::vector<float> ZeroEngine::export_master(int module) {
   Impl& I = *impl_;
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::export_master: unknown module " + std::to_string(module));
+  I.refuse_half_step("export_master");
   I.sync();
   I.apply_pending(module, Phase::kOutsideStep);
   if (I.mods[static_cast<std::size_t>(module)].frozen) return I.frozen_params(module);
@@ -76,6 +77,7 @@ std::vector<float> ZeroEngine::export_module_state(int module, OptimizerStateKin
   Impl& I = *impl_;
   I.finalize();
   I.trained_module(module, "export_module_state");
+  I.refuse_half_step("export_module_state");
   I.sync();
   I.apply_pending(module, Phase::kOutsideStep);
   return I.gather_state(module, static_cast<std::size_t>(kind));
@@ -85,6 +87,7 @@ void ZeroEngine::set_module_state(int module, OptimizerStateKind kind, std::span
   Impl& I = *impl_;
   I.finalize();
   const detail::ZeroModule& m = I.trained_module(module, "set_module_state");
+  I.refuse_half_step("set_module_state");
   if (kind == OptimizerStateKind::kMaster) return set_module_params(module, values);
   if (values.size() != m.numel) {
     throw Error(fmt::format("ZeroEngine::set_module_state(\"{}\", {}): {} values given, the module has {} elements",
@@ -341,6 +344,7 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
   if (module < 0 || module >= num_modules()) {
     throw Error("ZeroEngine::set_module_params: unknown module " + std::to_string(module));
   }
+  I.refuse_half_step("set_module_params");
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   if (values.size() != m.numel) {
     throw Error(fmt::format("ZeroEngine::set_module_params(\"{}\"): {} values given, the module has {} elements",
@@ -361,11 +365,7 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
 ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(const ZeroStateChunk&)>& sink) {
   Impl& I = *impl_;
   I.finalize();
-  if (I.bwd.updated > 0) {  // half a step: some modules hold this step's state, the rest the last's
-    throw Error(fmt::format("ZeroEngine::export_optimizer_state: {} modules were already updated in this backward "
-                            "pass (step_in_backward) and the step is not finished; save after step()",
-                            I.bwd.updated));
-  }
+  I.refuse_half_step("export_optimizer_state");
   I.sync();
   I.apply_all_pending(Phase::kOutsideStep);
   I.export_state(sink);
@@ -391,6 +391,7 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   Impl& I = *impl_;
   I.finalize();
   I.validate_import(header, /*vectors=*/false);
+  I.refuse_half_step("import_optimizer_state");
   I.sync();
   I.deferred.drop_all();  // a pending update is overwritten by the imported state: dropped
   for (auto& m : I.mods) m.replay.clear();

@@ -50,12 +50,125 @@ def test_a_second_backward_at_the_boundary_is_refused(torch_or_skip, tmp_path):
     engine, *_ = tt.initialize(model=build("gpt2"), config=ds_config(tmp_path, "nvme", clip=0.0,
                                                                   tiermem={"update_in_backward": True}))
     b = batches(1)[0]
-    engine.backward(engine(input_ids=b, labels=b).loss)
+    first, second = engine(input_ids=b, labels=b).loss, engine(input_ids=b, labels=b).loss  # two losses
+    engine.backward(first)
     with pytest.raises(RuntimeError, match="second backward"):
-        engine.backward(engine(input_ids=b, labels=b).loss)
+        engine.backward(second)
+    with pytest.raises(RuntimeError, match="step\\(\\) has not run"):  # nor a forward: it would mix steps
+        engine(input_ids=b, labels=b)
     engine.step()  # the step still finishes
     assert engine.global_steps == 1
     engine.backward(engine(input_ids=b, labels=b).loss)
     engine.step()
     assert engine.global_steps == 2
+    engine.close()
+
+
+def _engine(tmp_path, name="e", **tiermem):
+    import tiermem.torch as tt
+    cfg = ds_config(tmp_path / name, "nvme", clip=0.0,
+                    tiermem={"host_budget_bytes": "4MiB", "device_budget_bytes": "2MiB", **tiermem})
+    engine, optimizer, *_ = tt.initialize(model=build("gpt2"), config=cfg)
+    return engine, optimizer
+
+
+def test_the_optimizer_stepped_directly_after_engine_backward(torch_or_skip, tmp_path):
+    """engine.backward(loss) then the returned optimizer's step() (no engine.step()): each step's
+    updates still run in backward, the same losses as with the setting off."""
+    hf_or_skip()
+    losses = {}
+    for on in (False, True):
+        engine, opt = _engine(tmp_path, str(on), update_in_backward=on)
+        got = []
+        for b in batches(3):
+            loss = engine(input_ids=b, labels=b).loss
+            engine.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            got.append(loss.item())
+        losses[on] = got
+        assert (engine.stats()["updates_in_backward"] > 0) == on
+        engine.close()
+    assert losses[True] == losses[False]
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_a_backward_that_raises_leaves_training_usable(torch_or_skip, tmp_path, on):
+    """A backward that raises midway (at the boundary; with the setting on, after some units were
+    updated in it): the engine refuses what would mix the half-done step, step() finishes it, and
+    training goes on with every later backward counted (before, the end of the failed backward
+    stayed pending and no later backward counted: every step() was refused)."""
+    hf_or_skip()
+    torch = torch_or_skip
+    engine, _ = _engine(tmp_path, update_in_backward=on)
+    b = batches(1)[0]
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise ValueError("boom in backward")
+
+    # The first block's output passes through Boom: backward fails there, after the later blocks'
+    # units were updated in it.
+    def through_boom(module, inputs, out):
+        return Boom.apply(out) if isinstance(out, torch.Tensor) else (Boom.apply(out[0]),) + tuple(out[1:])
+
+    hook = engine.module.transformer.h[0].register_forward_hook(through_boom)
+    loss = engine(input_ids=b, labels=b).loss
+    hook.remove()
+    with pytest.raises(ValueError, match="boom"):
+        engine.backward(loss)
+    assert (engine.stats()["updates_in_backward"] > 0) == on
+    if on:
+        with pytest.raises(RuntimeError, match="call step"):
+            engine.zero_grad()
+    engine.step()
+    for _ in range(3):
+        engine.backward(engine(input_ids=b, labels=b).loss)
+        engine.step()
+    assert engine.global_steps == 4
+    engine.close()
+
+
+def test_reads_and_writes_of_a_half_done_step_are_refused(torch_or_skip, tmp_path):
+    """Between the boundary's backward and step(), some units already hold the new step: reading
+    the model (master weights, an evaluation forward, a checkpoint) or writing it is refused,
+    nothing changes, and after step() all of it works."""
+    hf_or_skip()
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    engine, _ = _engine(tmp_path, update_in_backward=True)
+    b = batches(1)[0]
+    engine.backward(engine(input_ids=b, labels=b).loss)
+    assert engine.stats()["updates_in_backward"] > 0
+    with pytest.raises(RuntimeError, match="step\\(\\) has not run"):
+        engine.master_weights(0)
+    with pytest.raises(RuntimeError, match="step\\(\\) has not run"):
+        with torch.no_grad():
+            engine(input_ids=b, labels=b)
+    with pytest.raises(RuntimeError, match="step\\(\\) has not run"):
+        engine.save_checkpoint(str(tmp_path / "ck"))
+    p = next(engine.module.parameters())
+    with pytest.raises(RuntimeError, match="step\\(\\) has not run"):
+        tt.utils.safe_set_full_fp32_param(p, torch.zeros(p.ds_shape if hasattr(p, "ds_shape") else p.shape))
+    engine.step()
+    engine.master_weights(0)
+    engine.save_checkpoint(str(tmp_path / "ck"))
+    with torch.no_grad():
+        engine(input_ids=b, labels=b)
+    engine.close()
+
+
+def test_loss_backward_directly_is_told_the_setting_does_not_apply(torch_or_skip, tmp_path):
+    hf_or_skip()
+    engine, opt = _engine(tmp_path, update_in_backward=True)
+    b = batches(1)[0]
+    engine(input_ids=b, labels=b).loss.backward()
+    with pytest.warns(UserWarning, match="did not run through engine.backward"):
+        opt.step()
+    assert engine.stats()["updates_in_backward"] == 0
     engine.close()

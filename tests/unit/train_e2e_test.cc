@@ -122,6 +122,31 @@ TEST_F(TrainE2E, GradientClippingFromTheConfig) {
   EXPECT_TRUE(differs) << "clipping to 0.05 left the trajectory unchanged";
 }
 
+// tiermem.update_in_backward (no clipping): the last micro-batch's backward runs the modules'
+// updates as their gradients complete; the losses and grad norms are the same, bit for bit, as
+// with it off, with gradient accumulation, params and optimizer state paged through NVMe.
+TEST_F(TrainE2E, UpdatesInBackwardChangeNothing) {
+  const std::string data = " --data " + corpus() + " --steps 5 --grad-accum 2 --engine zero --offload nvme "
+                           "--swap-dir swap --device sim ";
+  auto with = [&](const char* name, bool on) {
+    const fs::path cfg = dir_ / name;
+    std::ofstream(cfg) << R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},)"
+                       << R"( "gradient_clipping": 0, "tiermem": {"update_in_backward": )" << (on ? "true" : "false")
+                       << "}}";
+    return run(std::string(kTiny) + data + "--config " + cfg.string());
+  };
+  const RunResult off = with("off.json", false), on = with("on.json", true);
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  ASSERT_EQ(losses(on).size(), 5u);
+  EXPECT_EQ(losses(on), losses(off));
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(on.steps[i]["grad_norm"], off.steps[i]["grad_norm"]) << i;
+  EXPECT_EQ(off.summary["updates_in_backward"].get<int>(), 0);
+  // At least one module a step: the tiny model's last block's update starts at the first block's
+  // backward gather (the embedding's and the first block's gradients complete after the last).
+  EXPECT_GE(on.summary["updates_in_backward"].get<int>(), 5) << on.summary.dump();
+}
+
 // A ds_config with stage 3 and no offload on one rank: the parameters' home is the (sim) device
 // and AdamW updates them there; same losses as the all-resident engine, bit for bit.
 TEST_F(TrainE2E, Stage3WithoutOffloadEqualsResident) {

@@ -2,9 +2,10 @@
 // module's update runs during the backward pass once its gradient is complete, and the training
 // is bit for bit that of the overlapped (deferred) step and of the eager step: masters, moments,
 // step counts and grad norms. What it cannot keep exact it refuses: a clip (the norm is needed
-// first), a second gradient for a module already updated, zero_grad, export_grad and the state's
-// export after an update; a learning rate changed after the updates ran is warned about and the
-// step keeps the one they used.
+// first), a second gradient for a module already updated, and after an update zero_grad,
+// export_grad, the state's export and every read or write of the model but backward's gathers;
+// a learning rate changed after the updates ran is warned about and the step keeps the one they
+// used.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -200,6 +201,11 @@ TEST(ZeroBackwardStep, RefusesWhatWouldLoseExactness) {
   EXPECT_THROW(e.export_grad(1), Error);
   EXPECT_THROW(e.zero_grad(), Error);
   EXPECT_THROW(e.export_optimizer_state(), Error) << "half a step would be saved";
+  // Half the modules hold this step's values: reading or writing the model now would mix steps.
+  EXPECT_THROW(e.export_master(0), Error);
+  EXPECT_THROW(e.gather(0, Phase::kForward), Error);
+  EXPECT_THROW(e.set_module_params(0, std::vector<float>(e.module_numel(0), 0.0f)), Error);
+  EXPECT_THROW(e.offload_states(), Error);
   // The step still finishes: module 0 updated now, module 1 not twice.
   const ZeroEngine::StepResult r = e.step();
   EXPECT_EQ(r.step, 1);

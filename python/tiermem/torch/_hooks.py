@@ -199,6 +199,8 @@ class ParamHooks:
         return True
 
     def _pre_forward(self, module, args):
+        if self.depth == 0:
+            self.forget_failed_backward()
         if self.depth == 0 and self._saved_hooks_wanted():
             self.saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self.saved_ctx.__enter__()
@@ -257,6 +259,15 @@ class ParamHooks:
             return
         self._queue_end_of_backward()
         unit.accumulate_grad(p, g)
+
+    def forget_failed_backward(self) -> None:
+        """A backward that raised never ran its end-of-backward callback: outside backward, one still
+        pending is forgotten, with the units' partial gradient buffers (what was reduced before the
+        error stays in the engine, as torch keeps the .grad a failed backward accumulated)."""
+        if self.backward_pending and not in_backward():
+            self.backward_pending = False
+            for u in self.units.units:
+                u.forget_backward()
 
     def _queue_end_of_backward(self) -> None:
         if not self.backward_pending:

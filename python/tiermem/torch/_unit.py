@@ -312,6 +312,13 @@ class Unit:
         # backward goes on, and lets go of it once done (nothing here writes it again).
         self.link.engine.reduce_gradients(self.index, grad, lend=True)
 
+    def forget_backward(self) -> None:
+        """A backward that raised: its partial gradient buffer and backward gather are let go."""
+        self.grad = None
+        self.received = 0
+        self.got = set()
+        self.bw_flat = None
+
     def end_backward(self) -> None:
         """The end of a backward: a buffer still here (some of its parameters got no gradient: they
         add zero) is reduced, and the backward gather is let go."""

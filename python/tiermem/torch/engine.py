@@ -190,6 +190,7 @@ class TiermemEngine:
         self.gradient_accumulation_steps = int(config["gradient_accumulation_steps"])
         self.train_micro_batch_size_per_gpu = int(config["train_micro_batch_size_per_gpu"])
         self.gradient_clipping = float(config["gradient_clipping"])
+        self._update_in_backward = bool(config.get("tiermem", {}).get("update_in_backward", False))
         self.global_steps = 0
         self.micro_steps = 0
         self.skipped_steps = 0
@@ -291,17 +292,25 @@ class TiermemEngine:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("TiermemEngine.backward: loss must be a scalar tensor")
         scale = self._zero.loss_scale() / self.gradient_accumulation_steps
-        if self.is_gradient_accumulation_boundary() and self.optimizer is not None:
-            if self._armed_at == self._backwards_at_step:
+        self._hooks.forget_failed_backward()
+        if self.is_gradient_accumulation_boundary() and self.optimizer is not None and self._update_in_backward:
+            if self._armed_lr is not None:
                 raise RuntimeError("TiermemEngine.backward: a second backward() at the accumulation boundary before "
-                                   "step(): the first one already updated modules whose gradients were complete "
-                                   "(tiermem.update_in_backward); call step() after each micro-batch's backward(), or "
-                                   "set tiermem.update_in_backward to false to run several backward passes per step")
+                                   "the optimizer step: the first one already updated modules whose gradients were "
+                                   "complete (tiermem.update_in_backward); call step() after each micro-batch's "
+                                   "backward(), or set tiermem.update_in_backward to false to run several backward "
+                                   "passes per step")
+            self._boundary_backward = True
             # The step's learning rate is known now: each module's update may run during this
             # backward, once its gradient is complete (ZeroEngine::step_in_backward).
-            if self._zero.step_in_backward(float(self.optimizer.param_groups[0]["lr"])):
-                self._armed_at = self._backwards_at_step
-        (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            if self._zero.step_in_backward(lr):
+                self._armed_lr = lr
+        try:
+            (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        except BaseException:
+            self._hooks.forget_failed_backward()  # its end-of-backward never runs
+            raise
         return loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -486,7 +495,9 @@ class TiermemEngine:
     # -------------------------------------------------------------------- internals
     _last_skipped = False
     _last_grad_norm: Optional[float] = None
-    _armed_at = -1  # _backwards_at_step when a boundary backward armed the updates in backward
+    _armed_lr: Optional[float] = None  # a boundary backward declared the step at this lr (update_in_backward)
+    _boundary_backward = False  # engine.backward ran at the boundary since the last optimizer step
+    _warned_native_backward = False
 
     def _optimizer_step(self, lr: float) -> None:
         self.check_open()
@@ -496,8 +507,19 @@ class TiermemEngine:
         if self._backwards_since_step == 0:
             raise RuntimeError("tiermem.torch: optimizer step before any backward(); the gradients of this step are "
                                "all missing (call loss.backward() or engine.backward(loss) first)")
+        if self._armed_lr is not None and lr != self._armed_lr:
+            warnings.warn(f"tiermem.update_in_backward: the learning rate changed from {self._armed_lr} to {lr} between "
+                          f"the boundary's backward and the optimizer step; modules were updated in backward with "
+                          f"{self._armed_lr}, so this whole step uses it", stacklevel=3)
+        if self._update_in_backward and not self._boundary_backward and not self._warned_native_backward:
+            self._warned_native_backward = True
+            warnings.warn("tiermem.update_in_backward is on, but this step's backward did not run through "
+                          "engine.backward(loss) at the accumulation boundary (loss.backward() directly): its updates "
+                          "ran in the optimizer step. Call engine.backward(loss) to update in backward", stacklevel=3)
         self._zero.set_learning_rate(lr)
         r = self._zero.step()
+        self._armed_lr = None
+        self._boundary_backward = False
         self._backwards_since_step = 0
         self._last_skipped = bool(r["skipped"])
         self._last_grad_norm = float(r["grad_norm"])
