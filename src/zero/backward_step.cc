@@ -72,7 +72,8 @@ void ZeroEngine::Impl::note_gradient(int module, bool complete) {
   }
   if (bwd.handing >= 0 && bwd.handing != module) bwd.ready.push_back(bwd.handing);  // its hand-off was waited for
   bwd.handing = -1;
-  if (bwd.state[static_cast<std::size_t>(module)] == BackwardStep::kNone) bwd.state[static_cast<std::size_t>(module)] = BackwardStep::kReduced;
+  auto& state = bwd.state[static_cast<std::size_t>(module)];
+  if (state == BackwardStep::kNone) state = BackwardStep::kReduced;
   // A module reduced again is not complete until this reduce is.
   bwd.ready.erase(std::remove(bwd.ready.begin(), bwd.ready.end(), module), bwd.ready.end());
   if (complete) bwd.ready.push_back(module);
@@ -104,29 +105,27 @@ void ZeroEngine::Impl::start_update_in_backward(int gathered) {
   const std::size_t limit = 2 * mods[static_cast<std::size_t>(gathered)].numel + (std::size_t{1} << 16);
   auto pick = std::find_if(bwd.ready.begin(), bwd.ready.end(),
                            [&](int q) { return mods[static_cast<std::size_t>(q)].numel <= limit; });
-  if (pick != bwd.ready.end()) {
-    const int next = *pick;
-    detail::ZeroModule& m = mods[static_cast<std::size_t>(next)];
-    // The micro-batches step() will divide by (mean_over_micro_batches): the most reduce calls of
-    // any module so far, the same for every update of the step (else the rest wait for step()).
-    int micro = 1;
-    if (opts.mean_over_micro_batches) {
-      for (const auto& q : mods) micro = std::max(micro, q.grad_calls);
-    }
-    if (bwd.updated > 0 && micro != bwd.micro) return;
-    const Tier at = staging.gather_tier(m);  // where its next gather reads the shard
-    if (!update_fits_now(m, at)) return;     // tried again at the next backward gather, else in step()
-    bwd.micro = micro;
-    bwd.ap.grad_scale = static_cast<float>(1.0 / (static_cast<double>(shape.world) * micro));
-    bwd.ready.erase(pick);
-    m.stepped_in_backward = true;
-    ++bwd.updated;
-    ++st.updates_in_backward;
-    ahead.start([this, next, ap = bwd.ap, at] {
-      run_update(next, ap, Phase::kOptimizer, std::optional<Tier>(at), [](int) { return false; });
-    });
-    return;
+  if (pick == bwd.ready.end()) return;
+  const int next = *pick;
+  detail::ZeroModule& m = mods[static_cast<std::size_t>(next)];
+  // The micro-batches step() will divide by (mean_over_micro_batches): the most reduce calls of
+  // any module so far, the same for every update of the step (else the rest wait for step()).
+  int micro = 1;
+  if (opts.mean_over_micro_batches) {
+    for (const auto& q : mods) micro = std::max(micro, q.grad_calls);
   }
+  if (bwd.updated > 0 && micro != bwd.micro) return;
+  const Tier at = staging.gather_tier(m);  // where its next gather reads the shard
+  if (!update_fits_now(m, at)) return;     // tried again at the next backward gather, else in step()
+  bwd.micro = micro;
+  bwd.ap.grad_scale = static_cast<float>(1.0 / (static_cast<double>(shape.world) * micro));
+  bwd.ready.erase(pick);
+  m.stepped_in_backward = true;
+  ++bwd.updated;
+  ++st.updates_in_backward;
+  ahead.start([this, next, ap = bwd.ap, at] {
+    run_update(next, ap, Phase::kOptimizer, std::optional<Tier>(at), [](int) { return false; });
+  });
 }
 
 }  // namespace tiermem

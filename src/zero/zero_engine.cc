@@ -357,9 +357,11 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
   I.open_step_window();
   I.reducer.wait_hand_off();  // a hand-off in flight may add into the same partitions
   I.apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
+  // Updates in backward: complete once this call returns (one rank: no bucket left in flight);
+  // noted first, so a module already updated is refused before anything is added.
+  if (I.shape.world == 1) I.note_gradient(module, true);
   ++m.grad_calls;
   I.reducer.reduce(module, grad);  // by stage and world: gradient_reducer.h
-  if (I.shape.world == 1) I.note_gradient(module, true);  // added already (one rank: no bucket in flight)
 }
 
 bool ZeroEngine::Impl::begin_hand_off(int module, std::size_t numel) {
