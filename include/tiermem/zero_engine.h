@@ -380,6 +380,9 @@ class ZeroEngine {
   // Thread-safety: the driving thread, between steps. Errors: an update's IoError or
   // OutOfMemoryError from the call that waits for it.
   bool step_in_backward(double lr);
+  // Modules updated in backward since step_in_backward, step() not yet called (0 otherwise): the
+  // step is half done while this is above 0.
+  int updated_in_backward() const;
 
   // Sets the AdamW learning rate used by the next step() calls (a schedule's value for the
   // step; the config's optimizer.params.lr until called). Must be finite and >= 0, else throws

@@ -551,6 +551,9 @@ void bind_zero_engine(nb::module_& m) {
            "learning rate lr: each module's update may run during that backward once its gradient is complete "
            "(ZeroEngine::step_in_backward). True when it applies (tiermem.update_in_backward, ZeRO-3 on one rank, "
            "no clipping, no fp16).")
+      .def("updated_in_backward", [](PyZeroEngine& p) { return p.e().updated_in_backward(); },
+           "Modules updated in backward since step_in_backward and before step(): the step is half done while "
+           "above 0.")
       .def("loss_scale", [](PyZeroEngine& p) { return p.e().loss_scale(); })
       .def("module_numel", [](PyZeroEngine& p, int m) { return p.e().module_numel(m); }, nb::arg("module"))
       .def("num_modules", [](PyZeroEngine& p) { return p.e().num_modules(); })

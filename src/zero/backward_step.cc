@@ -51,6 +51,8 @@ bool ZeroEngine::step_in_backward(double lr) {
   return true;
 }
 
+int ZeroEngine::updated_in_backward() const { return impl_->bwd.updated; }
+
 void ZeroEngine::Impl::refuse_half_step(const char* call) const {
   if (bwd.updated == 0) return;
   throw Error(fmt::format(

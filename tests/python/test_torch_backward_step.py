@@ -168,7 +168,77 @@ def test_loss_backward_directly_is_told_the_setting_does_not_apply(torch_or_skip
     engine, opt = _engine(tmp_path, update_in_backward=True)
     b = batches(1)[0]
     engine(input_ids=b, labels=b).loss.backward()
-    with pytest.warns(UserWarning, match="did not run through engine.backward"):
+    with pytest.warns(UserWarning, match="did not run through engine.backward") as caught:
         opt.step()
+    assert caught[0].filename == __file__  # the user's line, not torch's wrappers
     assert engine.stats()["updates_in_backward"] == 0
     engine.close()
+
+
+@pytest.mark.parametrize("where", ["before any update", "after some updates"])
+def test_training_goes_on_after_a_failed_boundary_backward(torch_or_skip, tmp_path, where):
+    """A boundary backward that raises: before any unit was updated, zero_grad() and a new backward
+    are accepted (nothing is half done); after some were, step() finishes the step first. Either
+    way the next backward and steps run."""
+    hf_or_skip()
+    torch = torch_or_skip
+    engine, _ = _engine(tmp_path, update_in_backward=True)
+    b = batches(1)[0]
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise ValueError("boom in backward")
+
+    if where == "before any update":
+        out = engine(input_ids=b, labels=b)
+        loss = Boom.apply(out.loss)
+    else:
+        def through_boom(module, inputs, out):
+            return Boom.apply(out) if isinstance(out, torch.Tensor) else (Boom.apply(out[0]),) + tuple(out[1:])
+        hook = engine.module.transformer.h[0].register_forward_hook(through_boom)
+        loss = engine(input_ids=b, labels=b).loss
+        hook.remove()
+    with pytest.raises(ValueError, match="boom"):
+        engine.backward(loss)
+    if where == "before any update":
+        assert engine._zero.updated_in_backward() == 0
+        engine.zero_grad()
+    else:
+        assert engine._zero.updated_in_backward() > 0
+        engine.step()
+    for _ in range(2):
+        engine.backward(engine(input_ids=b, labels=b).loss)
+        engine.step()
+    assert engine.global_steps == (2 if where == "before any update" else 3)
+    engine.close()
+
+
+def test_a_refused_forward_changes_nothing(torch_or_skip, tmp_path):
+    """A forward refused between the boundary's backward and step() (its first unit's gather
+    raises inside a pre-forward hook): training after it is bit for bit the run without it. Before,
+    the hooks' cleanup ran twice (the pre-hook's and the always-called post hook's), the units'
+    counts went wrong and later steps computed on stale gathers."""
+    hf_or_skip()
+    runs = []
+    for refuse in (False, True):
+        engine, _ = _engine(tmp_path, str(refuse), update_in_backward=True)
+        data = batches(5)
+        losses = []
+        for i, b in enumerate(data[:4]):
+            loss = engine(input_ids=b, labels=b).loss
+            engine.backward(loss)
+            if refuse and i == 1:
+                with pytest.raises(RuntimeError, match="step\\(\\) has not run"):
+                    engine(input_ids=data[4], labels=data[4])
+                assert engine._hooks.depth == 0
+                assert all(u.active == 0 for u in engine._hooks.units.units)
+            engine.step()
+            losses.append(loss.item())
+        runs.append(losses)
+        engine.close()
+    assert runs[0] == runs[1]

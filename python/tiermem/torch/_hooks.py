@@ -122,6 +122,7 @@ class ParamHooks:
         self.handles: list = []
         self.saved_ctx = None  # the saved_tensors_hooks context of the outermost module running
         self.depth = 0  # modules running forward now
+        self.failed_pre: set = set()  # id() of modules whose pre-forward hook raised (their post hook still runs)
         self.backward_pending = False
         self.on_backward = None  # called once per backward that produced a gradient
 
@@ -212,13 +213,19 @@ class ParamHooks:
                 for u in units:
                     u.acquire()
                     done.append(u)
-            except BaseException:  # the forward will not run, nor its post-forward hook
+            except BaseException:
+                # The forward will not run, but its post-forward hook does (always_call): it leaves,
+                # and must not drop the units this call did not acquire.
                 for u in done:
                     u.drop()
-                self._leave()
+                self.failed_pre.add(id(module))
                 raise
 
     def _post_forward(self, module, args, output):
+        if id(module) in self.failed_pre:
+            self.failed_pre.discard(id(module))
+            self._leave()
+            return None
         units = self.units.module_units.get(id(module))
         if units:
             for u in units:

@@ -294,7 +294,7 @@ class TiermemEngine:
         scale = self._zero.loss_scale() / self.gradient_accumulation_steps
         self._hooks.forget_failed_backward()
         if self.is_gradient_accumulation_boundary() and self.optimizer is not None and self._update_in_backward:
-            if self._armed_lr is not None:
+            if self._armed_lr is not None and self._zero.updated_in_backward() > 0:
                 raise RuntimeError("TiermemEngine.backward: a second backward() at the accumulation boundary before "
                                    "the optimizer step: the first one already updated modules whose gradients were "
                                    "complete (tiermem.update_in_backward); call step() after each micro-batch's "
@@ -510,12 +510,12 @@ class TiermemEngine:
         if self._armed_lr is not None and lr != self._armed_lr:
             warnings.warn(f"tiermem.update_in_backward: the learning rate changed from {self._armed_lr} to {lr} between "
                           f"the boundary's backward and the optimizer step; modules were updated in backward with "
-                          f"{self._armed_lr}, so this whole step uses it", stacklevel=3)
+                          f"{self._armed_lr}, so this whole step uses it", stacklevel=_caller_level())
         if self._update_in_backward and not self._boundary_backward and not self._warned_native_backward:
             self._warned_native_backward = True
             warnings.warn("tiermem.update_in_backward is on, but this step's backward did not run through "
                           "engine.backward(loss) at the accumulation boundary (loss.backward() directly): its updates "
-                          "ran in the optimizer step. Call engine.backward(loss) to update in backward", stacklevel=3)
+                          "ran in the optimizer step. Call engine.backward(loss) to update in backward", stacklevel=_caller_level())
         self._zero.set_learning_rate(lr)
         r = self._zero.step()
         self._armed_lr = None
@@ -535,6 +535,15 @@ class TiermemEngine:
     def _note_backward(self) -> None:
         self._backwards_since_step += 1
         self._backwards += 1
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel, called from a tiermem.torch function, that names the user's line:
+    the first frame outside tiermem and torch (the optimizer step passes through torch's wrappers)."""
+    f, level = sys._getframe(1), 1  # the caller of this function is stacklevel 1
+    while f is not None and any(s in f.f_code.co_filename for s in (f"{os.sep}tiermem{os.sep}", f"{os.sep}torch{os.sep}")):
+        f, level = f.f_back, level + 1
+    return level
 
 
 def _declares_optimizer(config) -> bool:
