@@ -515,7 +515,8 @@ class TiermemEngine:
             self._warned_native_backward = True
             warnings.warn("tiermem.update_in_backward is on, but this step's backward did not run through "
                           "engine.backward(loss) at the accumulation boundary (loss.backward() directly): its updates "
-                          "ran in the optimizer step. Call engine.backward(loss) to update in backward", stacklevel=_caller_level())
+                          "ran in the optimizer step. Call engine.backward(loss) to update in backward",
+                          stacklevel=_caller_level())
         self._zero.set_learning_rate(lr)
         r = self._zero.step()
         self._armed_lr = None
@@ -537,11 +538,17 @@ class TiermemEngine:
         self._backwards += 1
 
 
+# The torch and tiermem packages' directories (warnings name the first frame outside them).
+_LIBRARY_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
 def _caller_level() -> int:
     """warnings.warn's stacklevel, called from a tiermem.torch function, that names the user's line:
-    the first frame outside tiermem and torch (the optimizer step passes through torch's wrappers)."""
+    the first frame outside the tiermem and torch packages (the optimizer step passes through
+    torch's wrappers)."""
     f, level = sys._getframe(1), 1  # the caller of this function is stacklevel 1
-    while f is not None and any(s in f.f_code.co_filename for s in (f"{os.sep}tiermem{os.sep}", f"{os.sep}torch{os.sep}")):
+    while f is not None and f.f_code.co_filename.startswith(_LIBRARY_DIRS):
         f, level = f.f_back, level + 1
     return level
 
