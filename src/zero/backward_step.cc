@@ -30,7 +30,7 @@ bool ZeroEngine::step_in_backward(double lr) {
                       fmt::format("learning rate {} must be finite and >= 0", lr));
   }
   if (I.bwd.armed) {
-    if (I.bwd.updated == 0) I.bwd.ap.lr = static_cast<float>(lr);
+    if (I.bwd.updated() == 0) I.bwd.ap.lr = static_cast<float>(lr);
     return true;
   }
   if (!I.cfg.tiermem.update_in_backward || I.shape.world != 1 || I.shape.stage != 3 || I.shape.opaque || I.scaler ||
@@ -42,24 +42,30 @@ bool ZeroEngine::step_in_backward(double lr) {
   I.bwd.ap = I.step_params(1.0);
   I.bwd.ap.lr = static_cast<float>(lr);
   I.bwd.micro = 0;
+  I.bwd.state.assign(I.mods.size(), Impl::BackwardStep::kNone);
   I.bwd.armed = true;
   I.reducer.hold_pins(true);  // the room checks see pins that change only on this thread
-  I.bwd.ready.clear();
-  I.bwd.state.assign(I.mods.size(), Impl::BackwardStep::kNone);
-  I.bwd.handing = -1;
-  I.bwd.updated = 0;
   return true;
 }
 
-int ZeroEngine::updated_in_backward() const { return impl_->bwd.updated; }
+void ZeroEngine::Impl::disarm_backward_step() {
+  for (int q : bwd.stepped) mods[static_cast<std::size_t>(q)].stepped_in_backward = false;
+  bwd.stepped.clear();
+  bwd.ready.clear();
+  bwd.handing = -1;
+  bwd.armed = false;
+  reducer.hold_pins(false);
+}
+
+int ZeroEngine::updated_in_backward() const { return impl_->bwd.updated(); }
 
 void ZeroEngine::Impl::refuse_half_step(const char* call) const {
-  if (bwd.updated == 0) return;
+  if (bwd.updated() == 0) return;
   throw Error(fmt::format(
       "ZeroEngine::{}: {} modules were already updated in this backward pass (tiermem.update_in_backward) and step() "
       "has not run: their parameters and state are this step's, the others' the last step's. Call step() first; to "
       "read or change the model between backward and step, set tiermem.update_in_backward to false",
-      call, bwd.updated));
+      call, bwd.updated()));
 }
 
 void ZeroEngine::Impl::note_gradient(int module, bool complete) {
@@ -116,14 +122,14 @@ void ZeroEngine::Impl::start_update_in_backward(int gathered) {
   if (opts.mean_over_micro_batches) {
     for (const auto& q : mods) micro = std::max(micro, q.grad_calls);
   }
-  if (bwd.updated > 0 && micro != bwd.micro) return;
+  if (bwd.updated() > 0 && micro != bwd.micro) return;
   const Tier at = staging.gather_tier(m);  // where its next gather reads the shard
   if (!update_fits_now(m, at)) return;     // tried again at the next backward gather, else in step()
   bwd.micro = micro;
   bwd.ap.grad_scale = static_cast<float>(1.0 / (static_cast<double>(shape.world) * micro));
   bwd.ready.erase(pick);
   m.stepped_in_backward = true;
-  ++bwd.updated;
+  bwd.stepped.push_back(next);
   ++st.updates_in_backward;
   ahead.start([this, next, ap = bwd.ap, at] {
     run_update(next, ap, Phase::kOptimizer, std::optional<Tier>(at), [](int) { return false; });

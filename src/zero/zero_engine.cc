@@ -440,14 +440,13 @@ void ZeroEngine::Impl::zero_grad() {
 
 void ZeroEngine::zero_grad() {
   impl_->finalize();  // an update in backward in flight is waited for
-  if (impl_->bwd.updated > 0) {
+  if (impl_->bwd.updated() > 0) {
     throw Error(fmt::format("ZeroEngine::zero_grad: {} modules were already updated in this backward pass "
                             "(step_in_backward), their gradients consumed; call step() to finish the step, or set "
                             "tiermem.update_in_backward to false to drop gradients between backward and step",
-                            impl_->bwd.updated));
+                            impl_->bwd.updated()));
   }
-  impl_->bwd.armed = false;
-  impl_->reducer.hold_pins(false);
+  impl_->disarm_backward_step();
   impl_->sync();
   impl_->apply_all_pending(Phase::kOutsideStep);  // the last step's updates still read theirs
   impl_->zero_grad();

@@ -107,20 +107,22 @@ struct ZeroEngine::Impl {
   // or rewrites m's state; apply_all_pending: every one. replay_outside_accesses(m): see
   // ZeroModule::replay.
   detail::DeferredUpdates deferred;
-  // The updates in backward (ZeroEngine::step_in_backward; zero_step.cc): armed until step(),
-  // with the step's scalars `ap`. A module's gradient is complete once its last hand-off has
-  // finished: `handing` is the module whose hand-off may be in flight (-1: none), `ready` the
-  // modules complete and not yet updated, oldest first; `state`: each module's part this step
-  // (gathered again after a gradient came: left to step()). `updated`: modules updated so far.
+  // The updates in backward (ZeroEngine::step_in_backward; backward_step.cc): armed until step()
+  // (or zero_grad: disarm_backward_step), with the step's scalars `ap`. A module's gradient is
+  // complete once its last hand-off has finished: `handing` is the module whose hand-off may be in
+  // flight (-1: none), `ready` the modules complete and not yet updated, oldest first; `state`:
+  // each module's part this step (gathered again after a gradient came: left to step());
+  // `stepped`: the modules updated so far (ZeroModule::stepped_in_backward set).
   struct BackwardStep {
     bool armed = false;
     AdamParams ap;
     std::deque<int> ready;
     enum ModuleState : unsigned char { kNone, kReduced, kLeftToStep };
     std::vector<ModuleState> state;
+    std::vector<int> stepped;
     int handing = -1;
-    int updated = 0;
     int micro = 0;      // the micro-batches the updates divided by (mean_over_micro_batches)
+    int updated() const { return static_cast<int>(stepped.size()); }
     bool seen = false;  // a step has had updates in backward (the store's trace re-recorded once)
   } bwd;
   detail::NormTracker norm{comm, shape, mods, pieces};
@@ -202,6 +204,9 @@ struct ZeroEngine::Impl {
   // Throws Error naming `call` while a step is half done: modules updated in backward, step() not
   // yet called (their state and params are this step's, the others' the last step's).
   void refuse_half_step(const char* call) const;
+  // The step's end (or zero_grad before any update): nothing armed, the updated modules' marks
+  // cleared, hand-offs let go of their pins again when done.
+  void disarm_backward_step();
   // Whether module m's update can run beside the driving thread now: a stored module of
   // host-stepped pieces with host gradients, whose working shard (written at `publish`) and first
   // `buffer_count` sub-groups fit beside every pin held now.

@@ -36,20 +36,20 @@ ZeroEngine::StepResult ZeroEngine::Impl::step() {
     }
   }
   AdamParams ap = step_params(grad_scale);
-  if (bwd.updated > 0) {  // updates ran in backward (backward_step.cc): the rest take their scalars
+  if (bwd.updated() > 0) {  // updates ran in backward (backward_step.cc): the rest take their scalars
     if (ap.lr != bwd.ap.lr) {
       TM_LOG_WARN("ZERO",
                   "step {}: the learning rate changed from {} to {} between the backward pass and step(); {} modules "
                   "were updated in backward with {}, so the whole step uses it (set the learning rate before the "
                   "accumulation boundary's backward, or tiermem.update_in_backward false)",
-                  ap.step, bwd.ap.lr, ap.lr, bwd.updated, bwd.ap.lr);
+                  ap.step, bwd.ap.lr, ap.lr, bwd.updated(), bwd.ap.lr);
     }
     if (ap.grad_scale != bwd.ap.grad_scale) {
       TM_LOG_WARN("ZERO",
                   "step {}: {} micro-batches were counted when {} modules were updated in backward, {} at step(): a "
                   "module got gradients from more micro-batches than the others; the whole step divides by {} (set "
                   "tiermem.update_in_backward false for such a model)",
-                  ap.step, bwd.micro, bwd.updated, micro, bwd.micro);
+                  ap.step, bwd.micro, bwd.updated(), micro, bwd.micro);
     }
     ap = bwd.ap;
   }
@@ -168,23 +168,17 @@ void ZeroEngine::Impl::stream_update(const AdamParams& ap, bool defer, detail::N
 // step), the step count, and the gradients cleared.
 void ZeroEngine::Impl::end_step(bool defer) {
   store->end_step();  // the step's trace ends here (the Prefetcher records the first, replays later)
-  if (defer && deferred.first_deferring_step()) {
-    // The trace recorded so far has no updates inside the forward pass; from now on every step
-    // has them: record the next step afresh (a new Prefetcher), instead of diverging on it.
-    store->set_policy(std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype)));
-  }
-  if (bwd.updated > 0 && !std::exchange(bwd.seen, true)) {
-    // Likewise the first step with updates inside backward (once the Prefetcher replays them).
+  // The trace recorded so far has no updates inside the forward pass (the first deferring step),
+  // or none inside backward (the first step with updates in backward); from now on every step
+  // has them: record the next step afresh (a new Prefetcher), instead of diverging on it.
+  const bool first_deferring = defer && deferred.first_deferring_step();
+  const bool first_in_backward = bwd.updated() > 0 && !std::exchange(bwd.seen, true);
+  if (first_deferring || first_in_backward) {
     store->set_policy(std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype)));
   }
   store->begin_step();
   ++st.steps;
-  for (auto& m : mods) m.stepped_in_backward = false;
-  bwd.armed = false;
-  reducer.hold_pins(false);
-  bwd.updated = 0;
-  bwd.ready.clear();
-  bwd.handing = -1;
+  disarm_backward_step();
   zero_grad();
 }
 

@@ -92,16 +92,10 @@ def test_the_optimizer_stepped_directly_after_engine_backward(torch_or_skip, tmp
     assert losses[True] == losses[False]
 
 
-@pytest.mark.parametrize("on", [False, True])
-def test_a_backward_that_raises_leaves_training_usable(torch_or_skip, tmp_path, on):
-    """A backward that raises midway (at the boundary; with the setting on, after some units were
-    updated in it): the engine refuses what would mix the half-done step, step() finishes it, and
-    training goes on with every later backward counted (before, the end of the failed backward
-    stayed pending and no later backward counted: every step() was refused)."""
-    hf_or_skip()
-    torch = torch_or_skip
-    engine, _ = _engine(tmp_path, update_in_backward=on)
-    b = batches(1)[0]
+def _loss_failing_in_backward(torch, engine, b, at_first_block: bool):
+    """GPT-2's loss on batch `b` whose backward raises ValueError("boom in backward"): at the first
+    block's output (after the later blocks' units were updated in it, with the setting on), or
+    at the loss itself (before any unit's gradient)."""
 
     class Boom(torch.autograd.Function):
         @staticmethod
@@ -112,14 +106,30 @@ def test_a_backward_that_raises_leaves_training_usable(torch_or_skip, tmp_path, 
         def backward(ctx, g):
             raise ValueError("boom in backward")
 
-    # The first block's output passes through Boom: backward fails there, after the later blocks'
-    # units were updated in it.
+    if not at_first_block:
+        return Boom.apply(engine(input_ids=b, labels=b).loss)
+
     def through_boom(module, inputs, out):
         return Boom.apply(out) if isinstance(out, torch.Tensor) else (Boom.apply(out[0]),) + tuple(out[1:])
 
     hook = engine.module.transformer.h[0].register_forward_hook(through_boom)
-    loss = engine(input_ids=b, labels=b).loss
-    hook.remove()
+    try:
+        return engine(input_ids=b, labels=b).loss
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_a_backward_that_raises_leaves_training_usable(torch_or_skip, tmp_path, on):
+    """A backward that raises midway (at the boundary; with the setting on, after some units were
+    updated in it): the engine refuses what would mix the half-done step, step() finishes it, and
+    training goes on with every later backward counted (before, the end of the failed backward
+    stayed pending and no later backward counted: every step() was refused)."""
+    hf_or_skip()
+    torch = torch_or_skip
+    engine, _ = _engine(tmp_path, update_in_backward=on)
+    b = batches(1)[0]
+    loss = _loss_failing_in_backward(torch, engine, b, at_first_block=True)
     with pytest.raises(ValueError, match="boom"):
         engine.backward(loss)
     assert (engine.stats()["updates_in_backward"] > 0) == on
@@ -184,25 +194,7 @@ def test_training_goes_on_after_a_failed_boundary_backward(torch_or_skip, tmp_pa
     torch = torch_or_skip
     engine, _ = _engine(tmp_path, update_in_backward=True)
     b = batches(1)[0]
-
-    class Boom(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            raise ValueError("boom in backward")
-
-    if where == "before any update":
-        out = engine(input_ids=b, labels=b)
-        loss = Boom.apply(out.loss)
-    else:
-        def through_boom(module, inputs, out):
-            return Boom.apply(out) if isinstance(out, torch.Tensor) else (Boom.apply(out[0]),) + tuple(out[1:])
-        hook = engine.module.transformer.h[0].register_forward_hook(through_boom)
-        loss = engine(input_ids=b, labels=b).loss
-        hook.remove()
+    loss = _loss_failing_in_backward(torch, engine, b, at_first_block=where == "after some updates")
     with pytest.raises(ValueError, match="boom"):
         engine.backward(loss)
     if where == "before any update":

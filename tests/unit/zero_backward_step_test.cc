@@ -7,10 +7,8 @@
 // a learning rate changed after the updates ran is warned about and the step keeps the one they
 // used.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,20 +16,10 @@
 #include "mpi/zero_mlp.h"
 #include "tiermem/error.h"
 #include "tiermem/zero_engine.h"
+#include "unit/nvme_test_util.h"
 
 namespace tiermem {
 namespace {
-
-struct Dir {
-  std::string path;
-  explicit Dir(const std::string& tag) {
-    auto d = std::filesystem::temp_directory_path() /
-             ("tiermem-bwd-step-" + tag + "-" + std::to_string(getpid()));
-    std::filesystem::create_directories(d);
-    path = d.string();
-  }
-  ~Dir() { std::filesystem::remove_all(path); }
-};
 
 enum class Mode { kInBackward, kDeferred, kEager };
 
@@ -133,10 +121,10 @@ void expect_same(const Trained& a, const Trained& b) {
 TEST(ZeroBackwardStep, UpdatesInBackwardEqualTheDeferredAndTheEagerStep) {
   for (const char* type : {"adamw", "lion", "adagrad"}) {
     SCOPED_TRACE(type);
-    Dir d0("bwd"), d1("def"), d2("eager");
-    const Trained bwd = train(config(d0.path, Mode::kInBackward, type), 4);
-    const Trained def = train(config(d1.path, Mode::kDeferred, type), 4);
-    const Trained eager = train(config(d2.path, Mode::kEager, type), 4);
+    test::TempDir d0, d1, d2;
+    const Trained bwd = train(config(d0.path(), Mode::kInBackward, type), 4);
+    const Trained def = train(config(d1.path(), Mode::kDeferred, type), 4);
+    const Trained eager = train(config(d2.path(), Mode::kEager, type), 4);
     expect_same(bwd, def);
     expect_same(bwd, eager);
     // The head (its hand-off waited for by the second layer's) was updated in each step's
@@ -151,9 +139,9 @@ TEST(ZeroBackwardStep, UpdatesInBackwardEqualTheDeferredAndTheEagerStep) {
 }
 
 TEST(ZeroBackwardStep, DoesNotApplyWhereTheNormIsNeededFirst) {
-  Dir d("clip");
+  test::TempDir d;
   auto comm = make_single_communicator();
-  ZeroEngine e(config(d.path, Mode::kInBackward, "adamw", 0.5), *comm);
+  ZeroEngine e(config(d.path(), Mode::kInBackward, "adamw", 0.5), *comm);
   auto init = testing::mlp_init();
   e.register_module("fc1", init[0]);
   e.register_module("fc2", init[1]);
@@ -164,16 +152,16 @@ TEST(ZeroBackwardStep, DoesNotApplyWhereTheNormIsNeededFirst) {
 // The learning rate step() is given differs from the one declared: the step keeps the declared
 // one (the updates in backward used it), so it equals a run at that rate throughout.
 TEST(ZeroBackwardStep, ALearningRateChangedAfterTheUpdatesKeepsTheirs) {
-  Dir d0("lr"), d1("ref");
-  const Trained changed = train(config(d0.path, Mode::kInBackward), 3, 0.05);
-  const Trained ref = train(config(d1.path, Mode::kDeferred), 3);
+  test::TempDir d0, d1;
+  const Trained changed = train(config(d0.path(), Mode::kInBackward), 3, 0.05);
+  const Trained ref = train(config(d1.path(), Mode::kDeferred), 3);
   expect_same(changed, ref);
 }
 
 TEST(ZeroBackwardStep, RefusesWhatWouldLoseExactness) {
-  Dir d("refuse");
+  test::TempDir d;
   auto comm = make_single_communicator();
-  ZeroEngine e(config(d.path, Mode::kInBackward), *comm);
+  ZeroEngine e(config(d.path(), Mode::kInBackward), *comm);
   auto init = testing::mlp_init();
   e.register_module("fc1", init[0]);
   e.register_module("fc2", init[1]);
