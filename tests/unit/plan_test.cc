@@ -411,6 +411,17 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
   ASSERT_EQ(m.exit_code, 0) << m.err;
   EXPECT_EQ(m.summary["nvme_peak_bytes"], j["nvme_peak_bytes"]);
   EXPECT_FALSE(m.summary.contains("step_seconds"));
+  // The config's tiermem.machine_profile (the file tiermem-train prices its I/O bound with) is
+  // the profile when --profile is not given; --profile wins over it.
+  std::ofstream(dir_ / "with_profile.json")
+      << R"({"tiermem": {"fp32_single_copy": false, "machine_profile": "fast.json"}})";
+  const RunResult c = plan("--model gpt2 --offload nvme --config with_profile.json --json");
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_EQ(c.summary["step_seconds"], j["step_seconds"]);
+  EXPECT_EQ(c.summary["bottleneck"], "nvme");
+  const RunResult w = plan("--model gpt2 --offload nvme --config with_profile.json --profile profile.json --json");
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  EXPECT_NE(w.summary["step_seconds"], j["step_seconds"]);
 }
 
 // The overlapped optimizer step with a pool too small for the optimizer state: the reads of what

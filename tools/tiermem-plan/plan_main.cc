@@ -10,8 +10,9 @@
 //
 // The run is described with tiermem-train's own flags (--model, --batch, --seq-len, --config,
 // --offload, budgets ...) and resolved by the same code (effective_config, make_train_plan), so
-// the plan is that of the run tiermem-train would make. Without --profile only bytes are
-// predicted (budgets resolve for this machine's memory); time needs rates.
+// the plan is that of the run tiermem-train would make. The machine profile is --profile's, else
+// the --config's tiermem.machine_profile; without either only bytes are predicted (budgets
+// resolve for this machine's memory); time needs rates.
 // Exit: 0 the configuration runs (or --check printed), 1 it cannot run (why and the smallest
 // fix printed), 2 bad input (one line naming the flag, key or path).
 #include <unistd.h>
@@ -330,7 +331,7 @@ int main(int argc, char** argv) {
   app.add_option("--device-budget", device_budget, "device budget, e.g. 64MiB");
   app.add_option("--host-budget", host_budget, "host pool budget, e.g. 2GiB");
   app.add_option("--swap-dir", a.run.swap_dir, "NVMe swap directory (its free space bounds the NVMe state)");
-  app.add_option("--profile", a.profile_path, "machine profile JSON (tiermem-bench profile --json, or profiles/*.json)");
+  app.add_option("--profile", a.profile_path, "machine profile JSON (tiermem-bench profile --json, or profiles/*.json) [the --config's tiermem.machine_profile]");
   app.add_option("--check", a.check_path, "a tiermem-train --json output: print predicted vs measured per field");
   app.add_flag("--json", a.json, "one JSON object (the last line printed)");
   try {
@@ -379,6 +380,10 @@ int main(int argc, char** argv) {
       summary = read_summary(a.check_path);
       apply_summary(summary, a.check_path, a);
     }
+    // Without --profile, the config's tiermem.machine_profile (the file tiermem-train prices its
+    // I/O bound with) is the profile: the plan then predicts time for the run as configured.
+    if (a.profile_path.empty() && !a.run.config_path.empty())
+      a.profile_path = load_config(a.run.config_path).tiermem.machine_profile;
     const plan::MachineProfile m =
         a.profile_path.empty() ? memory_only_profile(a.run.swap_dir) : plan::load_profile(a.profile_path);
     if (a.run.device.empty()) a.run.device = std::string(device_kind_name(m.device));  // the profile's
