@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <regex>
 #include <string>
 
 namespace tiermem::cli {
@@ -74,6 +75,19 @@ inline CLI::Validator within(double lo, double hi) {
         return v + " is outside " + text;
       },
       "");
+}
+
+// A parse error's text for the one-line message. CLI11 says an option given twice as "--model:
+// At Most 1 required but received 2"; this says "--model was given 2 times: give it once".
+// Every other error's text is CLI11's own.
+inline std::string parse_error_text(const CLI::ParseError& e) {
+  std::string text = e.what();
+  static const std::regex repeated(R"(^(\S+): At Most 1 required but received (\d+)$)");
+  std::smatch m;
+  if (std::regex_match(text, m, repeated)) return m[1].str() + " was given " + m[2].str() + " times: give it once";
+  for (char& c : text)
+    if (c == '\n') c = ' ';
+  return text;
 }
 
 }  // namespace tiermem::cli

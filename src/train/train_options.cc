@@ -259,10 +259,7 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::string msg = e.what();
-    for (char& c : msg)
-      if (c == '\n') c = ' ';
-    std::fprintf(stderr, "tiermem-train: error: %s (see --help)\n", msg.c_str());
+    std::fprintf(stderr, "tiermem-train: error: %s (see --help)\n", cli::parse_error_text(e).c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tiermem-train: error: %s (see --help)\n", e.what());

@@ -136,6 +136,8 @@ TEST_F(TrainCli, AValueThatIsNotANumberIsCalledThatNotOutOfRange) {
   for (const char* bad : {"--steps 1.5", "--batch 2e3", "--warmup 0.5"}) {
     expect_usage_error(bad, {std::string(bad).substr(0, std::string(bad).find(' ')), "is not a whole number"});
   }
+  // An option given twice: said so, not CLI11's "At Most 1 required but received 2".
+  expect_usage_error("--model tiny --model gpt2", {"--model was given ", " times: give it once"});
 }
 
 TEST_F(TrainCli, DeviceBudgetBelowTheLargestTensorNamesIt) {

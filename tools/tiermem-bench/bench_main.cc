@@ -10,6 +10,7 @@
 #include <string>
 
 #include "bench/bench.h"
+#include "core/cli_checks.h"
 #include "gpt/kernels_cpu.h"
 #include "tiermem/env.h"
 #include "tiermem/error.h"
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
     for (auto& [sub, run] : runs) {
       if (sub->parsed()) help = "tiermem-bench " + sub->get_name() + " --help";
     }
-    std::cerr << "tiermem-bench: error: " << e.what() << " (see " << help << ")\n";
+    std::cerr << "tiermem-bench: error: " << tiermem::cli::parse_error_text(e) << " (see " << help << ")\n";
     return 2;
   }
   try {

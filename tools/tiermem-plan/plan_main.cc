@@ -340,7 +340,7 @@ int main(int argc, char** argv) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
   } catch (const CLI::ParseError& e) {
-    return fail(e.what());
+    return fail(cli::parse_error_text(e));
   }
   set_log_level("warn");
   try {
