@@ -316,3 +316,30 @@ def test_a_parameter_replaced_after_initialize_is_refused(torch_or_skip, tmp_pat
     with tt.zero.GatheredParameters([m[0].weight]):
         assert torch.count_nonzero(m[0].weight) == 0
     engine.close()
+
+
+def test_moving_the_model_to_another_device_after_initialize_is_refused(torch_or_skip, tmp_path):
+    """`model.to("meta")` (or `engine.to`, a submodule's `.to`, `to_empty`) after initialize was
+    accepted: modules of one parameter were left holding meta parameters and buffers, and the next
+    steps failed with torch's device error (or one unit at a time with a message about a replaced
+    parameter). It is refused before anything moves; the same device is a no-op."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                            torch.nn.Linear(8, 2))
+    engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path / "swap", "nvme"))
+    params = list(m.parameters())
+    for move in (lambda: m.to("meta"), lambda: engine.to("meta"), lambda: m[3].to(device="meta"),
+                 lambda: m.to_empty(device="meta")):
+        with pytest.raises(RuntimeError, match=r"to meta after initialize is refused, nothing was moved.*"
+                                               r"before initialize.*save_fp32_model"):
+            move()
+        assert list(m.parameters()) == params
+        assert {t.device.type for t in list(m.parameters()) + list(m.buffers())} == {"cpu"}
+    assert engine.to("cpu") is engine and m.to(torch.device("cpu")) is m
+    for _ in range(2):
+        engine.backward(engine(torch.ones(4, 8)).sum())
+        engine.step()
+    assert engine.global_steps == 2
+    engine.close()

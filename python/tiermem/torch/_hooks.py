@@ -26,10 +26,17 @@ Parameters used elsewhere. Each managed parameter's class becomes a subclass of 
 tied head computed in the parent's forward, ``model.state_dict()``, user code) gathers its unit for
 the call and releases it after; views the call returns keep the memory alive.
 
+Moves. ``Module.to``, ``cuda``, ``cpu`` and ``to_empty`` all run ``Module._apply``; on a managed
+module it is ``ParamHooks._guarded_apply``, which refuses a move to another device before anything
+changes (the engine's memory is host memory and the model computes where it was at initialize; a
+parameter moved to ``meta`` has no values). Calls that keep the device run torch's own ``_apply``.
+
 Thread-safety: one thread drives a model (as torch's autograd does).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -120,6 +127,7 @@ class ParamHooks:
         self.link = EngineLink(model, [], self.predictor)
         self.units: UnitMap = build_units(model, leaf_types, self.link)
         self.handles: list = []
+        self.guarded: list = []  # modules whose _apply is _guarded_apply
         self.saved_ctx = None  # the saved_tensors_hooks context of the outermost module running
         self.depth = 0  # modules running forward now
         self.failed_pre: set = set()  # id() of modules whose pre-forward hook raised (their post hook still runs)
@@ -140,9 +148,13 @@ class ParamHooks:
         link.dist_ops = dist_ops
         for u in self.units.units:
             u.release()
-        for module in self.model.modules():
+        for name, module in self.model.named_modules():
             self.handles.append(module.register_forward_pre_hook(self._pre_forward))
             self.handles.append(module.register_forward_hook(self._post_forward, always_call=True))
+            # Set in the instance's __dict__ (shadowing its class's method), not a class swap: the
+            # module keeps its type.
+            module.__dict__["_apply"] = functools.partial(self._guarded_apply, module, name)
+            self.guarded.append(module)
         for u in self.units.units:
             for p, _, _ in u.params:
                 if p.requires_grad:
@@ -181,12 +193,38 @@ class ParamHooks:
         for h in self.handles:
             h.remove()
         self.handles = []
+        for module in self.guarded:
+            module.__dict__.pop("_apply", None)
+        self.guarded = []
         for u in self.units.units:
             for p, _, _ in u.params:
                 cls = p.__dict__.pop("_tm_original_class", None)
                 if cls is not None:
                     p.__class__ = cls
                 p.__dict__.pop("_tm_unit", None)
+
+    # ------------------------------------------------------------------------------ moves
+    def _guarded_apply(self, module: torch.nn.Module, name: str, fn, recurse: bool = True):
+        """``module._apply(fn)`` (what ``.to()``, ``.cuda()``, ``.cpu()``, ``.to_empty()`` run): `fn`
+        is tried on an empty tensor where the model computes, and a move to another device is
+        refused before any parameter or buffer changes. torch's own ``_apply`` would convert each
+        parameter (gathering it), put new Parameter objects in the modules, and move the buffers:
+        modules of one parameter were left on the new device unseen, and the buffers stayed there
+        after the undo at the next gather (torch's device error at every later step)."""
+        dev = self.link.compute_device
+        try:
+            with torch.no_grad():
+                probe = fn(torch.empty(0, device=dev))
+        except Exception:  # noqa: BLE001 - not a conversion of plain tensors: torch's _apply decides
+            probe = None
+        if isinstance(probe, torch.Tensor) and probe.device != dev:
+            where = f"{type(module).__name__} ({name!r})" if name else f"the model ({type(module).__name__})"
+            raise RuntimeError(f"tiermem.torch: moving {where} to {probe.device} after initialize is refused, nothing "
+                               f"was moved: its parameters are in the tiermem engine, and the model computes on {dev}. "
+                               "Put the model on its device before initialize (build it there, or model.to(device) "
+                               "first); to take it out of the engine, write it with engine.save_fp32_model(path), "
+                               "close() the engine and load the file into a model on the new device")
+        return type(module)._apply(module, fn, recurse)
 
     # ------------------------------------------------------------------------------ forward
     def _saved_hooks_wanted(self) -> bool:

@@ -344,6 +344,12 @@ class TiermemEngine:
         self.module.eval()
         return self
 
+    def to(self, *args, **kwargs) -> "TiermemEngine":
+        """``module.to(...)`` (DeepSpeed's engine is a Module); returns the engine. A move to
+        another device than the model's is a RuntimeError and moves nothing."""
+        self.module.to(*args, **kwargs)
+        return self
+
     def get_lr(self) -> list[float]:
         self.check_open()
         self._require_trainable("get_lr")
