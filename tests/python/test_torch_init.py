@@ -85,6 +85,40 @@ def test_data_given_under_init_before_initialize_is_kept(torch_or_skip, tmp_path
         tt.initialize(model=m, config=cfg)
 
 
+
+def test_writes_through_data_under_init_reach_the_staging(torch_or_skip, tmp_path):
+    """`p.data.copy_(t)` on a parameter built under Init, before initialize, failed with torch's
+    "more than one element of the written-to tensor refers to a single memory location" (p.data was
+    the placeholder), and `p.data.clone()` read meaningless values; a read of the parameter after
+    `p.data = t` loaded the staged values over t. Each now reads and writes the staged values, on
+    NVMe and in host memory, and initialize trains what was written."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    for cfg in (ds_config(tmp_path / "swap", "nvme"), ds_config(tmp_path, "none")):
+        with tt.zero.Init(config=cfg):
+            m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+        w, b, w2 = m[0].weight, m[0].bias, m[1].weight
+        want = torch.arange(128, dtype=torch.float32).reshape(16, 8)
+        d = w.data
+        d.copy_(want)
+        assert torch.equal(w.data.clone(), want) and torch.equal(d.clone(), want)
+        assert w.stride() == (0, 0)  # still staged: no memory of its own
+        torch.nn.init.constant_(b.data, 2.0)
+        b.data.add_(1.0)
+        w2.data = torch.full((4, 16), 5.0)  # supported before: t is the value...
+        assert float(w2.detach().sum()) == 5.0 * 64  # ... also after the parameter was read
+        engine, *_ = tt.initialize(model=m, config=cfg)
+        with tt.zero.GatheredParameters([w, b, w2]):
+            assert torch.equal(w.detach(), want)
+            assert torch.equal(b.detach(), torch.full((16,), 3.0))
+            assert torch.equal(w2.detach(), torch.full((4, 16), 5.0))
+        # A .data taken while staged holds no values once initialize took the parameter.
+        with pytest.raises(RuntimeError, match=r"the .data of a parameter \(16, 8\) torch.float32 taken while "
+                                               r"zero.Init staged it.*GatheredParameters"):
+            d.copy_(want)
+        engine.close()
+
+
 def test_module_classes_defined_inside_init_are_staged(torch_or_skip, tmp_path):
     """transformers imports a model's file on the first use of its name, often inside the Init
     block (GPT-2's Conv1D was missed so, and its 85 M parameters stayed in host memory): a Module

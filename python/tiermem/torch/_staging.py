@@ -118,28 +118,99 @@ class Stage:
         self.mem.pop(id(p), None)
 
 
+def _is_data_get(func) -> bool:
+    """Whether the torch call `func` is the ``.data`` getter."""
+    return getattr(func, "__name__", "") == "__get__" and getattr(func, "__self__", None) is torch._C.TensorBase.data
+
+
+def _raw_data(x: torch.Tensor) -> torch.Tensor:
+    """``x.data`` without any __torch_function__ (what `x` holds now)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return x.data
+
+
+def _holds_placeholder(t: torch.Tensor) -> bool:
+    return t.data_ptr() == placeholder((), t.dtype).data_ptr()
+
+
+class _StagedData(torch.Tensor):
+    """``p.data`` of a staged parameter: its placeholder, tied to `p` (``_tm_param``). A torch call
+    given it reads and writes `p`'s staged values as a call given `p` does (``p.data.copy_(t)``,
+    ``p.data.normal_()``, ``nn.init.*_(p.data)``): on the placeholder itself a write failed with
+    torch's internal-overlap error and a read gave meaningless values."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _init_param_torch_function(cls, func, types, args, kwargs)
+
+
+def _staged_owner(x) -> Optional[torch.nn.Parameter]:
+    """The staged parameter whose values the call argument `x` stands for (itself, or the owner
+    of a ``p.data`` taken while it was staged), else None."""
+    if isinstance(x, torch.nn.Parameter):
+        st = x.__dict__.get("_tm_stage")
+        return x if st is not None and id(x) in st.slots else None
+    if isinstance(x, _StagedData):
+        p = x.__dict__.get("_tm_param")
+        if p is None:
+            return None
+        st = p.__dict__.get("_tm_stage")
+        if st is None or id(p) not in st.slots:
+            raise RuntimeError(f"tiermem.torch: this tensor is the .data of a parameter {tuple(p.shape)} {p.dtype} "
+                               "taken while zero.Init staged it; initialize has taken the parameter since, so it holds "
+                               "no values: use the parameter itself (inside tiermem.torch.zero.GatheredParameters to "
+                               "change it)")
+        return p
+    return None
+
+
 def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
-    """A parameter staged by Init, used by code that runs after its module was built (HF's
-    post_init weight initialisation, tie_weights, user code): loaded for the call, written back
-    after it (the call may have initialised it in place), released again."""
+    """A parameter staged by Init (or its ``.data``), used by code that runs after its module was
+    built (HF's post_init weight initialisation, tie_weights, user code): loaded for the call,
+    written back after it (the call may have initialised it in place), released again. A parameter
+    given ``.data = t`` since holds t: the call uses t, which is then staged in its place."""
     if kwargs is None:
         kwargs = {}
-    staged = []
-    if not is_metadata(func):
-        for a in list(args) + list(kwargs.values()):
+    if _is_data_get(func) and isinstance(args[0], torch.nn.Parameter):
+        p = args[0]
+        held = _raw_data(p)
+        if _staged_owner(p) is not None and _holds_placeholder(held):
+            proxy = held.as_subclass(_StagedData)
+            proxy._tm_param = p
+            return proxy
+        return held
+    staged = {}  # id(owner) -> (owner, stage, values, [arguments standing for it])
+    try:
+        for a in (list(args) + list(kwargs.values())) if not is_metadata(func) else ():
             items = a if isinstance(a, (list, tuple)) else (a,)
             for x in items:
-                st = getattr(x, "_tm_stage", None) if isinstance(x, torch.nn.Parameter) else None
-                if st is not None and id(x) in st.slots and not any(x is y for y, _ in staged):
-                    x.data = st.load(x)
-                    staged.append((x, st))
-    try:
+                p = _staged_owner(x)
+                if p is None:
+                    continue
+                entry = staged.get(id(p))
+                if entry is None:
+                    st = p._tm_stage
+                    held = _raw_data(p)
+                    entry = staged[id(p)] = (p, st, held if not _holds_placeholder(held) else st.load(p), [])
+                if not any(x is y for y in entry[3]):
+                    x.data = entry[2]
+                    entry[3].append(x)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
     finally:
-        for x, st in staged:
-            st.store(x, x.data)
-            x.data = placeholder(x.shape, x.dtype)
+        for p, st, values, users in staged.values():
+            _, _, dtype, shape = st.slots[id(p)]
+            if values.shape == shape and values.dtype == dtype:
+                st.store(p, values)
+                for x in users:
+                    x.data = placeholder(x.shape, x.dtype)
+                if not any(x is p for x in users):
+                    p.data = placeholder(p.shape, p.dtype)
+            else:  # `.data = t` of another shape or dtype: initialize (take_staged) names it
+                for x in users:
+                    if x is not p:
+                        x.data = placeholder(x.shape, x.dtype)
+                p.data = values
 
 
 def _init_param_class(cls: type) -> type:
@@ -165,8 +236,8 @@ def take_staged(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
     # `p.data = t` after the build replaced the placeholder: t is the parameter's value now (the
     # staged one would silently win). Of another shape or dtype it cannot be the module's.
     _, _, dtype, shape = st.slots[id(p)]
-    held = p.data
-    if held.data_ptr() != placeholder(held.shape, held.dtype).data_ptr():
+    held = _raw_data(p)
+    if not _holds_placeholder(held):
         if held.shape != shape or held.dtype != dtype:
             raise ValueError(f"tiermem.torch.initialize: a parameter built under zero.Init as {tuple(shape)} {dtype} "
                              f"was given .data of {tuple(held.shape)} {held.dtype}: give it values of its own shape and "
