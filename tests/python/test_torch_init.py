@@ -119,6 +119,55 @@ def test_writes_through_data_under_init_reach_the_staging(torch_or_skip, tmp_pat
         engine.close()
 
 
+
+EXITS_UNDER_INIT = r"""
+import sys, torch
+import tiermem.torch as tt
+from torch_models import ds_config
+with tt.zero.Init(config=ds_config(sys.argv[1], "nvme")):
+    model = torch.nn.Linear(8, 16)
+print(sorted(__import__("os").listdir(sys.argv[1])), flush=True)
+# the interpreter exits with the staged model alive
+"""
+
+
+def test_init_leaves_nothing_behind_without_initialize(torch_or_skip, tmp_path):
+    """A model built under Init that never reached initialize left the directories Init made for
+    its staging file (with tiermem's marker) behind, after it was deleted and after the process
+    exited. They go with the model, or at exit; the user's own directory stays."""
+    torch = torch_or_skip
+    import gc
+    import subprocess
+    import sys
+    import tiermem.torch as tt
+    user = tmp_path / "user"
+    user.mkdir()  # the user's: stays, empty
+    for swap in (user / "made" / "by-init", user):
+        init = tt.zero.Init(config=ds_config(swap, "nvme"))  # a kept Init object keeps nothing alive
+        with init:
+            m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+        assert [f for f in os.listdir(swap) if f.startswith("tiermem-init-")], os.listdir(swap)
+        del m
+        gc.collect()
+        assert os.listdir(user) == [], [os.path.join(r, f) for r, ds, fs in os.walk(user) for f in ds + fs]
+    # A directory holding something else stays (with its marker: still tiermem's), the file goes.
+    swap = user / "shared"
+    with tt.zero.Init(config=ds_config(swap, "nvme")):
+        m = torch.nn.Linear(8, 16)
+    (swap / "other").write_text("x")
+    del m
+    gc.collect()
+    assert sorted(os.listdir(swap)) == [".tiermem-made", "other"]
+    # At interpreter exit, with the staged model alive.
+    nvme = tmp_path / "exit" / "swap"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", EXITS_UNDER_INIT, str(nvme)], capture_output=True, text=True,
+                       timeout=300, cwd=HERE, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    assert "tiermem-init-" in p.stdout, p.stdout  # the staging file was there while it ran
+    assert os.listdir(tmp_path / "user") == ["shared"] and not (tmp_path / "exit").exists()
+
+
 def test_module_classes_defined_inside_init_are_staged(torch_or_skip, tmp_path):
     """transformers imports a model's file on the first use of its name, often inside the Init
     block (GPT-2's Conv1D was missed so, and its 85 M parameters stayed in host memory): a Module

@@ -9,6 +9,9 @@ reaches each parameter through that class's ``__torch_function__``: loaded, chan
 written back. ``initialize`` then registers each engine unit from the staging (``take_staged``),
 one unit at a time, and once every unit is in the engine ``release_staging`` drops the staging
 (the file goes with its last parameter). A failed ``initialize`` leaves the staging as it was.
+A model that never reaches ``initialize`` takes its staging with it: the file, and the directories
+tiermem made for it once they hold nothing else, go when the model is garbage-collected or at
+interpreter exit.
 
 Thread-safety: single-threaded, as module construction is.
 """
@@ -25,7 +28,8 @@ import torch
 
 from ._params import is_metadata, param_subclass, placeholder
 
-__all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_staging", "guard_staged_module", "make_marked_dirs", "MADE_MARKER"]
+__all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_staging", "guard_staged_module", "make_marked_dirs",
+           "remove_if_unused", "MADE_MARKER"]
 
 
 # The marker of a directory tiermem made (src/nvme/made_dirs.h): the engine that last uses it
@@ -33,9 +37,11 @@ __all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_stagin
 MADE_MARKER = ".tiermem-made"
 
 
-def make_marked_dirs(directory: str) -> None:
+def make_marked_dirs(directory: str) -> list:
     """Makes `directory` and its missing parents (0700), each with the marker, as the engine's
-    swap set-up does; a directory that exists is left as it is."""
+    swap set-up does; a directory that exists is left as it is. Returns the directories to hand to
+    remove_if_unused when done, innermost first: `directory` and the parents above it, as far as
+    each carries the marker (whoever made it: tiermem's, never the user's)."""
     missing = []
     d = os.path.abspath(directory)
     while not os.path.isdir(d):
@@ -50,6 +56,37 @@ def make_marked_dirs(directory: str) -> None:
         except FileExistsError:
             continue
         open(os.path.join(d, MADE_MARKER), "w").close()
+    marked = []
+    d = os.path.abspath(directory)
+    while os.path.isfile(os.path.join(d, MADE_MARKER)):
+        marked.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    return marked
+
+
+def remove_if_unused(directory: str) -> None:
+    """Removes `directory` when it holds nothing but the marker (the marker goes too), as the
+    engine's ``remove_if_unused`` does; one that holds anything else, or is gone, stays. Never
+    raises (what cannot be removed stays)."""
+    try:
+        entries = os.listdir(directory)
+        if any(e != MADE_MARKER for e in entries):
+            return  # in use: an engine's swap files, another staging, the user's files
+        marked = MADE_MARKER in entries
+        if marked:
+            os.unlink(os.path.join(directory, MADE_MARKER))
+        try:
+            os.rmdir(directory)
+        except FileNotFoundError:
+            pass
+        except OSError:  # something was put there after the check: it stays, and stays tiermem's
+            if marked:
+                open(os.path.join(directory, MADE_MARKER), "w").close()
+    except OSError:
+        pass
 
 
 class Stage:
@@ -64,13 +101,21 @@ class Stage:
         self.path = None
         self.end = 0
         if directory:
-            make_marked_dirs(directory)
-            fd, self.path = tempfile.mkstemp(prefix="tiermem-init-", suffix=".bin", dir=directory)
+            dirs = make_marked_dirs(directory)
+            try:
+                fd, self.path = tempfile.mkstemp(prefix="tiermem-init-", suffix=".bin", dir=directory)
+            except BaseException:
+                for d in dirs:
+                    remove_if_unused(d)
+                raise
             self.fd = fd
-            self._finalizer = weakref.finalize(self, Stage._remove, fd, self.path)
+            # The file, then the directories tiermem made for it once nothing else is in them: when
+            # initialize has taken the last parameter (drop_staged), when the staged model is
+            # garbage-collected, or at interpreter exit (weakref.finalize's atexit).
+            self._finalizer = weakref.finalize(self, Stage._remove, fd, self.path, dirs)
 
     @staticmethod
-    def _remove(fd: int, path: str) -> None:
+    def _remove(fd: int, path: str, dirs: list) -> None:
         try:
             os.close(fd)
         except OSError:
@@ -79,6 +124,8 @@ class Stage:
             os.unlink(path)
         except OSError:
             pass
+        for d in dirs:
+            remove_if_unused(d)
 
     def store(self, p: torch.Tensor, values: torch.Tensor) -> None:
         values = values.detach().contiguous()

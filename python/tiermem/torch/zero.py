@@ -104,7 +104,8 @@ class Init:
     Initialisation code that runs later on the whole model (HF's ``post_init``) reaches each
     parameter through its class's ``__torch_function__``: loaded, changed in place, written back.
     ``initialize`` then registers each engine unit from the staging, one unit at a time, and the
-    staging file is removed. Built outside Init, a model holds all its parameters in host memory
+    staging file is removed (a model that never reaches ``initialize`` takes the file, and the
+    directories made for it, with it when it is collected, or at interpreter exit). Built outside Init, a model holds all its parameters in host memory
     until ``initialize``.
 
     ``config`` (or DeepSpeed's ``config_dict_or_path``): a ds_config path or dict; only its
@@ -169,6 +170,9 @@ class Init:
         for cls, init in reversed(self._patched):
             cls.__init__ = init
         self._patched = []
+        # The staging lives as long as the parameters it holds (each references it), not as long
+        # as this object: the file and the directories made for it go when the model does.
+        self.stage = None
         return False
 
     def _wrap(self, init):
