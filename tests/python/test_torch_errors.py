@@ -343,3 +343,28 @@ def test_moving_the_model_to_another_device_after_initialize_is_refused(torch_or
         engine.step()
     assert engine.global_steps == 2
     engine.close()
+
+
+def test_a_loss_that_reaches_no_parameter_is_named_at_backward(torch_or_skip, tmp_path):
+    """`engine.backward(torch.tensor(1.0, requires_grad=True))` counted no backward, and the next
+    step() was refused as "called before any backward()", which the user had just called. backward
+    says the loss reached none of the model's parameters, and the engine stays usable."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    m = _small(torch)
+    engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path, "cpu", gas=2))
+    x = torch.ones(3, requires_grad=True)
+    for loss, how in ((torch.tensor(1.0, requires_grad=True), "it is a leaf tensor.*nothing was run"),
+                      ((x * 2).sum(), "added no gradient and is not counted"),
+                      (m(torch.ones(4, 8)).sum().detach().requires_grad_(), "it is a leaf tensor")):
+        with pytest.raises(RuntimeError, match=r"TiermemEngine.backward: the loss reached none of the model's "
+                                               r"trainable parameters: compute it from the output of engine.*" + how):
+            engine.backward(loss)
+    with pytest.raises(RuntimeError, match="before any backward.. that reached the model's trainable parameters"):
+        engine.step()
+    assert engine.micro_steps == 0
+    for _ in range(2):
+        engine.backward(engine(torch.ones(4, 8)).sum())
+        engine.step()
+    assert engine.global_steps == 1 and engine.micro_steps == 2
+    engine.close()

@@ -291,6 +291,9 @@ class TiermemEngine:
         self._require_trainable("backward")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("TiermemEngine.backward: loss must be a scalar tensor")
+        if loss.requires_grad and loss.grad_fn is None and id(loss) not in self._hooks.units.unit_of:
+            raise RuntimeError(f"TiermemEngine.backward: {_UNREACHED} (it is a leaf tensor, made by no computation); "
+                               "nothing was run")
         scale = self._zero.loss_scale() / self.gradient_accumulation_steps
         self._hooks.forget_failed_backward()
         if self.is_gradient_accumulation_boundary() and self.optimizer is not None and self._update_in_backward:
@@ -306,11 +309,15 @@ class TiermemEngine:
             lr = float(self.optimizer.param_groups[0]["lr"])
             if self._zero.step_in_backward(lr):
                 self._armed_lr = lr
+        counted = self._backwards
         try:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         except BaseException:
             self._hooks.forget_failed_backward()  # its end-of-backward never runs
             raise
+        if self._backwards == counted:  # no gradient of a trainable parameter arrived (cheap: a counter)
+            raise RuntimeError(f"TiermemEngine.backward: {_UNREACHED}; this backward added no gradient and is not "
+                               "counted")
         return loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -323,9 +330,11 @@ class TiermemEngine:
         # would count a micro-batch that added no gradient (at the boundary, step on part of them).
         if self._backwards == self._backwards_at_step:
             if self._backwards == 0:
-                raise RuntimeError("TiermemEngine.step: called before any backward(); run engine.backward(loss) first")
-            raise RuntimeError("TiermemEngine.step: no backward() since the last step(); call step() once after each "
-                               "micro-batch's engine.backward(loss)")
+                raise RuntimeError("TiermemEngine.step: called before any backward() that reached the model's "
+                                   "trainable parameters; run engine.backward(loss) first, with the loss computed from "
+                                   "the model's output")
+            raise RuntimeError("TiermemEngine.step: no backward() since the last step() reached the model's trainable "
+                               "parameters; call step() once after each micro-batch's engine.backward(loss)")
         if self.is_gradient_accumulation_boundary():
             self.optimizer.step()
             if self.lr_scheduler is not None and not self._last_skipped:
@@ -512,7 +521,9 @@ class TiermemEngine:
                                "are a copy the step would not update; leave the with-block first")
         if self._backwards_since_step == 0:
             raise RuntimeError("tiermem.torch: optimizer step before any backward(); the gradients of this step are "
-                               "all missing (call loss.backward() or engine.backward(loss) first)")
+                               "all missing (call loss.backward() or engine.backward(loss) first, with the loss "
+                               "computed from the model's output: a backward that reaches none of its trainable "
+                               "parameters adds nothing)")
         if self._armed_lr is not None and lr != self._armed_lr:
             warnings.warn(f"tiermem.update_in_backward: the learning rate changed from {self._armed_lr} to {lr} between "
                           f"the boundary's backward and the optimizer step; modules were updated in backward with "
@@ -567,6 +578,10 @@ def _declares_optimizer(config) -> bool:
     with open(os.fspath(config), encoding="utf-8") as f:
         doc = json.load(f)
     return isinstance(doc, dict) and "optimizer" in doc
+
+
+_UNREACHED = ("the loss reached none of the model's trainable parameters: compute it from the output of "
+              "engine(...) (or the model), not from tensors detached from it or from frozen parameters only")
 
 
 def _closed_model(module, args):
