@@ -85,7 +85,6 @@ def test_data_given_under_init_before_initialize_is_kept(torch_or_skip, tmp_path
         tt.initialize(model=m, config=cfg)
 
 
-
 def test_writes_through_data_under_init_reach_the_staging(torch_or_skip, tmp_path):
     """`p.data.copy_(t)` on a parameter built under Init, before initialize, failed with torch's
     "more than one element of the written-to tensor refers to a single memory location" (p.data was
@@ -117,7 +116,6 @@ def test_writes_through_data_under_init_reach_the_staging(torch_or_skip, tmp_pat
                                                r"zero.Init staged it.*GatheredParameters"):
             d.copy_(want)
         engine.close()
-
 
 
 EXITS_UNDER_INIT = r"""
