@@ -198,6 +198,15 @@ inline bool needs_device(const ZeroPlan& p) { return p.uses_device || p.optimize
 // with it.
 void check_sub_group_size(const ZeroConfig& z, std::size_t alignment_elems);
 
+// Throws ConfigError naming the key and value for a configuration ZeroEngine cannot run,
+// whatever the model: a ZeRO stage outside 0-3, a sub-group below `alignment_elems`
+// (check_sub_group_size), an optimizer.type other than Adam, AdamW, Lion or Adagrad, Lion or
+// Adagrad with tiermem.device_optimizer "on" or offload_optimizer.ratio < 1 (the device steps
+// AdamW only), an offload below its stage (optimizer: stage >= 1, parameters: stage 3), an nvme
+// offload without nvme_path, a buffer_count below 1, fp16 with bf16. ZeroEngine's constructor
+// calls it, and tiermem-plan with it, so both refuse the same configurations.
+void check_zero_config(const Config& config, std::size_t alignment_elems);
+
 // Plans `module_numels` (every module's element count, in registration order) under `config`.
 ZeroPlan plan_zero(const Config& config, std::span<const std::size_t> module_numels,
                    const ZeroPlanOptions& options = {});

@@ -571,7 +571,7 @@ std::uint64_t activation_bytes(const gpt::GptConfig& g, int batch, int seq_len) 
 }
 
 Prediction predict(const RunShape& run, const MachineProfile& m) {
-  check_sub_group_size(run.config.zero, kAlignment);  // what ZeroEngine refuses at construction
+  check_zero_config(run.config, kAlignment);  // what ZeroEngine refuses at construction
   Prediction p;
   std::uint64_t backend = 0;
   bool too_small = false;

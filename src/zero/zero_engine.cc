@@ -85,57 +85,12 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptio
     : config_(config), impl_(std::make_unique<Impl>(comm, options, config_)) {
   Impl& I = *impl_;
   const ZeroConfig& z = config_.zero;
-  if (z.stage < 0 || z.stage > 3) {
-    throw ConfigError("zero_optimization.stage", std::to_string(z.stage), "ZeRO stage must be 0, 1, 2 or 3");
-  }
   if (options.alignment_elems == 0) throw Error("ZeroEngineOptions::alignment_elems must be >= 1");
-  check_sub_group_size(z, options.alignment_elems);
-  std::string opt = lower(config_.optimizer.type);
-  if (opt != "adamw" && opt != "adam" && opt != "lion" && opt != "adagrad") {
-    throw ConfigError("optimizer.type", config_.optimizer.type,
-                      "config key 'optimizer.type' = \"" + config_.optimizer.type +
-                          "\" is not supported by ZeroEngine (Adam, AdamW, Lion, Adagrad)");
-  }
+  check_zero_config(config_, options.alignment_elems);
+  const std::string opt = lower(config_.optimizer.type);
   I.shape.optimizer = opt == "lion"      ? detail::OptimizerKind::kLion
                       : opt == "adagrad" ? detail::OptimizerKind::kAdagrad
                                          : detail::OptimizerKind::kAdamW;
-  if (I.shape.optimizer != detail::OptimizerKind::kAdamW) {
-    // The device-resident optimizer (and its share under offload_optimizer.ratio) runs AdamW only.
-    if (config_.tiermem.device_optimizer == "on") {
-      throw ConfigError("tiermem.device_optimizer", "on",
-                        "tiermem.device_optimizer \"on\" steps AdamW on the device; optimizer.type \"" + opt +
-                            "\" is stepped by the CPU: set device_optimizer to \"auto\" or \"off\"");
-    }
-    if (z.offload_optimizer.ratio >= 0 && z.offload_optimizer.ratio < 1.0) {
-      throw ConfigError("zero_optimization.offload_optimizer.ratio", fmt::format("{}", z.offload_optimizer.ratio),
-                        "offload_optimizer.ratio < 1 steps part of the state on the device, which runs AdamW only; "
-                        "optimizer.type \"" + opt + "\" needs ratio 1");
-    }
-  }
-  if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
-    throw ConfigError("zero_optimization.offload_optimizer.device",
-                      std::string(offload_device_name(z.offload_optimizer.device)),
-                      "config key 'zero_optimization.offload_optimizer.device' needs stage >= 1");
-  }
-  if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
-    throw ConfigError("zero_optimization.offload_param.device",
-                      std::string(offload_device_name(z.offload_param.device)),
-                      "config key 'zero_optimization.offload_param.device' needs stage 3");
-  }
-  for (const auto* o : {&z.offload_optimizer, &z.offload_param}) {
-    const char* key = o == &z.offload_param ? "zero_optimization.offload_param" : "zero_optimization.offload_optimizer";
-    if (o->device == OffloadDevice::kNvme && o->nvme_path.empty()) {
-      throw ConfigError(std::string(key) + ".nvme_path", "", std::string("config key '") + key +
-                                                                 ".device' is \"nvme\" but no nvme_path is given");
-    }
-    if (o->buffer_count < 1) {
-      throw ConfigError(std::string(key) + ".buffer_count", std::to_string(o->buffer_count),
-                        std::string("config key '") + key + ".buffer_count' must be >= 1");
-    }
-  }
-  if (config_.fp16.enabled && config_.bf16) {
-    throw ConfigError("fp16.enabled", "true", "fp16 and bf16 cannot both be enabled");
-  }
   working_dtype_ = config_.bf16 ? DType::kBF16 : config_.fp16.enabled ? DType::kF16 : DType::kF32;
   I.shape.wdtype = working_dtype_;
   I.shape.wsize = dtype_size(working_dtype_);

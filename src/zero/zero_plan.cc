@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fmt/format.h>
 #include <vector>
@@ -67,6 +68,58 @@ void check_sub_group_size(const ZeroConfig& z, std::size_t alignment_elems) {
                       fmt::format("config key 'zero_optimization.sub_group_size' = {} is smaller than the shard "
                                   "alignment of {} elements; use a multiple of it",
                                   z.sub_group_size_elems, alignment_elems));
+  }
+}
+
+void check_zero_config(const Config& config, std::size_t alignment_elems) {
+  const ZeroConfig& z = config.zero;
+  if (z.stage < 0 || z.stage > 3) {
+    throw ConfigError("zero_optimization.stage", std::to_string(z.stage), "ZeRO stage must be 0, 1, 2 or 3");
+  }
+  check_sub_group_size(z, alignment_elems);
+  std::string opt = config.optimizer.type;
+  for (auto& c : opt) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (opt != "adamw" && opt != "adam" && opt != "lion" && opt != "adagrad") {
+    throw ConfigError("optimizer.type", config.optimizer.type,
+                      "config key 'optimizer.type' = \"" + config.optimizer.type +
+                          "\" is not supported by ZeroEngine (Adam, AdamW, Lion, Adagrad)");
+  }
+  if (opt == "lion" || opt == "adagrad") {
+    // The device-resident optimizer (and its share under offload_optimizer.ratio) runs AdamW only.
+    if (config.tiermem.device_optimizer == "on") {
+      throw ConfigError("tiermem.device_optimizer", "on",
+                        "tiermem.device_optimizer \"on\" steps AdamW on the device; optimizer.type \"" + opt +
+                            "\" is stepped by the CPU: set device_optimizer to \"auto\" or \"off\"");
+    }
+    if (z.offload_optimizer.ratio >= 0 && z.offload_optimizer.ratio < 1.0) {
+      throw ConfigError("zero_optimization.offload_optimizer.ratio", fmt::format("{}", z.offload_optimizer.ratio),
+                        "offload_optimizer.ratio < 1 steps part of the state on the device, which runs AdamW only; "
+                        "optimizer.type \"" + opt + "\" needs ratio 1");
+    }
+  }
+  if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
+    throw ConfigError("zero_optimization.offload_optimizer.device",
+                      std::string(offload_device_name(z.offload_optimizer.device)),
+                      "config key 'zero_optimization.offload_optimizer.device' needs stage >= 1");
+  }
+  if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
+    throw ConfigError("zero_optimization.offload_param.device",
+                      std::string(offload_device_name(z.offload_param.device)),
+                      "config key 'zero_optimization.offload_param.device' needs stage 3");
+  }
+  for (const auto* o : {&z.offload_optimizer, &z.offload_param}) {
+    const char* key = o == &z.offload_param ? "zero_optimization.offload_param" : "zero_optimization.offload_optimizer";
+    if (o->device == OffloadDevice::kNvme && o->nvme_path.empty()) {
+      throw ConfigError(std::string(key) + ".nvme_path", "", std::string("config key '") + key +
+                                                                 ".device' is \"nvme\" but no nvme_path is given");
+    }
+    if (o->buffer_count < 1) {
+      throw ConfigError(std::string(key) + ".buffer_count", std::to_string(o->buffer_count),
+                        std::string("config key '") + key + ".buffer_count' must be >= 1");
+    }
+  }
+  if (config.fp16.enabled && config.bf16) {
+    throw ConfigError("fp16.enabled", "true", "fp16 and bf16 cannot both be enabled");
   }
 }
 

@@ -269,6 +269,13 @@ TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
       {"--model mini --data nonexistent.txt", "", "", "nonexistent.txt"},
       {"--model mini --config sg.json", "sg.json", R"({"zero_optimization": {"stage": 3, "sub_group_size": 10}})",
        "'zero_optimization.sub_group_size' = 10 is smaller than the shard alignment of 1024"},
+      {"--model mini --config lion.json", "lion.json",
+       R"({"zero_optimization": {"stage": 3}, "optimizer": {"type": "Lion"}, "tiermem": {"device_optimizer": "on"}})",
+       "tiermem.device_optimizer \"on\" steps AdamW on the device"},
+      {"--model mini --config ratio.json", "ratio.json",
+       R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}},
+           "optimizer": {"type": "Adagrad"}})",
+       "offload_optimizer.ratio < 1 steps part of the state on the device, which runs AdamW only"},
       {"--model gpt2 --profile .", "", "", "is a directory"},
   };
   for (const Case& c : cases) {
