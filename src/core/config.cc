@@ -242,6 +242,11 @@ json read_profile(const std::string& path) {
   if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
     throw ConfigError(key, path, "config key '" + key + "' = \"" + path + "\" is a directory, not a profile file; " + make);
   }
+  if (std::error_code ec; std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    throw ConfigError(key, path,
+                      "config key '" + key + "' = \"" + path +
+                          "\" is not a regular file (a device, FIFO or socket), not a profile file; " + make);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw ConfigError(key, path,

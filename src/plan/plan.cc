@@ -372,6 +372,9 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
       TierModel tm;
       tm.device_budget_bytes = store_device_budget(z);
       tm.host_budget_bytes = z.param_home == Tier::kNvme ? static_cast<std::uint64_t>(param_room) : z.host_budget_bytes;
+      // A shard larger than the pool's room goes NVMe -> bounce buffers -> device without a host
+      // slot of its own (TensorStore's streamed path): simulated as the room holding that one shard.
+      for (const Access& a : trace) tm.host_budget_bytes = std::max<std::uint64_t>(tm.host_budget_bytes, a.bytes);
       tm.home = z.param_home == Tier::kNvme ? Tier::kNvme : Tier::kHost;
       tm.nvme_to_host_gbps = m.nvme_read_gbps;
       tm.host_to_device_gbps = m.h2d_gbps;

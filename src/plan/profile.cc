@@ -117,6 +117,11 @@ MachineProfile load_profile(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) {
     throw ConfigError("--profile", path, "is a directory: give the JSON file tiermem-bench profile --json wrote");
   }
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    throw ConfigError("--profile", path,
+                      "is not a regular file (a device, FIFO or socket): give the JSON file tiermem-bench profile "
+                      "--json wrote");
+  }
   std::ifstream in(path);
   if (!in) {
     throw ConfigError("--profile", path,

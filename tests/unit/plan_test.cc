@@ -277,6 +277,7 @@ TEST_F(PlanTest, BadInputExitsTwoWithOneLineNamingIt) {
            "optimizer": {"type": "Adagrad"}})",
        "offload_optimizer.ratio < 1 steps part of the state on the device, which runs AdamW only"},
       {"--model gpt2 --profile .", "", "", "is a directory"},
+      {"--model gpt2 --profile /dev/null", "", "", "is not a regular file"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
@@ -429,6 +430,31 @@ TEST_F(PlanTest, PlanNamesTheBottleneckAndTheLargestModel) {
   const RunResult w = plan("--model gpt2 --offload nvme --config with_profile.json --profile profile.json --json");
   ASSERT_EQ(w.exit_code, 0) << w.err;
   EXPECT_NE(w.summary["step_seconds"], j["step_seconds"]);
+  // The config's profile is read as tiermem-train reads it: a missing one is refused naming the
+  // key (--profile given or not); one with only the NVMe rates (enough for tiermem-train) plans
+  // bytes only, with a note.
+  std::ofstream(dir_ / "missing_profile.json") << R"({"tiermem": {"machine_profile": "nosuch.json"}})";
+  for (const char* extra : {"", " --profile profile.json"}) {
+    const RunResult r = plan(std::string("--model gpt2 --config missing_profile.json --json") + extra);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("config key 'tiermem.machine_profile' = \"nosuch.json\": cannot read"), std::string::npos)
+        << r.err;
+  }
+  std::ofstream(dir_ / "rates.json") << R"({"profile": {"nvme_read_gbps": 1.5, "nvme_write_gbps": 1.2}})";
+  std::ofstream(dir_ / "rates_only.json") << R"({"tiermem": {"machine_profile": "rates.json"}})";
+  const RunResult b = plan("--model gpt2 --config rates_only.json --json");
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_NE(b.err.find("is not a full machine profile"), std::string::npos) << b.err;
+  EXPECT_FALSE(b.summary.contains("step_seconds"));
+}
+
+// A host budget whose room is below the largest working shard: the engine streams that shard
+// through its bounce buffers (tiermem-train runs it), and the planner predicts its time too
+// (its tier simulation refused it as "out of host memory", exit 2).
+TEST_F(PlanTest, AHostRoomBelowTheLargestShardStillPredictsTime) {
+  const RunResult r = plan("--model mini --offload nvme --device-budget 64MiB --host-budget 4MiB --profile profile.json --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(r.summary["step_seconds"].get<double>(), 0) << r.out;
 }
 
 // The overlapped optimizer step with a pool too small for the optimizer state: the reads of what

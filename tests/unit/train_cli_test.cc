@@ -332,6 +332,10 @@ TEST_F(TrainCli, IoBoundFromTheMachineProfile) {
 
   expect_usage_error(offload + "--config missing.json", {"tiermem.machine_profile", "nope/profile.json",
                                                          "tiermem-bench profile --json"});
+  // A device (or FIFO) is refused before it is read: /dev/zero would be read until memory ran out.
+  std::ofstream(dir_ / "device.json") << R"({"tiermem": {"machine_profile": "/dev/zero"}})";
+  expect_usage_error(offload + "--config device.json", {"tiermem.machine_profile", "/dev/zero",
+                                                        "is not a regular file"});
   // The resident engine moves nothing to price, and refuses a profile it cannot read all the same.
   Result resident = run("--engine resident --config missing.json --swap-dir swap");
   EXPECT_EQ(resident.exit_code, 2) << resident.err;

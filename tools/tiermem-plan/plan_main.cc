@@ -382,8 +382,26 @@ int main(int argc, char** argv) {
     }
     // Without --profile, the config's tiermem.machine_profile (the file tiermem-train prices its
     // I/O bound with) is the profile: the plan then predicts time for the run as configured.
-    if (a.profile_path.empty() && !a.run.config_path.empty())
-      a.profile_path = load_config(a.run.config_path).tiermem.machine_profile;
+    // The config's tiermem.machine_profile: read as tiermem-train reads it (the same refusals,
+    // naming the key), and the machine profile when --profile is not given. One that gives
+    // tiermem-train its NVMe rates but not every figure the planner needs plans bytes only.
+    if (!a.run.config_path.empty()) {
+      const Config given = load_config(a.run.config_path);
+      resolve_nvme_rates(given);
+      const std::string& from_config = given.tiermem.machine_profile;
+      if (a.profile_path.empty() && !from_config.empty()) {
+        try {
+          plan::load_profile(from_config);
+          a.profile_path = from_config;
+        } catch (const ConfigError& e) {
+          std::fprintf(stderr,
+                       "tiermem-plan: note: the config's tiermem.machine_profile \"%s\" is not a full machine "
+                       "profile (%s): bytes only; for time, give --profile with tiermem-bench profile --json's "
+                       "output\n",
+                       from_config.c_str(), describe(e).c_str());
+        }
+      }
+    }
     const plan::MachineProfile m =
         a.profile_path.empty() ? memory_only_profile(a.run.swap_dir) : plan::load_profile(a.profile_path);
     if (a.run.device.empty()) a.run.device = std::string(device_kind_name(m.device));  // the profile's
