@@ -380,8 +380,6 @@ int main(int argc, char** argv) {
       summary = read_summary(a.check_path);
       apply_summary(summary, a.check_path, a);
     }
-    // Without --profile, the config's tiermem.machine_profile (the file tiermem-train prices its
-    // I/O bound with) is the profile: the plan then predicts time for the run as configured.
     // The config's tiermem.machine_profile: read as tiermem-train reads it (the same refusals,
     // naming the key), and the machine profile when --profile is not given. One that gives
     // tiermem-train its NVMe rates but not every figure the planner needs plans bytes only.
