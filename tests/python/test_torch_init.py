@@ -183,3 +183,89 @@ def test_module_classes_defined_inside_init_are_staged(torch_or_skip, tmp_path):
     assert late.w.shape == (64, 32) and late.w.stride() == (0, 0)  # a placeholder: staged
     assert "__init_subclass__" not in torch.nn.Module.__dict__  # the hook is gone after the block
     assert Late().w.stride() == (32, 1)  # built outside: its own memory
+
+
+def _padded_model(torch):
+    """An embedding with a padding index and a head, initialised again by the parent after its
+    children were built, as HF's post_init does: by views of the parameters (p[i], p.data[i],
+    nested views), and by an index that copies (which must leave the parameter as it is)."""
+
+    class Padded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4, padding_idx=3)
+            self.head = torch.nn.Linear(4, 10)
+            with torch.no_grad():
+                torch.nn.init.normal_(self.emb.weight)
+                torch.nn.init.zeros_(self.emb.weight[self.emb.padding_idx])  # transformers' _init_weights
+                self.head.weight.data[7].zero_()  # older transformers' form
+                self.head.weight.t()[1].fill_(0.25)  # a view of a view
+                self.head.weight.view(-1)[:3].copy_(torch.tensor([1.0, 2.0, 3.0]))
+                self.head.bias[[0, 2]].fill_(9.0)  # a copy in torch: the bias is unchanged
+                self.head.bias[1:3] = self.emb.weight[5][:2]  # a view read into a view
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    return Padded()
+
+
+def test_writes_through_views_under_init_reach_the_staging(torch_or_skip, tmp_path):
+    """A model with a padding index built under Init got other initial weights than built without
+    it: transformers' `_init_weights` runs `init.zeros_(module.weight[module.padding_idx])` after the
+    module was staged, and `p[i]` was a view of a copy loaded for that one call, so the write was
+    lost and the padding row stayed random (LlamaConfig(pad_token_id=3); BERT's pad_token_id is 0).
+    A view of a staged parameter now stands for the staged values at each later call: the
+    parameters after initialize, and the first losses, equal those of the model built outside Init."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+
+    def check(build, loss_of, cfg):
+        torch.manual_seed(0)
+        ref = build()
+        torch.manual_seed(0)
+        with tt.zero.Init(config=cfg):
+            model = build()
+        engine, *_ = tt.initialize(model=model, config=cfg)
+        params = list(model.parameters())
+        with tt.zero.GatheredParameters(params):
+            for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                assert torch.equal(p.detach(), q.detach()), name
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+        for step in range(2):
+            torch.manual_seed(step)
+            got = loss_of(engine)
+            engine.backward(got)
+            engine.step()
+            torch.manual_seed(step)
+            want = loss_of(ref)
+            opt.zero_grad()
+            want.backward()
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+            opt.step()
+            assert abs(got.item() - want.item()) <= 1e-6 * abs(want.item()), (step, got.item(), want.item())
+        engine.close()
+
+    ids = torch.tensor([[1, 3, 5, 3], [3, 2, 9, 0]])
+    for offload in ("nvme", "none"):
+        check(lambda: _padded_model(torch), lambda m: m(ids).square().mean(), ds_config(tmp_path / "swap", offload))
+    # After initialize, a view taken while staged holds no values, and says so.
+    cfg = ds_config(tmp_path / "swap", "nvme")
+    with tt.zero.Init(config=cfg):
+        m = torch.nn.Embedding(10, 4, padding_idx=3)
+    row = m.weight[3]
+    assert row.shape == (4,) and torch.equal(row.clone(), torch.zeros(4))
+    engine, *_ = tt.initialize(model=m, config=cfg)
+    with pytest.raises(RuntimeError, match=r"a view \(p\[...\].*of a parameter \(10, 4\) torch.float32 taken while "
+                                           r"zero.Init staged it.*GatheredParameters"):
+        row.zero_()
+    engine.close()
+    transformers = hf_or_skip()
+    data = batches(2)
+    llama = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=32, pad_token_id=3)
+    for conf, cls in ((llama, transformers.LlamaForCausalLM),
+                      (transformers.BertConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                                               num_attention_heads=2, vocab_size=128, max_position_embeddings=32),
+                       transformers.BertForMaskedLM)):
+        check(lambda: cls(conf), lambda m: m(input_ids=data[0], labels=data[0]).loss, ds_config(tmp_path / "swap", "nvme"))

@@ -6,7 +6,9 @@ config's NVMe path (host memory when the config offloads nothing to NVMe), its `
 placeholder of the right shape and its class a subclass of its own (``stage_param``).
 Initialisation code that runs later on the whole model (HF's ``post_init``, ``tie_weights``)
 reaches each parameter through that class's ``__torch_function__``: loaded, changed in place,
-written back. ``initialize`` then registers each engine unit from the staging (``take_staged``),
+written back. A view of a staged parameter (``p[i]``, ``p.data[i]``, ``p.t()``) is a proxy
+(``_StagedView``) that does the same at each call given it: transformers' ``_init_weights`` zeroes
+an embedding's padding row through one. ``initialize`` then registers each engine unit from the staging (``take_staged``),
 one unit at a time, and once every unit is in the engine ``release_staging`` drops the staging
 (the file goes with its last parameter). A failed ``initialize`` leaves the staging as it was.
 A model that never reaches ``initialize`` takes its staging with it: the file, and the directories
@@ -191,19 +193,69 @@ class _StagedData(torch.Tensor):
         return _init_param_torch_function(cls, func, types, args, kwargs)
 
 
+class _StagedView(torch.Tensor):
+    """A view of a staged parameter (``p[i]``, ``p.data[i]``, ``p.t()``, ``p.view(-1)[:n]``, ...):
+    a placeholder of the view's shape and dtype, tied to `p` (``_tm_param``) and to the calls that
+    make the view from `p`'s values (``_tm_chain``). A torch call given it makes the view from `p`'s
+    current staged values for the call and writes them back after it, so ``p[pad].zero_()`` and
+    ``nn.init.zeros_(p.data[pad])`` (HF's ``_init_weights`` of an embedding with a padding index)
+    change the staging. A view of the values loaded for the call alone was dropped with them: the
+    write was lost without a word, and the model trained from other initial weights. A call that
+    gives a copy in torch (an index by a list, a tensor or a mask; a reshape no view can make) gives
+    a copy here too, of the values staged at that moment, as it always did."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _init_param_torch_function(cls, func, types, args, kwargs)
+
+
+def _view_calls() -> frozenset:
+    """The calls that may return a view of their first argument (a copy for some arguments:
+    _make_view asks torch which, on a meta tensor)."""
+    names = ("view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "select", "narrow", "t", "transpose",
+             "swapaxes", "swapdims", "permute", "movedim", "unsqueeze", "squeeze", "diagonal", "expand", "expand_as")
+    out = {torch._C.TensorBase.__getitem__}
+    for owner in (torch.Tensor, torch):
+        for name in names:
+            f = getattr(owner, name, None)
+            if f is not None:
+                out.add(f)
+    return frozenset(out)
+
+
+_VIEW_CALLS = _view_calls()
+_VIEW_PROPERTIES = tuple(getattr(torch._C.TensorBase, n) for n in ("T", "mT") if hasattr(torch._C.TensorBase, n))
+
+
+def _is_view_call(func) -> bool:
+    """Whether the torch call `func` may return a view of its first argument (see _view_calls;
+    ``.T`` and ``.mT`` too)."""
+    try:
+        if func in _VIEW_CALLS:
+            return True
+    except TypeError:  # an unhashable callable: not one of them
+        return False
+    return getattr(func, "__name__", "") == "__get__" and getattr(func, "__self__", None) in _VIEW_PROPERTIES
+
+
+def _is_staged_proxy(x) -> bool:
+    return isinstance(x, (_StagedData, _StagedView))
+
+
 def _staged_owner(x) -> Optional[torch.nn.Parameter]:
-    """The staged parameter whose values the call argument `x` stands for (itself, or the owner
-    of a ``p.data`` taken while it was staged), else None."""
+    """The staged parameter whose values the call argument `x` stands for (itself, the owner of a
+    ``p.data`` or of a view taken while it was staged), else None."""
     if isinstance(x, torch.nn.Parameter):
         st = x.__dict__.get("_tm_stage")
         return x if st is not None and id(x) in st.slots else None
-    if isinstance(x, _StagedData):
+    if _is_staged_proxy(x):
         p = x.__dict__.get("_tm_param")
         if p is None:
             return None
         st = p.__dict__.get("_tm_stage")
         if st is None or id(p) not in st.slots:
-            raise RuntimeError(f"tiermem.torch: this tensor is the .data of a parameter {tuple(p.shape)} {p.dtype} "
+            what = "the .data" if isinstance(x, _StagedData) else "a view (p[...], p.data[...], p.t(), ...)"
+            raise RuntimeError(f"tiermem.torch: this tensor is {what} of a parameter {tuple(p.shape)} {p.dtype} "
                                "taken while zero.Init staged it; initialize has taken the parameter since, so it holds "
                                "no values: use the parameter itself (inside tiermem.torch.zero.GatheredParameters to "
                                "change it)")
@@ -211,21 +263,90 @@ def _staged_owner(x) -> Optional[torch.nn.Parameter]:
     return None
 
 
+def _apply_chain(t: torch.Tensor, chain) -> list:
+    """[t, chain[0] of t, chain[1] of that, ...]: the tensors a view proxy's chain makes from `t`."""
+    levels = [t]
+    with torch._C.DisableTorchFunctionSubclass():
+        for func, rest, kw in chain:
+            levels.append(func(levels[-1], *rest, **kw))
+    return levels
+
+
+def _make_view(x: torch.Tensor, owner: torch.nn.Parameter, func, rest: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """The view proxy of ``func(x, *rest, **kwargs)``, `x` standing for the staged `owner`, or None
+    when the call gives a copy (the caller then runs it on the values, as torch would). No values
+    are loaded: the calls run on a meta tensor with the strides of the values a call would get."""
+    for a in list(rest) + list(kwargs.values()):
+        for y in (a if isinstance(a, (list, tuple)) else (a,)):
+            if _is_staged_proxy(y) or (isinstance(y, torch.nn.Parameter) and _staged_owner(y) is not None):
+                return None  # an index that is itself staged: run on the values (a copy, or torch's error)
+    chain = list(x.__dict__.get("_tm_chain", ())) if isinstance(x, _StagedView) else []
+    chain.append((func, tuple(rest), dict(kwargs)))
+    held = _raw_data(owner)
+    # What a call is given: the staged values (contiguous) or the tensor a `.data = t` put there.
+    stride = held.stride() if not _holds_placeholder(held) else torch.empty(held.shape, device="meta").stride()
+    try:
+        levels = _apply_chain(torch.empty_strided(held.shape, stride, dtype=held.dtype, device="meta"), chain)
+    except Exception:  # noqa: BLE001 - not answerable without values (a mask index): run on the values
+        return None
+    out = levels[-1]
+    if not isinstance(out, torch.Tensor) or not all(t._is_view() for t in levels[1:]):
+        return None  # a copy in torch: a copy here too
+    proxy = placeholder(out.shape, out.dtype).as_subclass(_StagedView)
+    proxy._tm_param = owner
+    proxy._tm_chain = chain
+    return proxy
+
+
+def _data_of_proxy(x: torch.Tensor) -> torch.Tensor:
+    """``x.data`` of a staged parameter's ``.data`` or view proxy: a proxy of the same values (a
+    plain tensor would be the placeholder, whose writes fail and reads are meaningless)."""
+    proxy = _raw_data(x).as_subclass(type(x))
+    proxy._tm_param = x.__dict__.get("_tm_param")
+    if isinstance(x, _StagedView):
+        proxy._tm_chain = list(x.__dict__.get("_tm_chain", ()))
+    return proxy
+
+
+def _resolve_view(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The view the proxy `x` stands for, made from `values` (its owner's values for this call). A
+    view that would be a copy now (the parameter was given `.data` of other strides since) could
+    not take a write back: refused before the call."""
+    levels = _apply_chain(values, x.__dict__["_tm_chain"])
+    base = values.untyped_storage().data_ptr()
+    if levels[-1].numel() and levels[-1].untyped_storage().data_ptr() != base:
+        raise RuntimeError("tiermem.torch: a view of a parameter staged by zero.Init (p[...], p.data[...], p.t(), ...) "
+                           "no longer views its values (the parameter was given .data of another layout since), so a "
+                           "change to it could not reach the parameter; nothing was changed: take the view again")
+    return levels[-1]
+
+
 def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
-    """A parameter staged by Init (or its ``.data``), used by code that runs after its module was
-    built (HF's post_init weight initialisation, tie_weights, user code): loaded for the call,
-    written back after it (the call may have initialised it in place), released again. A parameter
-    given ``.data = t`` since holds t: the call uses t, which is then staged in its place."""
+    """A parameter staged by Init (or its ``.data``, or a view of either), used by code that runs
+    after its module was built (HF's post_init weight initialisation, tie_weights, user code):
+    loaded for the call, written back after it (the call may have initialised it in place),
+    released again. A parameter given ``.data = t`` since holds t: the call uses t, which is then
+    staged in its place. A view call (``p[i]``, ``p.data[i]``, ``p.t()``, ``p.view(...)``) returns
+    a view proxy (_StagedView): the values it views are the staging's at each later call."""
     if kwargs is None:
         kwargs = {}
-    if _is_data_get(func) and isinstance(args[0], torch.nn.Parameter):
-        p = args[0]
-        held = _raw_data(p)
-        if _staged_owner(p) is not None and _holds_placeholder(held):
-            proxy = held.as_subclass(_StagedData)
-            proxy._tm_param = p
-            return proxy
-        return held
+    if _is_data_get(func):
+        if isinstance(args[0], torch.nn.Parameter):
+            p = args[0]
+            held = _raw_data(p)
+            if _staged_owner(p) is not None and _holds_placeholder(held):
+                proxy = held.as_subclass(_StagedData)
+                proxy._tm_param = p
+                return proxy
+            return held
+        if _is_staged_proxy(args[0]) and _staged_owner(args[0]) is not None:
+            return _data_of_proxy(args[0])
+    if _is_view_call(func) and args and isinstance(args[0], torch.Tensor):
+        owner = _staged_owner(args[0])
+        if owner is not None:
+            proxy = _make_view(args[0], owner, func, args[1:], kwargs)
+            if proxy is not None:
+                return proxy
     staged = {}  # id(owner) -> (owner, stage, values, [arguments standing for it])
     try:
         for a in (list(args) + list(kwargs.values())) if not is_metadata(func) else ():
@@ -240,7 +361,7 @@ def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
                     held = _raw_data(p)
                     entry = staged[id(p)] = (p, st, held if not _holds_placeholder(held) else st.load(p), [])
                 if not any(x is y for y in entry[3]):
-                    x.data = entry[2]
+                    x.data = _resolve_view(x, entry[2]) if isinstance(x, _StagedView) else entry[2]
                     entry[3].append(x)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
