@@ -345,6 +345,51 @@ def test_moving_the_model_to_another_device_after_initialize_is_refused(torch_or
     engine.close()
 
 
+def test_a_move_that_keeps_the_device_leaves_the_engine_as_it_is(torch_or_skip, tmp_path, capfd):
+    """`model.to("cpu:0")`, `model.to(torch.device("cpu", 0))` and `model.to_empty(device="cpu")`
+    after initialize (the device the model computes on, spelled another way) were refused: torch's
+    `_apply` gathered each parameter and left the gathered memory in `.data`, which the next gather
+    undid with "had its .data replaced ... after initialize", after an "access trace diverged"
+    warning. They are accepted and change nothing of the parameters (to_empty keeps the engine's
+    values): the losses after them equal those of a run without them, bit for bit, with no warning.
+    A conversion of the buffers alone (`.float()` of an fp32 model with an fp64 buffer) converts it."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+
+    def run(moves):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        m[2].register_buffer("scale", torch.ones(3, dtype=torch.float64))  # read by no forward
+        engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path / "swap", "nvme"))
+        params = list(m.parameters())
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for step in range(4):
+            if step in moves:
+                with tt.zero.GatheredParameters(params):
+                    before = [p.detach().clone() for p in params]
+                assert moves[step](m, engine) in (m, engine)
+                assert list(m.parameters()) == params
+                with tt.zero.GatheredParameters(params):
+                    assert all(torch.equal(p.detach(), b) for p, b in zip(params, before))
+            loss = engine(torch.randn(4, 8, generator=g)).square().mean()
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        engine.close()
+        return m, losses
+
+    _, want = run({})
+    capfd.readouterr()
+    m, got = run({1: lambda m, e: m.to("cpu:0"), 2: lambda m, e: m.to(torch.device("cpu", 0)),
+                  3: lambda m, e: m.to_empty(device="cpu")})
+    assert got == want
+    err = capfd.readouterr().err
+    assert "access trace diverged" not in err and "had its .data replaced" not in err, err
+    m, got = run({1: lambda m, e: e.to("cpu:0"), 2: lambda m, e: m.float()})
+    assert got == want and m[2].scale.dtype == torch.float32
+
+
 def test_a_loss_that_reaches_no_parameter_is_named_at_backward(torch_or_skip, tmp_path):
     """`engine.backward(torch.tensor(1.0, requires_grad=True))` counted no backward, and the next
     step() was refused as "called before any backward()", which the user had just called. backward

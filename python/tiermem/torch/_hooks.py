@@ -29,7 +29,8 @@ the call and releases it after; views the call returns keep the memory alive.
 Moves. ``Module.to``, ``cuda``, ``cpu`` and ``to_empty`` all run ``Module._apply``; on a managed
 module it is ``ParamHooks._guarded_apply``, which refuses a move to another device before anything
 changes (the engine's memory is host memory and the model computes where it was at initialize; a
-parameter moved to ``meta`` has no values). Calls that keep the device run torch's own ``_apply``.
+parameter moved to ``meta`` has no values). Calls that leave the parameters as they are (the same
+device, however spelled, and dtype) convert the buffers only; others run torch's own ``_apply``.
 
 Thread-safety: one thread drives a model (as torch's autograd does).
 """
@@ -89,6 +90,34 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
         for u in taken:
             if u.active == 0:
                 u.release()
+
+
+def _device_key(d: torch.device) -> tuple:
+    """(type, index) of `d`, the index torch means when it names none: "cpu" and "cpu:0" are one
+    device, as are "cuda" and "cuda:<current>"."""
+    d = torch.device(d)
+    if d.index is not None:
+        return d.type, d.index
+    if d.type == "cuda" and torch.cuda.is_available():
+        return d.type, torch.cuda.current_device()
+    return d.type, 0
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return _device_key(a) == _device_key(b)
+
+
+def _apply_to_buffers(module: torch.nn.Module, fn, recurse: bool) -> torch.nn.Module:
+    """``module._apply(fn, recurse)`` for a conversion the managed parameters need nothing of: the
+    submodules' ``_apply`` (guarded ones come back here), then `fn` on this module's buffers, as
+    torch's ``_apply`` does; the parameters are left as they are."""
+    if recurse:
+        for child in module.children():
+            child._apply(fn)
+    for key, buf in module._buffers.items():
+        if buf is not None:
+            module._buffers[key] = fn(buf)
+    return module
 
 
 CLOSED = ("this model's parameters were in a tiermem engine that has been closed, and their values went with it; "
@@ -210,20 +239,33 @@ class ParamHooks:
         refused before any parameter or buffer changes. torch's own ``_apply`` would convert each
         parameter (gathering it), put new Parameter objects in the modules, and move the buffers:
         modules of one parameter were left on the new device unseen, and the buffers stayed there
-        after the undo at the next gather (torch's device error at every later step)."""
+        after the undo at the next gather (torch's device error at every later step).
+
+        A call that leaves a tensor of the model's working dtype on its device as it is (``.to()``
+        of the same device however spelled: "cpu", "cpu:0", ``torch.device("cpu", 0)``; ``.float()``
+        of an fp32 model; ``to_empty(device=<the same>)``) needs nothing of the managed parameters:
+        they are not touched (the engine keeps their values; torch's ``_apply`` gathered each one and
+        put the gathered memory in ``.data``, which the next gather undid with a RuntimeError), and
+        the buffers get what `fn` gives them, as without tiermem (a dtype change, or for
+        ``to_empty`` uninitialised memory)."""
         dev = self.link.compute_device
         try:
             with torch.no_grad():
                 probe = fn(torch.empty(0, device=dev))
+                working = fn(torch.empty(0, dtype=self.link.working_dtype, device=dev))
         except Exception:  # noqa: BLE001 - not a conversion of plain tensors: torch's _apply decides
-            probe = None
-        if isinstance(probe, torch.Tensor) and probe.device != dev:
+            probe = working = None
+        if isinstance(probe, torch.Tensor) and not _same_device(probe.device, dev):
             where = f"{type(module).__name__} ({name!r})" if name else f"the model ({type(module).__name__})"
             raise RuntimeError(f"tiermem.torch: moving {where} to {probe.device} after initialize is refused, nothing "
-                               f"was moved: its parameters are in the tiermem engine, and the model computes on {dev}. "
-                               "Put the model on its device before initialize (build it there, or model.to(device) "
-                               "first); to take it out of the engine, write it with engine.save_fp32_model(path), "
-                               "close() the engine and load the file into a model on the new device")
+                               f"was moved: the model's parameters are in the tiermem engine, and the model computes "
+                               f"on {dev}. Put the model on its device before initialize (build it there, or "
+                               "model.to(device) first); to take it out of the engine, write it with "
+                               "engine.save_fp32_model(path), close() the engine and load the file into a model on the "
+                               "new device")
+        if (isinstance(working, torch.Tensor) and _same_device(working.device, dev)
+                and working.dtype == self.link.working_dtype):
+            return _apply_to_buffers(module, fn, recurse)
         return type(module)._apply(module, fn, recurse)
 
     # ------------------------------------------------------------------------------ forward
