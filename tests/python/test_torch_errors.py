@@ -345,6 +345,23 @@ def test_moving_the_model_to_another_device_after_initialize_is_refused(torch_or
     engine.close()
 
 
+def test_moving_a_module_without_parameters_is_refused_with_a_true_reason(torch_or_skip, tmp_path):
+    """`BatchNorm1d(affine=False).to("meta")` after initialize was refused with "its parameters are
+    in the tiermem engine", for a module that has none: the reason names the model's parameters."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8, affine=False), torch.nn.Linear(8, 2))
+    engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path / "swap", "nvme"))
+    with pytest.raises(RuntimeError, match=r"moving BatchNorm1d \('1'\) to meta after initialize is refused, nothing "
+                                           r"was moved: the model's parameters are in the tiermem engine"):
+        m[1].to("meta")
+    assert {b.device.type for b in m.buffers()} == {"cpu"}
+    engine.backward(engine(torch.ones(4, 8)).sum())
+    engine.step()
+    engine.close()
+
+
 def test_a_move_that_keeps_the_device_leaves_the_engine_as_it_is(torch_or_skip, tmp_path, capfd):
     """`model.to("cpu:0")`, `model.to(torch.device("cpu", 0))` and `model.to_empty(device="cpu")`
     after initialize (the device the model computes on, spelled another way) were refused: torch's
