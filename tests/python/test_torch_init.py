@@ -166,6 +166,53 @@ def test_init_leaves_nothing_behind_without_initialize(torch_or_skip, tmp_path):
     assert os.listdir(tmp_path / "user") == ["shared"] and not (tmp_path / "exit").exists()
 
 
+FORKS_UNDER_INIT = r"""
+import gc, json, os, sys, torch
+import tiermem.torch as tt
+from torch_models import ds_config
+swap = sys.argv[1]
+cfg = ds_config(swap, "nvme")
+with tt.zero.Init(config=cfg):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+before = sorted(os.listdir(swap))
+pid = os.fork()
+if pid == 0:  # the child collects its copy of the model, then exits as an interpreter does (atexit)
+    del model
+    gc.collect()
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+after = sorted(os.listdir(swap))
+engine, *_ = tt.initialize(model=model, config=cfg)
+engine.backward(engine(torch.ones(2, 8)).sum())
+engine.step()
+engine.close()
+print(json.dumps({"status": status, "before": before, "after": after}), flush=True)
+"""
+
+
+def test_a_forked_child_leaves_the_parents_staging(torch_or_skip, tmp_path):
+    """A process that forked after building under Init lost its staging when the child exited:
+    the child ran the staging's clean-up (weakref.finalize at exit, or on collecting its copy of the
+    model) and deleted the parent's tiermem-init-*.bin and the directories tiermem made. The
+    clean-up runs only in the process that made the staging: the parent's file stays through the
+    child's exit, initialize reads it, and the parent's exit still removes what tiermem made."""
+    import json
+    import subprocess
+    import sys
+    if not hasattr(os, "fork"):
+        pytest.skip("os.fork is not available on this platform")
+    swap = tmp_path / "made" / "swap"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", FORKS_UNDER_INIT, str(swap)], capture_output=True, text=True,
+                       timeout=300, cwd=HERE, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["status"] == 0, r
+    assert any(f.startswith("tiermem-init-") for f in r["before"]), r
+    assert r["after"] == r["before"], r  # the child took nothing of the parent's
+    assert not (tmp_path / "made").exists()  # gone with the parent, as before
+
+
 def test_module_classes_defined_inside_init_are_staged(torch_or_skip, tmp_path):
     """transformers imports a model's file on the first use of its name, often inside the Init
     block (GPT-2's Conv1D was missed so, and its 85 M parameters stayed in host memory): a Module

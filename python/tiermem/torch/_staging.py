@@ -13,7 +13,7 @@ one unit at a time, and once every unit is in the engine ``release_staging`` dro
 (the file goes with its last parameter). A failed ``initialize`` leaves the staging as it was.
 A model that never reaches ``initialize`` takes its staging with it: the file, and the directories
 tiermem made for it once they hold nothing else, go when the model is garbage-collected or at
-interpreter exit.
+interpreter exit, in the process that built it (a forked child leaves them to its parent).
 
 Thread-safety: single-threaded, as module construction is.
 """
@@ -113,15 +113,22 @@ class Stage:
             self.fd = fd
             # The file, then the directories tiermem made for it once nothing else is in them: when
             # initialize has taken the last parameter (drop_staged), when the staged model is
-            # garbage-collected, or at interpreter exit (weakref.finalize's atexit).
-            self._finalizer = weakref.finalize(self, Stage._remove, fd, self.path, dirs)
+            # garbage-collected, or at interpreter exit (weakref.finalize's atexit). Only in this
+            # process: a forked child inherits the finalizer, and its exit removed the parent's file.
+            self._finalizer = weakref.finalize(self, Stage._remove, fd, self.path, dirs, os.getpid())
 
     @staticmethod
-    def _remove(fd: int, path: str, dirs: list) -> None:
+    def _remove(fd: int, path: str, dirs: list, owner_pid: int) -> None:
+        """Closes `fd` (each process its own copy) and, in the process that made the staging only,
+        removes `path` and then each of `dirs` that holds nothing else. A forked child that exits
+        (or collects its copy of the model, or initializes it) leaves them: they are the parent's,
+        which still reads the file."""
         try:
             os.close(fd)
         except OSError:
             pass
+        if os.getpid() != owner_pid:
+            return
         try:
             os.unlink(path)
         except OSError:
