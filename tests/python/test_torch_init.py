@@ -315,4 +315,5 @@ def test_writes_through_views_under_init_reach_the_staging(torch_or_skip, tmp_pa
                       (transformers.BertConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
                                                num_attention_heads=2, vocab_size=128, max_position_embeddings=32),
                        transformers.BertForMaskedLM)):
-        check(lambda: cls(conf), lambda m: m(input_ids=data[0], labels=data[0]).loss, ds_config(tmp_path / "swap", "nvme"))
+        check(lambda: cls(conf), lambda m: m(input_ids=data[0], labels=data[0]).loss,
+              ds_config(tmp_path / "swap", "nvme"))

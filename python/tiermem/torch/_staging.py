@@ -8,9 +8,10 @@ Initialisation code that runs later on the whole model (HF's ``post_init``, ``ti
 reaches each parameter through that class's ``__torch_function__``: loaded, changed in place,
 written back. A view of a staged parameter (``p[i]``, ``p.data[i]``, ``p.t()``) is a proxy
 (``_StagedView``) that does the same at each call given it: transformers' ``_init_weights`` zeroes
-an embedding's padding row through one. ``initialize`` then registers each engine unit from the staging (``take_staged``),
-one unit at a time, and once every unit is in the engine ``release_staging`` drops the staging
-(the file goes with its last parameter). A failed ``initialize`` leaves the staging as it was.
+an embedding's padding row through one. ``initialize`` then registers each engine unit from the
+staging (``take_staged``), one unit at a time, and once every unit is in the engine
+``release_staging`` drops the staging (the file goes with its last parameter). A failed
+``initialize`` leaves the staging as it was.
 A model that never reaches ``initialize`` takes its staging with it: the file, and the directories
 tiermem made for it once they hold nothing else, go when the model is garbage-collected or at
 interpreter exit, in the process that built it (a forked child leaves them to its parent).
