@@ -118,6 +118,43 @@ def test_writes_through_data_under_init_reach_the_staging(torch_or_skip, tmp_pat
         engine.close()
 
 
+def test_data_of_one_staged_parameter_given_to_another_under_init(torch_or_skip, tmp_path):
+    """`a.weight.data = b.weight.data` with both built under Init (transformers'
+    resize_token_embeddings hands the new embedding's values to the old parameter so) left `a`
+    its own old values, silently, or, of another shape, failed in initialize with a size mismatch.
+    `a` now holds b's values at b's shape; a resized HF model equals one resized without Init."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    cfg = ds_config(tmp_path / "swap", "nvme")
+    for rows in (4, 6):
+        with tt.zero.Init(config=cfg):
+            a = torch.nn.Linear(2, 4, bias=False)
+            b = torch.nn.Linear(2, rows, bias=False)
+            with torch.no_grad():
+                b.weight.fill_(7.0)
+            a.weight.data = b.weight.data
+        assert a.weight.shape == (rows, 2)
+        engine, *_ = tt.initialize(model=torch.nn.Sequential(a), config=cfg)
+        with tt.zero.GatheredParameters([a.weight]):
+            assert torch.equal(a.weight.detach(), torch.full((rows, 2), 7.0))
+        engine.close()
+    hf_or_skip()
+    for kind in ("gpt2", "llama"):
+        torch.manual_seed(0)
+        plain = build(kind)
+        plain.resize_token_embeddings(160)
+        want = {k: v.detach().clone() for k, v in plain.named_parameters()}
+        torch.manual_seed(0)
+        with tt.zero.Init(config=cfg):
+            model = build(kind)
+            model.resize_token_embeddings(160)
+        engine, *_ = tt.initialize(model=model, config=cfg)
+        with tt.zero.GatheredParameters(list(model.parameters())):
+            for k, v in model.named_parameters():
+                assert torch.equal(v.detach(), want[k]), k
+        engine.close()
+
+
 EXITS_UNDER_INIT = r"""
 import sys, torch
 import tiermem.torch as tt

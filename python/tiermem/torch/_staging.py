@@ -180,6 +180,22 @@ def _is_data_get(func) -> bool:
     return getattr(func, "__name__", "") == "__get__" and getattr(func, "__self__", None) is torch._C.TensorBase.data
 
 
+def _is_data_set(func) -> bool:
+    """Whether the torch call `func` is the ``.data`` setter."""
+    return getattr(func, "__name__", "") == "__set__" and getattr(func, "__self__", None) is torch._C.TensorBase.data
+
+
+def _staged_values(x: torch.Tensor) -> torch.Tensor:
+    """A copy of the values the staged parameter, ``.data`` proxy or view proxy `x` stands for now."""
+    p = _staged_owner(x)
+    held = _raw_data(p)
+    values = held if not _holds_placeholder(held) else p._tm_stage.load(p)
+    if isinstance(x, _StagedView):
+        values = _resolve_view(x, values)
+    with torch._C.DisableTorchFunctionSubclass():
+        return values.detach().clone()
+
+
 def _raw_data(x: torch.Tensor) -> torch.Tensor:
     """``x.data`` without any __torch_function__ (what `x` holds now)."""
     with torch._C.DisableTorchFunctionSubclass():
@@ -338,6 +354,20 @@ def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
     a view proxy (_StagedView): the values it views are the staging's at each later call."""
     if kwargs is None:
         kwargs = {}
+    if (_is_data_set(func) and len(args) == 2 and isinstance(args[0], torch.nn.Parameter)
+            and _staged_owner(args[0]) is not None
+            and (_is_staged_proxy(args[1]) or isinstance(args[1], torch.nn.Parameter))
+            and _staged_owner(args[1]) is not None):
+        # `p.data = q.data` with both staged (transformers' resize_token_embeddings hands the new
+        # embedding's values to the old parameter so): q's values, at their shape, are staged in
+        # p's place. The placeholder alone would have left p its own old values, silently (or of
+        # the old shape under the new one: initialize failed). A copy, not torch's alias of q.
+        p = args[0]
+        values = _staged_values(args[1])
+        p._tm_stage.store(p, values)
+        with torch._C.DisableTorchFunctionSubclass():
+            p.data = placeholder(values.shape, values.dtype)
+        return None
     if _is_data_get(func):
         if isinstance(args[0], torch.nn.Parameter):
             p = args[0]
