@@ -81,7 +81,10 @@ def test_frozen_parameters_stay_frozen(torch_or_skip, tmp_path):
     engine.close()
 
 
-def test_parameter_used_outside_its_module_and_buffers(torch_or_skip, tmp_path):
+@pytest.mark.parametrize("head", ["t()", "T"])
+def test_parameter_used_outside_its_module_and_buffers(torch_or_skip, tmp_path, head):
+    """The embedding's weight read by its parent's forward, as `.t()` or as the property `.T`
+    (which was answered by the placeholder as metadata: zero logits, silently)."""
     torch = torch_or_skip
     import tiermem.torch as tt
 
@@ -94,7 +97,8 @@ def test_parameter_used_outside_its_module_and_buffers(torch_or_skip, tmp_path):
 
         def forward(self, x, y):
             h = torch.tanh(self.body(self.embed(x)) + self.shift)
-            logits = h @ self.embed.weight.t()  # the embedding's weight, outside the embedding
+            w = self.embed.weight  # the embedding's weight, outside the embedding
+            logits = h @ (w.t() if head == "t()" else w.T)
             return torch.nn.functional.cross_entropy(logits.view(-1, 50), y.view(-1))
 
     def make():

@@ -52,11 +52,22 @@ def _metadata_calls() -> frozenset:
 
 _METADATA = _metadata_calls()
 
+# Properties that are views of the values (``p.T``, ``p.mT``, ``p.H``, ``p.mH``, ``p.real``,
+# ``p.imag``): a call, not metadata. Answered by the placeholder they were zeros, silently (a head
+# computed as ``x @ emb.weight.T`` outside the embedding's forward gave zero logits).
+_VALUE_PROPERTIES = tuple(getattr(torch._C.TensorBase, n) for n in ("T", "mT", "H", "mH", "real", "imag")
+                          if hasattr(torch._C.TensorBase, n))
+
 
 def is_metadata(func) -> bool:
     """Whether the torch call `func` reads no parameter values (it needs no gather)."""
-    # Property accessors (shape, dtype, device, data, grad, requires_grad, _base, ...) read no values.
-    return func in _METADATA or getattr(func, "__name__", "") in ("__get__", "__set__", "__delete__")
+    if func in _METADATA:
+        return True
+    # Property accessors (shape, dtype, device, data, grad, requires_grad, _base, ...) read no values;
+    # those that are views of the values do.
+    if getattr(func, "__name__", "") in ("__get__", "__set__", "__delete__"):
+        return getattr(func, "__self__", None) not in _VALUE_PROPERTIES
+    return False
 
 
 _SUBCLASSES: dict[tuple, type] = {}
