@@ -207,6 +207,10 @@ void check_sub_group_size(const ZeroConfig& z, std::size_t alignment_elems);
 // calls it, and tiermem-plan with it, so both refuse the same configurations.
 void check_zero_config(const Config& config, std::size_t alignment_elems);
 
+// optimizer.type in lower case ("adamw", "adam", "lion", "adagrad" once check_zero_config passed;
+// a Config built in code may spell it "AdamW").
+std::string optimizer_type(const Config& config);
+
 // Plans `module_numels` (every module's element count, in registration order) under `config`.
 ZeroPlan plan_zero(const Config& config, std::span<const std::size_t> module_numels,
                    const ZeroPlanOptions& options = {});

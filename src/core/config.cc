@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/profile_file.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
 
@@ -232,27 +233,16 @@ Config load_config(const std::string& path) {
   }
 }
 
-namespace {
-
-// The profile object of the file tiermem-bench profile --json wrote (its last line that is a JSON
-// object, {"profile": {...}}) or of a written profile (the whole file, with or without "profile").
-json read_profile(const std::string& path) {
-  const std::string key = "tiermem.machine_profile";
+json read_profile_file(const std::string& path, const std::string& key, const std::string& prefix) {
   const std::string make = "write one with: tiermem-bench profile --json > profile.json";
   if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
-    throw ConfigError(key, path, "config key '" + key + "' = \"" + path + "\" is a directory, not a profile file; " + make);
+    throw ConfigError(key, path, prefix + "is a directory, not a profile file; " + make);
   }
   if (std::error_code ec; std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
-    throw ConfigError(key, path,
-                      "config key '" + key + "' = \"" + path +
-                          "\" is not a regular file (a device, FIFO or socket), not a profile file; " + make);
+    throw ConfigError(key, path, prefix + "is not a regular file (a device, FIFO or socket), not a profile file; " + make);
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ConfigError(key, path,
-                      errno_message("config key '" + key + "' = \"" + path + "\": cannot read the profile", errno) +
-                          "; " + make);
-  }
+  if (!in) throw ConfigError(key, path, errno_message(prefix + "cannot read the profile", errno) + "; " + make);
   std::ostringstream ss;
   ss << in.rdbuf();
   json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
@@ -265,11 +255,12 @@ json read_profile(const std::string& path) {
     }
   }
   if (j.is_discarded() || !j.is_object()) {
-    throw ConfigError(key, path,
-                      "config key '" + key + "' = \"" + path + "\" is not a machine profile (no JSON object); " + make);
+    throw ConfigError(key, path, prefix + "is not a machine profile (no JSON object); " + make);
   }
   return j.contains("profile") ? j["profile"] : j;
 }
+
+namespace {
 
 // The profile's rate `name` (GB/s): a positive, finite number, else a ConfigError.
 double profile_rate(const json& profile, const char* name, const std::string& path) {
@@ -293,7 +284,8 @@ NvmeRates resolve_nvme_rates(const Config& config) {
     r.source = from_config ? "config" : "";
     return r;
   }
-  const json profile = read_profile(t.machine_profile);
+  const json profile = read_profile_file(t.machine_profile, "tiermem.machine_profile",
+                                         "config key 'tiermem.machine_profile' = \"" + t.machine_profile + "\": ");
   if (r.read_gbps <= 0) r.read_gbps = profile_rate(profile, "nvme_read_gbps", t.machine_profile);
   if (r.write_gbps <= 0) r.write_gbps = profile_rate(profile, "nvme_write_gbps", t.machine_profile);
   r.source = (from_config ? "config and profile " : "profile ") + t.machine_profile;

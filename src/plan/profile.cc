@@ -3,19 +3,15 @@
 #include "plan/plan.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/profile_file.h"
 #include "tiermem/error.h"
 
 namespace tiermem::plan {
@@ -113,35 +109,7 @@ MachineProfile parse_profile(const nlohmann::json& j, const std::string& source)
 }
 
 MachineProfile load_profile(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw ConfigError("--profile", path, "is a directory: give the JSON file tiermem-bench profile --json wrote");
-  }
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
-    throw ConfigError("--profile", path,
-                      "is not a regular file (a device, FIFO or socket): give the JSON file tiermem-bench profile "
-                      "--json wrote");
-  }
-  std::ifstream in(path);
-  if (!in) {
-    throw ConfigError("--profile", path,
-                      std::string("cannot open the profile file: ") + std::strerror(errno) +
-                          " (write one with: tiermem-bench profile --json > profile.json)");
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {  // tiermem-bench's whole output: the last line that is a JSON object
-    std::istringstream lines(ss.str());
-    for (std::string line; std::getline(lines, line);) {
-      if (line.empty() || line[0] != '{') continue;
-      nlohmann::json l = nlohmann::json::parse(line, nullptr, false);
-      if (!l.is_discarded()) j = std::move(l);
-    }
-  }
-  if (j.is_discarded()) throw ConfigError("--profile", path, "not valid JSON");
-  // tiermem-bench profile --json prints {"profile": {...}}; a written profile may be either.
-  return parse_profile(j.is_object() && j.contains("profile") ? j["profile"] : j, path);
+  return parse_profile(read_profile_file(path, "--profile", ""), path);
 }
 
 }  // namespace tiermem::plan

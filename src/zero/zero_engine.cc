@@ -8,7 +8,6 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <iterator>
 #include <fmt/format.h>
@@ -18,14 +17,6 @@
 #include "zero/zero_impl.h"
 
 namespace tiermem {
-namespace {
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-}  // namespace
 
 // --------------------------------------------------------------------------------- Gathered
 
@@ -87,7 +78,7 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptio
   const ZeroConfig& z = config_.zero;
   if (options.alignment_elems == 0) throw Error("ZeroEngineOptions::alignment_elems must be >= 1");
   check_zero_config(config_, options.alignment_elems);
-  const std::string opt = lower(config_.optimizer.type);
+  const std::string opt = optimizer_type(config_);
   I.shape.optimizer = opt == "lion"      ? detail::OptimizerKind::kLion
                       : opt == "adagrad" ? detail::OptimizerKind::kAdagrad
                                          : detail::OptimizerKind::kAdamW;

@@ -71,14 +71,19 @@ void check_sub_group_size(const ZeroConfig& z, std::size_t alignment_elems) {
   }
 }
 
+std::string optimizer_type(const Config& config) {
+  std::string opt = config.optimizer.type;
+  for (auto& c : opt) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return opt;
+}
+
 void check_zero_config(const Config& config, std::size_t alignment_elems) {
   const ZeroConfig& z = config.zero;
   if (z.stage < 0 || z.stage > 3) {
     throw ConfigError("zero_optimization.stage", std::to_string(z.stage), "ZeRO stage must be 0, 1, 2 or 3");
   }
   check_sub_group_size(z, alignment_elems);
-  std::string opt = config.optimizer.type;
-  for (auto& c : opt) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string opt = optimizer_type(config);
   if (opt != "adamw" && opt != "adam" && opt != "lion" && opt != "adagrad") {
     throw ConfigError("optimizer.type", config.optimizer.type,
                       "config key 'optimizer.type' = \"" + config.optimizer.type +

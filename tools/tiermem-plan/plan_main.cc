@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string_view>
 
@@ -383,13 +384,14 @@ int main(int argc, char** argv) {
     // The config's tiermem.machine_profile: read as tiermem-train reads it (the same refusals,
     // naming the key), and the machine profile when --profile is not given. One that gives
     // tiermem-train its NVMe rates but not every figure the planner needs plans bytes only.
+    std::optional<plan::MachineProfile> config_profile;
     if (!a.run.config_path.empty()) {
       const Config given = load_config(a.run.config_path);
       resolve_nvme_rates(given);
       const std::string& from_config = given.tiermem.machine_profile;
       if (a.profile_path.empty() && !from_config.empty()) {
         try {
-          plan::load_profile(from_config);
+          config_profile = plan::load_profile(from_config);
           a.profile_path = from_config;
         } catch (const ConfigError& e) {
           std::fprintf(stderr,
@@ -400,8 +402,9 @@ int main(int argc, char** argv) {
         }
       }
     }
-    const plan::MachineProfile m =
-        a.profile_path.empty() ? memory_only_profile(a.run.swap_dir) : plan::load_profile(a.profile_path);
+    const plan::MachineProfile m = config_profile      ? *std::move(config_profile)
+                                   : a.profile_path.empty() ? memory_only_profile(a.run.swap_dir)
+                                                            : plan::load_profile(a.profile_path);
     if (a.run.device.empty()) a.run.device = std::string(device_kind_name(m.device));  // the profile's
     Config cfg = train::effective_config(a.run, 0, a.world_size);
     check_swap_dirs(a.run, cfg);

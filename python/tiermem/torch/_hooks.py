@@ -251,11 +251,12 @@ class ParamHooks:
         dev = self.link.compute_device
         try:
             with torch.no_grad():
-                probe = fn(torch.empty(0, device=dev))
-                working = fn(torch.empty(0, dtype=self.link.working_dtype, device=dev))
+                probe = fn(torch.empty(0, dtype=self.link.working_dtype, device=dev))
         except Exception:  # noqa: BLE001 - not a conversion of plain tensors: torch's _apply decides
-            probe = working = None
-        if isinstance(probe, torch.Tensor) and not _same_device(probe.device, dev):
+            probe = None
+        if not isinstance(probe, torch.Tensor):
+            return type(module)._apply(module, fn, recurse)
+        if not _same_device(probe.device, dev):
             where = f"{type(module).__name__} ({name!r})" if name else f"the model ({type(module).__name__})"
             raise RuntimeError(f"tiermem.torch: moving {where} to {probe.device} after initialize is refused, nothing "
                                f"was moved: the model's parameters are in the tiermem engine, and the model computes "
@@ -263,8 +264,7 @@ class ParamHooks:
                                "model.to(device) first); to take it out of the engine, write it with "
                                "engine.save_fp32_model(path), close() the engine and load the file into a model on the "
                                "new device")
-        if (isinstance(working, torch.Tensor) and _same_device(working.device, dev)
-                and working.dtype == self.link.working_dtype):
+        if probe.dtype == self.link.working_dtype:
             return _apply_to_buffers(module, fn, recurse)
         return type(module)._apply(module, fn, recurse)
 

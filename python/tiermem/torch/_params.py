@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["placeholder", "param_subclass", "is_metadata"]
+__all__ = ["placeholder", "param_subclass", "is_metadata", "tensor_calls", "property_of", "VALUE_PROPERTIES"]
 
 _PLACEHOLDERS: dict[tuple, torch.Tensor] = {}
 
@@ -35,28 +35,29 @@ def placeholder(shape: torch.Size, dtype: torch.dtype, device: Optional[torch.de
     return base.expand(shape)
 
 
+def tensor_calls(names, owners=(torch.Tensor,)) -> frozenset:
+    """The functions of `owners` (torch.Tensor, the torch module, ...) named in `names`, those
+    this torch has: the set a ``__torch_function__`` tests a call against."""
+    return frozenset(f for owner in owners for n in names if (f := getattr(owner, n, None)) is not None)
+
+
+def property_of(func, accessor: str = "__get__"):
+    """The tensor property whose `accessor` (``__get__``, ``__set__``, ``__delete__``) the torch
+    call `func` is (e.g. ``torch._C.TensorBase.data`` for ``p.data``), else None."""
+    return getattr(func, "__self__", None) if getattr(func, "__name__", "") == accessor else None
+
+
 # Tensor calls that read no parameter values: a released parameter answers them without a gather.
-def _metadata_calls() -> frozenset:
-    T = torch.Tensor
-    names = ["size", "dim", "numel", "nelement", "element_size", "is_floating_point", "is_complex",
-             "stride", "storage_offset", "is_contiguous", "requires_grad_", "register_hook",
-             "register_post_accumulate_grad_hook", "data_ptr", "untyped_storage", "_is_view",
-             "get_device", "type", "__len__"]
-    out = set()
-    for n in names:
-        f = getattr(T, n, None)
-        if f is not None:
-            out.add(f)
-    return frozenset(out)
-
-
-_METADATA = _metadata_calls()
+_METADATA = tensor_calls(["size", "dim", "numel", "nelement", "element_size", "is_floating_point", "is_complex",
+                          "stride", "storage_offset", "is_contiguous", "requires_grad_", "register_hook",
+                          "register_post_accumulate_grad_hook", "data_ptr", "untyped_storage", "_is_view",
+                          "get_device", "type", "__len__"])
 
 # Properties that are views of the values (``p.T``, ``p.mT``, ``p.H``, ``p.mH``, ``p.real``,
 # ``p.imag``): a call, not metadata. Answered by the placeholder they were zeros, silently (a head
 # computed as ``x @ emb.weight.T`` outside the embedding's forward gave zero logits).
-_VALUE_PROPERTIES = tuple(getattr(torch._C.TensorBase, n) for n in ("T", "mT", "H", "mH", "real", "imag")
-                          if hasattr(torch._C.TensorBase, n))
+VALUE_PROPERTIES = tuple(getattr(torch._C.TensorBase, n) for n in ("T", "mT", "H", "mH", "real", "imag")
+                         if hasattr(torch._C.TensorBase, n))
 
 
 def is_metadata(func) -> bool:
@@ -65,8 +66,10 @@ def is_metadata(func) -> bool:
         return True
     # Property accessors (shape, dtype, device, data, grad, requires_grad, _base, ...) read no values;
     # those that are views of the values do.
-    if getattr(func, "__name__", "") in ("__get__", "__set__", "__delete__"):
-        return getattr(func, "__self__", None) not in _VALUE_PROPERTIES
+    for accessor in ("__get__", "__set__", "__delete__"):
+        prop = property_of(func, accessor)
+        if prop is not None:
+            return prop not in VALUE_PROPERTIES
     return False
 
 

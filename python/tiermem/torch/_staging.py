@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from ._params import is_metadata, param_subclass, placeholder
+from ._params import VALUE_PROPERTIES, is_metadata, param_subclass, placeholder, property_of, tensor_calls
 
 __all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_staging", "guard_staged_module", "make_marked_dirs",
            "remove_if_unused", "MADE_MARKER"]
@@ -177,19 +177,24 @@ class Stage:
 
 def _is_data_get(func) -> bool:
     """Whether the torch call `func` is the ``.data`` getter."""
-    return getattr(func, "__name__", "") == "__get__" and getattr(func, "__self__", None) is torch._C.TensorBase.data
+    return property_of(func, "__get__") is torch._C.TensorBase.data
 
 
 def _is_data_set(func) -> bool:
     """Whether the torch call `func` is the ``.data`` setter."""
-    return getattr(func, "__name__", "") == "__set__" and getattr(func, "__self__", None) is torch._C.TensorBase.data
+    return property_of(func, "__set__") is torch._C.TensorBase.data
+
+
+def _current_values(p: torch.nn.Parameter) -> torch.Tensor:
+    """The staged parameter `p`'s values now: the tensor a ``p.data = t`` put there, else the
+    staging's (loaded)."""
+    held = _raw_data(p)
+    return held if not _holds_placeholder(held) else p._tm_stage.load(p)
 
 
 def _staged_values(x: torch.Tensor) -> torch.Tensor:
     """A copy of the values the staged parameter, ``.data`` proxy or view proxy `x` stands for now."""
-    p = _staged_owner(x)
-    held = _raw_data(p)
-    values = held if not _holds_placeholder(held) else p._tm_stage.load(p)
+    values = _current_values(_staged_owner(x))
     if isinstance(x, _StagedView):
         values = _resolve_view(x, values)
     with torch._C.DisableTorchFunctionSubclass():
@@ -233,33 +238,23 @@ class _StagedView(torch.Tensor):
         return _init_param_torch_function(cls, func, types, args, kwargs)
 
 
-def _view_calls() -> frozenset:
-    """The calls that may return a view of their first argument (a copy for some arguments:
-    _make_view asks torch which, on a meta tensor)."""
-    names = ("view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "select", "narrow", "t", "transpose",
-             "swapaxes", "swapdims", "permute", "movedim", "unsqueeze", "squeeze", "diagonal", "expand", "expand_as")
-    out = {torch._C.TensorBase.__getitem__}
-    for owner in (torch.Tensor, torch):
-        for name in names:
-            f = getattr(owner, name, None)
-            if f is not None:
-                out.add(f)
-    return frozenset(out)
-
-
-_VIEW_CALLS = _view_calls()
-_VIEW_PROPERTIES = tuple(getattr(torch._C.TensorBase, n) for n in ("T", "mT") if hasattr(torch._C.TensorBase, n))
+# The calls that may return a view of their first argument (a copy for some arguments: _make_view
+# asks torch which, on a meta tensor).
+_VIEW_CALLS = tensor_calls(("view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "select", "narrow", "t",
+                            "transpose", "swapaxes", "swapdims", "permute", "movedim", "unsqueeze", "squeeze",
+                            "diagonal", "expand", "expand_as"),
+                           (torch.Tensor, torch)) | {torch._C.TensorBase.__getitem__}
 
 
 def _is_view_call(func) -> bool:
-    """Whether the torch call `func` may return a view of its first argument (see _view_calls;
-    ``.T`` and ``.mT`` too)."""
+    """Whether the torch call `func` may return a view of its first argument (_VIEW_CALLS, and the
+    properties that are views: ``.T``, ``.mT``, ... ``VALUE_PROPERTIES``)."""
     try:
         if func in _VIEW_CALLS:
             return True
     except TypeError:  # an unhashable callable: not one of them
         return False
-    return getattr(func, "__name__", "") == "__get__" and getattr(func, "__self__", None) in _VIEW_PROPERTIES
+    return property_of(func, "__get__") in VALUE_PROPERTIES
 
 
 def _is_staged_proxy(x) -> bool:
@@ -302,7 +297,7 @@ def _make_view(x: torch.Tensor, owner: torch.nn.Parameter, func, rest: tuple, kw
     are loaded: the calls run on a meta tensor with the strides of the values a call would get."""
     for a in list(rest) + list(kwargs.values()):
         for y in (a if isinstance(a, (list, tuple)) else (a,)):
-            if _is_staged_proxy(y) or (isinstance(y, torch.nn.Parameter) and _staged_owner(y) is not None):
+            if _staged_owner(y) is not None:
                 return None  # an index that is itself staged: run on the values (a copy, or torch's error)
     chain = list(x.__dict__.get("_tm_chain", ())) if isinstance(x, _StagedView) else []
     chain.append((func, tuple(rest), dict(kwargs)))
@@ -355,9 +350,7 @@ def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
     if kwargs is None:
         kwargs = {}
     if (_is_data_set(func) and len(args) == 2 and isinstance(args[0], torch.nn.Parameter)
-            and _staged_owner(args[0]) is not None
-            and (_is_staged_proxy(args[1]) or isinstance(args[1], torch.nn.Parameter))
-            and _staged_owner(args[1]) is not None):
+            and _staged_owner(args[0]) is not None and _staged_owner(args[1]) is not None):
         # `p.data = q.data` with both staged (transformers' resize_token_embeddings hands the new
         # embedding's values to the old parameter so): q's values, at their shape, are staged in
         # p's place. The placeholder alone would have left p its own old values, silently (or of
@@ -395,9 +388,7 @@ def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
                     continue
                 entry = staged.get(id(p))
                 if entry is None:
-                    st = p._tm_stage
-                    held = _raw_data(p)
-                    entry = staged[id(p)] = (p, st, held if not _holds_placeholder(held) else st.load(p), [])
+                    entry = staged[id(p)] = (p, p._tm_stage, _current_values(p), [])
                 if not any(x is y for y in entry[3]):
                     x.data = _resolve_view(x, entry[2]) if isinstance(x, _StagedView) else entry[2]
                     entry[3].append(x)

@@ -105,8 +105,8 @@ class Init:
     parameter through its class's ``__torch_function__``: loaded, changed in place, written back.
     ``initialize`` then registers each engine unit from the staging, one unit at a time, and the
     staging file is removed (a model that never reaches ``initialize`` takes the file, and the
-    directories made for it, with it when it is collected, or at interpreter exit). Built outside Init, a model holds all its parameters in host memory
-    until ``initialize``.
+    directories made for it, with it when it is collected, or at interpreter exit). Built outside
+    Init, a model holds all its parameters in host memory until ``initialize``.
 
     ``config`` (or DeepSpeed's ``config_dict_or_path``): a ds_config path or dict; only its
     offload nvme_path is used here (the engine reads the rest at ``initialize``)."""
