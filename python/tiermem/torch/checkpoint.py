@@ -47,6 +47,7 @@ from typing import Any, Optional
 import torch
 
 from .. import _tiermem
+from ._optim_state import optimizer_family
 
 _DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.int64: "i64", torch.int32: "i32",
            torch.bfloat16: "bf16", torch.float16: "f16", torch.uint8: "u8", torch.bool: "u8"}
@@ -227,12 +228,6 @@ def _meta_lrs(meta: dict, where: str) -> list:
     return [float(x) for x in lrs]
 
 
-def _optimizer_family(kind: str) -> str:
-    """The kind of state an optimizer type keeps: Adam and AdamW the same two moments."""
-    k = kind.lower()
-    return "adamw" if k == "adam" else k
-
-
 def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optimizer_states: bool = True,
                     load_lr_scheduler_states: bool = True, load_module_only: bool = False):
     """Returns (path, client_state) as DeepSpeed's engine.load_checkpoint does."""
@@ -265,7 +260,7 @@ def load_checkpoint(engine, load_dir: str, tag: Optional[str] = None, load_optim
     # kind would take it for its own. (Checkpoints written before this was recorded are not checked.)
     saved_type, this_type = meta.get("optimizer_type"), str(engine.config["optimizer"]["type"])
     if load_optimizer_states and not load_module_only and isinstance(saved_type, str) and \
-            _optimizer_family(saved_type) != _optimizer_family(this_type):
+            optimizer_family(saved_type) != optimizer_family(this_type):
         raise ValueError(f"load_checkpoint: {where}: its optimizer state is {saved_type}'s but this engine's optimizer "
                          f"is {this_type}: the state does not carry over; load it into an engine with optimizer.type "
                          f"{saved_type!r}, or pass load_optimizer_states=False to load the weights only")

@@ -37,7 +37,7 @@ from typing import Iterable, Optional
 import torch
 
 from .. import _tiermem
-from . import checkpoint
+from . import _optim_state, checkpoint
 from ._config import load_config
 from ._dist import DistOps, ensure_process_group, launched_world_size
 from ._hooks import CLOSED, ParamHooks
@@ -102,9 +102,9 @@ def _check_model(model: torch.nn.Module) -> None:
 class ZeroOptimizer(torch.optim.Optimizer):
     """The engine's AdamW as a ``torch.optim.Optimizer`` (so torch LR schedulers, the HF Trainer
     and accelerate can drive it). It holds no state of its own: master weights and moments are in
-    the engine, on their tier. ``param_groups[0]["lr"]`` is the learning rate the next ``step()``
-    uses (a scheduler may change it); betas, eps and weight_decay come from the config and are
-    shown for reference only."""
+    the engine, on their tier (state_dict() reads them out, load_state_dict() writes them back).
+    ``param_groups[0]["lr"]`` is the learning rate the next ``step()`` uses (a scheduler may change
+    it); betas, eps and weight_decay come from the config and are shown for reference only."""
 
     def __init__(self, params: list, engine: "TiermemEngine", hparams: dict) -> None:
         if not params:
@@ -125,30 +125,23 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._tm._zero_grad()
 
     def state_dict(self) -> dict:
-        """torch's layout with the hyper-parameters only: the state itself (master weights, Adam
-        moments) lives in the engine on its tier and is saved by engine.save_checkpoint(dir)."""
-        if not getattr(self, "_warned_state", False):
-            self._warned_state = True
-            warnings.warn("ZeroOptimizer.state_dict() holds the hyper-parameters only: the fp32 master weights and "
-                          "Adam moments live in tiermem's engine; save them with engine.save_checkpoint(dir)",
-                          stacklevel=2)
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-        for i, g in enumerate(groups):
-            g["params"] = list(range(sum(len(x["params"]) for x in self.param_groups[:i]),
-                                     sum(len(x["params"]) for x in self.param_groups[:i + 1])))
-        return {"state": {}, "param_groups": groups}
+        """torch's layout with the engine's whole optimizer state: for each trainable parameter
+        (numbered as torch numbers them) its fp32 ``master`` weights, the optimizer's moments under
+        torch's names (AdamW ``exp_avg``/``exp_avg_sq``, Lion ``exp_avg``, Adagrad ``sum``) and
+        ``step``; the param groups' hyper-parameters; a ``tiermem`` entry (optimizer type, skipped
+        steps, fp16 loss scaler). Materialises every trainable parameter's fp32 state in host
+        memory (12 bytes a parameter with AdamW), one unit at a time into the dict; for a model
+        whose state does not fit, engine.save_checkpoint(dir) streams it instead. A collective with
+        several ranks. See _optim_state.py."""
+        return _optim_state.optimizer_state_dict(self._tm, self)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restores the hyper-parameters (lr, ...) of a state_dict() of this optimizer; the
-        engine's state is restored by engine.load_checkpoint(dir)."""
-        groups = state_dict.get("param_groups", [])
-        if len(groups) != len(self.param_groups):
-            raise ValueError(f"ZeroOptimizer.load_state_dict: {len(groups)} param groups, this optimizer has "
-                             f"{len(self.param_groups)}")
-        for g, saved in zip(self.param_groups, groups):
-            for k, v in saved.items():
-                if k != "params":
-                    g[k] = v
+        """Restores a state_dict() of this optimizer: master weights (and the working copy the
+        model computes with), moments, step count and hyper-parameters, so training continues bit
+        for bit. ValueError naming the parameter and key for a dict that does not fit, before
+        anything changes. A dict with hyper-parameters only restores those, with a warning. A
+        collective with several ranks (the same dict on every rank)."""
+        _optim_state.load_optimizer_state_dict(self._tm, self, state_dict)
 
 
 # ---------------------------------------------------------------------------------------- LR schedule
