@@ -1,7 +1,8 @@
 """One rank of test_torch_dist's runs (started by torchrun, or directly for one rank): a small HF
 model trained through tiermem.torch with the global batch split evenly over the ranks; rank 0
 writes the per-step global losses (the mean of the ranks' losses) as JSON, and with --resume each
-rank's max RSS (getrusage) before and after load_checkpoint."""
+rank's max RSS (getrusage) before and after load_checkpoint (or, with --state-dict, the
+optimizer's load_state_dict)."""
 
 import argparse
 import json
@@ -31,6 +32,8 @@ def main() -> None:
     ap.add_argument("--save-at", type=int, default=0, help="save a checkpoint to --ckpt after this step")
     ap.add_argument("--resume", action="store_true", help="load --ckpt first, then train --steps")
     ap.add_argument("--ckpt", default="")
+    ap.add_argument("--state-dict", action="store_true",
+                    help="save and resume through optimizer.state_dict() / load_state_dict() (torch.save at --ckpt)")
     a = ap.parse_args()
     hf_or_skip()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -47,7 +50,7 @@ def main() -> None:
         # Rank-dependent control flow: on rank 1 the first block's MLP runs before its attention.
         block = model.transformer.h[0]
         block.attn.register_forward_pre_hook(lambda m, a: block.mlp(torch.zeros(1, 1, model.config.n_embd)))
-    engine, *_ = tt.initialize(model=model, config=cfg)
+    engine, optimizer, *_ = tt.initialize(model=model, config=cfg)
     rank = dist.get_rank() if dist.is_initialized() else 0
     g = torch.Generator().manual_seed(7)
     losses = []
@@ -55,7 +58,10 @@ def main() -> None:
     load_rss = None
     if a.resume:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        engine.load_checkpoint(a.ckpt)
+        if a.state_dict:  # every rank loads the same file: a collective
+            optimizer.load_state_dict(torch.load(a.ckpt, weights_only=True))
+        else:
+            engine.load_checkpoint(a.ckpt)
         load_rss = [before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]
         first = engine.global_steps
         for _ in range(first):  # the data stream continues where the checkpoint left it
@@ -75,7 +81,12 @@ def main() -> None:
             value /= world
         losses.append(float(value))
         if a.save_at and step + 1 == a.save_at:
-            engine.save_checkpoint(a.ckpt)
+            if a.state_dict:  # every rank calls state_dict() (a collective); rank 0 saves it
+                sd = optimizer.state_dict()
+                if rank == 0:
+                    torch.save(sd, a.ckpt)
+            else:
+                engine.save_checkpoint(a.ckpt)
     stats = engine.stats()
     state_bytes = stats["optimizer_state_bytes"]
     engine.close()

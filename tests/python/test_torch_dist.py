@@ -141,6 +141,15 @@ def test_resume_at_another_world_size(torch_or_skip, tmp_path):
     _check_load_rss(got)
 
 
+def test_optimizer_state_dict_at_two_ranks(torch_or_skip, tmp_path):
+    """ZeroOptimizer.state_dict() at 2 ranks (a collective; rank 0 saves it) after step 4, and
+    load_state_dict() on every rank of new engines: the continuation is bit for bit."""
+    sd = tmp_path / "optimizer.pt"
+    full, _ = _launch(tmp_path, "sd2", 2, "--steps", "8", "--save-at", "4", "--ckpt", str(sd), "--state-dict")
+    same, _ = _launch(tmp_path, "sd2r2", 2, "--steps", "4", "--resume", "--ckpt", str(sd), "--state-dict")
+    assert same == full[4:]
+
+
 # The re-partitioning load streams: each rank's peak RSS may grow during load_checkpoint by at most
 # its engine budgets (dist_worker's 2 MiB host + 512 KiB device) plus a stated allowance of 16 MiB
 # (the checksum pass reads in chunks of up to 8 MiB; unpickled scheduler and RNG state; allocator
