@@ -1,6 +1,8 @@
 # tiermem_library(NAME <name> SOURCES ... [CUDA_SOURCES ...] DEPS ...)
 #   defines the static library tiermem_<name> with the alias tiermem::<name>, the public headers
 #   of include/ and the project's warnings. CUDA_SOURCES are compiled only when CUDA was found.
+#   Symbols are hidden unless marked TIERMEM_API (tiermem/export.h): the installed library
+#   (cmake/tiermem_install.cmake) is made of these objects, and a shared one exports only the API.
 function(tiermem_set_warnings target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
@@ -23,6 +25,8 @@ function(tiermem_library)
   if(TIERMEM_HAVE_CUDA)
     target_compile_definitions(tiermem_${T_NAME} PUBLIC TIERMEM_HAVE_CUDA=1)
   endif()
+  set_target_properties(tiermem_${T_NAME} PROPERTIES CXX_VISIBILITY_PRESET hidden
+                        CUDA_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
   tiermem_set_warnings(tiermem_${T_NAME})
 endfunction()
 

@@ -24,13 +24,14 @@
 #include <string>
 #include <vector>
 
+#include "tiermem/export.h"
 #include "tiermem/residency_policy.h"
 #include "tiermem/tier.h"
 
 namespace tiermem {
 
 // One access: tensor `id` of `bytes` bytes used at `tier` during `phase`.
-struct Access {
+struct TIERMEM_API Access {
   TensorId id = kInvalidTensor;
   std::uint64_t bytes = 0;
   Phase phase = Phase::kOther;
@@ -39,7 +40,7 @@ struct Access {
   bool operator==(const Access&) const = default;
 };
 
-class AccessTrace {
+class TIERMEM_API AccessTrace {
  public:
   enum class State {
     kIdle,       // outside a step

@@ -38,11 +38,12 @@
 #include <string_view>
 
 #include "tiermem/dtype.h"
+#include "tiermem/export.h"
 
 namespace tiermem {
 
 // Hyper-parameters of one AdamW step. step is t in the formula above (>= 1).
-struct AdamParams {
+struct TIERMEM_API AdamParams {
   float lr = 1e-3f;
   // The betas stay double so that 1 - beta and the bias corrections are computed from the value
   // the caller gave (PyTorch passes Python floats): with float betas, 1 - 0.999f differs from
@@ -57,17 +58,17 @@ struct AdamParams {
 
 // The instruction set of a kernel. kAuto picks the best one the CPU supports.
 enum class AdamIsa { kAuto, kScalar, kAvx2, kAvx512 };
-std::string_view adam_isa_name(AdamIsa isa);
+TIERMEM_API std::string_view adam_isa_name(AdamIsa isa);
 
 // The best kernel this CPU runs (checked once with __builtin_cpu_supports: AVX-512 needs
 // avx512f+avx512bw+avx512vl; AVX2 needs avx2+fma+f16c). The environment variable TIERMEM_ADAM_ISA
 // (scalar|avx2|avx512) lowers the choice; asking for more than the CPU has is ignored with a warning.
-AdamIsa adam_best_isa();
+TIERMEM_API AdamIsa adam_best_isa();
 
 // True when this CPU can run `isa` (kAuto and kScalar: always).
-bool adam_isa_supported(AdamIsa isa);
+TIERMEM_API bool adam_isa_supported(AdamIsa isa);
 
-struct AdamOptions {
+struct TIERMEM_API AdamOptions {
   AdamIsa isa = AdamIsa::kAuto;
   int threads = 0;  // 0 = OpenMP's default (OMP_NUM_THREADS or the number of cores)
 };
@@ -83,12 +84,12 @@ struct AdamOptions {
 // Buffers may have any alignment; they must not overlap each other.
 // Throws NotSupportedError if options.isa is not supported by this CPU or half_dtype is not
 // bf16/fp16/fp32; ConfigError-free otherwise (hyper-parameters are not validated here).
-void adam_step(const AdamParams& params, float* master, const float* grad, float* m, float* v,
-               std::size_t n, void* half = nullptr, DType half_dtype = DType::kBF16,
-               const AdamOptions& options = {});
+TIERMEM_API void adam_step(const AdamParams& params, float* master, const float* grad, float* m,
+                           float* v, std::size_t n, void* half = nullptr,
+                           DType half_dtype = DType::kBF16, const AdamOptions& options = {});
 
 // Number of elements of x[0..n) that are NaN or ±Inf (fp32). Multi-threaded like adam_step.
-std::size_t count_nonfinite(const float* x, std::size_t n);
+TIERMEM_API std::size_t count_nonfinite(const float* x, std::size_t n);
 
 namespace detail {
 

@@ -17,31 +17,33 @@
 #include <cstdint>
 #include <string_view>
 
+#include "tiermem/export.h"
+
 namespace tiermem {
 
 // The instruction set of a cast kernel. kAuto picks the best one the CPU supports.
 //   kAvx2:   AVX2 + F16C (vcvtps2ph / vcvtph2ps), 8 lanes.
 //   kAvx512: AVX-512 F + BW + VL, 16 lanes, masked tails.
 enum class CastIsa : std::uint8_t { kAuto, kScalar, kAvx2, kAvx512 };
-std::string_view cast_isa_name(CastIsa isa);
+TIERMEM_API std::string_view cast_isa_name(CastIsa isa);
 
 // True when this CPU can run `isa` (checked with __builtin_cpu_supports; kAuto and kScalar:
 // always).
-bool cast_isa_supported(CastIsa isa);
+TIERMEM_API bool cast_isa_supported(CastIsa isa);
 
 // The best kernel this CPU runs (decided once).
-CastIsa cast_best_isa();
+TIERMEM_API CastIsa cast_best_isa();
 
 // Converts n elements of src into dst (n may be 0; any alignment). The caller owns both buffers;
 // they are only accessed during the call and must not overlap. Units: n is elements, not bytes.
 // Throws NotSupportedError if `isa` is not supported by this CPU (kAuto never throws).
-void f32_to_bf16_n(const float* src, std::uint16_t* dst, std::size_t n,
-                   CastIsa isa = CastIsa::kAuto);
-void f32_to_f16_n(const float* src, std::uint16_t* dst, std::size_t n,
-                  CastIsa isa = CastIsa::kAuto);
-void bf16_to_f32_n(const std::uint16_t* src, float* dst, std::size_t n,
-                   CastIsa isa = CastIsa::kAuto);
-void f16_to_f32_n(const std::uint16_t* src, float* dst, std::size_t n,
+TIERMEM_API void f32_to_bf16_n(const float* src, std::uint16_t* dst, std::size_t n,
+                               CastIsa isa = CastIsa::kAuto);
+TIERMEM_API void f32_to_f16_n(const float* src, std::uint16_t* dst, std::size_t n,
+                              CastIsa isa = CastIsa::kAuto);
+TIERMEM_API void bf16_to_f32_n(const std::uint16_t* src, float* dst, std::size_t n,
+                               CastIsa isa = CastIsa::kAuto);
+TIERMEM_API void f16_to_f32_n(const std::uint16_t* src, float* dst, std::size_t n,
                   CastIsa isa = CastIsa::kAuto);
 
 namespace detail {

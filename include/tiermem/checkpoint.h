@@ -45,11 +45,12 @@
 #include <nlohmann/json.hpp>
 
 #include "tiermem/error.h"
+#include "tiermem/export.h"
 #include "tiermem/tier.h"
 
 namespace tiermem {
 
-class CheckpointError : public Error {
+class TIERMEM_API CheckpointError : public Error {
  public:
   explicit CheckpointError(const std::string& message) : Error(message) {}
 };
@@ -58,9 +59,9 @@ inline constexpr const char* kCheckpointFormat = "tiermem-train-checkpoint";
 inline constexpr int kCheckpointVersion = 1;
 
 // XXH64 (seed 0) of `bytes` bytes at `data`.
-std::uint64_t checksum64(const void* data, std::uint64_t bytes);
+TIERMEM_API std::uint64_t checksum64(const void* data, std::uint64_t bytes);
 
-struct CheckpointTensor {
+struct TIERMEM_API CheckpointTensor {
   std::string name;
   std::string dtype;               // "f32", "bf16", ...
   std::vector<std::int64_t> shape;
@@ -72,7 +73,7 @@ struct CheckpointTensor {
 };
 
 // A parsed, validated manifest.json (see the layout above).
-struct CheckpointManifest {
+struct TIERMEM_API CheckpointManifest {
   int rank = 0, world_size = 1, step = 0;
   std::string state_file;          // a plain file name inside the rank directory
   std::uint64_t state_bytes = 0;   // the state file's exact size
@@ -85,11 +86,11 @@ struct CheckpointManifest {
 // hex checksums, each tensor inside state_bytes without overflow, no duplicate names). `path`
 // only names the file in messages. Throws CheckpointError naming the key and the value found;
 // never anything else for any input. Pure and reentrant.
-CheckpointManifest parse_manifest(const std::string& text, const std::string& path);
+TIERMEM_API CheckpointManifest parse_manifest(const std::string& text, const std::string& path);
 
 // Writes one rank's checkpoint. Tensors are streamed to the temporary state file as they are
 // added (the caller's buffer is only read during add_tensor). commit() makes it durable.
-class CheckpointWriter {
+class TIERMEM_API CheckpointWriter {
  public:
   // Creates DIR/rank<rank>/ (and DIR) if needed. Throws IoError.
   CheckpointWriter(std::string dir, int rank, int world_size, int step);
@@ -131,12 +132,12 @@ class CheckpointWriter {
 // manifest does not name, and manifest.json.tmp. Does nothing when there is no manifest or it
 // does not parse (nothing is deleted on doubt). Call before writing into DIR; one writer per
 // rank directory at a time. Returns the number of files removed.
-int remove_stale_checkpoint_files(const std::string& dir, int rank);
+TIERMEM_API int remove_stale_checkpoint_files(const std::string& dir, int rank);
 
 // Reads one rank's checkpoint. The constructor parses and validates the manifest (format,
 // version, required keys, every tensor inside the state file's size); tensors are read and
 // checksum-verified by read_tensor.
-class CheckpointReader {
+class TIERMEM_API CheckpointReader {
  public:
   CheckpointReader(std::string dir, int rank);
   ~CheckpointReader();

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "tiermem/export.h"
 #include "tiermem/shard.h"
 #include "tiermem/checkpoint.h"
 
@@ -35,7 +36,7 @@ namespace tiermem {
 
 // One contiguous run of elements to copy: `n` elements at `old_offset` of old rank `old_rank`'s
 // rank-flat shard go to `dst` elements into the requested range of the new shard.
-struct ReshardCopy {
+struct TIERMEM_API ReshardCopy {
   int old_rank = 0;
   std::size_t old_offset = 0;
   std::size_t dst = 0;
@@ -47,11 +48,11 @@ struct ReshardCopy {
 // layout `from`: the copies in increasing dst, each as long as possible. Elements of the range no
 // copy covers are padding. `from` and `to` must describe the same modules (same count and
 // numels); throws tiermem::Error otherwise, or when the range runs past to.rank_flat.
-std::vector<ReshardCopy> reshard_copies(const ShardLayout& from, const ShardLayout& to, int to_rank,
-                                        ElemRange range);
+TIERMEM_API std::vector<ReshardCopy> reshard_copies(const ShardLayout& from, const ShardLayout& to,
+                                                    int to_rank, ElemRange range);
 
 // Names of the three fp32 tensors of the state in each rank's checkpoint.
-struct OptimizerStateNames {
+struct TIERMEM_API OptimizerStateNames {
   std::string master, exp_avg, exp_avg_sq;
 };
 
@@ -59,7 +60,7 @@ struct OptimizerStateNames {
 // old rank k that holds an element of it). The constructor opens those ranks' checkpoints and
 // verifies the three tensors of each (exact size, XXH64, read in bounded chunks) before any
 // element is used; fill() then reads without further checks.
-class OptimizerStateReshard {
+class TIERMEM_API OptimizerStateReshard {
  public:
   // old_world: the ranks the saved state is split over (1: whole on rank 0, as ZeRO stage 0
   // saves it); module_numels and alignment_elems: the saved partition's, which the new one shares;

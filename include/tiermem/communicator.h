@@ -33,6 +33,7 @@
 #include <string_view>
 
 #include "tiermem/dtype.h"
+#include "tiermem/export.h"
 
 namespace tiermem {
 
@@ -51,7 +52,7 @@ class CommRequest {
 
 // The handle of an async collective. A default-constructed handle is already complete.
 // Destroying a handle that was not waited on waits (errors are then logged, not thrown).
-class CommHandle {
+class TIERMEM_API CommHandle {
  public:
   CommHandle() = default;
   explicit CommHandle(std::unique_ptr<detail::CommRequest> req) : req_(std::move(req)) {}
@@ -70,7 +71,7 @@ class CommHandle {
   std::unique_ptr<detail::CommRequest> req_;
 };
 
-class Communicator {
+class TIERMEM_API Communicator {
  public:
   virtual ~Communicator() = default;
 
@@ -115,7 +116,7 @@ class Communicator {
   }
 };
 
-struct CommOptions {
+struct TIERMEM_API CommOptions {
   // "auto" | "single" | "mpi" | "nccl". auto: nccl when device_buffers and built with NCCL, mpi
   // when launched by mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK set) or when
   // WORLD_SIZE > 1, else single. The environment variable TIERMEM_COMM overrides "auto".
@@ -127,16 +128,16 @@ struct CommOptions {
 // Makes the communicator for this process. Throws NotSupportedError when the chosen backend is
 // not built (e.g. mpi without MPI, nccl without CUDA/NCCL), CommError when the launch is
 // inconsistent (WORLD_SIZE=4 but MPI sees one rank: not launched with mpirun).
-std::unique_ptr<Communicator> make_communicator(const CommOptions& options = {});
+TIERMEM_API std::unique_ptr<Communicator> make_communicator(const CommOptions& options = {});
 
 // The single-rank backend (always available).
-std::unique_ptr<Communicator> make_single_communicator();
+TIERMEM_API std::unique_ptr<Communicator> make_single_communicator();
 // The MPI backend over a duplicate of MPI_COMM_WORLD. Throws NotSupportedError without MPI.
-std::unique_ptr<Communicator> make_mpi_communicator();
+TIERMEM_API std::unique_ptr<Communicator> make_mpi_communicator();
 // The NCCL backend (bootstrapped over MPI). Throws NotSupportedError without CUDA+NCCL.
-std::unique_ptr<Communicator> make_nccl_communicator(int cuda_device = -1);
+TIERMEM_API std::unique_ptr<Communicator> make_nccl_communicator(int cuda_device = -1);
 
 // True when this build includes the backend ("single", "mpi", "nccl").
-bool communicator_backend_built(std::string_view backend);
+TIERMEM_API bool communicator_backend_built(std::string_view backend);
 
 }  // namespace tiermem

@@ -28,13 +28,15 @@
 #include <utility>
 #include <vector>
 
+#include "tiermem/export.h"
+
 namespace tiermem {
 
 // Where offloaded state lives (DeepSpeed's offload_*.device).
 enum class OffloadDevice { kNone, kCpu, kNvme };
-std::string_view offload_device_name(OffloadDevice d);
+TIERMEM_API std::string_view offload_device_name(OffloadDevice d);
 
-struct AioConfig {
+struct TIERMEM_API AioConfig {
   std::uint64_t block_size_bytes = 1ull << 20;  // aio.block_size: split requests into this size
   int queue_depth = 32;                         // aio.queue_depth: max in flight per ring
   int intra_op_parallelism = 1;                 // aio.intra_op_parallelism: number of rings
@@ -42,7 +44,7 @@ struct AioConfig {
   bool overlap_events = true;                   // aio.overlap_events: submit while reaping
 };
 
-struct OffloadConfig {
+struct TIERMEM_API OffloadConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::vector<std::string> nvme_path;  // one swap file per path; string or list in JSON
   // Where nvme_path came from when not this section's key (a program's flag, e.g. "--swap-dir"):
@@ -59,7 +61,7 @@ struct OffloadConfig {
   static constexpr double kRatioAuto = -1.0;  // "auto": the share the device's idle room holds
 };
 
-struct ZeroConfig {
+struct TIERMEM_API ZeroConfig {
   int stage = 0;  // 0..3
   bool overlap_comm = false;  // the parser sets true at stage 3 when the key is absent (DeepSpeed)
   bool contiguous_gradients = true;
@@ -76,7 +78,7 @@ struct ZeroConfig {
   OffloadConfig offload_optimizer;  // buffer_count default 4
 };
 
-struct Fp16Config {
+struct TIERMEM_API Fp16Config {
   bool enabled = false;
   double loss_scale = 0;         // 0 = dynamic
   int initial_scale_power = 16;  // initial scale 2^16
@@ -88,7 +90,7 @@ struct Fp16Config {
 // optimizer: type "adam"/"adamw" (AdamW, decoupled decay), "lion" (Chen et al. 2023: betas
 // default [0.9, 0.99], decoupled decay) or "adagrad" (torch.optim.Adagrad's rule: L2 decay added to
 // the gradient, eps default 1e-10, lr_decay, initial_accumulator_value). Parsed lowercase.
-struct OptimizerConfig {
+struct TIERMEM_API OptimizerConfig {
   std::string type = "AdamW";
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
@@ -99,7 +101,7 @@ struct OptimizerConfig {
 };
 
 // Our own keys (the `tiermem` section). Sizes in bytes, bandwidths in GB/s (1e9 bytes/s).
-struct TiermemConfig {
+struct TIERMEM_API TiermemConfig {
   std::string device = "auto";              // auto | cuda | sim
   std::uint64_t device_budget_bytes = 0;    // 0 = all free device memory (sim: 1 GiB)
   std::uint64_t host_budget_bytes = 0;      // host tier pool; 0 = 1/16 of RAM in [256 MiB, 1 GiB]
@@ -144,7 +146,7 @@ struct TiermemConfig {
 // the engine itself has no schedule.
 // A parameter that is absent or "auto" stays unset here, and the trainer fills it with its own
 // value (peak lr, warm-up steps, total steps); the shape parameters take DeepSpeed's defaults.
-struct SchedulerConfig {
+struct TIERMEM_API SchedulerConfig {
   std::string type;                           // "" (no section: the trainer's own schedule),
                                               // "WarmupLR", "WarmupDecayLR" or "WarmupCosineLR"
   std::optional<double> warmup_min_lr;        // WarmupLR/WarmupDecayLR: start of the warm-up; 0
@@ -162,19 +164,19 @@ struct SchedulerConfig {
 // and recomputes the block's forward in its backward step (src/gpt/model.h).
 // partition_activations, contiguous_memory_optimization, number_checkpoints,
 // synchronize_checkpoint_boundary and profile are read and warned (Config::inert_keys).
-struct ActivationCheckpointingConfig {
+struct TIERMEM_API ActivationCheckpointingConfig {
   bool enabled = false;            // the section is present (or the trainer's flag)
   bool cpu_checkpointing = false;  // keep the block inputs in host memory (the CPU model's
                                    // activations are host memory, so true is what it does)
 };
 
 // A key that was read but has no effect, with the reason (one warning each, at parse time).
-struct InertKey {
+struct TIERMEM_API InertKey {
   std::string key;  // full key path, e.g. "zero_optimization.contiguous_gradients"
   std::string why;
 };
 
-struct Config {
+struct TIERMEM_API Config {
   // DeepSpeed's batch triple: train_batch_size = micro-batch x accumulation x world size. The
   // parser only reads them; resolve_batch_sizes() derives the missing one (given_keys says which
   // were written with a value) once the world size is known.
@@ -208,27 +210,27 @@ struct Config {
 // (only train_batch_size: accumulation 1; only the micro-batch: accumulation 1). Throws
 // ConfigError naming the keys (or the names in `names`, e.g. a command-line flag) when the three
 // disagree, a division leaves a remainder, or neither train_batch_size nor the micro-batch is set.
-struct BatchSizes {
+struct TIERMEM_API BatchSizes {
   long long train_batch_size = 0, micro_batch_per_gpu = 0, gradient_accumulation_steps = 0;
 };
-struct BatchKeyNames {
+struct TIERMEM_API BatchKeyNames {
   std::string train = "train_batch_size";
   std::string micro = "train_micro_batch_size_per_gpu";
   std::string accum = "gradient_accumulation_steps";
 };
-BatchSizes derive_batch_sizes(std::optional<long long> train_batch,
+TIERMEM_API BatchSizes derive_batch_sizes(std::optional<long long> train_batch,
                               std::optional<long long> micro_batch,
                               std::optional<long long> grad_accum, int world_size,
                               const BatchKeyNames& names = {});
 
 // Applies derive_batch_sizes to `config` with the keys its document gave, writing all three.
-void resolve_batch_sizes(Config& config, int world_size);
+TIERMEM_API void resolve_batch_sizes(Config& config, int world_size);
 
 // "auto" resolved: key=value, ... for every key in config.auto_keys, with the value it has now
 // in `config` (config_to_json) and, when `sources` names one, where it came from
 // ("train_micro_batch_size_per_gpu=8 (--batch)"). A key still "auto" (tiermem.device, resolved
 // when the engine starts, which logs its choice) is left out. Empty when no key is listed.
-std::string auto_resolved_line(
+TIERMEM_API std::string auto_resolved_line(
     const Config& config, const std::vector<std::pair<std::string, std::string>>& sources = {});
 
 // The NVMe rates (GB/s = 1e9 bytes/s) ZeroStats prices a step's I/O at: each of
@@ -239,28 +241,28 @@ std::string auto_resolved_line(
 // profile file only when a rate is not in the config. Throws ConfigError naming
 // tiermem.machine_profile, the path and what to do when the file cannot be read, is not JSON, or
 // lacks a positive, finite nvme_read_gbps / nvme_write_gbps.
-struct NvmeRates {
+struct TIERMEM_API NvmeRates {
   double read_gbps = 0, write_gbps = 0;
   std::string source;
 };
-NvmeRates resolve_nvme_rates(const Config& config);
+TIERMEM_API NvmeRates resolve_nvme_rates(const Config& config);
 
 // Parses JSON text. `source` names it in errors (a path or "<string>"). Logs one warning listing
 // unknown keys and one warning per key read but not acted on (Config::inert_keys); the "auto"
 // keys are listed at debug level only (a program prints auto_resolved_line once it has resolved
 // them). Throws ConfigError naming the key path, the value and the rule.
-Config parse_config(std::string_view json_text, std::string_view source = "<string>");
+TIERMEM_API Config parse_config(std::string_view json_text, std::string_view source = "<string>");
 
 // Reads and parses a file. A missing/unreadable file is a ConfigError naming the path.
-Config load_config(const std::string& path);
+TIERMEM_API Config load_config(const std::string& path);
 
 // "64MiB" -> 67108864. Accepts an unsigned integer, scientific notation that is integral ("1e9"),
 // and suffixes K/M/G/T (binary, like fio), KiB/MiB/GiB/TiB (binary), KB/MB/GB/TB (decimal),
 // B. Case-insensitive; blanks between number and suffix allowed. Throws ConfigError with key_path
 // (a key_path starting with "-" is named as a command-line option in the message).
-std::uint64_t parse_size(std::string_view text, std::string_view key_path = "size");
+TIERMEM_API std::uint64_t parse_size(std::string_view text, std::string_view key_path = "size");
 
 // The effective configuration as JSON (every key, resolved), for logs and checkpoint manifests.
-std::string config_to_json(const Config& config, int indent = 2);
+TIERMEM_API std::string config_to_json(const Config& config, int indent = 2);
 
 }  // namespace tiermem

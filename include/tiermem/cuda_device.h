@@ -16,11 +16,12 @@
 #include <memory>
 
 #include "tiermem/device.h"
+#include "tiermem/export.h"
 
 namespace tiermem {
 
 // Makes a CudaDevice on GPU `ordinal`. budget_bytes 0: the free memory of the GPU minus 5%.
 // Throws NotSupportedError when this build has no CUDA or no GPU is visible, CudaError otherwise.
-std::unique_ptr<Device> make_cuda_device(int ordinal, std::uint64_t budget_bytes);
+TIERMEM_API std::unique_ptr<Device> make_cuda_device(int ordinal, std::uint64_t budget_bytes);
 
 }  // namespace tiermem

@@ -42,6 +42,7 @@
 #include <memory>
 #include <string>
 
+#include "tiermem/export.h"
 #include "tiermem/gpu_adam.h"
 #include "tiermem/tier.h"
 
@@ -76,7 +77,7 @@ class DeviceEventState {
 
 // Completion of one asynchronous device operation (a copy or memset). Copyable; copies share state.
 // A default-constructed event is complete.
-class DeviceEvent {
+class TIERMEM_API DeviceEvent {
  public:
   DeviceEvent() = default;
   explicit DeviceEvent(std::shared_ptr<detail::DeviceEventState> s) : state_(std::move(s)) {}
@@ -97,7 +98,7 @@ class DeviceEvent {
 };
 
 // Counters since the device was made (monotonic except the *_bytes gauges).
-struct DeviceStats {
+struct TIERMEM_API DeviceStats {
   std::uint64_t budget_bytes = 0;          // hard cap on allocated + cached bytes
   std::uint64_t allocated_bytes = 0;       // live allocations (rounded sizes)
   std::uint64_t cached_bytes = 0;          // freed blocks kept by the caching allocator
@@ -110,7 +111,7 @@ struct DeviceStats {
   std::uint64_t h2d_copies = 0, d2h_copies = 0, d2d_copies = 0;
 };
 
-class Device {
+class TIERMEM_API Device {
  public:
   virtual ~Device() = default;
   Device(const Device&) = delete;
@@ -208,7 +209,7 @@ enum class DeviceChoice : std::uint8_t { kAuto, kCuda, kSim };
 
 // Settings of make_device. from_config reads tiermem.device, device_budget_bytes, sim_h2d_gbps,
 // sim_d2h_gbps, sim_host_addressable.
-struct DeviceOptions {
+struct TIERMEM_API DeviceOptions {
   DeviceChoice choice = DeviceChoice::kAuto;
   int cuda_device = 0;              // CUDA ordinal (CudaDevice)
   std::uint64_t budget_bytes = 0;   // 0: Sim 1 GiB; CUDA all free memory minus 5% headroom
@@ -227,10 +228,10 @@ struct DeviceOptions {
 
 // True when this build has CUDA and at least one CUDA device is visible (cudaGetDeviceCount > 0).
 // Never throws ("driver version is insufficient" and similar count as no device).
-bool cuda_device_available() noexcept;
+TIERMEM_API bool cuda_device_available() noexcept;
 
 // What a look for CUDA devices found, with the reason when none is usable (for one-line messages).
-struct CudaProbe {
+struct TIERMEM_API CudaProbe {
   bool built_with_cuda = false;  // this build compiled CudaDevice (TIERMEM_HAVE_CUDA)
   int device_count = 0;          // visible CUDA devices; 0 when none or the runtime failed
   std::string device0_name;      // "NVIDIA H200" when device_count > 0
@@ -240,12 +241,12 @@ struct CudaProbe {
   bool usable() const noexcept { return device_count > 0; }
 };
 // Looks (cudaGetDeviceCount, cudaGetDeviceProperties of device 0). Never throws.
-CudaProbe probe_cuda() noexcept;
+TIERMEM_API CudaProbe probe_cuda() noexcept;
 
 // Makes the device the options ask for: kAuto = CudaDevice when cuda_device_available(), else
 // SimDevice; the choice and why is logged once (GPU tag). kCuda without CUDA (build or device)
 // throws NotSupportedError saying which is missing.
-std::unique_ptr<Device> make_device(const DeviceOptions& options);
-std::unique_ptr<Device> make_device(const Config& config);
+TIERMEM_API std::unique_ptr<Device> make_device(const DeviceOptions& options);
+TIERMEM_API std::unique_ptr<Device> make_device(const Config& config);
 
 }  // namespace tiermem

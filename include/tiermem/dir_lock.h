@@ -18,6 +18,8 @@
 
 #include <string>
 
+#include "tiermem/export.h"
+
 namespace tiermem {
 
 // Why `dir` must not hold this process's swap or checkpoint files, or "" when it may: it is owned
@@ -26,9 +28,9 @@ namespace tiermem {
 // Returns e.g. "it is owned by uid 4242, not by you (uid 1000)" or "it is world-writable (mode
 // 0777) without the sticky bit". "" also when `dir` cannot be stat'ed (the caller's other checks
 // name that). Symlinks are followed: the directory they lead to is judged.
-std::string unsafe_directory_reason(const std::string& dir);
+TIERMEM_API std::string unsafe_directory_reason(const std::string& dir);
 
-class DirLock {
+class TIERMEM_API DirLock {
  public:
   // Takes the lock at `lock_path` (created 0600 if missing; its directory must exist; a symlink
   // there is not followed: IoError ELOOP naming the path) and writes our pid into it. `what`

@@ -7,10 +7,12 @@
 #include <string>
 #include <string_view>
 
+#include "tiermem/export.h"
+
 namespace tiermem {
 
 // The value of environment variable `name`, or nullopt when unset or empty.
-std::optional<std::string> env_param(std::string_view name);
+TIERMEM_API std::optional<std::string> env_param(std::string_view name);
 
 // For a program's main(), first thing (argv as main got it): libgomp reads OMP_WAIT_POLICY once,
 // when it is loaded, before main. Its default spins the team's threads after every parallel
@@ -23,6 +25,6 @@ std::optional<std::string> env_param(std::string_view name);
 // `restart`: start again even when the user chose the policy (another variable read at load time
 // was set by the caller, e.g. gpt::cpu::prefer_openblas_core_for_this_cpu()).
 // Call it before any thread, MPI_Init or file is opened.
-void prefer_passive_omp_wait(char** argv, bool restart = false);
+TIERMEM_API void prefer_passive_omp_wait(char** argv, bool restart = false);
 
 }  // namespace tiermem

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <utility>
 
+#include "tiermem/export.h"
 #include "tiermem/tier.h"
 
 namespace tiermem {
@@ -23,7 +24,7 @@ namespace tiermem {
 // I/O completion thread and read by the waiting thread would share a buffer whose count lives in
 // uninstrumented libstdc++ code (ThreadSanitizer reports the last release as a race). The base
 // holds an empty string (libstdc++'s static empty representation: never counted or freed).
-class Error : public std::runtime_error {
+class TIERMEM_API Error : public std::runtime_error {
  public:
   explicit Error(std::string message) : std::runtime_error(""), message_(std::move(message)) {}
   const char* what() const noexcept override { return message_.c_str(); }
@@ -34,7 +35,7 @@ class Error : public std::runtime_error {
 
 // A configuration value is wrong. key_path is the JSON path ("zero_optimization.stage"),
 // value the offending value as text (may be empty for a missing key).
-class ConfigError : public Error {
+class TIERMEM_API ConfigError : public Error {
  public:
   ConfigError(std::string key_path, std::string value, const std::string& message);
   const std::string& key_path() const noexcept { return key_path_; }
@@ -47,7 +48,7 @@ class ConfigError : public Error {
 
 // An I/O operation failed. offset and bytes are in bytes; err is the errno (0 when the failure is
 // not an errno, e.g. a checksum mismatch, which is then named in detail).
-class IoError : public Error {
+class TIERMEM_API IoError : public Error {
  public:
   IoError(std::string path, std::uint64_t offset, std::uint64_t bytes, int err,
           const std::string& op, const std::string& detail = {});
@@ -77,7 +78,7 @@ class IoError : public Error {
 };
 
 // A tier cannot satisfy an allocation. requested and available are in bytes.
-class OutOfMemoryError : public Error {
+class TIERMEM_API OutOfMemoryError : public Error {
  public:
   OutOfMemoryError(Tier tier, std::uint64_t requested, std::uint64_t available,
                    const std::string& detail = {});
@@ -96,19 +97,19 @@ class OutOfMemoryError : public Error {
 };
 
 // The operation needs a backend or feature this build or machine does not have.
-class NotSupportedError : public Error {
+class TIERMEM_API NotSupportedError : public Error {
  public:
   explicit NotSupportedError(const std::string& message) : Error(message) {}
 };
 
 // A collective failed (MPI or NCCL), or ranks disagree.
-class CommError : public Error {
+class TIERMEM_API CommError : public Error {
  public:
   explicit CommError(const std::string& message) : Error(message) {}
 };
 
 // A CUDA runtime/driver call failed.
-class CudaError : public Error {
+class TIERMEM_API CudaError : public Error {
  public:
   explicit CudaError(const std::string& message) : Error(message) {}
 };
@@ -116,13 +117,13 @@ class CudaError : public Error {
 // A ConfigError as one line for a command's stderr: "<key> = <value>: <what>" ("<key>: <what>"
 // without a value), or <what> alone when it is about no key or already quotes it ('<key>', as the
 // config's own errors do).
-std::string describe(const ConfigError& e);
+TIERMEM_API std::string describe(const ConfigError& e);
 
 // Formats "<what>: <strerror(err)> (errno <err>)".
-std::string errno_message(std::string_view what, int err);
+TIERMEM_API std::string errno_message(std::string_view what, int err);
 
 // Human-readable byte count: "64.0 MiB".
-std::string format_bytes(std::uint64_t bytes);
+TIERMEM_API std::string format_bytes(std::uint64_t bytes);
 
 namespace detail {
 [[noreturn]] void throw_errno(const char* expr, int err, const char* file, int line);

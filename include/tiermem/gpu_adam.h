@@ -14,11 +14,12 @@
 #include <cstdint>
 
 #include "tiermem/adam.h"
+#include "tiermem/export.h"
 
 namespace tiermem {
 
 // One tensor's state on the device; n elements each; half may be null (no copy-out).
-struct GpuAdamTensor {
+struct TIERMEM_API GpuAdamTensor {
   float* master = nullptr;
   const float* grad = nullptr;
   float* m = nullptr;
@@ -29,7 +30,7 @@ struct GpuAdamTensor {
 
 // Enqueues one AdamW step over tensors[0..count) (launches of up to 32 tensors each) on `stream`
 // (a cudaStream_t; nullptr = the default stream).
-void gpu_adam_step(const AdamParams& params, const GpuAdamTensor* tensors, std::size_t count, DType half_dtype,
-                   void* stream);
+TIERMEM_API void gpu_adam_step(const AdamParams& params, const GpuAdamTensor* tensors,
+                               std::size_t count, DType half_dtype, void* stream);
 
 }  // namespace tiermem

@@ -48,6 +48,8 @@
 #include <string>
 #include <vector>
 
+#include "tiermem/export.h"
+
 namespace tiermem {
 
 struct Config;
@@ -57,7 +59,7 @@ inline constexpr std::uint64_t kDirectAlignment = 4096;
 
 // A file opened by an IoEngine: a small index into the engine's table (and, with io_uring, its
 // registered-file slot). Only meaningful for the engine that returned it.
-struct IoFile {
+struct TIERMEM_API IoFile {
   std::uint32_t index = UINT32_MAX;
   bool valid() const noexcept { return index != UINT32_MAX; }
   friend bool operator==(IoFile, IoFile) = default;
@@ -66,7 +68,7 @@ struct IoFile {
 enum class IoOpKind : std::uint8_t { kRead, kWrite, kFallocate, kOpen };
 
 // One operation of a batch: read `bytes` at `offset` of `file` into `buf`, or write them from it.
-struct IoOp {
+struct TIERMEM_API IoOp {
   IoOpKind kind = IoOpKind::kRead;
   IoFile file;
   std::uint64_t offset = 0;  // bytes from the start of the file
@@ -78,7 +80,7 @@ struct IoOp {
 // piece they issue (including resubmissions of the rest of a short transfer and retries), before
 // every fallocate and before every open (kOpen, offset 0, bytes 0: fail_errno makes open_file fail
 // as if open(2) had returned that errno). It sees the path, the byte range and the kind.
-class IoInterceptor {
+class TIERMEM_API IoInterceptor {
  public:
   struct Decision {
     int fail_errno = 0;                  // != 0: do not issue; complete the piece with -fail_errno
@@ -94,7 +96,7 @@ enum class IoEngineKind : std::uint8_t { kAuto, kUring, kPosix };
 
 // Settings of an IoEngine. from_config reads `aio` and `tiermem` (io_engine, o_direct, sqpoll,
 // fixed_buffers); defaults match config.h's.
-struct IoEngineOptions {
+struct TIERMEM_API IoEngineOptions {
   IoEngineKind kind = IoEngineKind::kAuto;  // auto: io_uring, posix when the ring cannot be set up
   std::uint64_t block_size_bytes = 1ull << 20;  // piece size (aio.block_size); multiple of 4096
   int queue_depth = 32;                         // pieces in flight per ring (aio.queue_depth)
@@ -113,7 +115,7 @@ struct IoEngineOptions {
 };
 
 // Counters since the engine was made (monotonic; a snapshot, consistent per field).
-struct IoStats {
+struct TIERMEM_API IoStats {
   std::uint64_t bytes_read = 0;        // bytes delivered to callers' read buffers
   std::uint64_t bytes_written = 0;     // bytes taken from callers' write buffers
   std::uint64_t read_requests = 0;     // submit_read calls (+ read ops of batches)
@@ -153,7 +155,7 @@ class IoRequestState {
 }  // namespace detail
 
 // The handle of one submitted request (or batch). Copyable; copies share state.
-class IoRequest {
+class TIERMEM_API IoRequest {
  public:
   IoRequest() = default;  // invalid: ready() is true, wait() returns at once
   explicit IoRequest(std::shared_ptr<detail::IoRequestState> s) : state_(std::move(s)) {}
@@ -179,9 +181,9 @@ class IoRequest {
 };
 
 // Waits for all of `requests`, then rethrows the first error among them (in order).
-void wait_all(std::span<const IoRequest> requests);
+TIERMEM_API void wait_all(std::span<const IoRequest> requests);
 
-class IoEngine {
+class TIERMEM_API IoEngine {
  public:
   virtual ~IoEngine() = default;
   IoEngine(const IoEngine&) = delete;
@@ -263,7 +265,7 @@ class IoEngine {
 // log line saying why (e.g. "io_uring_queue_init: Operation not permitted (errno 1)", seccomp);
 // kUring throws NotSupportedError when the ring cannot be set up; SQPOLL that cannot be set up
 // falls back to a normal ring with one log line.
-std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options);
-std::unique_ptr<IoEngine> make_io_engine(const Config& config);
+TIERMEM_API std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options);
+TIERMEM_API std::unique_ptr<IoEngine> make_io_engine(const Config& config);
 
 }  // namespace tiermem

@@ -14,23 +14,25 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tiermem/export.h"
+
 namespace tiermem {
 
 // The process-wide logger (created on first use).
-spdlog::logger& logger();
+TIERMEM_API spdlog::logger& logger();
 
 // Sets the level by name; an unknown name is ignored with a warning.
-void set_log_level(std::string_view level);
+TIERMEM_API void set_log_level(std::string_view level);
 
 // Messages said once per cause: true the first time `cause` (a short stable key, e.g.
 // "host-pool-unpinned") is passed in this process, false every time after. Thread-safe.
-bool first_time(std::string_view cause);
+TIERMEM_API bool first_time(std::string_view cause);
 
 // This process's rank in a job of several (0 alone). Set once by whoever learns it first (the
 // program from its launcher's environment, or the communicator); messages whose text is the same
 // on every rank (TM_LOG_WARN_ONCE_RANK0) are said by rank 0 only. Thread-safe.
-void set_log_rank(int rank);
-int log_rank();
+TIERMEM_API void set_log_rank(int rank);
+TIERMEM_API int log_rank();
 
 }  // namespace tiermem
 

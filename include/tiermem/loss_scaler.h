@@ -14,19 +14,20 @@
 #include <cstdint>
 
 #include "tiermem/config.h"
+#include "tiermem/export.h"
 
 namespace tiermem {
 
 // Everything a DynamicLossScaler's future decisions depend on (for checkpoints): restoring it into
 // a scaler built from the same Fp16Config makes that scaler behave exactly like the saved one.
-struct LossScalerState {
+struct TIERMEM_API LossScalerState {
   double scale = 1.0;                     // the current loss scale
   int hysteresis_left = 1;                // overflows still tolerated before the scale halves
   std::int64_t iter = 0;                  // update() calls so far
   std::int64_t last_overflow_iter = -1;   // iter of the last overflow (-1: none yet)
 };
 
-class DynamicLossScaler {
+class TIERMEM_API DynamicLossScaler {
  public:
   explicit DynamicLossScaler(const Fp16Config& config);
 

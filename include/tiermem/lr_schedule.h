@@ -15,10 +15,11 @@
 #pragma once
 
 #include "tiermem/config.h"
+#include "tiermem/export.h"
 
 namespace tiermem {
 
-struct LrSchedule {
+struct TIERMEM_API LrSchedule {
   enum class Kind { kTrainer, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
   Kind kind = Kind::kTrainer;
   double peak_lr = 0;             // the lr after the warm-up
@@ -33,9 +34,10 @@ struct LrSchedule {
 // The schedule of a run: `scheduler.type` empty = the trainer's own (linear warm-up over `warmup`
 // steps to `lr`, cosine decay to lr / 10 at step `steps`); otherwise DeepSpeed's, with any unset
 // parameter filled from the trainer's values (peak `lr`, `warmup` steps, `steps` total).
-LrSchedule make_lr_schedule(const SchedulerConfig& scheduler, double lr, int warmup, int steps);
+TIERMEM_API LrSchedule make_lr_schedule(const SchedulerConfig& scheduler, double lr, int warmup,
+                                        int steps);
 
 // The learning rate of 1-based optimizer step t.
-double lr_at(const LrSchedule& schedule, long long t);
+TIERMEM_API double lr_at(const LrSchedule& schedule, long long t);
 
 }  // namespace tiermem

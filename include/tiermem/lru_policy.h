@@ -8,11 +8,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "tiermem/export.h"
 #include "tiermem/residency_policy.h"
 
 namespace tiermem {
 
-class LruPolicy final : public ResidencyPolicy {
+class TIERMEM_API LruPolicy final : public ResidencyPolicy {
  public:
   // Records the access time of `id` (a logical clock); no hints.
   std::vector<PrefetchHint> on_access(TensorId id, std::uint64_t bytes, Tier tier, Phase phase,

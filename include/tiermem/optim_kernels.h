@@ -57,13 +57,14 @@
 
 #include "tiermem/adam.h"  // AdamIsa, AdamOptions, adam_best_isa(), adam_isa_supported()
 #include "tiermem/dtype.h"
+#include "tiermem/export.h"
 
 namespace tiermem {
 
 // Hyper-parameters of one Lion step. The hyper-parameters are double, as Python passes them:
 // each derived constant (1 - beta, 1 - lr * weight_decay) is computed in double and rounded to
 // fp32 once, where torch rounds it. Not validated (any value is used as given).
-struct LionParams {
+struct TIERMEM_API LionParams {
   double lr = 1e-4;            // units: parameter units per step (the step is exactly ±lr)
   double beta1 = 0.9;          // interpolation for the update direction c
   double beta2 = 0.99;         // decay of the momentum m
@@ -74,7 +75,7 @@ struct LionParams {
 // Hyper-parameters of one Adagrad step (torch.optim.Adagrad's names and defaults). step is t in
 // the formula above; values < 1 are taken as 1. initial_accumulator_value is not a per-step
 // parameter: the caller fills sum with it when it creates the state.
-struct AdagradParams {
+struct TIERMEM_API AdagradParams {
   double lr = 1e-2;
   double lr_decay = 0.0;
   double weight_decay = 0.0;   // L2 (coupled): added to the gradient as weight_decay * master
@@ -97,15 +98,16 @@ struct AdagradParams {
 // Throws tiermem::Error when n > 0 and master, grad or m is null (half may be null: no copy);
 // NotSupportedError when half != nullptr and half_dtype is not bf16/f16/f32, or when
 // options.isa is not supported by this CPU. Nothing is written when it throws.
-void lion_step(const LionParams& params, float* master, const float* grad, float* m, std::size_t n,
-               void* half = nullptr, DType half_dtype = DType::kBF16, const AdamOptions& options = {});
+TIERMEM_API void lion_step(const LionParams& params, float* master, const float* grad, float* m,
+                           std::size_t n, void* half = nullptr, DType half_dtype = DType::kBF16,
+                           const AdamOptions& options = {});
 
 // One Adagrad step over n elements. As lion_step, with `sum` (fp32, n elements, read and written:
 // torch's state["sum"]) in place of m; the caller fills it with initial_accumulator_value before
 // step 1. Throws as lion_step (tiermem::Error when n > 0 and master, grad or sum is null).
-void adagrad_step(const AdagradParams& params, float* master, const float* grad, float* sum,
-                  std::size_t n, void* half = nullptr, DType half_dtype = DType::kBF16,
-                  const AdamOptions& options = {});
+TIERMEM_API void adagrad_step(const AdagradParams& params, float* master, const float* grad,
+                              float* sum, std::size_t n, void* half = nullptr,
+                              DType half_dtype = DType::kBF16, const AdamOptions& options = {});
 
 namespace detail {
 

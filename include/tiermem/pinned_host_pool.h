@@ -56,9 +56,11 @@
 #include <mutex>
 #include <vector>
 
+#include "tiermem/export.h"
+
 namespace tiermem {
 
-struct PinnedHostPoolOptions {
+struct TIERMEM_API PinnedHostPoolOptions {
   std::uint64_t budget_bytes = 256ull << 20;  // max allocated bytes (rounded down to 4096)
   bool pin_memory = false;                    // mlock (see the top of the file)
   int numa_node = -1;                         // -1: the node of the calling thread
@@ -79,7 +81,7 @@ enum class HostPageKind : std::uint8_t {
 };
 
 // One committed slot of the pool, for io_uring buffer registration.
-struct HostRegion {
+struct TIERMEM_API HostRegion {
   void* base;
   std::uint64_t bytes;
   // The region is physically contiguous at least in naturally aligned units of this many bytes:
@@ -88,7 +90,7 @@ struct HostRegion {
   std::uint64_t contiguous_bytes = 4096;
 };
 
-class PinnedHostPool {
+class TIERMEM_API PinnedHostPool {
  public:
   static constexpr std::uint64_t kAlignment = 4096;
   static constexpr std::uint64_t kHugePageBytes = 2ull << 20;

@@ -56,6 +56,7 @@
 #include "tiermem/access_trace.h"
 #include "tiermem/config.h"
 #include "tiermem/dtype.h"
+#include "tiermem/export.h"
 #include "tiermem/residency_policy.h"
 #include "tiermem/reuse_distance.h"
 
@@ -71,7 +72,7 @@ inline std::uint64_t host_plan_margin(std::uint64_t room_bytes, std::uint64_t la
   return room_bytes / 32 > 2 * largest_bytes ? room_bytes / 32 : 2 * largest_bytes;
 }
 
-struct PrefetcherOptions {
+struct TIERMEM_API PrefetcherOptions {
   std::uint64_t prefetch_bucket_bytes = 100'000'000;     // 5e7 elements of bf16 (DeepSpeed default)
   std::uint64_t max_live_bytes = 2'000'000'000;          // 1e9 elements of bf16
   std::uint64_t max_reuse_distance_bytes = 2'000'000'000;  // 1e9 elements of bf16
@@ -90,7 +91,7 @@ struct PrefetcherOptions {
   static PrefetcherOptions from_config(const Config& config, DType param_dtype);
 };
 
-class Prefetcher final : public ResidencyPolicy {
+class TIERMEM_API Prefetcher final : public ResidencyPolicy {
  public:
   explicit Prefetcher(PrefetcherOptions options = {});
 

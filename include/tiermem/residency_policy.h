@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tiermem/export.h"
 #include "tiermem/tier.h"
 
 namespace tiermem {
@@ -45,13 +46,13 @@ constexpr std::string_view phase_name(Phase p) {
 }
 
 // A request the policy makes: bring `id` up to `tier` ahead of use.
-struct PrefetchHint {
+struct TIERMEM_API PrefetchHint {
   TensorId id;
   Tier tier;
 };
 
 // What the policy may read of the current state when deciding (a snapshot taken by TensorStore).
-struct ResidencyView {
+struct TIERMEM_API ResidencyView {
   // Bytes resident per tier and the budget of each tier (bytes).
   std::uint64_t resident_bytes[kNumTiers] = {};
   std::uint64_t budget_bytes[kNumTiers] = {};
@@ -69,7 +70,7 @@ struct ResidencyView {
   std::function<std::uint64_t(Tier)> home_bytes;
 };
 
-class ResidencyPolicy {
+class TIERMEM_API ResidencyPolicy {
  public:
   virtual ~ResidencyPolicy() = default;
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tiermem/access_trace.h"
+#include "tiermem/export.h"
 
 namespace tiermem {
 
@@ -31,7 +32,7 @@ inline constexpr std::uint64_t kInfiniteReuse = std::numeric_limits<std::uint64_
 
 enum class ReuseMode { kCyclic, kLinear };
 
-struct ReuseDistance {
+struct TIERMEM_API ReuseDistance {
   std::uint64_t bytes = kInfiniteReuse;  // bytes of distinct other tensors before the next use
   std::uint64_t count = kInfiniteReuse;  // how many distinct other tensors
 
@@ -40,14 +41,14 @@ struct ReuseDistance {
 };
 
 // One entry per access of `trace`.
-std::vector<ReuseDistance> reuse_distances(std::span<const Access> trace,
-                                           ReuseMode mode = ReuseMode::kCyclic);
+TIERMEM_API std::vector<ReuseDistance> reuse_distances(std::span<const Access> trace,
+                                                       ReuseMode mode = ReuseMode::kCyclic);
 
 // Index of the next access of the same tensor after each access: j > i in the trace, or in
 // kCyclic mode (first access of that tensor) + trace.size() when it wraps; kNoNextUse (linear
 // mode, last use). O(n) time with a hash map over tensor ids.
 inline constexpr std::uint64_t kNoNextUse = std::numeric_limits<std::uint64_t>::max();
-std::vector<std::uint64_t> next_uses(std::span<const Access> trace,
-                                     ReuseMode mode = ReuseMode::kCyclic);
+TIERMEM_API std::vector<std::uint64_t> next_uses(std::span<const Access> trace,
+                                                 ReuseMode mode = ReuseMode::kCyclic);
 
 }  // namespace tiermem

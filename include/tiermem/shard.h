@@ -17,10 +17,12 @@
 #include <span>
 #include <vector>
 
+#include "tiermem/export.h"
+
 namespace tiermem {
 
 // [begin, end) in elements.
-struct ElemRange {
+struct TIERMEM_API ElemRange {
   std::size_t begin = 0;
   std::size_t end = 0;
   std::size_t size() const { return end - begin; }
@@ -28,7 +30,7 @@ struct ElemRange {
 };
 
 // One module's flat buffer split over world_size ranks.
-struct ModuleShard {
+struct TIERMEM_API ModuleShard {
   std::size_t numel = 0;    // real parameters
   std::size_t padded = 0;   // numel rounded up to a multiple of world_size * alignment
   std::size_t shard = 0;    // padded / world_size
@@ -41,10 +43,10 @@ struct ModuleShard {
 };
 
 // Pads `numel` to world_size × alignment_elems and splits it.
-ModuleShard make_module_shard(std::size_t numel, int world_size, std::size_t alignment_elems);
+TIERMEM_API ModuleShard make_module_shard(std::size_t numel, int world_size, std::size_t alignment_elems);
 
 // Every module of a model, and where each module's shard sits in the rank-flat space.
-struct ShardLayout {
+struct TIERMEM_API ShardLayout {
   int world_size = 1;
   std::size_t alignment = 1;
   std::vector<ModuleShard> modules;
@@ -52,20 +54,20 @@ struct ShardLayout {
   std::size_t rank_flat = 0;             // sum of the shard sizes (the same on every rank)
   std::size_t full_flat = 0;             // sum of the padded sizes
 };
-ShardLayout make_shard_layout(std::span<const std::size_t> module_numels, int world_size,
+TIERMEM_API ShardLayout make_shard_layout(std::span<const std::size_t> module_numels, int world_size,
                               std::size_t alignment_elems);
 
 // Splits [0, total) into consecutive sub-groups of at most max_elems elements; every boundary but
 // the last is a multiple of alignment_elems. max_elems below alignment_elems is raised to it
 // (ZeroEngine rejects such a config first). total == 0 gives no sub-groups.
-std::vector<ElemRange> make_sub_groups(std::size_t total, std::size_t max_elems,
+TIERMEM_API std::vector<ElemRange> make_sub_groups(std::size_t total, std::size_t max_elems,
                                        std::size_t alignment_elems);
 
 // Chunks of a shard for bucketed reduce-scatter: a bucket of bucket_elems elements (all ranks'
 // pieces together) carries bucket_elems / world_size elements of every rank's shard, rounded down
 // to alignment_elems (at least alignment_elems, at most the shard). Returns shard-local ranges
 // covering [0, shard) in order.
-std::vector<ElemRange> make_reduce_chunks(std::size_t shard, int world_size, std::size_t bucket_elems,
+TIERMEM_API std::vector<ElemRange> make_reduce_chunks(std::size_t shard, int world_size, std::size_t bucket_elems,
                                           std::size_t alignment_elems);
 
 }  // namespace tiermem

@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "tiermem/device.h"
+#include "tiermem/export.h"
 
 namespace tiermem {
 
@@ -35,7 +36,7 @@ namespace detail {
 class CachingAllocator;
 }
 
-struct SimDeviceOptions {
+struct TIERMEM_API SimDeviceOptions {
   std::uint64_t budget_bytes = 1ull << 30;  // hard cap (allocated + cached), bytes
   double h2d_gbps = 0;  // copy throttle, GB/s (1e9 bytes/s); 0 = as fast as memcpy
   double d2h_gbps = 0;
@@ -45,7 +46,7 @@ struct SimDeviceOptions {
   SimAdamKernel adam_kernel = nullptr;
 };
 
-class SimDevice final : public Device {
+class TIERMEM_API SimDevice final : public Device {
  public:
   explicit SimDevice(SimDeviceOptions options = {});
   ~SimDevice() override;

@@ -53,6 +53,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tiermem/export.h"
 #include "tiermem/io_engine.h"
 
 namespace tiermem {
@@ -63,7 +64,7 @@ class HashWorker;
 }
 
 // Settings of a SwapSpace; from_config reads the `tiermem` section.
-struct SwapSpaceOptions {
+struct TIERMEM_API SwapSpaceOptions {
   std::uint64_t stripe_bytes = 1ull << 20;         // tiermem.stripe_bytes; multiple of 4096
   std::uint64_t initial_bytes_per_path = 64ull << 20;  // tiermem.swap_initial_bytes
   std::uint64_t max_bytes_per_path = 0;            // tiermem.swap_max_bytes; 0 = fs free space
@@ -72,7 +73,7 @@ struct SwapSpaceOptions {
 };
 
 // A contiguous run of one swap file.
-struct SwapPiece {
+struct TIERMEM_API SwapPiece {
   std::uint32_t path_index = 0;  // index into SwapSpace::dirs()
   std::uint64_t offset = 0;      // bytes into that directory's swap file (aligned)
   std::uint64_t bytes = 0;       // padded length (a multiple of the allocation unit)
@@ -81,7 +82,7 @@ struct SwapPiece {
 // An allocated region of swap space: a value (copyable). `bytes` is what was asked for;
 // `pieces` are in logical order (byte 0 of the extent is at pieces[0].offset), one per stripe
 // unit, consecutive units on the same file merged.
-struct SwapExtent {
+struct TIERMEM_API SwapExtent {
   std::uint64_t id = 0;     // unique within the SwapSpace; 0 = empty extent
   std::uint64_t bytes = 0;  // requested size
   std::vector<SwapPiece> pieces;
@@ -89,7 +90,7 @@ struct SwapExtent {
 };
 
 // Fragmentation and usage, in bytes, summed over all directories (per-directory in `paths`).
-struct SwapStats {
+struct TIERMEM_API SwapStats {
   struct Path {
     std::string dir;
     std::string file;
@@ -112,7 +113,7 @@ struct SwapStats {
   std::vector<Path> paths;
 };
 
-class SwapSpace {
+class TIERMEM_API SwapSpace {
  public:
   // Takes each directory's lock, creates and preallocates its swap file. `dirs` must be
   // non-empty; each must exist (it is not created). Throws Error (lock held by another
@@ -187,14 +188,14 @@ class SwapSpace {
 // and its missing parents, each marked as tiermem's (src/nvme/made_dirs.h), and returns the ones
 // to hand to SwapSpace::remove_when_done, innermost first. Throws IoError (path, errno) when one
 // cannot be made.
-std::vector<std::string> make_swap_dirs(const std::string& dir);
+TIERMEM_API std::vector<std::string> make_swap_dirs(const std::string& dir);
 // Removes a directory make_swap_dirs listed when nothing but tiermem's marker is left in it (a
 // SwapSpace that failed to open). Never throws.
-void remove_swap_dir_if_unused(const std::string& dir) noexcept;
+TIERMEM_API void remove_swap_dir_if_unused(const std::string& dir) noexcept;
 
 // The free space, in bytes (statvfs f_bavail x f_frsize), of the filesystem that holds `path`, or
 // that would hold it: a path not made yet is looked up at its nearest existing ancestor (a
 // relative path at the working directory). 0 when even that cannot be read. Never throws.
-std::uint64_t drive_free_bytes(const std::string& path) noexcept;
+TIERMEM_API std::uint64_t drive_free_bytes(const std::string& path) noexcept;
 
 }  // namespace tiermem

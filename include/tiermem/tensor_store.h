@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "tiermem/dtype.h"
+#include "tiermem/export.h"
 #include "tiermem/residency_policy.h"
 #include "tiermem/tier.h"
 
@@ -82,7 +83,7 @@ class PinnedHostPool;
 // Settings of a TensorStore; from_config reads tiermem.device_budget_bytes, host_budget_bytes,
 // numa_node, pipeline_chunk_bytes, pipeline_chunks, acquire_timeout_s and
 // zero_optimization.offload_param.pin_memory.
-struct TensorStoreOptions {
+struct TIERMEM_API TensorStoreOptions {
   std::uint64_t device_budget_bytes = 0;          // 0: the device's whole budget
   std::uint64_t host_budget_bytes = 256ull << 20; // host tier pool (homes + cached copies)
   std::uint64_t pipeline_chunk_bytes = 8ull << 20;  // multiple of 4096
@@ -102,7 +103,7 @@ struct TensorStoreOptions {
 // What to register. bytes == 0: computed from shape and dtype (product of shape * dtype_size).
 // When both are given they must agree, else Error. `initial` (optional, bytes long, copied before
 // register_tensor returns) fills the home copy; without it the contents are zero.
-struct TensorSpec {
+struct TIERMEM_API TensorSpec {
   std::string name;                  // unique, for traces, errors and find()
   DType dtype = DType::kU8;
   std::vector<std::int64_t> shape{}; // elements per dimension
@@ -126,7 +127,7 @@ struct TensorSpec {
 // Labels of TensorSpec::group: 0 .. kNumGroups - 1 (0: unlabelled; ZeroEngine uses 1-4).
 inline constexpr int kNumGroups = 5;
 
-struct TensorInfo {
+struct TIERMEM_API TensorInfo {
   std::string name;
   DType dtype = DType::kU8;
   std::vector<std::int64_t> shape;
@@ -139,7 +140,7 @@ struct TensorInfo {
 // same transfers as TensorStoreStats::bytes_moved to and from NVMe (loads, write-backs, flush;
 // not read()/write()/register_tensor's own I/O), so that summed over phases each figure is the
 // store's total.
-struct PhaseIoStats {
+struct TIERMEM_API PhaseIoStats {
   // Bytes read from / written to NVMe by transfers made for this phase's accesses (the header's
   // "Phases"; Phase::kOther for those before the first acquire()).
   std::uint64_t nvme_read_bytes = 0;
@@ -164,7 +165,7 @@ struct PhaseIoStats {
 };
 
 // Snapshot of counters since the store was made. Indexed [from][to] / [tier] by Tier value.
-struct TensorStoreStats {
+struct TIERMEM_API TensorStoreStats {
   std::uint64_t bytes_moved[kNumTiers][kNumTiers] = {};  // bytes copied from tier to tier
   std::uint64_t moves[kNumTiers][kNumTiers] = {};        // transfers from tier to tier
   std::uint64_t resident_bytes[kNumTiers] = {};          // now (allocator-rounded)
@@ -202,7 +203,7 @@ struct TensorStoreStats {
   std::uint64_t bounce_chunks_in_use = 0;
 };
 
-class TensorStore {
+class TIERMEM_API TensorStore {
  public:
   // RAII pin: the tensor stays resident and at a fixed address at `tier` while the Pin lives.
   // Move-only. data() is a device pointer for Tier::kDevice (host-addressable on SimDevice) and a
@@ -374,7 +375,7 @@ class TensorStore {
   const TensorStoreOptions& options() const noexcept;
 
  private:
-  struct Impl;
+  struct TIERMEM_LOCAL Impl;
   std::unique_ptr<Impl> impl_;
   void release_pin(TensorId id, Tier tier) noexcept;
 };

@@ -38,12 +38,13 @@
 
 #include "tiermem/access_trace.h"
 #include "tiermem/dtype.h"
+#include "tiermem/export.h"
 #include "tiermem/prefetcher.h"
 #include "tiermem/tier.h"
 
 namespace tiermem {
 
-struct TierModel {
+struct TIERMEM_API TierModel {
   std::uint64_t device_budget_bytes = 1ull << 30;
   std::uint64_t host_budget_bytes = 4ull << 30;  // host cache of NVMe-homed tensors
   Tier home = Tier::kNvme;                       // kNvme or kHost (then host holds everything)
@@ -55,9 +56,9 @@ struct TierModel {
 };
 
 enum class SimPolicy { kLru, kDeepSpeed, kBelady };
-std::string_view sim_policy_name(SimPolicy p);  // "lru", "deepspeed", "belady"
+TIERMEM_API std::string_view sim_policy_name(SimPolicy p);  // "lru", "deepspeed", "belady"
 
-struct SimResult {
+struct TIERMEM_API SimResult {
   std::string policy;
   std::uint64_t bytes_nvme_to_host = 0;
   std::uint64_t bytes_host_to_device = 0;
@@ -76,24 +77,25 @@ struct SimResult {
 };
 
 // Replays `trace` model.steps times under `policy` (see above). `trace` ids may be any values.
-SimResult simulate(std::span<const Access> trace, const TierModel& model, SimPolicy policy,
-                   const PrefetcherOptions& options);
+TIERMEM_API SimResult simulate(std::span<const Access> trace, const TierModel& model,
+                               SimPolicy policy, const PrefetcherOptions& options);
 
 // Sum of the bytes of the distinct tensors of a trace (each at its first access's size).
-std::uint64_t distinct_bytes(std::span<const Access> trace);
+TIERMEM_API std::uint64_t distinct_bytes(std::span<const Access> trace);
 
 // One training step of a real model: per layer forward, then backward in reverse; parameter sizes
 // of the published architectures (GPT-2 small/medium/xl with tied embeddings, LLaMA 7B and 70B
 // with GQA), one access per parameter tensor, `dtype` bytes per element. Tier kDevice.
 // Throws ConfigError (key "--model") for an unknown name.
-std::vector<Access> generate_model_trace(std::string_view model, DType dtype = DType::kBF16);
-std::vector<std::string> model_names();
+TIERMEM_API std::vector<Access> generate_model_trace(std::string_view model,
+                                                     DType dtype = DType::kBF16);
+TIERMEM_API std::vector<std::string> model_names();
 
 // Text traces: one access per line, `id bytes phase`. id: any token without blanks (names are
 // mapped to dense ids in order of appearance); bytes: a size ("4096", "64MiB"); phase: forward |
 // backward | optimizer | other (or fwd | bwd | opt). Blank lines and `#` comments are skipped.
 // A bad line throws ConfigError("<source>:<line>", the line, what is wrong).
-std::vector<Access> parse_trace(std::string_view text, std::string_view source);
-std::vector<Access> load_trace_file(const std::string& path);
+TIERMEM_API std::vector<Access> parse_trace(std::string_view text, std::string_view source);
+TIERMEM_API std::vector<Access> load_trace_file(const std::string& path);
 
 }  // namespace tiermem

@@ -21,9 +21,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tiermem/export.h"
+
 namespace tiermem {
 
-class Trace {
+class TIERMEM_API Trace {
  public:
   // The process-wide recorder. Starts itself if TIERMEM_TRACE is set.
   static Trace& global();
@@ -66,7 +68,7 @@ class Trace {
 };
 
 // RAII span: records [construction, destruction) on `track` when tracing is enabled.
-class TraceSpan {
+class TIERMEM_API TraceSpan {
  public:
   TraceSpan(std::string_view name, std::string_view track)
       : enabled_(Trace::global().enabled()) {

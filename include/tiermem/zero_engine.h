@@ -39,6 +39,7 @@
 
 #include "tiermem/config.h"
 #include "tiermem/dtype.h"
+#include "tiermem/export.h"
 #include "tiermem/loss_scaler.h"
 #include "tiermem/tensor_store.h"
 #include "tiermem/zero_plan.h"
@@ -49,7 +50,7 @@ class Communicator;
 class Device;
 
 // Engine settings that are not in Config.
-struct ZeroEngineOptions {
+struct TIERMEM_API ZeroEngineOptions {
   // Shards and sub-groups are aligned to this many elements (1024 fp32 = 4 KiB, the NVMe block).
   std::size_t alignment_elems = 1024;
   // With overlap_comm, at most this many reduce-scatter buckets are in flight; more waits.
@@ -73,7 +74,7 @@ struct ZeroEngineOptions {
 };
 
 // What this rank holds and moved, in bytes (for tests, logs and the trainer's summary).
-struct ZeroStats {
+struct TIERMEM_API ZeroStats {
   // Sizes of this rank's state, wherever it lives.
   std::uint64_t optimizer_state_bytes = 0;  // fp32 master + m + v (12 B per shard element)
   std::uint64_t gradient_bytes = 0;         // fp32 gradient partitions / full gradient buffers
@@ -155,7 +156,7 @@ struct ZeroStats {
 // The three vectors are this rank's rank-flat shard: shard_numel() fp32 elements each, the
 // registered modules' shards back to back in registration order, each padded to the alignment
 // (padding elements stay 0). The partition fields describe which shard it is; import checks them.
-struct ZeroOptimizerState {
+struct TIERMEM_API ZeroOptimizerState {
   int world_size = 1;                      // ranks the optimizer state is split over (1: stage 0)
   int rank = 0;                            // this shard's index among them
   std::size_t alignment_elems = 0;         // ZeroEngineOptions::alignment_elems of the writer
@@ -174,7 +175,7 @@ struct ZeroOptimizerState {
 // Which third of a sub-group's optimizer state (export_module_state, set_module_state).
 enum class OptimizerStateKind { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
 
-struct ZeroStateChunk {
+struct TIERMEM_API ZeroStateChunk {
   std::size_t offset = 0;  // elements into the rank-flat shard
   std::size_t n = 0;       // elements in each span
   float* master = nullptr;
@@ -182,7 +183,7 @@ struct ZeroStateChunk {
   float* exp_avg_sq = nullptr;
 };
 
-class ZeroEngine {
+class TIERMEM_API ZeroEngine {
  public:
   // A module's full working parameters for as long as the scope lives (stage 3: gathered into a
   // buffer freed on destruction; other stages: a view of the persistent full copy).
@@ -483,7 +484,7 @@ class ZeroEngine {
   const Config& config() const { return config_; }
 
  private:
-  struct Impl;
+  struct TIERMEM_LOCAL Impl;
   friend class Gathered;
   void release_gathered(Gathered& g) noexcept;
 

@@ -43,11 +43,12 @@
 #include <vector>
 
 #include "tiermem/config.h"
+#include "tiermem/export.h"
 #include "tiermem/tier.h"
 
 namespace tiermem {
 
-struct ZeroPlanOptions {
+struct TIERMEM_API ZeroPlanOptions {
   int world_size = 1;
   std::size_t alignment_elems = 1024;     // ZeroEngineOptions::alignment_elems
   // SimDevice: the CPU reads device memory in place. false (CudaDevice, or SimDevice with
@@ -72,7 +73,7 @@ struct ZeroPlanOptions {
   bool device_share = true;
 };
 
-struct ZeroPlan {
+struct TIERMEM_API ZeroPlan {
   // Resolved budgets (config value, or the default when 0): host = default_host_budget_bytes();
   // device = tiermem.device_budget_bytes (0 = the device's own default).
   std::uint64_t host_budget_bytes = 0;
@@ -144,15 +145,15 @@ struct ZeroPlan {
 // machine's physical memory, at least 256 MiB and at most 1 GiB (the pool is mapped, and with
 // NVMe offload registered with io_uring, which pins every page of it, at start). Fixed for the
 // machine, never a function of the model.
-std::uint64_t default_host_budget_bytes();
+TIERMEM_API std::uint64_t default_host_budget_bytes();
 // This machine's physical memory in bytes (sysconf), 0 when the OS does not say.
-std::uint64_t physical_memory_bytes();
+TIERMEM_API std::uint64_t physical_memory_bytes();
 
 // Whether `bytes` of address space can be reserved now (an inaccessible, unbacked mapping made and
 // dropped at once): the host pool reserves twice its budget per slot size (PinnedHostPool), so a
 // budget the address space cannot hold fails here rather than at the first allocation. True for
 // 0 bytes. No errors thrown.
-bool address_space_reservable(std::uint64_t bytes);
+TIERMEM_API bool address_space_reservable(std::uint64_t bytes);
 
 // What is wrong with a host budget of `bytes`, as the engine and tiermem-plan say it (the caller
 // names the key or flag):
@@ -162,8 +163,8 @@ bool address_space_reservable(std::uint64_t bytes);
 //   host_budget_warning: that it is more than this machine's physical memory (so it bounds
 //     nothing), or "" when it is not or the OS does not say.
 // Both end with what to give instead. No errors thrown.
-std::string host_budget_refusal(std::uint64_t bytes);
-std::string host_budget_warning(std::uint64_t bytes);
+TIERMEM_API std::string host_budget_refusal(std::uint64_t bytes);
+TIERMEM_API std::string host_budget_warning(std::uint64_t bytes);
 
 // Where ZeroEngine::step() writes the new working shards of stage-3 modules homed below the device
 // (offload_param cpu/nvme): at the device tier — no host copy; nothing written down while the
@@ -196,7 +197,7 @@ inline bool needs_device(const ZeroPlan& p) { return p.uses_device || p.optimize
 // Throws ConfigError (naming zero_optimization.sub_group_size) when a sub-group is smaller than
 // the shard alignment `alignment_elems`: what ZeroEngine refuses at construction, and tiermem-plan
 // with it.
-void check_sub_group_size(const ZeroConfig& z, std::size_t alignment_elems);
+TIERMEM_API void check_sub_group_size(const ZeroConfig& z, std::size_t alignment_elems);
 
 // Throws ConfigError naming the key and value for a configuration ZeroEngine cannot run,
 // whatever the model: a ZeRO stage outside 0-3, a sub-group below `alignment_elems`
@@ -205,14 +206,14 @@ void check_sub_group_size(const ZeroConfig& z, std::size_t alignment_elems);
 // AdamW only), an offload below its stage (optimizer: stage >= 1, parameters: stage 3), an nvme
 // offload without nvme_path, a buffer_count below 1, fp16 with bf16. ZeroEngine's constructor
 // calls it, and tiermem-plan with it, so both refuse the same configurations.
-void check_zero_config(const Config& config, std::size_t alignment_elems);
+TIERMEM_API void check_zero_config(const Config& config, std::size_t alignment_elems);
 
 // optimizer.type in lower case ("adamw", "adam", "lion", "adagrad" once check_zero_config passed;
 // a Config built in code may spell it "AdamW").
-std::string optimizer_type(const Config& config);
+TIERMEM_API std::string optimizer_type(const Config& config);
 
 // Plans `module_numels` (every module's element count, in registration order) under `config`.
-ZeroPlan plan_zero(const Config& config, std::span<const std::size_t> module_numels,
-                   const ZeroPlanOptions& options = {});
+TIERMEM_API ZeroPlan plan_zero(const Config& config, std::span<const std::size_t> module_numels,
+                               const ZeroPlanOptions& options = {});
 
 }  // namespace tiermem
