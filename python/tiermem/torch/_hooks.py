@@ -41,8 +41,11 @@ import functools
 
 import torch
 
-from ._params import is_metadata, param_subclass
+from ._params import (is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, param_subclass,
+                      set_raw_data)
 from ._predictor import NextUnitPredictor
+from ._released import (MEMORY_CALLS, ReleasedValues, first_arg, is_released, no_memory_error, param_name, released_proxy,
+                        view_proxy, write_through)
 from ._unit import NOT_PICKLABLE, EngineLink, Unit, UnitMap, build_units, in_backward
 
 __all__ = ["ParamHooks"]
@@ -54,7 +57,7 @@ def _gather_released(args, kwargs) -> list:
     taken = []
 
     def visit(a):
-        u = getattr(a, "_tm_unit", None) if isinstance(a, torch.nn.Parameter) else None
+        u = a.__dict__.get("_tm_unit") if isinstance(a, torch.nn.Parameter) else None
         if u is not None and u.flat is None:
             u.gather()
             taken.append(u)
@@ -70,19 +73,67 @@ def _gather_released(args, kwargs) -> list:
     return taken
 
 
+def _first_link(args, kwargs):
+    """The EngineLink of the first managed parameter among the call's arguments."""
+    for a in list(args) + list(kwargs.values()):
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            u = x.__dict__.get("_tm_unit") if isinstance(x, torch.nn.Parameter) else None
+            if u is not None:
+                return u.link
+    return None
+
+
 def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
-    """A parameter used while released (outside its module's forward: a tied head computed in the
-    parent's forward, ``model.state_dict()``, user code) is gathered for the call and released
-    after it; views the call returns keep the gathered memory alive, and autograd's saves of it
-    are packed as usual. ``detach()`` of a released parameter returns a copy, not a view: it is
-    how ``state_dict()`` (and PEFT's ``save_pretrained``) read every parameter, and a view each
-    would keep every unit gathered, and pinned in the engine's budgets, at once."""
+    """A torch call given a managed parameter. Between its module's forwards (a tied head computed in
+    the parent's forward, ``model.state_dict()``, a loss reading ``lm_head.weight``, user code) the
+    parameter is released: its unit is gathered for the call and released after it; views the call
+    returns keep the gathered memory alive. A call that writes into a released parameter
+    (``p.copy_(t)``, ``nn.init.*_(p)``, ``load_state_dict``) reaches the engine, and ``p.data`` is
+    a proxy of the engine's values (``_released.py``). Outside the hooks' own saved-tensor scope,
+    what autograd saves of a parameter during the call is packed by the hooks (a custom
+    ``autograd.Function`` that saves the weight reads it again in backward through a gather, not
+    the placeholder). ``detach()`` of a released parameter returns a copy, not a view: it is how
+    ``state_dict()`` (and PEFT's ``save_pretrained``) read every parameter, and a view each would
+    keep every unit gathered, and pinned in the engine's budgets, at once."""
     if kwargs is None:
         kwargs = {}
-    taken = () if is_metadata(func) else _gather_released(args, kwargs)
+    p = first_arg(args, kwargs)
+    p = p if isinstance(p, torch.nn.Parameter) else None
+    if is_metadata(func) or func in MEMORY_CALLS:
+        if p is not None and p.__dict__.get("_tm_unit") is not None:
+            if func in MEMORY_CALLS:
+                if is_released(p):
+                    raise no_memory_error(p, func)
+            elif is_data_get(func) and is_released(p):
+                return released_proxy(p)
+            elif is_data_set(func):
+                return _set_data(p, args[1])
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    if p is not None and is_released(p):
+        if is_inplace(func):
+            return write_through(func, args, kwargs)
+        if args and args[0] is p and is_view_call(func) and not (torch.is_grad_enabled() and p.requires_grad):
+            proxy = view_proxy(p, p, func, args[1:], kwargs)  # no autograd: writes through it must reach the engine
+            if proxy is not None:
+                return proxy
+    if any(isinstance(x, ReleasedValues) for x in _flat_args(args, kwargs)):
+        return write_through(func, args, kwargs)
+    if p is not None and is_inplace(func) and not p.__dict__["_tm_unit"].copied:
+        raise RuntimeError(f"tiermem.torch: {getattr(func, '__name__', 'a call')} writes into parameter "
+                           f"'{param_name(p)}' inside its module's forward, where it is the engine's gathered memory: "
+                           "the change could not reach the engine's master weights. Change parameters between steps "
+                           "(p.copy_(t), p.data.copy_(t), or inside tiermem.torch.zero.GatheredParameters)")
+    taken = _gather_released(args, kwargs)
+    link = _first_link(args, kwargs) if torch.is_grad_enabled() else None
+    saved = link.saved if link is not None and link.saved is not None and not link.saved.active else None
     try:
         with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **kwargs)
+            if saved is not None:
+                with saved.hooks():
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
             if taken and func is torch.Tensor.detach:
                 out = out.clone()
             return out
@@ -90,6 +141,36 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
         for u in taken:
             if u.active == 0:
                 u.release()
+
+
+def _flat_args(args, kwargs):
+    for a in list(args) + list(kwargs.values()):
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            yield x
+
+
+def _set_data(p: torch.nn.Parameter, t) -> None:
+    """``p.data = t`` by the user. Released: `t`'s values are written to the engine (as
+    ``p.data.copy_(t)``), if they have the parameter's shape and dtype; otherwise nothing changes
+    and ValueError says why. Gathered as a copy (GatheredParameters): torch's own assignment, which
+    the scope's exit checks. Gathered by its module's forward: RuntimeError."""
+    unit = p.__dict__["_tm_unit"]
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"tiermem.torch: parameter '{param_name(p)}'.data must be given a tensor, got {type(t).__name__}")
+    if unit.flat is not None and unit.copied:
+        set_raw_data(p, t)
+        return None
+    if unit.flat is not None:
+        raise RuntimeError(f"tiermem.torch: parameter '{param_name(p)}' was given .data inside its module's forward, "
+                           "where it is the engine's gathered memory; change parameters between steps")
+    if tuple(t.shape) != tuple(p.shape) or t.dtype != p.dtype:
+        raise ValueError(f"tiermem.torch: parameter '{param_name(p)}' is {tuple(p.shape)} {p.dtype} in the tiermem "
+                         f"engine and cannot be given .data of {tuple(t.shape)} {t.dtype}; nothing was changed. Give it "
+                         "values of its own shape and dtype (p.data = t.to(p.dtype)), or change the model before "
+                         "tiermem.torch.initialize")
+    with torch.no_grad():  # torch's own .data assignment is no autograd operation either
+        write_through(torch.Tensor.copy_, (p, t), {})
+    return None
 
 
 def _device_key(d: torch.device) -> tuple:
@@ -146,6 +227,85 @@ class _Saved:
         self.offset = t.storage_offset()
 
 
+class SavedParams:
+    """What autograd saves of a managed parameter, while the model's forward runs (and, outside it,
+    during a torch call given a parameter): ``hooks()`` is a ``saved_tensors_hooks`` scope.
+
+    On its own (no saved-tensor hook entered before it), a parameter or a view of one is saved as
+    (unit, size, stride, offset) instead of its memory and unpacked by gathering the unit again
+    (``Unit.backward_flat``). Over an outer pair of hooks (torch.utils.checkpoint's, either pass of
+    the non-reentrant variant; ``torch.autograd.graph.save_on_cpu``; a user's own) every tensor goes
+    to that pair, so its bookkeeping and savings stay whole, but a parameter itself is handed over
+    as an alias of the memory gathered now: the checkpoint's recompute keeps a frozen weight by
+    reference, and the parameter object holds the placeholder once released (the gradients of a
+    PEFT model under transformers' default checkpointing were 18-94 % off, silently)."""
+
+    def __init__(self, units: UnitMap) -> None:
+        self.unit_of = units.unit_of
+        self.active = 0  # scopes entered now
+
+    def hooks(self) -> "_SavedScope":
+        return _SavedScope(self)
+
+    def is_param(self, t: torch.Tensor) -> bool:
+        hit = self.unit_of.get(id(t))
+        return hit is not None and hit[1] is t
+
+    def pack(self, t: torch.Tensor):
+        unit_of = self.unit_of
+        hit = unit_of.get(id(t))
+        if hit is None or hit[1] is not t:
+            base = t._base
+            if base is None:
+                return t
+            hit = unit_of.get(id(base))
+            if hit is None or hit[1] is not base:
+                return t
+        return _Saved(hit[0], t)
+
+    @staticmethod
+    def unpack(s):
+        if not isinstance(s, _Saved):
+            return s
+        return s.unit.backward_flat().as_strided(s.size, s.stride, s.offset)
+
+    def alias(self, t: torch.Tensor) -> torch.Tensor:
+        """`t`, or for a managed parameter an alias of the memory it holds now."""
+        if self.is_param(t):
+            with torch._C.DisableTorchFunctionSubclass():
+                return t.detach()
+        return t
+
+
+class _SavedScope:
+    """One entered scope of SavedParams (chained over the pair of hooks on top when it is entered)."""
+
+    __slots__ = ("owner", "ctx")
+
+    def __init__(self, owner: SavedParams) -> None:
+        self.owner = owner
+        self.ctx = None
+
+    def __enter__(self):
+        owner = self.owner
+        outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if outer is None:
+            self.ctx = torch.autograd.graph.saved_tensors_hooks(owner.pack, owner.unpack)
+        else:
+            outer_pack, outer_unpack = outer
+            alias = owner.alias
+            self.ctx = torch.autograd.graph.saved_tensors_hooks(lambda t: outer_pack(alias(t)), outer_unpack)
+        self.ctx.__enter__()
+        owner.active += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.owner.active -= 1
+        ctx, self.ctx = self.ctx, None
+        ctx.__exit__(*exc)
+        return False
+
+
 class ParamHooks:
     """The hooks of one model: made over its units (``units``: a ``_unit.UnitMap``), registered by
     ``attach`` and removed by ``detach``. Each hook delegates to the units and the predictor."""
@@ -155,9 +315,11 @@ class ParamHooks:
         self.predictor = NextUnitPredictor()
         self.link = EngineLink(model, [], self.predictor)
         self.units: UnitMap = build_units(model, leaf_types, self.link)
+        self.saved = SavedParams(self.units)
+        self.link.saved = self.saved
         self.handles: list = []
         self.guarded: list = []  # modules whose _apply is _guarded_apply
-        self.saved_ctx = None  # the saved_tensors_hooks context of the outermost module running
+        self.saved_ctx = None  # the SavedParams scope of the outermost module running
         self.depth = 0  # modules running forward now
         self.failed_pre: set = set()  # id() of modules whose pre-forward hook raised (their post hook still runs)
         self.backward_pending = False
@@ -266,24 +428,18 @@ class ParamHooks:
                                "new device")
         if probe.dtype == self.link.working_dtype:
             return _apply_to_buffers(module, fn, recurse)
-        return type(module)._apply(module, fn, recurse)
+        where = f"{type(module).__name__} ({name!r})" if name else f"the model ({type(module).__name__})"
+        raise RuntimeError(f"tiermem.torch: converting {where} to {probe.dtype} after initialize is refused, nothing was "
+                           f"changed: the tiermem engine holds its parameters in {self.link.working_dtype}. Choose the "
+                           "precision in the config (\"bf16\": {\"enabled\": true} or \"fp16\"), or convert the model "
+                           "before initialize; under torch.autocast the parameters stay as they are")
 
     # ------------------------------------------------------------------------------ forward
-    def _saved_hooks_wanted(self) -> bool:
-        """Pack parameters for backward unless another saved-tensor hook already owns this region:
-        non-reentrant activation checkpointing's recompute keeps its own (detached) references to
-        what it saves, which hold the gathered memory for as long as its backward needs it."""
-        if not torch.is_grad_enabled():
-            return False
-        if in_backward():
-            return torch._C._autograd._top_saved_tensors_default_hooks(False) is None
-        return True
-
     def _pre_forward(self, module, args):
         if self.depth == 0:
             self.forget_failed_backward()
-        if self.depth == 0 and self._saved_hooks_wanted():
-            self.saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        if self.depth == 0 and torch.is_grad_enabled():
+            self.saved_ctx = self.saved.hooks()
             self.saved_ctx.__enter__()
         self.depth += 1
         units = self.units.module_units.get(id(module))
@@ -318,24 +474,6 @@ class ParamHooks:
         if self.depth == 0 and self.saved_ctx is not None:
             ctx, self.saved_ctx = self.saved_ctx, None
             ctx.__exit__(None, None, None)
-
-    # ------------------------------------------------------------------------------ saved tensors
-    def _pack(self, t: torch.Tensor):
-        unit_of = self.units.unit_of
-        hit = unit_of.get(id(t))
-        if hit is None or hit[1] is not t:
-            base = t._base
-            if base is None:
-                return t
-            hit = unit_of.get(id(base))
-            if hit is None or hit[1] is not base:
-                return t
-        return _Saved(hit[0], t)
-
-    def _unpack(self, s):
-        if not isinstance(s, _Saved):
-            return s
-        return s.unit.backward_flat().as_strided(s.size, s.stride, s.offset)
 
     # ------------------------------------------------------------------------------ gradients
     def _on_grad(self, p: torch.nn.Parameter) -> None:

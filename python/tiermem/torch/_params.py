@@ -2,8 +2,11 @@
 engine's units, ``_unit.py``, and zero.Init's staging, ``_staging.py``).
 
 Between uses, a parameter's ``.data`` is a placeholder: a zero-stride expansion of one element, so
-``param.shape`` stays true but the parameter holds no memory. Reading it then gives meaningless
-values, writing it fails.
+``param.shape`` stays true but the parameter holds no memory. The element is NaN (a poisoned
+value, never a plausible one): every read tiermem knows of gathers the values or raises instead
+(``_released.py``, ``_hooks.py``), and one it does not know of computes NaN, never zeros. (A
+storage of zero bytes, FSDP2's choice, would fail louder, but with this torch a kernel given such a
+tensor dereferences a null pointer: a crash, not an error.) Writing the placeholder fails.
 
 A parameter whose memory is elsewhere (in the engine, or in Init's staging) gets a class of its
 own: a subclass of its class with a ``__torch_function__`` that brings the values in for a call
@@ -19,20 +22,39 @@ from typing import Optional
 
 import torch
 
-__all__ = ["placeholder", "param_subclass", "is_metadata", "tensor_calls", "property_of", "VALUE_PROPERTIES"]
+__all__ = ["placeholder", "holds_placeholder", "param_subclass", "is_metadata", "tensor_calls", "property_of",
+           "VALUE_PROPERTIES", "is_data_get", "is_data_set", "is_view_call", "is_inplace", "raw_data", "set_raw_data"]
 
 _PLACEHOLDERS: dict[tuple, torch.Tensor] = {}
 
 
 def placeholder(shape: torch.Size, dtype: torch.dtype, device: Optional[torch.device] = None) -> torch.Tensor:
-    """A tensor of `shape` holding one element of `dtype` on `device` (one per dtype and device,
-    shared): what a parameter's ``.data`` is while its values are elsewhere."""
-    key = (dtype, device)
+    """A tensor of `shape` holding one NaN element of `dtype` on `device` (one per dtype and
+    device, shared): what a parameter's ``.data`` is while its values are elsewhere."""
+    key = (dtype, torch.device(device) if device is not None else torch.device("cpu"))
     base = _PLACEHOLDERS.get(key)
     if base is None:
-        base = torch.zeros((), dtype=dtype, device=device)
+        base = torch.full((), float("nan"), dtype=dtype, device=device)
         _PLACEHOLDERS[key] = base
     return base.expand(shape)
+
+
+def holds_placeholder(t: torch.Tensor) -> bool:
+    """Whether `t` (read without __torch_function__) is a placeholder: its values are elsewhere."""
+    return t.data_ptr() == placeholder((), t.dtype, t.device).data_ptr()
+
+
+def raw_data(x: torch.Tensor) -> torch.Tensor:
+    """``x.data`` without any __torch_function__ (what `x` holds now)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return x.data
+
+
+def set_raw_data(x: torch.Tensor, t: torch.Tensor) -> None:
+    """``x.data = t`` without any __torch_function__ (tiermem's own moves of a parameter's memory;
+    a user's ``p.data = t`` goes through the parameter's class and is a write)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        x.data = t
 
 
 def tensor_calls(names, owners=(torch.Tensor,)) -> frozenset:
@@ -71,6 +93,50 @@ def is_metadata(func) -> bool:
         if prop is not None:
             return prop not in VALUE_PROPERTIES
     return False
+
+
+def is_data_get(func) -> bool:
+    """Whether the torch call `func` is the ``.data`` getter."""
+    return property_of(func, "__get__") is torch._C.TensorBase.data
+
+
+def is_data_set(func) -> bool:
+    """Whether the torch call `func` is the ``.data`` setter."""
+    return property_of(func, "__set__") is torch._C.TensorBase.data
+
+
+# The calls that may return a view of their first argument (a copy for some arguments: a caller
+# asks torch which, on a meta tensor).
+_VIEW_CALLS = tensor_calls(("view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "select", "narrow", "t",
+                            "transpose", "swapaxes", "swapdims", "permute", "movedim", "unsqueeze", "squeeze",
+                            "diagonal", "expand", "expand_as", "unbind", "split", "chunk"),
+                           (torch.Tensor, torch)) | {torch._C.TensorBase.__getitem__}
+
+
+def is_view_call(func) -> bool:
+    """Whether the torch call `func` may return a view of its first argument (_VIEW_CALLS, and the
+    properties that are views: ``.T``, ``.mT``, ... ``VALUE_PROPERTIES``)."""
+    try:
+        if func in _VIEW_CALLS:
+            return True
+    except TypeError:  # an unhashable callable: not one of them
+        return False
+    return property_of(func, "__get__") in VALUE_PROPERTIES
+
+
+# In-place operators whose names do not end in one underscore.
+_INPLACE_DUNDERS = frozenset(f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and",
+                                                       "or", "xor", "lshift", "rshift", "matmul")) | {"__setitem__"}
+
+
+def is_inplace(func) -> bool:
+    """Whether the torch call `func` writes into its first argument (torch's naming: ``add_``,
+    ``copy_``, ``nn.init.normal_``, ``__iadd__``, ``__setitem__``); writes through ``out=`` are
+    the caller's to check."""
+    name = getattr(func, "__name__", "") or ""
+    if name in _INPLACE_DUNDERS:
+        return True
+    return name.endswith("_") and not name.endswith("__") and func not in _METADATA
 
 
 _SUBCLASSES: dict[tuple, type] = {}

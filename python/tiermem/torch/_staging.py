@@ -29,7 +29,8 @@ from typing import Optional
 
 import torch
 
-from ._params import VALUE_PROPERTIES, is_metadata, param_subclass, placeholder, property_of, tensor_calls
+from ._params import (holds_placeholder as _holds_placeholder, is_data_get as _is_data_get, is_data_set as _is_data_set,
+                      is_metadata, is_view_call as _is_view_call, param_subclass, placeholder, raw_data as _raw_data)
 
 __all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_staging", "guard_staged_module", "make_marked_dirs",
            "remove_if_unused", "MADE_MARKER"]
@@ -175,16 +176,6 @@ class Stage:
         self.mem.pop(id(p), None)
 
 
-def _is_data_get(func) -> bool:
-    """Whether the torch call `func` is the ``.data`` getter."""
-    return property_of(func, "__get__") is torch._C.TensorBase.data
-
-
-def _is_data_set(func) -> bool:
-    """Whether the torch call `func` is the ``.data`` setter."""
-    return property_of(func, "__set__") is torch._C.TensorBase.data
-
-
 def _current_values(p: torch.nn.Parameter) -> torch.Tensor:
     """The staged parameter `p`'s values now: the tensor a ``p.data = t`` put there, else the
     staging's (loaded)."""
@@ -199,16 +190,6 @@ def _staged_values(x: torch.Tensor) -> torch.Tensor:
         values = _resolve_view(x, values)
     with torch._C.DisableTorchFunctionSubclass():
         return values.detach().clone()
-
-
-def _raw_data(x: torch.Tensor) -> torch.Tensor:
-    """``x.data`` without any __torch_function__ (what `x` holds now)."""
-    with torch._C.DisableTorchFunctionSubclass():
-        return x.data
-
-
-def _holds_placeholder(t: torch.Tensor) -> bool:
-    return t.data_ptr() == placeholder((), t.dtype).data_ptr()
 
 
 class _StagedData(torch.Tensor):
@@ -236,25 +217,6 @@ class _StagedView(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         return _init_param_torch_function(cls, func, types, args, kwargs)
-
-
-# The calls that may return a view of their first argument (a copy for some arguments: _make_view
-# asks torch which, on a meta tensor).
-_VIEW_CALLS = tensor_calls(("view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "select", "narrow", "t",
-                            "transpose", "swapaxes", "swapdims", "permute", "movedim", "unsqueeze", "squeeze",
-                            "diagonal", "expand", "expand_as"),
-                           (torch.Tensor, torch)) | {torch._C.TensorBase.__getitem__}
-
-
-def _is_view_call(func) -> bool:
-    """Whether the torch call `func` may return a view of its first argument (_VIEW_CALLS, and the
-    properties that are views: ``.T``, ``.mT``, ... ``VALUE_PROPERTIES``)."""
-    try:
-        if func in _VIEW_CALLS:
-            return True
-    except TypeError:  # an unhashable callable: not one of them
-        return False
-    return property_of(func, "__get__") in VALUE_PROPERTIES
 
 
 def _is_staged_proxy(x) -> bool:

@@ -52,7 +52,7 @@ from typing import Optional
 
 import torch
 
-from ._params import placeholder
+from ._params import holds_placeholder, placeholder, raw_data, set_raw_data
 from ._staging import take_staged
 
 __all__ = ["Unit", "EngineLink", "UnitMap", "build_units", "in_backward", "NOT_PICKLABLE"]
@@ -79,6 +79,7 @@ class EngineLink:
         self.engine = None  # the C++ ZeroEngine, once attached
         self.working_dtype = torch.float32
         self.dist_ops = None  # _dist.DistOps with several ranks
+        self.saved = None  # _hooks.SavedParams: how autograd saves the model's parameters
         self.gathered_params_open = 0  # zero.GatheredParameters scopes now open
         # Where the model computes (its parameters' device; initialize checked they agree). The
         # engine's gathered memory is host memory: on another device (CUDA) each gathered unit is
@@ -126,7 +127,7 @@ class Unit:
     releases them, and holds their fp32 gradient buffer during a backward."""
 
     __slots__ = ("index", "name", "link", "frozen", "params", "slot_of", "numel", "flat", "active", "n_trainable",
-                 "grad", "received", "got", "bw_flat", "released", "shapes", "holders")
+                 "grad", "received", "got", "bw_flat", "released", "shapes", "holders", "copied")
 
     def __init__(self, index: int, name: str, link: EngineLink, frozen: bool = False) -> None:
         self.index = index
@@ -146,6 +147,7 @@ class Unit:
         self.got: set[int] = set()                # indices of params whose gradient arrived
         self.bw_flat = None                       # weakref to the last backward gather
         self.released = False                     # its parameters hold placeholders (release ran)
+        self.copied = False                       # `flat` is a copy the engine does not pin
 
     def __reduce_ex__(self, protocol):
         raise TypeError(NOT_PICKLABLE)
@@ -165,7 +167,7 @@ class Unit:
         out = torch.empty(self.numel, dtype=torch.float32)
         for p, off, n in self.params:
             staged = take_staged(p)
-            out[off:off + n].copy_((staged if staged is not None else p.detach()).reshape(-1))
+            out[off:off + n].copy_((staged if staged is not None else raw_data(p)).reshape(-1))
         return out
 
     def set_values(self, values: torch.Tensor) -> None:
@@ -173,6 +175,18 @@ class Unit:
         master weights are replaced, the working copy republished, the Adam moments kept
         (``ZeroEngine.set_module_params``)."""
         self.link.engine.set_module_params(self.index, values)
+
+    def store(self, params: list) -> None:
+        """Writes the values `params` (parameters of this unit, gathered as a copy now) hold into the
+        engine: their slices of the fp32 master weights (a frozen unit: of its working values)
+        replaced, the unit's other parameters left as the engine has them, the working copy
+        republished. With several ranks a collective, as set_module_params is."""
+        engine = self.link.engine
+        full = engine.export_master(self.index)
+        for p in params:
+            _, off, n = self.slot_of[id(p)]
+            full[off:off + n].copy_(raw_data(p).reshape(-1))
+        engine.set_module_params(self.index, full)
 
     # ------------------------------------------------------------------------------ gather / release
     def is_gathered(self) -> bool:
@@ -188,8 +202,9 @@ class Unit:
             self._undo_replacements()
             flat = link.to_compute(link.engine_gather(self, phase or link.phase()), copy)
             self.flat = flat
+            self.copied = copy or flat.device != link.compute_device or link.copy_in
             for p, off, n in self.params:
-                p.data = flat[off:off + n].view(p.shape)
+                set_raw_data(p, flat[off:off + n].view(p.shape))
         return self.flat
 
     def prefetch(self, phase: str) -> None:
@@ -233,12 +248,10 @@ class Unit:
                                "parameter. Change its values inside `with tiermem.torch.zero.GatheredParameters(params, "
                                "modifier_rank=0):` instead")
         link = self.link
-        # Every placeholder of the unit is a view of the one shared element: its address, once.
-        shared = placeholder((), link.working_dtype, link.compute_device).data_ptr()
         replaced = []
         for i, (p, _, _) in enumerate(self.params):
-            held = p.data
-            if held.dtype != link.working_dtype or held.shape != self.shapes[i] or held.data_ptr() != shared:
+            held = raw_data(p)
+            if held.dtype != link.working_dtype or held.shape != self.shapes[i] or not holds_placeholder(held):
                 replaced.append((i, tuple(held.shape), held.dtype))
         if replaced:
             self.release()  # every parameter back on its placeholder: the engine's values stand, usable again
@@ -252,10 +265,11 @@ class Unit:
         """The parameters' ``.data`` become placeholders again (the gathered memory goes when the
         last view of it does)."""
         self.flat = None
+        self.copied = False
         self.released = True
         link = self.link
         for (p, _, _), shape in zip(self.params, self.shapes):
-            p.data = placeholder(shape, link.working_dtype, link.compute_device)
+            set_raw_data(p, placeholder(shape, link.working_dtype, link.compute_device))
 
     def backward_flat(self) -> torch.Tensor:
         """The gathered unit for a tensor autograd saved: the unit in use, else the last backward

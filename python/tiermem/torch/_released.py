@@ -1,0 +1,234 @@
+"""What a released engine parameter answers when code reaches its values without its module's
+forward: reads get the engine's values, writes reach the engine, and what cannot be answered
+raises an error naming the parameter. Never the placeholder's values (``_params.py``).
+
+Between uses a managed parameter ``p`` holds a placeholder. Three ways reach its values:
+
+- ``p`` itself in a torch call (``F.linear(x, p)``, ``p.clone()``, ``p.copy_(t)``): the parameter's
+  class gathers its unit for the call (``_hooks.py``); a call that writes into ``p`` while it is
+  released runs on a copy of the unit and the change is written to the engine
+  (``write_through``): master weights and working copy, on every rank.
+- ``p.data``, and views without autograd (``p.data[i]``, ``p[i]`` under ``no_grad``,
+  ``p.data.t()``): a proxy (``ReleasedValues``) of the placeholder's shape tied to ``p`` and to the
+  view calls that make it. A torch call given the proxy makes the view from the engine's values at
+  that call (so it never reads stale values after a step), and writes it back when the call wrote
+  into it (``ema.add_(p.data)`` reads, ``p.data.copy_(t)``, ``p.data[pad].zero_()``,
+  ``nn.init.normal_(p.data)`` write). The same proxy design as zero.Init's staged views
+  (``_staging.py``), over the engine instead of the staging file.
+- The parameter's memory itself (``data_ptr()``, ``untyped_storage()``, what an extension kernel
+  reads): a released parameter has none; the call raises, naming the parameter.
+
+Thread-safety: one thread drives a model (as torch's autograd does).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._params import (is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, placeholder, raw_data,
+                      tensor_calls)
+
+__all__ = ["ReleasedValues", "released_proxy", "write_through", "first_arg", "is_released", "param_name", "no_memory_error",
+           "MEMORY_CALLS"]
+
+# Calls that hand out a tensor's memory, not its values: a released parameter has none.
+MEMORY_CALLS = tensor_calls(["data_ptr", "untyped_storage", "storage", "_typed_storage"])
+
+
+def is_released(p: torch.Tensor) -> bool:
+    """Whether the managed parameter `p` holds its placeholder now (its unit is not gathered)."""
+    unit = p.__dict__.get("_tm_unit")
+    return unit is not None and unit.flat is None
+
+
+def param_name(p: torch.Tensor) -> str:
+    """'<module path>.<key>' of a managed parameter (its first holder), for error messages."""
+    unit = p.__dict__["_tm_unit"]
+    i = unit.slot_of[id(p)][0]
+    for j, mod, key in unit.holders:
+        if j == i:
+            prefix = unit.name[:-len("[frozen]")] if unit.name.endswith("[frozen]") else unit.name
+            return f"{prefix}.{key}" if prefix != "<root>" else key
+    return f"parameter {i} of {unit.name!r}"
+
+
+def no_memory_error(p: torch.Tensor, func) -> RuntimeError:
+    what = getattr(func, "__name__", "the call")
+    return RuntimeError(f"tiermem.torch: {what}() of parameter '{param_name(p)}' {tuple(p.shape)}, which the tiermem "
+                        "engine holds: between its module's forwards it has no memory here to hand out. Read its "
+                        "values with a torch call (p.detach().clone(), p.data), or inside "
+                        "`with tiermem.torch.zero.GatheredParameters([p]):`, where it has memory of its own")
+
+
+def _owner(x) -> Optional[torch.nn.Parameter]:
+    """The managed parameter a call argument stands for when it is released: itself, or the owner of
+    a proxy (None for anything else, or a parameter whose unit is gathered now)."""
+    if isinstance(x, ReleasedValues):
+        p = x.__dict__.get("_tm_param")
+        if p is None or p.__dict__.get("_tm_unit") is None:
+            raise RuntimeError("tiermem.torch: this tensor is the .data (or a view) of a parameter that a tiermem engine "
+                               "held, which has been closed since; its values went with it")
+        return p
+    if isinstance(x, torch.nn.Parameter) and is_released(x):
+        return x
+    return None
+
+
+def released_proxy(p: torch.nn.Parameter, chain: tuple = ()) -> "ReleasedValues":
+    """The proxy of the released parameter `p` seen through `chain` ((func, args, kwargs) view
+    calls, applied in order to its values)."""
+    shape, dtype = p.shape, p.dtype
+    if chain:
+        levels = _apply_chain(torch.empty(shape, dtype=dtype, device="meta"), chain)
+        shape, dtype = levels[-1].shape, levels[-1].dtype
+    proxy = placeholder(shape, dtype, raw_data(p).device).as_subclass(ReleasedValues)
+    proxy._tm_param = p
+    proxy._tm_chain = tuple(chain)
+    return proxy
+
+
+def _apply_chain(t: torch.Tensor, chain) -> list:
+    levels = [t]
+    with torch._C.DisableTorchFunctionSubclass():
+        for func, rest, kw in chain:
+            levels.append(func(levels[-1], *rest, **kw))
+    return levels
+
+
+def view_proxy(x: torch.Tensor, p: torch.nn.Parameter, func, rest: tuple, kwargs: dict) -> Optional["ReleasedValues"]:
+    """The proxy of ``func(x, *rest, **kwargs)`` for `x` standing for the released `p`, or None when
+    torch gives a copy for this call (it then runs on the values, as torch would). Answered on a
+    meta tensor: nothing is gathered."""
+    for a in list(rest) + list(kwargs.values()):
+        for y in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(y, torch.Tensor) and _owner(y) is not None:
+                return None  # an index that is itself released: run on the values
+    chain = tuple(x.__dict__.get("_tm_chain", ())) if isinstance(x, ReleasedValues) else ()
+    chain = chain + ((func, tuple(rest), dict(kwargs)),)
+    try:
+        levels = _apply_chain(torch.empty(p.shape, dtype=p.dtype, device="meta"), chain)
+    except Exception:  # noqa: BLE001 - not answerable without values (a mask index): run on the values
+        return None
+    out = levels[-1]
+    if not isinstance(out, torch.Tensor) or not all(t._is_view() for t in levels[1:]):
+        return None
+    return released_proxy(p, chain)
+
+
+def _args_of(args, kwargs):
+    """Each tensor among a call's arguments (top level and one level of lists/tuples)."""
+    for a in list(args) + list(kwargs.values()):
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(x, torch.Tensor):
+                yield x
+
+
+def first_arg(args, kwargs):
+    """A call's first argument: positional, or by the name torch's functions give it (``nn.init``'s
+    are called by keyword, ``tensor=``, through torch's function overrides)."""
+    if args:
+        return args[0]
+    for key in ("tensor", "input", "self"):
+        if key in kwargs:
+            return kwargs[key]
+    return None
+
+
+def _written(func, args, kwargs) -> list:
+    """The call's arguments it writes into: its first for an in-place call, and ``out=``."""
+    out = []
+    first = first_arg(args, kwargs)
+    if isinstance(first, torch.Tensor) and is_inplace(func):
+        out.append(first)
+    o = kwargs.get("out")
+    for x in (o if isinstance(o, (list, tuple)) else (o,)):
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+    return out
+
+
+def write_through(func, args, kwargs):
+    """Runs a torch call whose arguments stand for released managed parameters (themselves or
+    proxies) on the engine's values: each unit is gathered for the call (as a copy when the call
+    writes into one of its parameters), each argument replaced by what it stands for, and the
+    parameters written are stored in the engine after the call (``Unit.store``). A call that
+    returns its written argument returns what the caller gave (the parameter or the proxy)."""
+    owners = {}  # id(param) -> param
+    for x in _args_of(args, kwargs):
+        p = _owner(x)
+        if p is not None:
+            owners.setdefault(id(p), p)
+    written = {id(_owner(x)): _owner(x) for x in _written(func, args, kwargs) if _owner(x) is not None}
+    units = {}
+    for p in owners.values():
+        u = p.__dict__["_tm_unit"]
+        units.setdefault(id(u), [u, False])
+        if id(p) in written:
+            units[id(u)][1] = True
+    taken = []
+    try:
+        for u, copy in units.values():
+            if u.flat is None:
+                u.gather("outside", copy=copy)
+                taken.append(u)
+
+        def stand_in(x):
+            if isinstance(x, ReleasedValues):
+                values = raw_data(x.__dict__["_tm_param"])
+                return _apply_chain(values, x.__dict__["_tm_chain"])[-1]
+            return x
+
+        def swap(a):
+            if isinstance(a, list):
+                return [stand_in(y) for y in a]
+            if isinstance(a, tuple):
+                return tuple(stand_in(y) for y in a)
+            return stand_in(a)
+
+        call_args = tuple(swap(a) for a in args)
+        call_kwargs = {k: swap(v) for k, v in kwargs.items()}
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*call_args, **call_kwargs)
+        if written:
+            for u, copy in units.values():
+                if copy:
+                    u.store([p for p in written.values() if p.__dict__["_tm_unit"] is u])
+        if args and out is call_args[0] and call_args[0] is not args[0]:
+            return args[0]  # p.data.copy_(t) returns p.data: the proxy, not the copy it ran on
+        if isinstance(out, torch.Tensor) and written and any(out is y for y in call_kwargs.values()):
+            return next(v for k, v in kwargs.items() if call_kwargs[k] is out)
+        return out
+    finally:
+        for u in taken:
+            if u.active == 0:
+                u.release()
+
+
+class ReleasedValues(torch.Tensor):
+    """``p.data`` of a released managed parameter, or a view of it made without autograd: a
+    placeholder of the view's shape tied to `p` (``_tm_param``) and the view calls (``_tm_chain``).
+    Each torch call given it runs on the engine's values at that call (``write_through``)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        x = first_arg(args, kwargs)
+        if isinstance(x, ReleasedValues) and (is_metadata(func) or func in MEMORY_CALLS):
+            p = _owner(x)
+            if func in MEMORY_CALLS:
+                raise no_memory_error(p, func)
+            if is_data_get(func):
+                return released_proxy(p, x.__dict__["_tm_chain"])
+            if is_data_set(func):
+                raise RuntimeError(f"tiermem.torch: .data of parameter '{param_name(p)}' was given .data: give the "
+                                   "parameter itself values instead (p.data = t, or p.data.copy_(t))")
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        if args and args[0] is x and isinstance(x, ReleasedValues) and is_view_call(func):
+            proxy = view_proxy(x, _owner(x), func, args[1:], kwargs)
+            if proxy is not None:
+                return proxy
+        return write_through(func, args, kwargs)
