@@ -56,20 +56,19 @@ LORA_R = 4
 LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "mixtral": ["q_proj", "v_proj"], "gpt2": ["c_attn"], "t5": ["q", "v"]}
 
 # Tolerances. loss: relative, every logged loss. grad1 / param1: max-abs relative per tensor at the first
-# step. grad: max-abs relative per tensor at every step. param: max-abs relative per tensor after every
-# update (fp32), or (autocast, bf16) param_lr: max|a - b| / (LR * step), at every step.
-# - fp32: one computation on both sides; only summation order and the AdamW kernel's FMA differ.
+# step. grad / param: max-abs relative per tensor at every step (param: after the update). param_lr,
+# max|a - b| / (LR * step), is reported, not checked.
+# - fp32: one computation on both sides; only summation order and the AdamW kernel's FMA differ
+#   (measured: losses within 1e-7, gradients and parameters within 1.2e-6).
 # - autocast and bf16: the first step computes on identical values on both sides and must agree as fp32
-#   does (grad1, param1). After it the fp32 master weights differ by ulps (tiermem's AdamW kernel vs
-#   torch's), which moves the bf16 rounding of some weights and activations by one bf16 ulp (2^-8
-#   relative), so later gradients differ at bf16's resolution (a few 1e-3 of a tensor's largest element,
-#   more for a tensor whose values are near zero, such as a LoRA A whose B started at zero), and Adam
-#   turns a gradient element near zero into an update of up to +-LR either way: an element can then
-#   differ by up to 2 LR per step, which is what param_lr bounds; it says nothing finer than that.
+#   does (grad1, param1; measured 0 and 5e-7). After it the fp32 master weights differ by ulps (tiermem's
+#   AdamW kernel against torch's), which can move the bf16 rounding of a weight by one bf16 ulp (2^-8
+#   relative) and, through it, later gradients by about that much (measured: 2e-4 of a tensor's largest
+#   element, gpt2 full, autocast, step 2). The bounds leave a factor of 50 over what was measured.
 TOL = {
     "fp32": {"loss": 1e-5, "grad1": 1e-4, "grad": 1e-4, "param1": 1e-4, "param": 1e-4},
-    "autocast": {"loss": 2e-3, "grad1": 1e-4, "grad": 0.25, "param1": 1e-4, "param_lr": 2.0},
-    "bf16": {"loss": 1e-2, "grad1": 1e-4, "grad": 0.25, "param1": 1e-4, "param_lr": 2.0},
+    "autocast": {"loss": 1e-3, "grad1": 1e-4, "grad": 1e-2, "param1": 1e-4, "param": 1e-3},
+    "bf16": {"loss": 1e-3, "grad1": 1e-4, "grad": 1e-2, "param1": 1e-4, "param": 1e-3},
 }
 
 
@@ -290,7 +289,7 @@ def check(cell: Cell, result: dict) -> list:
     tol = TOL[cell.precision]
     bad = []
     firsts = {"grad1": (result["grad_by_step"] or [math.inf])[0], "param1": (result["param_by_step"] or [math.inf])[0]}
-    for k in ("loss", "grad1", "grad", "param1", "param", "param_lr"):
+    for k in ("loss", "grad1", "grad", "param1", "param"):
         if k not in tol:
             continue
         v = firsts.get(k, result.get(k))
@@ -325,12 +324,12 @@ def plain_loop(cell: Cell, model, data) -> dict:
     import torch
     model.train()
     if cell.precision == "bf16":
+        # The masters are the fp32 model's values, taken before the model is rounded to bf16.
+        masters = [p.detach().float().clone().requires_grad_(True) for _, p in trainable(model)]
         model = model.to(torch.bfloat16)
-    named = trainable(model)
-    if cell.precision == "bf16":
-        masters = [p.detach().float().clone().requires_grad_(True) for _, p in named]
     else:
-        masters = [p for _, p in named]
+        masters = [p for _, p in trainable(model)]
+    named = trainable(model)
     opt = torch.optim.AdamW(masters, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     rec = {"loss": [], "grads": [], "params": []}
     for s in range(STEPS):
@@ -594,6 +593,9 @@ def _dist_main(path_out: str, swap: str) -> None:
     assert world == 2
     want = plain_loop(cell, plain, data) if rank == 0 else None
     cfg = ds_config(cell, os.path.join(swap, f"r{rank}"))
+    # test_torch_dist's budgets: at 2 ranks the 128 KiB device budget of one rank runs out of device memory
+    # in the forward (MemoryError from the gather of k_proj), after initialize accepted it.
+    cfg["tiermem"].update({"host_budget_bytes": "2MiB", "device_budget_bytes": "512KiB"})
     os.makedirs(os.path.join(swap, f"r{rank}"), exist_ok=True)
     named = trainable(model)
     engine, *_ = tt.initialize(model=model, config=cfg)
