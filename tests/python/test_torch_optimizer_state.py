@@ -121,6 +121,7 @@ def test_load_state_dict_refusals_change_nothing(torch_or_skip, tmp_path):
             "shape (3,)")
     refused(lambda d: d["state"].update({len(params): d["state"][0]}), f"parameter {len(params)}")
     refused(lambda d: d["state"][2].update(step=torch.tensor(7.0)), "parameter 2", "'step' = 7")
+    refused(lambda d: d["state"][2].update(step=torch.tensor(float("inf"))), "parameter 2", "not a step count")
     refused(lambda d: d["param_groups"].append(dict(d["param_groups"][0])), "2 groups")
     refused(lambda d: d["param_groups"][0]["params"].pop(), "param group 0")
 

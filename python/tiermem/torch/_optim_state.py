@@ -33,6 +33,7 @@ state) restores them and warns that the master weights, moments and step count w
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Optional
 
@@ -231,7 +232,7 @@ def _check_state(engine, optimizer, state: dict, header: dict):
                 raise ValueError(f"ZeroOptimizer.load_state_dict: {where(i)} {key!r} has shape {tuple(v.shape)}, "
                                  f"the parameter {tuple(p.shape)}")
         s = entry["step"]
-        if s.numel() != 1 or not float(s) >= 0 or float(s) != int(float(s)):
+        if s.numel() != 1 or not math.isfinite(float(s)) or float(s) < 0 or float(s) != int(float(s)):
             raise ValueError(f"ZeroOptimizer.load_state_dict: {where(i)} 'step' = {s.tolist()} is not a step count "
                              "(an integer >= 0)")
         if steps is None:
