@@ -59,14 +59,17 @@ LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "mixtral": ["q_proj", "v_proj"], 
 # step. grad / param: max-abs relative per tensor at every step (param: after the update). param_lr,
 # max|a - b| / (LR * step), is reported, not checked.
 # - fp32: one computation on both sides; only summation order and the AdamW kernel's FMA differ
-#   (measured: losses within 1e-7, gradients and parameters within 1.2e-6).
+#   (measured: losses within 1e-7, gradients within 1.2e-6). Parameters after the first step: 1e-3, for
+#   tensors that start at zero (GPT-2's biases): after two steps their largest element is about 2 LR,
+#   and Adam's normalised update turns the fp32 summation-order differences of a gradient element near
+#   zero into a visible share of it (measured 2.7e-4 on GPT-2's c_attn.bias; other tensors 1e-6).
 # - autocast and bf16: the first step computes on identical values on both sides and must agree as fp32
 #   does (grad1, param1; measured 0 and 5e-7). After it the fp32 master weights differ by ulps (tiermem's
 #   AdamW kernel against torch's), which can move the bf16 rounding of a weight by one bf16 ulp (2^-8
 #   relative) and, through it, later gradients by about that much (measured: 2e-4 of a tensor's largest
 #   element, gpt2 full, autocast, step 2). The bounds leave a factor of 50 over what was measured.
 TOL = {
-    "fp32": {"loss": 1e-5, "grad1": 1e-4, "grad": 1e-4, "param1": 1e-4, "param": 1e-4},
+    "fp32": {"loss": 1e-5, "grad1": 1e-4, "grad": 1e-4, "param1": 1e-4, "param": 1e-3},
     "autocast": {"loss": 1e-3, "grad1": 1e-4, "grad": 1e-2, "param1": 1e-4, "param": 1e-3},
     "bf16": {"loss": 1e-3, "grad1": 1e-4, "grad": 1e-2, "param1": 1e-4, "param": 1e-3},
 }
