@@ -6,6 +6,8 @@
 // Build and run (from the repository root):
 //   cmake --preset cpu && cmake --build --preset cpu -j2 --target zero_mlp
 //   build/cpu/examples/zero_mlp            # prints the loss of each step; it falls
+// or against an installed tiermem, outside this tree: README "Link tiermem into your framework"
+// (find_package(tiermem) with examples/consumer/CMakeLists.txt, or pkg-config).
 //
 // Model: y = W2 · tanh(W1 · x + b1) + b2, loss = mean over samples of 0.5 · |y - t|².
 // Module 0 ("fc1") holds [W1 | b1], module 1 ("fc2") holds [W2 | b2], fp32.
@@ -22,6 +24,7 @@
 #include "tiermem/communicator.h"
 #include "tiermem/config.h"
 #include "tiermem/device.h"
+#include "tiermem/version.h"
 #include "tiermem/zero_engine.h"
 
 namespace {
@@ -119,6 +122,7 @@ bool train(const std::string& swap_dir) {
 }  // namespace
 
 int main() {
+  std::printf("%s\n", tiermem::version_string().c_str());  // the library this binary runs on
   namespace fs = std::filesystem;
   const fs::path swap_dir = fs::temp_directory_path() / ("tiermem-zero-mlp-" + std::to_string(::getpid()));
   fs::create_directories(swap_dir);
