@@ -47,6 +47,24 @@ def ensure_process_group() -> None:
     dist.init_process_group(backend="gloo", init_method="env://", timeout=datetime.timedelta(seconds=timeout))
 
 
+def keep_frozen_out_of_ddp(model: torch.nn.Module) -> None:
+    """Names `model`'s frozen parameters in ``_ddp_params_and_buffers_to_ignore`` (added to what is
+    there), the list torch's DistributedDataParallel skips.
+
+    Under a launcher's environment (``LOCAL_RANK`` set, as torchrun and ``accelerate launch`` set it,
+    even for one rank), accelerate makes a gloo group on the CPU and the HF Trainer wraps the model
+    in DDP. DDP's constructor broadcasts every parameter it keeps: for an engine model each
+    ``param.detach()`` gathers its unit into a copy, and all of them are held at once, so the whole
+    base was read from its tier into host memory (twice its bytes at the peak, with the broadcast's
+    buckets) even at world size 1. A frozen parameter has no gradient for DDP to reduce and the
+    engine keeps it the same on every rank, so DDP has nothing to do with it; the trainable ones
+    (a LoRA adapter) stay DDP's (it refuses a model with none)."""
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        have = list(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
+        model._ddp_params_and_buffers_to_ignore = have + [n for n in frozen if n not in have]
+
+
 class DistOps:
     """``unit`` (set by the hooks around each gather: the engine unit's index, -1 for the engine's
     own all-gathers) and ``unit_names`` let every all-gather first check that all ranks gather the

@@ -39,7 +39,7 @@ import torch
 from .. import _tiermem
 from . import _optim_state, checkpoint
 from ._config import load_config
-from ._dist import DistOps, ensure_process_group, launched_world_size
+from ._dist import DistOps, ensure_process_group, keep_frozen_out_of_ddp, launched_world_size
 from ._hooks import CLOSED, ParamHooks
 from ._malloc import fix_malloc_threshold
 from ._staging import release_staging
@@ -618,6 +618,7 @@ def initialize(args=None, model: Optional[torch.nn.Module] = None, optimizer=Non
     config_obj, cfg = load_config(config, model, world)
     engine = TiermemEngine(model, config_obj, cfg, lr_scheduler=lr_scheduler,
                            has_optimizer=_declares_optimizer(config))
+    keep_frozen_out_of_ddp(model)
     loader = None
     if training_data is not None:
         loader = torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu,
