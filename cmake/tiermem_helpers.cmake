@@ -47,7 +47,7 @@ endfunction()
 
 # tiermem_tool(NAME <program> SOURCES ... DEPS ...)
 #   a program of tools/: written to build/<preset>/bin/, src/ on its include path (private
-#   headers as "train/train_loop.h"), the project's warnings.
+#   headers as "train/train_loop.h"), the project's warnings; `cmake --install` puts it in bin/.
 function(tiermem_tool)
   cmake_parse_arguments(T "" "NAME" "SOURCES;DEPS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
@@ -55,4 +55,5 @@ function(tiermem_tool)
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS})
   set_target_properties(${T_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
   tiermem_set_warnings(${T_NAME})
+  install(TARGETS ${T_NAME} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endfunction()
