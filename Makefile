@@ -4,8 +4,8 @@
 #               CUDA only when a GPU is visible (nvidia-smi -L)
 #   make test   set up, build everything (CUDA too whenever nvcc is there), and run every test
 # Other targets: build, build-cuda (the cuda preset: CUDA required), test-quick (main suite only), test-debug (ASan+UBSan), test-tsan,
-# test-fuzz, test-python (the Python package: pip install . into the cached venv, then pytest),
-# bench, clean.
+# test-fuzz, test-install (the installed package linked from outside the tree), test-python (the
+# Python package: pip install . into the cached venv, then pytest), bench, clean.
 JOBS ?= $(shell nproc)
 PRESET ?= default
 BUILD := build/$(PRESET)
@@ -13,7 +13,7 @@ BUILD := build/$(PRESET)
 TIERMEM_VENV ?= $(HOME)/.cache/tiermem/venv
 export TIERMEM_VENV
 
-.PHONY: setup setup-python build build-cuda demo test test-quick test-debug test-tsan test-fuzz test-python bench clean
+.PHONY: setup setup-python build build-cuda demo test test-quick test-debug test-tsan test-fuzz test-install test-python bench clean
 
 setup:
 	scripts/setup.sh
@@ -45,10 +45,12 @@ build-cuda: setup
 	cmake --build --preset cuda -j $(JOBS)
 
 # Every test: the whole suite (unit, mpi, fault, soak, crash loop, gpu = skipped without a GPU),
-# then the library tiers under ASan+UBSan, the concurrent tests under ThreadSanitizer, and 30 s of
-# each libFuzzer target (config and checkpoint manifest loaders), then the Python package's tests.
+# the installed package linked from outside the tree, then the library tiers under ASan+UBSan, the
+# concurrent tests under ThreadSanitizer, and 30 s of each libFuzzer target (config and checkpoint
+# manifest loaders), then the Python package's tests.
 test: build
 	ctest --preset $(PRESET) -j $(JOBS) --output-on-failure
+	JOBS=$(JOBS) tests/install/consumer_test.sh --static-from $(BUILD)
 	tests/sanitize.sh debug
 	tests/sanitize.sh tsan
 	FUZZ_SECONDS=30 tests/fuzz/run.sh
@@ -73,6 +75,11 @@ test-tsan: setup
 
 test-fuzz: setup
 	tests/fuzz/run.sh
+
+# `cmake --install` of this build (static) and of a shared build made for it, each linked by
+# examples/consumer (find_package) and by a pkg-config compiler line, outside the tree.
+test-install: build
+	JOBS=$(JOBS) tests/install/consumer_test.sh --static-from $(BUILD)
 
 # The Google Benchmark micro-benches (bench/*_bench.cc: AdamW per ISA, casts, checksum, each with
 # a same-run STREAM triad); tiermem-bench's own subcommands are listed by its --help.
