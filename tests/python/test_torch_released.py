@@ -118,10 +118,13 @@ class _SavesWeight:
         return Chunked
 
 
+@pytest.mark.parametrize("where", ["after_forward", "inside_forward"])
 @pytest.mark.parametrize("head", ["custom_function", "weight_slices", "matmul_t"])
-def test_losses_reading_the_head_weight_directly_get_exact_gradients(torch_or_skip, tmp_path, head):
-    """A loss computed from the hidden states and lm_head.weight outside lm_head's forward (TRL's
-    losses): gradients equal plain PyTorch's at the first backward."""
+def test_losses_reading_the_head_weight_directly_get_exact_gradients(torch_or_skip, tmp_path, head, where):
+    """A loss computed from the hidden states and lm_head.weight outside lm_head's forward: after the
+    model's forward, or inside it (TRL's fused head replaces the model's forward with one that runs
+    the backbone, then a custom autograd.Function given lm_head.weight, which saves it while it is
+    released): gradients equal plain PyTorch's at the first backward. The head is trainable here."""
     torch = torch_or_skip
     from tiermem.torch.utils import safe_get_full_grad
     ref, mod, engine = _pair(torch, tmp_path)
@@ -129,6 +132,16 @@ def test_losses_reading_the_head_weight_directly_get_exact_gradients(torch_or_sk
     ids = torch.arange(16).reshape(2, 8) % 64
 
     def loss_of(model):
+        if where == "inside_forward":
+            original = model.forward
+            model.forward = lambda **kw: head_loss(model)
+            try:
+                return model()
+            finally:
+                model.forward = original
+        return head_loss(model)
+
+    def head_loss(model):
         h = model.model(input_ids=ids).last_hidden_state
         w = model.lm_head.weight
         if head == "custom_function":
@@ -244,4 +257,23 @@ def test_writes_that_cannot_reach_the_engine_are_refused_at_the_call(torch_or_sk
     assert all(p.dtype == torch.float32 for p in mod.parameters())
     _assert_same_params(torch, ref, mod)
     _assert_same_logits(torch, ref, mod)
+    engine.close()
+
+
+def test_reads_between_steps_stay_outside_the_recorded_trace(torch_or_skip, tmp_path, capfd):
+    """state_dict() and an EMA of p.data between steps (what the HF Trainer's saves and EMA code do)
+    gather outside the step's recorded trace: the engine's prefetch trace does not diverge."""
+    torch = torch_or_skip
+    ref, mod, engine = _pair(torch, tmp_path)
+    ids = torch.arange(16).reshape(2, 8) % 64
+    ema = {n: torch.zeros(p.shape) for n, p in mod.named_parameters()}
+    capfd.readouterr()
+    for _ in range(4):
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+        mod.state_dict()
+        for n, p in mod.named_parameters():
+            ema[n].mul_(0.9).add_(p.data, alpha=0.1)
+    err = capfd.readouterr().err
+    assert "access trace diverged" not in err, err[-2000:]
     engine.close()

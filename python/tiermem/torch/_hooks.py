@@ -8,12 +8,14 @@ releases them (``Unit.release``), each parameter's ``.data`` a view of the gathe
 between.
 
 Backward. While a module runs forward with autograd recording, tensors autograd saves are packed
-by ``saved_tensors_hooks``: a parameter, or a view of one (``nn.Linear`` saves ``weight.t()``), is
-saved as (unit, size, stride, offset) instead of its memory, and unpacked when backward needs it
-by gathering the unit again (phase "backward": the engine's trace prefetches it in order). Modules
-run again inside backward (``torch.utils.checkpoint``'s recompute) gather and release as in
-forward: the reentrant variant's saves are packed the same way, the non-reentrant one keeps its
-own references to what it saves (which hold the gathered memory until its backward is done).
+by ``SavedParams``: a parameter, or a view of one (``nn.Linear`` saves ``weight.t()``), is saved as
+(unit, size, stride, offset) instead of its memory, and unpacked when backward needs it by
+gathering the unit again (phase "backward": the engine's trace prefetches it in order). Over an
+outer pair of saved-tensor hooks (``torch.utils.checkpoint``'s non-reentrant forward and recompute,
+``save_on_cpu``) every tensor goes to that pair, a parameter as an alias of the memory gathered at
+that moment, so the outer pair keeps what it keeps and never the parameter object (which holds the
+placeholder once released). Modules run again inside backward (either checkpoint variant's
+recompute) gather and release as in forward.
 
 Gradients. A hook after each trainable parameter's gradient is accumulated hands it to its unit's
 fp32 gradient buffer (``Unit.accumulate_grad``) and drops ``param.grad``; the unit reduces itself
@@ -23,14 +25,18 @@ gathered in becomes the predictor's.
 
 Parameters used elsewhere. Each managed parameter's class becomes a subclass of its own with a
 ``__torch_function__`` (``_params.param_subclass``): a torch call given a released parameter (a
-tied head computed in the parent's forward, ``model.state_dict()``, user code) gathers its unit for
-the call and releases it after; views the call returns keep the memory alive.
+tied head computed in the parent's forward, ``model.state_dict()``, a loss reading
+``lm_head.weight``, user code) gathers its unit for the call, packs what autograd saves during it,
+and releases the unit after; views the call returns keep the memory alive. Writes into a released
+parameter, its ``.data`` and views without autograd go to the engine (``_released.py``).
 
 Moves. ``Module.to``, ``cuda``, ``cpu`` and ``to_empty`` all run ``Module._apply``; on a managed
 module it is ``ParamHooks._guarded_apply``, which refuses a move to another device before anything
 changes (the engine's memory is host memory and the model computes where it was at initialize; a
 parameter moved to ``meta`` has no values). Calls that leave the parameters as they are (the same
-device, however spelled, and dtype) convert the buffers only; others run torch's own ``_apply``.
+device, however spelled, and dtype) convert the buffers only; a conversion to another dtype is
+refused as a move is (the engine holds the working dtype); what is no conversion of tensors runs
+torch's own ``_apply``.
 
 Thread-safety: one thread drives a model (as torch's autograd does).
 """
@@ -41,12 +47,12 @@ import functools
 
 import torch
 
-from ._params import (is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, param_subclass,
+from ._params import (holds_placeholder, is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, param_subclass,
                       set_raw_data)
 from ._predictor import NextUnitPredictor
 from ._released import (MEMORY_CALLS, ReleasedValues, first_arg, is_released, no_memory_error, param_name, released_proxy,
                         view_proxy, write_through)
-from ._unit import NOT_PICKLABLE, EngineLink, Unit, UnitMap, build_units, in_backward
+from ._unit import NOT_PICKLABLE, EngineLink, Unit, UnitMap, build_units, in_backward, unit_of
 
 __all__ = ["ParamHooks"]
 
@@ -57,7 +63,7 @@ def _gather_released(args, kwargs) -> list:
     taken = []
 
     def visit(a):
-        u = a.__dict__.get("_tm_unit") if isinstance(a, torch.nn.Parameter) else None
+        u = unit_of(a)
         if u is not None and u.flat is None:
             u.gather()
             taken.append(u)
@@ -77,7 +83,7 @@ def _first_link(args, kwargs):
     """The EngineLink of the first managed parameter among the call's arguments."""
     for a in list(args) + list(kwargs.values()):
         for x in (a if isinstance(a, (list, tuple)) else (a,)):
-            u = x.__dict__.get("_tm_unit") if isinstance(x, torch.nn.Parameter) else None
+            u = unit_of(x)
             if u is not None:
                 return u.link
     return None
@@ -100,7 +106,7 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
     p = first_arg(args, kwargs)
     p = p if isinstance(p, torch.nn.Parameter) else None
     if is_metadata(func) or func in MEMORY_CALLS:
-        if p is not None and p.__dict__.get("_tm_unit") is not None:
+        if unit_of(p) is not None:
             if func in MEMORY_CALLS:
                 if is_released(p):
                     raise no_memory_error(p, func)
@@ -119,7 +125,7 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
                 return proxy
     if any(isinstance(x, ReleasedValues) for x in _flat_args(args, kwargs)):
         return write_through(func, args, kwargs)
-    if p is not None and is_inplace(func) and not p.__dict__["_tm_unit"].copied:
+    if p is not None and is_inplace(func) and unit_of(p) is not None and not unit_of(p).copied:
         raise RuntimeError(f"tiermem.torch: {getattr(func, '__name__', 'a call')} writes into parameter "
                            f"'{param_name(p)}' inside its module's forward, where it is the engine's gathered memory: "
                            "the change could not reach the engine's master weights. Change parameters between steps "
@@ -154,7 +160,7 @@ def _set_data(p: torch.nn.Parameter, t) -> None:
     ``p.data.copy_(t)``), if they have the parameter's shape and dtype; otherwise nothing changes
     and ValueError says why. Gathered as a copy (GatheredParameters): torch's own assignment, which
     the scope's exit checks. Gathered by its module's forward: RuntimeError."""
-    unit = p.__dict__["_tm_unit"]
+    unit = unit_of(p)
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"tiermem.torch: parameter '{param_name(p)}'.data must be given a tensor, got {type(t).__name__}")
     if unit.flat is not None and unit.copied:
@@ -218,13 +224,28 @@ def _zero_param_class(cls: type) -> type:
 
 
 class _Saved:
+    """A saved parameter (or view of one): its unit and where in the unit's gathered memory it is."""
+
     __slots__ = ("unit", "size", "stride", "offset")
 
-    def __init__(self, unit: Unit, t: torch.Tensor) -> None:
+    def __init__(self, unit: Unit, size, stride, offset: int) -> None:
         self.unit = unit
-        self.size = t.size()
-        self.stride = t.stride()
-        self.offset = t.storage_offset()
+        self.size = size
+        self.stride = stride
+        self.offset = offset
+
+    @staticmethod
+    def of_param(unit: Unit, p: torch.nn.Parameter) -> "_Saved":
+        """The parameter itself, by its slot in the unit (not by what it holds now: a parameter
+        saved while released, as a custom autograd.Function given it outside a gather saves it,
+        holds its placeholder)."""
+        i, off, _ = unit.slot_of[id(p)]
+        shape = unit.shapes[i]
+        return _Saved(unit, shape, torch.empty(shape, device="meta").stride(), off)
+
+    @staticmethod
+    def of_view(unit: Unit, t: torch.Tensor) -> "_Saved":
+        return _Saved(unit, t.size(), t.stride(), t.storage_offset())
 
 
 class SavedParams:
@@ -254,14 +275,19 @@ class SavedParams:
     def pack(self, t: torch.Tensor):
         unit_of = self.unit_of
         hit = unit_of.get(id(t))
-        if hit is None or hit[1] is not t:
-            base = t._base
-            if base is None:
-                return t
-            hit = unit_of.get(id(base))
-            if hit is None or hit[1] is not base:
-                return t
-        return _Saved(hit[0], t)
+        if hit is not None and hit[1] is t:
+            return _Saved.of_param(hit[0], t)
+        base = t._base
+        if base is None:
+            return t
+        hit = unit_of.get(id(base))
+        if hit is None or hit[1] is not base:
+            return t
+        if holds_placeholder(t):  # a view made of the placeholder, not of gathered memory
+            raise RuntimeError(f"tiermem.torch: autograd saved a view of parameter '{param_name(base)}' made while it "
+                               "was released (its placeholder, not its values); this path is not known to tiermem: "
+                               "please report it")
+        return _Saved.of_view(hit[0], t)
 
     @staticmethod
     def unpack(s):
@@ -270,11 +296,20 @@ class SavedParams:
         return s.unit.backward_flat().as_strided(s.size, s.stride, s.offset)
 
     def alias(self, t: torch.Tensor) -> torch.Tensor:
-        """`t`, or for a managed parameter an alias of the memory it holds now."""
-        if self.is_param(t):
+        """`t`, or for a managed parameter an alias of its gathered values (gathered for the call
+        when it is released: a custom autograd.Function given it saves it so)."""
+        if not self.is_param(t):
+            return t
+        unit = self.unit_of[id(t)][0]
+        taken = unit.flat is None
+        if taken:
+            unit.gather()
+        try:
             with torch._C.DisableTorchFunctionSubclass():
                 return t.detach()
-        return t
+        finally:
+            if taken and unit.active == 0:
+                unit.release()
 
 
 class _SavedScope:
@@ -370,6 +405,7 @@ class ParamHooks:
             except Exception:  # noqa: BLE001 - already popped (the interrupted forward's own exit)
                 pass
         self.depth = 0
+        self.link.running = 0
 
     def mark_closed(self) -> None:
         """After detach at close(): each parameter (a placeholder, its values gone with the engine)
@@ -442,6 +478,7 @@ class ParamHooks:
             self.saved_ctx = self.saved.hooks()
             self.saved_ctx.__enter__()
         self.depth += 1
+        self.link.running = self.depth
         units = self.units.module_units.get(id(module))
         if units:
             done = []
@@ -471,6 +508,7 @@ class ParamHooks:
 
     def _leave(self) -> None:
         self.depth -= 1
+        self.link.running = self.depth
         if self.depth == 0 and self.saved_ctx is not None:
             ctx, self.saved_ctx = self.saved_ctx, None
             ctx.__exit__(None, None, None)

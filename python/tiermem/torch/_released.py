@@ -29,6 +29,7 @@ import torch
 
 from ._params import (is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, placeholder, raw_data,
                       tensor_calls)
+from ._unit import unit_of
 
 __all__ = ["ReleasedValues", "released_proxy", "write_through", "first_arg", "is_released", "param_name", "no_memory_error",
            "MEMORY_CALLS"]
@@ -39,13 +40,13 @@ MEMORY_CALLS = tensor_calls(["data_ptr", "untyped_storage", "storage", "_typed_s
 
 def is_released(p: torch.Tensor) -> bool:
     """Whether the managed parameter `p` holds its placeholder now (its unit is not gathered)."""
-    unit = p.__dict__.get("_tm_unit")
+    unit = unit_of(p)
     return unit is not None and unit.flat is None
 
 
 def param_name(p: torch.Tensor) -> str:
     """'<module path>.<key>' of a managed parameter (its first holder), for error messages."""
-    unit = p.__dict__["_tm_unit"]
+    unit = unit_of(p)
     i = unit.slot_of[id(p)][0]
     for j, mod, key in unit.holders:
         if j == i:
@@ -67,7 +68,7 @@ def _owner(x) -> Optional[torch.nn.Parameter]:
     a proxy (None for anything else, or a parameter whose unit is gathered now)."""
     if isinstance(x, ReleasedValues):
         p = x.__dict__.get("_tm_param")
-        if p is None or p.__dict__.get("_tm_unit") is None:
+        if unit_of(p) is None:
             raise RuntimeError("tiermem.torch: this tensor is the .data (or a view) of a parameter that a tiermem engine "
                                "held, which has been closed since; its values went with it")
         return p
@@ -163,7 +164,7 @@ def write_through(func, args, kwargs):
     written = {id(_owner(x)): _owner(x) for x in _written(func, args, kwargs) if _owner(x) is not None}
     units = {}
     for p in owners.values():
-        u = p.__dict__["_tm_unit"]
+        u = unit_of(p)
         units.setdefault(id(u), [u, False])
         if id(p) in written:
             units[id(u)][1] = True
@@ -194,7 +195,7 @@ def write_through(func, args, kwargs):
         if written:
             for u, copy in units.values():
                 if copy:
-                    u.store([p for p in written.values() if p.__dict__["_tm_unit"] is u])
+                    u.store([p for p in written.values() if unit_of(p) is u])
         if args and out is call_args[0] and call_args[0] is not args[0]:
             return args[0]  # p.data.copy_(t) returns p.data: the proxy, not the copy it ran on
         if isinstance(out, torch.Tensor) and written and any(out is y for y in call_kwargs.values()):

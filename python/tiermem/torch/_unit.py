@@ -55,11 +55,18 @@ import torch
 from ._params import holds_placeholder, placeholder, raw_data, set_raw_data
 from ._staging import take_staged
 
-__all__ = ["Unit", "EngineLink", "UnitMap", "build_units", "in_backward", "NOT_PICKLABLE"]
+__all__ = ["Unit", "EngineLink", "UnitMap", "build_units", "in_backward", "unit_of", "NOT_PICKLABLE"]
 
 NOT_PICKLABLE = ("a model trained by a tiermem engine cannot be pickled or deep-copied whole: its parameters live "
                  "in the engine; save them with engine.save_fp32_model(path) (or model.state_dict()) and checkpoints "
                  "with engine.save_checkpoint(dir)")
+
+
+def unit_of(x) -> Optional["Unit"]:
+    """The engine unit that holds `x` when `x` is a parameter a tiermem engine manages, else None
+    (any other object, or after ``engine.close()``). The one way the torch face reaches a
+    parameter's unit, and through ``Unit.engine`` its engine."""
+    return x.__dict__.get("_tm_unit") if isinstance(x, torch.nn.Parameter) else None
 
 
 def in_backward() -> bool:
@@ -80,6 +87,7 @@ class EngineLink:
         self.working_dtype = torch.float32
         self.dist_ops = None  # _dist.DistOps with several ranks
         self.saved = None  # _hooks.SavedParams: how autograd saves the model's parameters
+        self.running = 0  # modules of the model running forward now (the hooks count them)
         self.gathered_params_open = 0  # zero.GatheredParameters scopes now open
         # Where the model computes (its parameters' device; initialize checked they agree). The
         # engine's gathered memory is host memory: on another device (CUDA) each gathered unit is
@@ -90,12 +98,15 @@ class EngineLink:
         self.copy_in = False
 
     def phase(self) -> str:
-        """The pass running now, as the engine's trace names it."""
+        """The pass running now, as the engine's trace names it: "forward" while a module of the
+        model runs forward in training; "outside" otherwise (eval, ``generate()``, a read between
+        steps such as ``state_dict()`` or an EMA update, a loss computed from a weight after the
+        model's forward): outside the step's recorded trace, which it would make diverge."""
         if in_backward():
             return "backward"
-        if self.model.training:
+        if self.model.training and self.running:
             return "forward"
-        return "outside"  # eval, generate(): outside the step's recorded trace
+        return "outside"
 
     def engine_gather(self, unit: "Unit", phase: str) -> torch.Tensor:
         """The unit's working parameters from the engine (host memory); with several ranks the
@@ -147,10 +158,15 @@ class Unit:
         self.got: set[int] = set()                # indices of params whose gradient arrived
         self.bw_flat = None                       # weakref to the last backward gather
         self.released = False                     # its parameters hold placeholders (release ran)
-        self.copied = False                       # `flat` is a copy the engine does not pin
+        self.copied = False                       # `flat` is a copy asked for (GatheredParameters, a write)
 
     def __reduce_ex__(self, protocol):
         raise TypeError(NOT_PICKLABLE)
+
+    @property
+    def engine(self):
+        """The C++ ZeroEngine this unit is registered with (None before attach or after close)."""
+        return self.link.engine
 
     def add(self, p: torch.nn.Parameter) -> None:
         n = p.numel()
@@ -202,7 +218,7 @@ class Unit:
             self._undo_replacements()
             flat = link.to_compute(link.engine_gather(self, phase or link.phase()), copy)
             self.flat = flat
-            self.copied = copy or flat.device != link.compute_device or link.copy_in
+            self.copied = copy
             for p, off, n in self.params:
                 set_raw_data(p, flat[off:off + n].view(p.shape))
         return self.flat

@@ -29,18 +29,20 @@ from typing import Optional
 
 import torch
 
+from ._unit import unit_of
+
 __all__ = ["safe_get_full_fp32_param", "safe_set_full_fp32_param", "safe_get_full_optimizer_state",
            "safe_set_full_optimizer_state", "safe_get_full_grad"]
 
 
 def _slot(param, call: str):
     """(C++ engine, unit, offset, numel) of a managed parameter, or TypeError."""
-    unit = param.__dict__.get("_tm_unit") if isinstance(param, torch.Tensor) else None
-    if unit is None or unit.link.engine is None:
+    unit = unit_of(param)
+    if unit is None or unit.engine is None:
         raise TypeError(f"tiermem.torch.utils.{call}: the parameter is not managed by a tiermem engine (pass a "
                         "parameter of a model given to tiermem.torch.initialize, before engine.close())")
     _, off, n = unit.slot_of[id(param)]
-    return unit.link.engine, unit, off, n
+    return unit.engine, unit, off, n
 
 
 def _values(value, param, call: str) -> torch.Tensor:

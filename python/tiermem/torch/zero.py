@@ -17,6 +17,7 @@ import torch
 from ._config import load_config
 from ._malloc import fix_malloc_threshold
 from ._staging import Stage, guard_staged_module, stage_param
+from ._unit import unit_of
 
 __all__ = ["GatheredParameters", "Init"]
 
@@ -43,7 +44,7 @@ class GatheredParameters:
             return self
         units = {}
         for p in self.params:
-            unit = getattr(p, "_tm_unit", None)
+            unit = unit_of(p)
             if unit is None:
                 continue  # not managed (frozen, or no engine): already whole
             units.setdefault(id(unit), unit)
