@@ -57,20 +57,7 @@ FAST = [
 ]
 
 # Cells known to fail now, with the error measured when the mark was set (removed as they are fixed).
-XFAIL = {
-    "sft-llama-lora-ckpt_none-fp32-gas1-nvme":
-        "TRL SFTTrainer on a PEFT policy: lora gradients off by 1.01 at the first step (max-abs relative), "
-        "parameters by 2.0 (an update of the other sign), losses by 1.7e-4 relative at step 3",
-    "sft-mixtral-lora-ckpt_default-autocast-gas1-nvme":
-        "TRL SFTTrainer with its defaults (checkpointing, bf16 autocast): lora gradients off by 1.02 at the "
-        "first step, parameters by 2.0; the losses stay within 4.7e-5",
-    "dpo-llama-lora-ckpt_none-fp32-gas1-nvme":
-        "TRL DPOTrainer, reference a forward-only engine: lora gradients off by 1.02 at the first step (1.5 at "
-        "step 2), parameters by 2.0, losses by 7.6e-4 relative",
-    "dpo-gpt2-full-ckpt_nonreentrant-fp32-gas3-nvme":
-        "TRL DPOTrainer, full GPT-2 (tied lm_head), reference a forward-only engine: gradients off by 1.0 at the "
-        "first step (transformer.ln_f.bias), parameters by 2.0, losses by 1.3e-2 relative",
-}
+XFAIL: dict = {}
 
 CELLS = full_matrix() if FULL else FAST
 
