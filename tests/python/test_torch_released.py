@@ -277,3 +277,47 @@ def test_reads_between_steps_stay_outside_the_recorded_trace(torch_or_skip, tmp_
     err = capfd.readouterr().err
     assert "access trace diverged" not in err, err[-2000:]
     engine.close()
+
+
+def test_resize_token_embeddings_after_initialize_is_refused_at_the_call(torch_or_skip, tmp_path):
+    torch = torch_or_skip
+    ref, mod, engine = _pair(torch, tmp_path)
+    with pytest.raises((ValueError, RuntimeError), match=r"embed_tokens\.weight|after initialize"):
+        mod.resize_token_embeddings(80)
+    assert mod.model.embed_tokens.weight.shape == (64, 32)
+    _assert_same_params(torch, ref, mod)
+    _assert_same_logits(torch, ref, mod)
+    engine.close()
+
+
+def test_a_users_saved_tensor_hooks_see_every_saved_tensor(torch_or_skip, tmp_path):
+    """An outer saved-tensor hook pair (what save_on_cpu and activation offloading are) packs every
+    tensor autograd saves in the model's forward, activations and parameters alike, as without
+    tiermem: the hooks chain to it instead of shadowing it, and the gradients stay exact."""
+    torch = torch_or_skip
+    from tiermem.torch.utils import safe_get_full_grad
+    ref, mod, engine = _pair(torch, tmp_path)
+    ids = torch.arange(16).reshape(2, 8) % 64
+    counts = {}
+
+    def run(model, key):
+        counts[key] = 0
+
+        def pack(t):
+            counts[key] += 1
+            return t.detach().clone()  # a copy, as save_on_cpu makes one
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            return model(input_ids=ids, labels=ids).loss
+
+    a = run(ref, "plain")
+    a.backward()
+    b = run(mod, "tiermem")
+    engine.backward(b)
+    assert counts["tiermem"] == counts["plain"] > 0
+    for (n, p), (_, q) in zip(ref.named_parameters(), mod.named_parameters()):
+        if p.requires_grad:
+            g = safe_get_full_grad(q)
+            err = ((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
+            assert err <= 1e-5, f"{n}: gradient off by {err:.3g} under a user's saved-tensor hooks"
+    engine.close()
