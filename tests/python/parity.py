@@ -5,7 +5,7 @@ step; plain: `p.grad` summed over the micro-batches) and every trainable paramet
 (tiermem: `utils.safe_get_full_fp32_param`).
 
 A cell is one point of the matrix (`Cell`): model family, what trains, activation checkpointing,
-precision, gradient accumulation, offload, entry point (own loop, HF Trainer, TRL SFT/DPO) and ranks.
+precision, gradient accumulation, offload, entry point (own loop, HF Trainer, TRL SFT/DPO/GRPO) and ranks.
 `run_cell(cell, tmp)` trains both sides and returns the worst differences (`Result`); `check(result)`
 says which exceed the cell's tolerances. The HF Trainer and TRL entry points run in a child process
 (`python parity.py cells <in.json> <out.json>`): accelerate wraps a model in DDP when
@@ -38,7 +38,7 @@ CKPTS = ("none", "reentrant", "nonreentrant", "default")
 PRECISIONS = ("fp32", "autocast", "bf16")
 GAS = (1, 3)
 OFFLOADS = ("none", "cpu", "nvme")
-ENTRIES = ("loop", "trainer", "sft", "dpo")
+ENTRIES = ("loop", "trainer", "sft", "dpo", "grpo")
 CAUSAL = ("llama", "gpt2", "mixtral")
 
 STEPS = 3      # optimizer steps per cell
@@ -97,14 +97,14 @@ class Cell:
 
 def full_matrix() -> list:
     """The full cross product: every axis for the own loop; for the HF Trainer and TRL every family they
-    train (TRL's SFT and DPO: the causal ones), what trains, checkpointing, precision and accumulation,
+    train (TRL's SFT, DPO and GRPO: the causal ones), what trains, checkpointing, precision and accumulation,
     with offload nvme (what an entry point does to the model does not depend on the tier) and, for the
     TRL trainers, fp32 and autocast (their bf16=True is autocast)."""
     cells = [Cell(f, t, c, p, g, o, "loop") for f, t, c, p, g, o in
              itertools.product(FAMILIES, TRAINS, CKPTS, PRECISIONS, GAS, OFFLOADS)]
     cells += [Cell(f, t, c, p, g, "nvme", "trainer") for f, t, c, p, g in
               itertools.product(FAMILIES, TRAINS, CKPTS, ("fp32", "autocast"), GAS)]
-    for entry in ("sft", "dpo"):
+    for entry in ("sft", "dpo", "grpo"):
         cells += [Cell(f, t, c, p, g, "nvme", entry) for f, t, c, p, g in
                   itertools.product(CAUSAL, TRAINS, CKPTS, ("fp32", "autocast"), GAS)]
     return cells
@@ -248,7 +248,7 @@ def compare(plain: dict, tm: dict) -> dict:
     """plain/tm: {"loss": [per logged loss], "grads": [{name: tensor} per step], "params": [...]}."""
     out = {"steps": len(plain["grads"]), "loss": 0.0, "loss_at": None, "grad": 0.0, "grad_at": None, "param": 0.0,
            "param_at": None, "param_lr": 0.0, "param_lr_at": None, "grad_by_step": [], "param_by_step": [],
-           "missing": []}
+           "missing": [], "grad_max": 0.0}
 
     def note(kind, r, where):
         r = r if r == r else math.inf  # NaN counts as infinitely far
@@ -266,6 +266,8 @@ def compare(plain: dict, tm: dict) -> dict:
             worst = 0.0
             for name, b in pa.items():
                 a = ta.get(name)
+                if kind == "grad" and b is not None and b.numel():
+                    out["grad_max"] = max(out["grad_max"], b.abs().max().item())
                 if a is None and b is None:
                     r = 0.0
                 elif a is None:
@@ -301,6 +303,8 @@ def check(cell: Cell, result: dict) -> list:
             bad.append(f"{k} off by {v:.3g} > {tol[k]:g}{where}")
     if result["missing"]:
         bad.append("missing: " + ", ".join(result["missing"][:4]))
+    if result.get("grad_max", 1.0) == 0.0:
+        bad.append("every plain gradient is zero at every step: the cell compares nothing")
     return bad
 
 
@@ -419,13 +423,15 @@ def _dataset(cell: Cell, n: int):
             def words(k):
                 return " ".join(f"t{int(i)}" for i in torch.randint(4, VOCAB, (k,), generator=g))
             rows.append({"prompt": words(6), "chosen": words(5), "rejected": words(5)})
+        elif cell.entry == "grpo":
+            rows.append({"prompt": " ".join(f"t{int(i)}" for i in torch.randint(4, VOCAB, (6,), generator=g))})
         elif cell.family == "t5":
             rows.append({"input_ids": torch.randint(3, VOCAB, (SEQ,), generator=g).tolist(),
                          "labels": torch.randint(3, VOCAB, (SEQ // 2,), generator=g).tolist()})
         else:
             ids = torch.randint(3, VOCAB, (SEQ,), generator=g).tolist()
             rows.append({"input_ids": ids} if cell.entry == "sft" else {"input_ids": ids, "labels": ids})
-    if cell.entry in ("sft", "dpo"):
+    if cell.entry in ("sft", "dpo", "grpo"):
         import datasets
         return datasets.Dataset.from_list(rows)
     return [{k: torch.tensor(v) for k, v in r.items()} for r in rows]
@@ -501,8 +507,17 @@ def _trainer_run(cell: Cell, model, side: str, out_dir: str, swap: str, ref=None
             args = trl.DPOConfig(**common)
             trainer = trl.DPOTrainer(model=model, ref_model=ref, args=args, train_dataset=data,
                                      processing_class=tokenizer(), optimizers=(opt, sched), callbacks=cb)
+        elif cell.entry == "grpo":
+            import trl
+            args = trl.GRPOConfig(**common, **GRPO_ARGS)
+            trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_token_ids, args=args, train_dataset=data,
+                                      processing_class=tokenizer(), optimizers=(opt, sched), callbacks=cb)
         else:
             raise ValueError(cell.entry)
+        if cell.entry == "grpo":
+            # Both sides sample the same completions: the same RNG state when training starts (what ran
+            # before, initialize and building the trainer, draws differently on each side).
+            transformers.set_seed(0)
         trainer.train()
         rec["loss"] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     finally:
@@ -511,6 +526,22 @@ def _trainer_run(cell: Cell, model, side: str, out_dir: str, swap: str, ref=None
         if ref_engine is not None:
             ref_engine.close()
     return rec
+
+
+# GRPO (TRL 1.16 GRPOTrainer with its defaults otherwise: sampling at temperature 1, beta 0 so no
+# reference model, loss_type "dapo", one iteration per generation): two completions of at most 4 tokens
+# per prompt, generated by the policy itself (model.generate through the engine), no vLLM.
+GRPO_ARGS = {"num_generations": 2, "max_completion_length": 4, "use_vllm": False, "log_completions": False}
+
+
+def reward_token_ids(completions, **kw) -> list:
+    """A deterministic reward that tells completions apart: the mean token id of the completion's words
+    ("t17" is id 17), over the vocabulary."""
+    out = []
+    for c in completions:
+        ids = [int(w[1:]) for w in c.split() if w[:1] == "t" and w[1:].isdigit()]
+        out.append(sum(ids) / (len(ids) * VOCAB) if ids else 0.0)
+    return out
 
 
 def run_trainer(cell: Cell, tmp: str) -> dict:

@@ -10,8 +10,8 @@ summed over the micro-batches) and every trainable parameter after the update
 `make test` runs a covering sample: every value of every axis at least once (families llama, gpt2,
 mixtral (MoE), t5 (encoder-decoder); full / PEFT LoRA / partly frozen; checkpointing none, reentrant,
 non-reentrant and transformers' default; fp32, bf16 autocast, the bf16 config; accumulation 1 and 3;
-offload none, cpu, nvme at budgets that page every step; the own loop, the HF Trainer, TRL's SFT and
-DPO trainers; 1 and 2 ranks). The full cross product (parity.full_matrix()):
+offload none, cpu, nvme at budgets that page every step; the own loop, the HF Trainer, TRL's SFT, DPO
+and GRPO trainers; 1 and 2 ranks). The full cross product (parity.full_matrix()):
 
     cd tests/python && TIERMEM_PARITY=full python -m pytest -q test_torch_parity.py
 
@@ -54,6 +54,9 @@ FAST = [
     Cell("mixtral", "lora", "default", "autocast", 1, "nvme", "sft"),
     Cell("llama", "lora", "none", "fp32", 1, "nvme", "dpo"),
     Cell("gpt2", "full", "nonreentrant", "fp32", 3, "nvme", "dpo"),
+    # GRPO: the PEFT policy samples its completions through the engine (model.generate), one generation
+    # per 3 micro-batches (steps_per_generation = gradient accumulation).
+    Cell("llama", "lora", "nonreentrant", "fp32", 3, "nvme", "grpo"),
 ]
 
 # Cells known to fail now, with the error measured when the mark was set (removed as they are fixed).
@@ -86,7 +89,7 @@ def _assert(cell, result):
 
 def _need(cell):
     hf_or_skip()
-    for mod in (["peft"] if cell.trains == "lora" else []) + (["trl", "datasets"] if cell.entry in ("sft", "dpo")
+    for mod in (["peft"] if cell.trains == "lora" else []) + (["trl", "datasets"] if cell.entry in ("sft", "dpo", "grpo")
                                                               else []) + (["accelerate"] if cell.in_child() else []):
         pytest.importorskip(mod)
 
