@@ -281,24 +281,32 @@ def test_the_banner_says_where_the_parameters_are_at_each_stage(torch_or_skip, t
 
 
 def test_a_parameter_replaced_after_initialize_is_refused(torch_or_skip, tmp_path):
-    """`p.data = t` or `module.half()` after initialize replaced the placeholder; the next gather
-    pointed the parameter at the engine's values again, and the change was lost without a word. A
-    Parameter object put in the registered one's place was never trained."""
+    """After initialize, `p.data = t` of the parameter's shape and dtype is a write that reaches the
+    engine; one of another shape, or `module.half()`, is refused at the call with nothing changed. A
+    Parameter object put in the registered one's place would never be trained: the next gather
+    puts the registered one back and says so."""
     torch = torch_or_skip
     import tiermem.torch as tt
-    for change in (lambda m: setattr(m[0].weight, "data", torch.full((8, 8), 3.0)),
-                   lambda m: setattr(m[0].weight, "data", torch.zeros(3)), lambda m: m.half(),
-                   # A new Parameter object was computed with and never trained.
-                   lambda m: setattr(m[0], "weight", torch.nn.Parameter(torch.zeros(8, 8)))):
+    m = _small(torch)
+    engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path, "cpu"))
+    m[0].weight.data = torch.full((8, 8), 3.0)
+    with tt.zero.GatheredParameters([m[0].weight]):
+        assert torch.equal(m[0].weight.detach(), torch.full((8, 8), 3.0))
+    engine.close()
+    for change, error, says in (
+            (lambda m: setattr(m[0].weight, "data", torch.zeros(3)), ValueError, r"cannot be given \.data of \(3,\)"),
+            (lambda m: m.half(), RuntimeError, r"to torch\.float16 after initialize is refused, nothing was changed"),
+            (lambda m: setattr(m[0], "weight", torch.nn.Parameter(torch.zeros(8, 8))), RuntimeError,
+             r"was replaced by another object .* which is undone")):
         m = _small(torch)
         engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path, "cpu"))
         registered = m[0].weight
         with tt.zero.GatheredParameters([m[0].weight]):
             before = m[0].weight.detach().clone()
-        with pytest.raises(RuntimeError, match=r"(had its \.data replaced|was replaced by another object) .* which is undone"):
-            change(m)  # half(): its next parameter's cast gathers the unit and finds the first replaced
+        with pytest.raises(error, match=says):
+            change(m)
             engine(torch.ones(4, 8))
-        # Undone: the engine's values, shapes and dtype stand, and it trains on (it stayed broken).
+        # The engine's values, shapes and dtype stand, and it trains on.
         assert [p.dtype for p in m.parameters()] == [torch.float32] * 4 and m[0].weight.shape == (8, 8)
         assert m[0].weight is registered
         with tt.zero.GatheredParameters([m[0].weight]):

@@ -363,6 +363,23 @@ class ParamHooks:
     def __reduce_ex__(self, protocol):
         raise TypeError(NOT_PICKLABLE)
 
+    # ------------------------------------------------------------------------------ what the engine asks
+    def unit_list(self) -> list:
+        """The model's units in engine order."""
+        return self.units.units
+
+    def is_param(self, t) -> bool:
+        """Whether `t` is one of the model's managed parameters."""
+        return self.saved.is_param(t)
+
+    def gathered_scopes_open(self) -> int:
+        """zero.GatheredParameters scopes open on this model now."""
+        return self.link.gathered_params_open
+
+    def dist_ops(self):
+        """The collectives' module check (_dist.DistOps) with several ranks, else None."""
+        return self.link.dist_ops
+
     # ------------------------------------------------------------------------------ attach / detach
     def attach(self, engine, working_dtype: torch.dtype, dist_ops=None) -> None:
         """Points the units at `engine` (with several ranks, `dist_ops`: the collectives' module

@@ -183,7 +183,7 @@ class Unit:
         out = torch.empty(self.numel, dtype=torch.float32)
         for p, off, n in self.params:
             staged = take_staged(p)
-            out[off:off + n].copy_((staged if staged is not None else raw_data(p)).reshape(-1))
+            out[off:off + n].copy_((staged if staged is not None else p.detach()).reshape(-1))
         return out
 
     def set_values(self, values: torch.Tensor) -> None:

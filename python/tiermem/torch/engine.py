@@ -284,7 +284,7 @@ class TiermemEngine:
         self._require_trainable("backward")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("TiermemEngine.backward: loss must be a scalar tensor")
-        if loss.requires_grad and loss.grad_fn is None and id(loss) not in self._hooks.units.unit_of:
+        if loss.requires_grad and loss.grad_fn is None and not self._hooks.is_param(loss):
             raise RuntimeError(f"TiermemEngine.backward: {_UNREACHED} (it is a leaf tensor, made by no computation); "
                                "nothing was run")
         scale = self._zero.loss_scale() / self.gradient_accumulation_steps
@@ -366,7 +366,7 @@ class TiermemEngine:
         ``non_blocking`` are accepted for DeepSpeed's signature: tiermem always offloads everything
         the engine may, to each tensor's own home. Returns the bytes dropped. Call between steps."""
         self.check_open()
-        if self._hooks.link.gathered_params_open:
+        if self._hooks.gathered_scopes_open():
             raise RuntimeError("TiermemEngine.offload_states: inside zero.GatheredParameters; leave the with-block first")
         return int(self._zero.offload_states())
 
@@ -414,7 +414,7 @@ class TiermemEngine:
         communication compute did not hide) and comm_calls. RuntimeError after close()."""
         self.check_open()
         st = self._zero.stats()
-        ops = self._hooks.link.dist_ops
+        ops = self._hooks.dist_ops()
         if ops is not None:
             st.update(ops.stats())
         return st
@@ -462,7 +462,7 @@ class TiermemEngine:
     def units(self) -> list:
         """The engine modules in engine order (``_unit.Unit``: ``index``, ``name``, ``numel``, and
         ``params``: (parameter, offset, numel) in the unit's flat vector). Read only."""
-        return self._hooks.units.units
+        return self._hooks.unit_list()
 
     @property
     def working_dtype(self) -> str:
@@ -509,7 +509,7 @@ class TiermemEngine:
 
     def _optimizer_step(self, lr: float) -> None:
         self.check_open()
-        if self._hooks.link.gathered_params_open:
+        if self._hooks.gathered_scopes_open():
             raise RuntimeError("tiermem.torch: optimizer step inside zero.GatheredParameters: the parameters shown there "
                                "are a copy the step would not update; leave the with-block first")
         if self._backwards_since_step == 0:
