@@ -84,7 +84,7 @@ struct TIERMEM_API ZeroStats {
   std::uint64_t frozen_param_bytes = 0;     // ... of which frozen modules' (ZeroEngineOptions)
   // Homes (ZeroPlan): where each kind of state lives between uses.
   Tier param_home = Tier::kHost, optimizer_home = Tier::kHost, gradient_home = Tier::kHost;
-  std::size_t sub_group_elems = 0;          // optimizer sub-group ("piece") size used
+  std::size_t sub_group_elems = 0;          // optimizer sub-group size used
   std::size_t sub_groups = 0;
   // Memory, accounted (allocator-rounded). Host: the store's pool (homes + caches + sub-groups in
   // flight), its pinned bounce chunks, and the engine's own host buffers (working copies, full

@@ -8,15 +8,15 @@
 //                    per module shard, home offload_param.device (nvme: swap space, cpu: host
 //                    pool, none: the device); compute reads it at the device tier.
 //                    stages 0-2 and persistent modules: engine host buffers (host_engine_bytes).
-//   optimizer state  fp32 [master | exp_avg | exp_avg_sq] per sub-group ("piece"; a module's
-//                    shard split in pieces of piece_elems), home offload_optimizer.device
+//   optimizer state  fp32 [master | exp_avg | exp_avg_sq] per sub-group (a module's
+//                    shard split in sub-groups of sub_group_elems), home offload_optimizer.device
 //                    (nvme: swap space; cpu: host pool; none: the device when
 //                    options.device_optimizer — stages 1-3, see tiermem.device_optimizer —
 //                    else the host pool). 12 bytes per element.
 //                    With offload_optimizer.ratio < 1 at stage 3 (cpu/nvme), the last sub-groups,
 //                    (1 - ratio) of the elements, are homed on the device instead (see
 //                    device_optimizer_from).
-//   gradients        stages 2-3: one fp32 partition tensor per piece, home host, or nvme when
+//   gradients        stages 2-3: one fp32 partition tensor per sub-group, home host, or nvme when
 //                    offload_optimizer is nvme and 4 R bytes exceed a quarter of the host budget
 //                    (DeepSpeed also swaps gradients then), or the device with the optimizer
 //                    state when that is on the device and the device is host-addressable (the
@@ -26,10 +26,10 @@
 //                    DeepSpeed).
 //
 // The host budget holds the host homes, the caches of NVMe-homed tensors, and the step's
-// sub-groups in flight. Each module's sub-groups (module_piece_elems) are the largest (<=
+// sub-groups in flight. Each module's sub-groups (module_sub_group_elems) are the largest (<=
 // sub_group_size, a multiple of the alignment) of which (buffer_count + 1) fit next to the homes
 // and that module's own working shard, the one the step holds whole while it steps them;
-// piece_elems is the largest of those.
+// sub_group_elems is the largest of those.
 //
 // Units: *_bytes are bytes (allocator-rounded: host 4 KiB, device pages of device_page_bytes);
 // *_elems are elements. Thread-safety: pure; thread-safe. Errors: none (a plan that cannot run
@@ -99,12 +99,12 @@ struct TIERMEM_API ZeroPlan {
   // of fp32 gradient (when the gradients are not homed on the device) and one of working params
   // (when some new working params go to host memory). Kept out of the store's device budget.
   std::uint64_t device_scratch_bytes = 0;
-  std::size_t piece_elems = 0;        // the largest optimizer sub-group of any module (elements)
+  std::size_t sub_group_elems = 0;        // the largest optimizer sub-group of any module (elements)
   // Module i's sub-group size (elements; every module, in registration order; 0 for frozen ones).
   // A module whose own working shard leaves the host pool more room gets larger sub-groups, so a
   // model with one huge tensor (Llama 1B's 262 MB embedding at a 256 MiB budget) does not step every
   // module in the small sub-groups that tensor's room allows.
-  std::vector<std::size_t> module_piece_elems;
+  std::vector<std::size_t> module_sub_group_elems;
   // Every update of a stored module (step(), a deferred update, a checkpoint's export and import)
   // holds its working shard at the device tier, not in the host pool: stage 3 on a device the CPU
   // addresses (SimDevice), where AdamW writes device memory directly and the next gather reads it

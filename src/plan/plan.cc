@@ -356,7 +356,7 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   const std::vector<std::size_t> numels = module_numels(run.model);
   const std::size_t largest_module = *std::max_element(numels.begin(), numels.end());
   const std::uint64_t room_bytes = z.host_budget_bytes > z.host_home_bytes ? z.host_budget_bytes - z.host_home_bytes : 0;
-  const double slack = static_cast<double>(host_plan_margin(room_bytes, 12ull * std::min(z.piece_elems, largest_module)));
+  const double slack = static_cast<double>(host_plan_margin(room_bytes, 12ull * std::min(z.sub_group_elems, largest_module)));
   const double room = static_cast<double>(room_bytes);
   const double param_nvme = static_cast<double>(z.nvme_param_bytes), opt_nvme = static_cast<double>(z.nvme_optimizer_bytes);
   const double pool_param = params_on_device ? 0.0 : param_nvme;

@@ -62,7 +62,7 @@ nlohmann::json prediction_json(const Prediction& p) {
   j["homes"] = {{"params", std::string(tier_name(z.param_home))},
                 {"optimizer", std::string(tier_name(z.optimizer_home))},
                 {"gradients", std::string(tier_name(z.gradient_home))}};
-  j["sub_group_elems"] = z.piece_elems;
+  j["sub_group_elems"] = z.sub_group_elems;
   j["host_budget_bytes"] = z.host_budget_bytes;
   j["host_min_bytes"] = z.host_min_bytes;
   j["host_min_why"] = z.host_min_why;

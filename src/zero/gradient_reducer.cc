@@ -12,7 +12,7 @@
 namespace tiermem::detail {
 namespace {
 
-// Collective counts are bounded (MPI uses int); big buffers go in pieces of this many elements.
+// Collective counts are bounded (MPI uses int); big buffers go in chunks of this many elements.
 constexpr std::size_t kMaxCollectiveElems = std::size_t{1} << 28;
 
 void all_reduce_sum(Communicator& comm, float* buf, std::size_t n) {
@@ -24,14 +24,14 @@ void all_reduce_sum(Communicator& comm, float* buf, std::size_t n) {
 }  // namespace
 
 GradientReducer::GradientReducer(Communicator& comm, const EngineShape& shape, Options opts,
-                                 std::vector<ZeroModule>& mods, std::vector<Piece>& pieces,
+                                 std::vector<ZeroModule>& mods, std::vector<SubGroup>& sub_groups,
                                  const std::unique_ptr<TensorStore>& store, NormTracker& norm,
                                  HostPeakSampler sample_host_peak)
     : comm_(comm),
       shape_(shape),
       opts_(opts),
       mods_(mods),
-      pieces_(pieces),
+      sub_groups_(sub_groups),
       store_(store),
       norm_(norm),
       sample_host_peak_(std::move(sample_host_peak)) {}
@@ -42,12 +42,12 @@ std::vector<GradientReducer::Work> GradientReducer::pin(int mi, std::size_t begi
   ZeroModule& m = mods_[static_cast<std::size_t>(mi)];
   const std::size_t end = begin + n;
   std::vector<Work> work;
-  for (int pi : m.pieces) {
-    Piece& p = pieces_[static_cast<std::size_t>(pi)];
+  for (int pi : m.sub_groups) {
+    SubGroup& p = sub_groups_[static_cast<std::size_t>(pi)];
     const std::size_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
     if (lo >= hi) continue;
     Work w;
-    w.piece = pi;
+    w.sub_group = pi;
     w.lo = lo;
     w.hi = hi;
     w.fresh = p.grad_fresh;
@@ -69,8 +69,8 @@ std::vector<GradientReducer::Work> GradientReducer::pin(int mi, std::size_t begi
 std::size_t GradientReducer::add(std::vector<Work>& work, std::size_t begin, const float* src, float* clear) {
   std::size_t cleared = 0;
   for (Work& w : work) {
-    const int pi = w.piece;
-    Piece& p = pieces_[static_cast<std::size_t>(pi)];
+    const int pi = w.sub_group;
+    SubGroup& p = sub_groups_[static_cast<std::size_t>(pi)];
     if (!w.pin.valid()) w.pin = store_->acquire_for_overwrite(p.grad, p.gtier);
     float* g = w.pin.as<float>();
     const std::size_t lo = w.lo, hi = w.hi;
@@ -81,7 +81,7 @@ std::size_t GradientReducer::add(std::vector<Work>& work, std::size_t begin, con
     if (w.fresh) {  // the covered range is copied, the rest zeroed: one pass, no read of g
       std::memset(g, 0, (lo - p.begin) * sizeof(float));
       const bool whole = lo == p.begin && hi >= p.begin + t;  // every real element arrives now
-      const bool several = mods_[static_cast<std::size_t>(p.module)].pieces.size() > 1;
+      const bool several = mods_[static_cast<std::size_t>(p.module)].sub_groups.size() > 1;
       if (whole && several && norm_.folds()) {
         partial = copy_sumsq_lanes(g, s, hi - lo, t, c);  // the norm's read in the same pass
       } else {
@@ -94,7 +94,7 @@ std::size_t GradientReducer::add(std::vector<Work>& work, std::size_t begin, con
       if (c) std::fill(c, c + (hi - lo), 0.0f);
     }
     if (c) cleared += hi - lo;
-    // Count the real elements this call gave the piece: when all have arrived (exactly once per
+    // Count the real elements this call gave the sub-group: when all have arrived (exactly once per
     // reduce call), its partition holds the gradient as of this call — fold its norm now.
     const std::size_t vlo = std::max(lo, p.begin), vhi = std::min(hi, p.begin + t);
     if (vhi > vlo) p.acc_elems += vhi - vlo;

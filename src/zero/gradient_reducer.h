@@ -19,7 +19,7 @@
 // The partitions are the store's, pinned only while added into. Completion: a module's gradient
 // is in its storage once sync() returns (and before the next reduce of the same partitions).
 // Thread-safety: every call from the engine's driving thread; the hand-off's task runs on the
-// reducer's own thread, touching only the pieces and partitions it was given (pinned or announced
+// reducer's own thread, touching only the sub-groups and partitions it was given (pinned or announced
 // to the store on the driving thread, in call order) and the NormTracker, until wait_hand_off().
 // Errors: a failed collective's CommError from the call that waits for it (sync, the next reduce);
 // the hand-off's error from the next call that waits for it.
@@ -51,7 +51,7 @@ class GradientReducer {
   };
   // `store`: the engine's (made after the reducer; set before the first reduce at stage 2-3).
   GradientReducer(Communicator& comm, const EngineShape& shape, Options opts, std::vector<ZeroModule>& mods,
-                  std::vector<Piece>& pieces, const std::unique_ptr<TensorStore>& store, NormTracker& norm,
+                  std::vector<SubGroup>& sub_groups, const std::unique_ptr<TensorStore>& store, NormTracker& norm,
                   HostPeakSampler sample_host_peak);
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -93,14 +93,14 @@ class GradientReducer {
     int module = 0;
     std::size_t begin = 0;  // shard-local offset of recv[0]
   };
-  // One piece's share of an addition: its partition pinned (or, fresh, announced for overwrite).
+  // One sub-group's share of an addition: its partition pinned (or, fresh, announced for overwrite).
   struct Work {
-    int piece = 0;
+    int sub_group = 0;
     TensorStore::Pin pin;
-    std::size_t lo = 0, hi = 0;  // shard-local range the call covers within the piece
+    std::size_t lo = 0, hi = 0;  // shard-local range the call covers within the sub-group
     bool fresh = false;          // acquired for overwrite: elements outside [lo, hi) are zeroed
   };
-  // Adds `n` fp32 values at shard-local offset `begin` of module m into its gradient pieces:
+  // Adds `n` fp32 values at shard-local offset `begin` of module m into its gradient sub-groups:
   // pin (the store accesses, on the driving thread) then add (the arithmetic and the folded norm;
   // any one thread at a time, in call order).
   void accumulate(int m, std::size_t begin, const float* src, std::size_t n);
@@ -117,7 +117,7 @@ class GradientReducer {
   const EngineShape& shape_;
   const Options opts_;
   std::vector<ZeroModule>& mods_;
-  std::vector<Piece>& pieces_;
+  std::vector<SubGroup>& sub_groups_;
   const std::unique_ptr<TensorStore>& store_;
   NormTracker& norm_;
   const HostPeakSampler sample_host_peak_;

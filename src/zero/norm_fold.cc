@@ -9,40 +9,40 @@
 
 namespace tiermem::detail {
 
-bool has_real(std::size_t pieces, const ModuleNormFold::ValidLen& valid) {
-  for (std::size_t j = 0; j < pieces; ++j) {
+bool has_real(std::size_t sub_groups, const ModuleNormFold::ValidLen& valid) {
+  for (std::size_t j = 0; j < sub_groups; ++j) {
     if (valid(j) > 0) return true;
   }
   return false;
 }
 
-void ModuleNormFold::skip_empty(std::size_t pieces, const ValidLen& valid) {
-  while (next_ < pieces && valid(next_) == 0) {
+void ModuleNormFold::skip_empty(std::size_t sub_groups, const ValidLen& valid) {
+  while (next_ < sub_groups && valid(next_) == 0) {
     if (next_ == 0) running_ = 0;
     ++next_;
   }
 }
 
-void ModuleNormFold::complete(std::size_t j, std::size_t pieces, const ValidLen& valid, const AddPiece& add) {
+void ModuleNormFold::complete(std::size_t j, std::size_t sub_groups, const ValidLen& valid, const AddSubGroup& add) {
   std::size_t first_real = 0;
-  while (first_real < pieces && valid(first_real) == 0) ++first_real;
+  while (first_real < sub_groups && valid(first_real) == 0) ++first_real;
   if (j == first_real) {  // the module's first sub-group of this reduce call
     next_ = 0;
     broken_ = false;
   }
-  skip_empty(pieces, valid);
+  skip_empty(sub_groups, valid);
   if (j != next_) {
     broken_ = true;
     return;
   }
   running_ = add(running_);
   ++next_;
-  skip_empty(pieces, valid);
+  skip_empty(sub_groups, valid);
 }
 
-bool ModuleNormFold::ready(std::size_t pieces, const ValidLen& valid) const {
-  if (!has_real(pieces, valid)) return true;  // adds nothing
-  return !broken_ && next_ == pieces;
+bool ModuleNormFold::ready(std::size_t sub_groups, const ValidLen& valid) const {
+  if (!has_real(sub_groups, valid)) return true;  // adds nothing
+  return !broken_ && next_ == sub_groups;
 }
 
 // ------------------------------------------------------------------ the lane sums of squares

@@ -13,7 +13,7 @@
 // The lane sums below (sumsq_lanes and its copying twins) are that arithmetic's per-sub-group sum,
 // also used by the reduce path's fused copy.
 //
-// Units: sub-groups are indices within the module (0 .. pieces-1); `valid(j)` is sub-group j's
+// Units: sub-groups are indices within the module (0 .. sub_groups-1); `valid(j)` is sub-group j's
 // count of real elements. No I/O; no allocation. Thread-safety: none; one thread at a time (the
 // engine's gradient thread or its driving thread, as the reduce path runs).
 #pragma once
@@ -26,13 +26,13 @@ namespace tiermem::detail {
 class ModuleNormFold {
  public:
   using ValidLen = std::function<std::size_t(std::size_t)>;  // sub-group j -> real elements
-  using AddPiece = std::function<double(double running)>;    // the running sum moved on by j
+  using AddSubGroup = std::function<double(double running)>;    // the running sum moved on by j
 
-  // Sub-group j (of `pieces`) completed: the running sum moves on by `add` when j is the next in
+  // Sub-group j (of `sub_groups`) completed: the running sum moves on by `add` when j is the next in
   // order (the module's first real sub-group starts a reduce call afresh), else the fold breaks.
-  void complete(std::size_t j, std::size_t pieces, const ValidLen& valid, const AddPiece& add);
+  void complete(std::size_t j, std::size_t sub_groups, const ValidLen& valid, const AddSubGroup& add);
   // Every sub-group folded, in order (or the module holds no real element: it adds nothing).
-  bool ready(std::size_t pieces, const ValidLen& valid) const;
+  bool ready(std::size_t sub_groups, const ValidLen& valid) const;
   double sum() const { return running_; }  // meaningful when ready()
   void clear() {  // zero_grad: the next reduce call starts afresh
     next_ = 0;
@@ -40,7 +40,7 @@ class ModuleNormFold {
   }
 
  private:
-  void skip_empty(std::size_t pieces, const ValidLen& valid);
+  void skip_empty(std::size_t sub_groups, const ValidLen& valid);
   double running_ = 0;    // after the first next_ sub-groups
   std::size_t next_ = 0;  // the sub-group expected next
   bool broken_ = false;   // a sub-group completed out of order
@@ -59,7 +59,7 @@ double sumsq_lanes(const float* g, std::size_t n);
 double copy_sumsq_lanes(float* dst, const float* src, std::size_t n, std::size_t n_sum, float* clear = nullptr);
 void copy_lanes(float* dst, const float* src, std::size_t n, float* clear = nullptr, bool read_next = false);
 
-// Whether any of the module's `pieces` sub-groups holds a real element.
-bool has_real(std::size_t pieces, const ModuleNormFold::ValidLen& valid);
+// Whether any of the module's `sub_groups` sub-groups holds a real element.
+bool has_real(std::size_t sub_groups, const ModuleNormFold::ValidLen& valid);
 
 }  // namespace tiermem::detail

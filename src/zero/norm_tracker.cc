@@ -7,19 +7,19 @@
 namespace tiermem::detail {
 
 std::size_t NormTracker::valid_len(std::size_t k) const {
-  const Piece& p = pieces_[k];
+  const SubGroup& p = sub_groups_[k];
   const ZeroModule& m = mods_[static_cast<std::size_t>(p.module)];
   const ElemRange valid = m.shard.valid(shape_.opt_rank);
   const std::size_t valid_end = valid.end - m.shard.range(shape_.opt_rank).begin;  // shard-local
   return std::min(p.end, std::max(valid_end, p.begin)) - p.begin;
 }
 
-double NormTracker::piece_sumsq(std::size_t k, const float* g, double running, std::optional<double> partial) const {
-  const Piece& p = pieces_[k];
+double NormTracker::sub_group_sumsq(std::size_t k, const float* g, double running, std::optional<double> partial) const {
+  const SubGroup& p = sub_groups_[k];
   const ZeroModule& m = mods_[static_cast<std::size_t>(p.module)];
   const std::int64_t n = static_cast<std::int64_t>(valid_len(k));
-  const bool first = static_cast<std::size_t>(m.pieces.front()) == k;
-  const bool last = static_cast<std::size_t>(m.pieces.back()) == k;
+  const bool first = static_cast<std::size_t>(m.sub_groups.front()) == k;
+  const bool last = static_cast<std::size_t>(m.sub_groups.back()) == k;
   if (first && last) {
     double part = 0;
 #pragma omp parallel for reduction(+ : part) schedule(static) if (n > (1 << 18))
@@ -34,17 +34,17 @@ double NormTracker::piece_sumsq(std::size_t k, const float* g, double running, s
 
 void NormTracker::fold(int pi, const float* g, std::optional<double> partial) {
   const std::size_t k = static_cast<std::size_t>(pi);
-  const std::size_t mi = static_cast<std::size_t>(pieces_[k].module);
+  const std::size_t mi = static_cast<std::size_t>(sub_groups_[k].module);
   const ZeroModule& m = mods_[mi];
-  const std::size_t first = static_cast<std::size_t>(m.pieces.front());  // a module's pieces are consecutive
-  folds_[mi].complete(k - first, m.pieces.size(), module_valid_len(m),
-                      [&](double running) { return piece_sumsq(k, g, running, partial); });
+  const std::size_t first = static_cast<std::size_t>(m.sub_groups.front());  // a module's sub-groups are consecutive
+  folds_[mi].complete(k - first, m.sub_groups.size(), module_valid_len(m),
+                      [&](double running) { return sub_group_sumsq(k, g, running, partial); });
 }
 
 bool NormTracker::folded_sumsq(double& sumsq) const {
   if (!folds()) return false;
   auto has_grad = [&](const ZeroModule& m) {
-    return !m.pieces.empty() && (m.stepped_in_backward || !pieces_[static_cast<std::size_t>(m.pieces.front())].grad_fresh);
+    return !m.sub_groups.empty() && (m.stepped_in_backward || !sub_groups_[static_cast<std::size_t>(m.sub_groups.front())].grad_fresh);
   };
   for (std::size_t i = 0; i < mods_.size(); ++i) {
     if (has_grad(mods_[i]) && !module_ready(i)) return false;
@@ -57,7 +57,7 @@ bool NormTracker::folded_sumsq(double& sumsq) const {
 
 bool NormTracker::module_has_real(int module) const {
   const ZeroModule& m = mods_[static_cast<std::size_t>(module)];
-  return has_real(m.pieces.size(), module_valid_len(m));
+  return has_real(m.sub_groups.size(), module_valid_len(m));
 }
 
 void NormTracker::clear() {
@@ -65,8 +65,8 @@ void NormTracker::clear() {
 }
 
 void NormTracker::add(Sum& sum, std::size_t k, const float* g) const {
-  sum.module = piece_sumsq(k, g, sum.module);
-  if (static_cast<std::size_t>(mods_[static_cast<std::size_t>(pieces_[k].module)].pieces.back()) == k) {
+  sum.module = sub_group_sumsq(k, g, sum.module);
+  if (static_cast<std::size_t>(mods_[static_cast<std::size_t>(sub_groups_[k].module)].sub_groups.back()) == k) {
     sum.total += sum.module;
   }
 }
@@ -79,13 +79,13 @@ double NormTracker::sum_over_ranks(double sumsq) {
 }
 
 ModuleNormFold::ValidLen NormTracker::module_valid_len(const ZeroModule& m) const {
-  const std::size_t first = m.pieces.empty() ? 0 : static_cast<std::size_t>(m.pieces.front());
+  const std::size_t first = m.sub_groups.empty() ? 0 : static_cast<std::size_t>(m.sub_groups.front());
   return [this, first](std::size_t j) { return valid_len(first + j); };
 }
 
 bool NormTracker::module_ready(std::size_t module) const {
   const ZeroModule& m = mods_[module];
-  return folds_[module].ready(m.pieces.size(), module_valid_len(m));
+  return folds_[module].ready(m.sub_groups.size(), module_valid_len(m));
 }
 
 }  // namespace tiermem::detail

@@ -13,11 +13,11 @@ ModuleLayout layout_module(std::size_t numel, std::size_t flat, const PartitionO
   return m;
 }
 
-std::vector<SubGroupLayout> layout_sub_groups(const ModuleLayout& m, std::size_t piece_elems,
+std::vector<SubGroupLayout> layout_sub_groups(const ModuleLayout& m, std::size_t sub_group_elems,
                                               std::size_t alignment_elems, bool all_on_device,
                                               std::size_t device_from) {
   std::vector<SubGroupLayout> out;
-  for (const ElemRange& r : make_sub_groups(m.shard.shard, piece_elems, alignment_elems)) {
+  for (const ElemRange& r : make_sub_groups(m.shard.shard, sub_group_elems, alignment_elems)) {
     SubGroupLayout g;
     g.range = r;
     g.flat = m.flat + r.begin;

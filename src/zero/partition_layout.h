@@ -1,8 +1,8 @@
 // src/zero/partition_layout.h — ZeroEngine's partition layout: where each module's shard sits in
 // the rank-flat space, which modules are kept whole or stored, and the optimizer sub-groups
-// ("pieces") each module's shard is stepped in. Pure functions over plain numbers (the shard
+// each module's shard is stepped in. Pure functions over plain numbers (the shard
 // arithmetic itself is tiermem/shard.h); ZeroEngine::Impl keeps the results in its modules and
-// pieces.
+// sub-groups.
 //
 // Units: every count and offset is in ELEMENTS. Thread-safety: pure functions; thread-safe.
 // Errors: a world size < 1 or an alignment of 0 throws tiermem::Error (make_module_shard).
@@ -40,11 +40,11 @@ struct SubGroupLayout {
   bool on_device = false;  // its state is homed on the device and stepped there
 };
 
-// The module's shard in sub-groups of at most `piece_elems` (boundaries on alignment_elems).
+// The module's shard in sub-groups of at most `sub_group_elems` (boundaries on alignment_elems).
 // State is on the device for every sub-group when `all_on_device` (the device-resident
 // optimizer), else for those whose rank-flat offset is at or past `device_from` (the device's
 // share under offload_optimizer.ratio < 1; ZeroPlan::device_optimizer_from).
-std::vector<SubGroupLayout> layout_sub_groups(const ModuleLayout& m, std::size_t piece_elems,
+std::vector<SubGroupLayout> layout_sub_groups(const ModuleLayout& m, std::size_t sub_group_elems,
                                               std::size_t alignment_elems, bool all_on_device,
                                               std::size_t device_from);
 

@@ -15,7 +15,7 @@ WorkingShardOut::~WorkingShardOut() {
   }
 }
 
-void WorkingShardOut::open(const Piece& p) {
+void WorkingShardOut::open(const SubGroup& p) {
   if (module_ == p.module) return;
   finish();
   ZeroModule& m = mods_[static_cast<std::size_t>(p.module)];
@@ -29,7 +29,7 @@ void WorkingShardOut::open(const Piece& p) {
   module_ = p.module;
 }
 
-void WorkingShardOut::begin(const Piece& p) {
+void WorkingShardOut::begin(const SubGroup& p) {
   if (module_ == p.module) return;
   if (mods_[static_cast<std::size_t>(p.module)].stored) {
     open(p);
@@ -39,7 +39,7 @@ void WorkingShardOut::begin(const Piece& p) {
   module_ = p.module;
 }
 
-std::byte* WorkingShardOut::dest(const Piece& p) {
+std::byte* WorkingShardOut::dest(const SubGroup& p) {
   ZeroModule& m = mods_[static_cast<std::size_t>(p.module)];
   upload_staged();  // the previous sub-group is complete now
   if (!m.stored) return m.mem_shard.b() + p.begin * shape_.wsize;
@@ -50,13 +50,13 @@ std::byte* WorkingShardOut::dest(const Piece& p) {
   stage_ ^= 1;
   upload_[stage_].wait();  // its previous copy has left the buffer
   upload_[stage_] = DeviceEvent();
-  std::byte* buf = staging_.publish_buffer(stage_, bytes, piece_elems_ * shape_.wsize);
+  std::byte* buf = staging_.publish_buffer(stage_, bytes, sub_group_elems_ * shape_.wsize);
   staged_offset_ = p.begin * shape_.wsize;
   staged_bytes_ = bytes;
   return buf;
 }
 
-std::byte* WorkingShardOut::device_dest(const Piece& p) {
+std::byte* WorkingShardOut::device_dest(const SubGroup& p) {
   const ZeroModule& m = mods_[static_cast<std::size_t>(p.module)];
   if (!m.stored) return nullptr;
   open(p);

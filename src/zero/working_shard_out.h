@@ -38,11 +38,11 @@ namespace tiermem::detail {
 
 class WorkingShardOut {
  public:
-  // `piece_elems`: the plan's sub-group size (a publish buffer is made at least that large).
+  // `sub_group_elems`: the plan's sub-group size (a publish buffer is made at least that large).
   WorkingShardOut(std::vector<ZeroModule>& mods, const std::unique_ptr<TensorStore>& store,
-                  const EngineShape& shape, DeviceStaging& staging, std::size_t piece_elems,
+                  const EngineShape& shape, DeviceStaging& staging, std::size_t sub_group_elems,
                   Phase phase = Phase::kOptimizer, std::optional<Tier> publish_tier = std::nullopt)
-      : mods_(mods), store_(store), shape_(shape), staging_(staging), piece_elems_(piece_elems), phase_(phase),
+      : mods_(mods), store_(store), shape_(shape), staging_(staging), sub_group_elems_(sub_group_elems), phase_(phase),
         publish_tier_(publish_tier.value_or(shape.publish_tier)) {}
   ~WorkingShardOut();  // waits for staged copies still in flight (never throws)
   WorkingShardOut(const WorkingShardOut&) = delete;
@@ -50,26 +50,26 @@ class WorkingShardOut {
 
   // Before sub-group p's own tensors (state, gradient) are acquired: when p starts another module,
   // the previous module's shard is released and p's module's pinned (stored modules). Each module's
-  // sub-groups are sized to the room its own shard leaves (ZeroPlan::module_piece_elems), so they
+  // sub-groups are sized to the room its own shard leaves (ZeroPlan::module_sub_group_elems), so they
   // must not be acquired while the previous module's shard is still held.
-  void begin(const Piece& p);
+  void begin(const SubGroup& p);
   // Sub-group p's destination, host-addressable memory.
-  std::byte* dest(const Piece& p);
+  std::byte* dest(const SubGroup& p);
   // As dest(), for a writer in device memory (the device-resident optimizer): the sub-group's
   // place in the module's shard when that is pinned at the device tier (any device: no staging),
   // else null (the destination is host memory: write it through dest()).
-  std::byte* device_dest(const Piece& p);
+  std::byte* device_dest(const SubGroup& p);
   void finish();  // the last module's shard released dirty
 
  private:
-  void open(const Piece& p);  // the module's shard pinned for overwrite, the previous one finished
+  void open(const SubGroup& p);  // the module's shard pinned for overwrite, the previous one finished
   void upload_staged();       // the staged sub-group, if any, on its way to the device
   void wait_uploads();
   std::vector<ZeroModule>& mods_;
   const std::unique_ptr<TensorStore>& store_;
   const EngineShape& shape_;
   DeviceStaging& staging_;
-  const std::size_t piece_elems_;
+  const std::size_t sub_group_elems_;
   const Phase phase_;              // of a shared-master module's acquire
   const Tier publish_tier_;        // of stored modules not homed on the device
   TensorStore::Pin pin_;

@@ -15,7 +15,7 @@
 //   checkpoint  export/import (zero_step.cc) read and write a device-homed sub-group through the
 //               store (TensorStore::read/write move its bytes with the device's copies) via one
 //               host sub-group of staging.
-//   The same path steps the device's share under offload_optimizer.ratio < 1 (Piece::on_device).
+//   The same path steps the device's share under offload_optimizer.ratio < 1 (SubGroup::on_device).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -30,10 +30,10 @@ void detail::device_adam_kernel(const AdamParams& params, float* master, const f
   adam_step(params, master, grad, m, v, n, half, half_dtype);
 }
 
-void ZeroEngine::Impl::update_piece_on_device(
+void ZeroEngine::Impl::update_sub_group_on_device(
     std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
     const std::function<void(std::size_t, const float*)>& on_grad) {
-  detail::Piece& p = pieces[k];
+  detail::SubGroup& p = sub_groups[k];
   const std::size_t n = p.size();
   TensorStore::Pin state = store->acquire(p.optim, Tier::kDevice, phase);
   if (phase == Phase::kOutsideStep)
@@ -44,11 +44,11 @@ void ZeroEngine::Impl::update_piece_on_device(
   // CPU for the norm hook: p.gtier is the device only on a host-addressable device), else its
   // host copy uploaded into the scratch sub-group.
   TensorStore::Pin gpin;
-  const float* g = piece_grad(p, gpin, phase);
+  const float* g = sub_group_grad(p, gpin, phase);
   if (on_grad) on_grad(k, g);
   const float* g_dev = g;
   if (shape.stage < 2 || p.gtier != Tier::kDevice) {
-    g_dev = staging.gradient_to_scratch(g, n, plan.piece_elems);
+    g_dev = staging.gradient_to_scratch(g, n, plan.sub_group_elems);
   }
 
   // Where the new working params go: the shard itself when it is pinned at the device tier.
@@ -62,7 +62,7 @@ void ZeroEngine::Impl::update_piece_on_device(
   t.n = n;
   void* scratch = nullptr;  // device memory for the new half params bound for host memory
   if (half) {
-    if (dev_out == nullptr) scratch = staging.out_scratch(shape.wsize * plan.piece_elems);
+    if (dev_out == nullptr) scratch = staging.out_scratch(shape.wsize * plan.sub_group_elems);
     t.half = reinterpret_cast<std::uint16_t*>(dev_out != nullptr ? dev_out : static_cast<std::byte*>(scratch));
   }
   device->adam_step_async(ap, &t, 1, shape.wdtype).wait();

@@ -376,7 +376,7 @@ void ZeroEngine::Impl::zero_grad() {
     std::fill(m.shard_grad.begin(), m.shard_grad.end(), 0.0f);
     m.grad_calls = 0;
   }
-  for (auto& p : pieces) {
+  for (auto& p : sub_groups) {
     if (deferred.pending(p.module)) continue;  // its update still reads it
     if (!p.grad_fresh && p.grad != kInvalidTensor) store->discard(p.grad);  // never written down
     p.grad_fresh = true;  // the next accumulation overwrites
@@ -453,8 +453,8 @@ ZeroStats ZeroEngine::stats() const {
   s.param_home = p.param_home;
   s.optimizer_home = p.optimizer_home;
   s.gradient_home = p.gradient_home;
-  s.sub_group_elems = p.piece_elems;
-  s.sub_groups = I.pieces.size();
+  s.sub_group_elems = p.sub_group_elems;
+  s.sub_groups = I.sub_groups.size();
   s.host_engine_bytes = I.engine_host_bytes();
   s.host_engine_peak_bytes = std::max(s.host_engine_peak_bytes, s.host_engine_bytes);
   for (const auto& m : I.mods) {

@@ -2,18 +2,18 @@
 //   zero_engine.cc      the public calls: construction, gather, reduce_gradients, stats (each part
 //                       adds its counters)
 //   zero_setup.cc       layout, plan, the device and TensorStore, every module's tensors (registration)
-//   zero_step.cc        the optimizer step over sub-groups ("pieces"), in phases; deferred updates applied
+//   zero_step.cc        the optimizer step over sub-groups, in phases; deferred updates applied
 //   zero_state.cc       checkpoints, export_master, set_module_params (one rewrite_state loop)
 //   zero_device.cc      reduce_gradients_from_device (a gradient in device memory)
 //   zero_device_step.cc the device-resident optimizer (plan.optimizer_on_device)
-// Impl keeps the plan, the tiers and the store, the modules and their pieces, and the order of a
+// Impl keeps the plan, the tiers and the store, the modules and their sub-groups, and the order of a
 // step; the parts it owns hold their own state and counters, each with its own header (contract at
 // its top) and test: Gatherer (gatherer.h), GradientReducer (gradient_reducer.h), NormTracker
 // (norm_tracker.h), DeviceStaging (device_staging.h) with WorkingShardOut (working_shard_out.h),
 // DeferredUpdates (deferred_updates.h), StepIoMeter (step_io_meter.h); and the pure functions they
 // use: partition_layout.h,
 // norm_fold.h, grad_reducer.h, tier_setup.h.
-// Shared plain data (EngineShape, ZeroModule, Piece, the engine's buffers): zero_types.h.
+// Shared plain data (EngineShape, ZeroModule, SubGroup, the engine's buffers): zero_types.h.
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
 #pragma once
 
@@ -86,7 +86,7 @@ struct ZeroEngine::Impl {
   detail::EngineShape shape;  // rank, world, stage, dtypes; the tiers make_tiers chose
 
   std::vector<detail::ZeroModule> mods;
-  std::vector<detail::Piece> pieces;
+  std::vector<detail::SubGroup> sub_groups;
   ZeroPlan plan;
   detail::PlanInputs plan_in;
 
@@ -125,10 +125,10 @@ struct ZeroEngine::Impl {
     int updated() const { return static_cast<int>(stepped.size()); }
     bool seen = false;  // a step has had updates in backward (the store's trace re-recorded once)
   } bwd;
-  detail::NormTracker norm{comm, shape, mods, pieces};
+  detail::NormTracker norm{comm, shape, mods, sub_groups};
   detail::DeviceStaging staging{comm, shape, device, [this](std::uint64_t u) { sample_host_peak(u); }};
   detail::Gatherer gatherer{comm, shape, mods, device};
-  detail::GradientReducer reducer{comm,   shape, reducer_options(), mods, pieces, store, norm,
+  detail::GradientReducer reducer{comm,   shape, reducer_options(), mods, sub_groups, store, norm,
                                   [this](std::uint64_t u) { sample_host_peak(u); }};
   // The last step's I/O, wall time and bound (ZeroStats::last_step_*), at the config's NVMe rates.
   detail::StepIoMeter step_io;
@@ -208,15 +208,15 @@ struct ZeroEngine::Impl {
   // cleared, hand-offs let go of their pins again when done.
   void disarm_backward_step();
   // Whether module m's update can run beside the driving thread now: a stored module of
-  // host-stepped pieces with host gradients, whose working shard (written at `publish`) and first
+  // host-stepped sub-groups with host gradients, whose working shard (written at `publish`) and first
   // `buffer_count` sub-groups fit beside every pin held now.
   bool update_fits_now(const detail::ZeroModule& m, Tier publish) const;
   void join_update_ahead();
   void apply_all_pending(Phase phase);
   void replay_outside_accesses(int module);
-  // Piece p's gradient for the update (stages 0-1: engine buffers; 2-3: its partition, pinned
+  // Sub-group p's gradient for the update (stages 0-1: engine buffers; 2-3: its partition, pinned
   // into `pin`; zero when none arrived since the last step).
-  const float* piece_grad(detail::Piece& p, TensorStore::Pin& pin, Phase phase);
+  const float* sub_group_grad(detail::SubGroup& p, TensorStore::Pin& pin, Phase phase);
   ZeroOptimizerState state_header() const;  // partition fields, steps, scaler; no vectors
   std::vector<float> frozen_params(int module);
   // One third of module's fp32 state (0 master, 1 exp_avg, 2 exp_avg_sq) over every rank's shard
@@ -229,26 +229,26 @@ struct ZeroEngine::Impl {
   // Where step() and import write each sub-group's new working params (working_shard_out.h).
   detail::WorkingShardOut working_out(Phase phase = Phase::kOptimizer,
                                       std::optional<Tier> publish = std::nullopt) {
-    return {mods, store, shape, staging, plan.piece_elems, phase, publish};
+    return {mods, store, shape, staging, plan.sub_group_elems, phase, publish};
   }
-  // AdamW on piece k with `ap`, its new working params into `working`; its gradient partition is
+  // AdamW on sub-group k with `ap`, its new working params into `working`; its gradient partition is
   // discarded after (stages 2-3). `on_grad(k, g)` sees the gradient first when given.
-  void update_piece(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
+  void update_sub_group(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
                     const std::function<void(std::size_t, const float*)>& on_grad);
-  // zero_device_step.cc: the device-resident optimizer (Piece::on_device). AdamW on piece k in
-  // device memory (Device::adam_step_async), as update_piece.
-  void update_piece_on_device(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
+  // zero_device_step.cc: the device-resident optimizer (SubGroup::on_device). AdamW on sub-group k in
+  // device memory (Device::adam_step_async), as update_sub_group.
+  void update_sub_group_on_device(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
                               const std::function<void(std::size_t, const float*)>& on_grad);
   // The checkpoint's state, one sub-group at a time in order (zero_step.cc): host-tier pins for
   // sub-groups homed below the device, one host sub-group of staging (DeviceStaging::state_buffer) for
   // device-homed ones.
   void export_state(const std::function<void(const ZeroStateChunk&)>& sink);
   // Rewrites the optimizer state of every sub-group (module -1) or of one module's, in order, in
-  // one loop (import_optimizer_state, set_module_params): `fill(p, s)` writes piece p's
+  // one loop (import_optimizer_state, set_module_params): `fill(p, s)` writes sub-group p's
   // s = [master | exp_avg | exp_avg_sq] (3 x p.size() fp32, host memory, valid during the call),
   // which holds the old state first when `keep`, else undefined (acquired for overwrite). The
-  // piece's working params are rewritten from the new master in the same pass, as step() does.
-  void rewrite_state(int module, bool keep, const std::function<void(const detail::Piece&, float*)>& fill);
+  // sub-group's working params are rewritten from the new master in the same pass, as step() does.
+  void rewrite_state(int module, bool keep, const std::function<void(const detail::SubGroup&, float*)>& fill);
   // All-gathers the new working params of the modules kept whole (every module, or `module`).
   void publish_whole_modules(int module);
   void validate_import(const ZeroOptimizerState& state, bool vectors) const;

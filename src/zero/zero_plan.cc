@@ -181,7 +181,7 @@ struct Sizing {
   // The device optimizer's scratch (outside the store): one sub-group of gradient, when the
   // gradients are not homed on the device, and one of new working params.
   std::uint64_t step_scratch(const ZeroPlan& p, bool grads_on_device) const {
-    return (grads_on_device ? 0 : dev_round(4ull * p.piece_elems)) + dev_round(wsize * p.piece_elems);
+    return (grads_on_device ? 0 : dev_round(4ull * p.sub_group_elems)) + dev_round(wsize * p.sub_group_elems);
   }
 };
 
@@ -280,7 +280,7 @@ void plan_reduce_buckets(const Sizing& s, ZeroPlan& p) {
 }
 
 // Host pool: homes, the working shard AdamW writes (stage 3, NVMe-homed params), sub-groups; the
-// host minimum and the sub-group ("piece") size.
+// host minimum and the sub-group size.
 void plan_host_pool(const Sizing& s, ZeroPlan& p) {
   const ZeroConfig& z = s.z;
   const std::size_t A = s.A;
@@ -308,21 +308,21 @@ void plan_host_pool(const Sizing& s, ZeroPlan& p) {
     p.host_min_why += fmt::format(" + 2 sub-groups in flight at their smallest ({} elements x {} B)", A, per_elem);
   }
   // The sub-group size next to `reserve` bytes of working shard held whole, at most `shard` elements.
-  auto piece_for = [&](std::uint64_t reserve, std::size_t shard) -> std::size_t {
-    std::size_t piece = sub;
+  auto sub_group_for = [&](std::uint64_t reserve, std::size_t shard) -> std::size_t {
+    std::size_t sub_group = sub;
     if (per_elem > 0) {
       const std::uint64_t used = p.host_home_bytes + reserve;
       const std::uint64_t avail = p.host_budget_bytes > used ? p.host_budget_bytes - used : 0;
       // buffer_count + 1 sub-groups fit the room; with the state on NVMe, 4x as many, so that what
-      // the pool cannot keep streams in pieces read ahead and written behind while others step —
+      // the pool cannot keep streams in sub-groups read ahead and written behind while others step —
       // but not below 1 Mi elements for that (12 MiB of state per read: the demo's 13 MiB pool made
       // 26 K-element sub-groups, whose many small requests cost it 15 % of its throughput).
       std::uint64_t fit = avail / (per_elem * (B + 1));
       if (p.optimizer_home == Tier::kNvme) fit = std::max(fit / 4, std::min<std::uint64_t>(fit, 1u << 20));
       fit = fit / A * A;
-      piece = static_cast<std::size_t>(std::clamp<std::uint64_t>(fit, A, sub));
+      sub_group = static_cast<std::size_t>(std::clamp<std::uint64_t>(fit, A, sub));
     }
-    return std::min(piece, std::max<std::size_t>(A, (shard + A - 1) / A * A));
+    return std::min(sub_group, std::max<std::size_t>(A, (shard + A - 1) / A * A));
   };
   // Each module's own: step() holds one module's working shard whole while it steps that module's
   // sub-groups, so a module's sub-groups need only the room its own shard leaves (Llama 1B at 256
@@ -330,13 +330,13 @@ void plan_host_pool(const Sizing& s, ZeroPlan& p) {
   // leave room for 1 Mi. A 4-layer model of that shape stepped its optimizer phase in 3.1 s with
   // 1 Mi-element sub-groups against 10.0 s with 77,824). With updates_on_device the shard is held
   // on the device instead, and takes no host room at all.
-  p.piece_elems = A;  // no module trains: the alignment, as before
-  p.module_piece_elems.assign(s.numels.size(), 0);
+  p.sub_group_elems = A;  // no module trains: the alignment, as before
+  p.module_sub_group_elems.assign(s.numels.size(), 0);
   for (std::size_t t = 0; t < s.trained.modules.size(); ++t) {
     const std::size_t i = s.trained_module[t];
     const std::uint64_t own = s.stored_nvme[i] && !p.updates_on_device ? host_round(s.stored_nvme[i]) : 0;
-    p.module_piece_elems[i] = piece_for(own, s.trained.modules[t].shard);
-    p.piece_elems = std::max(p.piece_elems, p.module_piece_elems[i]);
+    p.module_sub_group_elems[i] = sub_group_for(own, s.trained.modules[t].shard);
+    p.sub_group_elems = std::max(p.sub_group_elems, p.module_sub_group_elems[i]);
   }
 }
 
@@ -345,7 +345,7 @@ void plan_host_pool(const Sizing& s, ZeroPlan& p) {
 // buffer of the largest module, and (several ranks) each all-gather staged through host memory.
 void plan_opaque_staging(const Sizing& s, ZeroPlan& p) {
   if (!p.uses_device || s.o.device_host_addressable) return;
-  if (s.dev_homes > 0) p.host_engine_bytes += 2 * host_round(p.piece_elems * s.wsize);
+  if (s.dev_homes > 0) p.host_engine_bytes += 2 * host_round(p.sub_group_elems * s.wsize);
   std::size_t largest_numel = 0;
   for (std::size_t n : s.trainable_numels) largest_numel = std::max(largest_numel, n);
   p.host_engine_bytes += host_round(4ull * largest_numel);
@@ -358,7 +358,7 @@ void plan_device_optimizer(Sizing& s, ZeroPlan& p) {
   if (!p.optimizer_on_device) return;
   for (std::size_t t = 0; t < s.trained.modules.size(); ++t) {
     const ModuleShard& m = s.trained.modules[t];
-    const std::size_t pe = std::max<std::size_t>(1, p.module_piece_elems[s.trained_module[t]]);
+    const std::size_t pe = std::max<std::size_t>(1, p.module_sub_group_elems[s.trained_module[t]]);
     for (std::size_t b = 0; b < m.shard; b += pe) {
       const std::uint64_t n = std::min(pe, m.shard - b);
       s.dev_optim += s.dev_round(12 * n) + (p.gradient_home == Tier::kDevice ? s.dev_round(4 * n) : 0);
@@ -415,7 +415,7 @@ void plan_partial_offload(const Sizing& s, ZeroPlan& p) {
   for (std::size_t i = s.trained.modules.size(); more && i-- > 0;) {
     const ModuleShard& m = s.trained.modules[i];
     const std::size_t base = flat_end - m.shard;  // modules are consecutive in the rank-flat order
-    const auto groups = make_sub_groups(m.shard, p.module_piece_elems[s.trained_module[i]], s.A);
+    const auto groups = make_sub_groups(m.shard, p.module_sub_group_elems[s.trained_module[i]], s.A);
     for (std::size_t g = groups.size(); g-- > 0;) {
       const std::uint64_t n = groups[g].size();
       if (enough(n)) {

@@ -170,7 +170,7 @@ void ZeroEngine::Impl::make_tiers() {
   TM_LOG_INFO("ZERO",
               "stage {}, rank {} of {}: {} elements of optimizer state ({} in sub-groups of {} elements, {}); "
               "params {}, gradients {}; host budget {}, device {}",
-              shape.stage, shape.rank, shape.world, plan.rank_flat_elems, format_bytes(plan.optimizer_bytes), plan.piece_elems,
+              shape.stage, shape.rank, shape.world, plan.rank_flat_elems, format_bytes(plan.optimizer_bytes), plan.sub_group_elems,
               tier_name(plan.optimizer_home), plan.uses_device ? tier_name(plan.param_home) : "engine host buffers",
               shape.stage >= 2 ? tier_name(plan.gradient_home) : "engine host buffers", format_bytes(plan.host_budget_bytes),
               device ? format_bytes(device->budget_bytes()) : std::string("unused"));
@@ -208,11 +208,11 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(i)];
   const std::size_t n = m.shard.shard;
   auto copy_init = [&](std::size_t a, std::size_t b, float* dst) { copy_shard_init(init, a, b, dst); };
-  // Optimizer pieces (and gradient partitions): the module's shard in sub-groups; none when frozen.
+  // Optimizer sub-groups (and gradient partitions): the module's shard in sub-groups; none when frozen.
   const detail::ModuleLayout layout{m.shard, m.flat, m.persistent, m.stored};
   const std::vector<detail::SubGroupLayout> groups =
       m.frozen ? std::vector<detail::SubGroupLayout>{}
-               : detail::layout_sub_groups(layout, plan.module_piece_elems.at(static_cast<std::size_t>(i)),
+               : detail::layout_sub_groups(layout, plan.module_sub_group_elems.at(static_cast<std::size_t>(i)),
                                            opts.alignment_elems, plan.optimizer_on_device, plan.device_optimizer_from);
   // One fp32 copy (tiermem.fp32_single_copy): the working shard is the master where it is homed
   // with the optimizer state and the CPU steps it in place (ZeroModule::shared_master).
@@ -224,7 +224,7 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
   const std::size_t slots = m.shared_master ? 2 : 3;  // [master |] exp_avg | exp_avg_sq
   for (const detail::SubGroupLayout& g : groups) {
     const ElemRange& r = g.range;
-    detail::Piece p;
+    detail::SubGroup p;
     p.module = i;
     p.begin = r.begin;
     p.end = r.end;
@@ -270,8 +270,8 @@ void ZeroEngine::Impl::write_module(int i, std::span<const float> init) {
       gs.group = detail::kGroupGradient;
       p.grad = store->register_tensor(gs);
     }
-    m.pieces.push_back(static_cast<int>(pieces.size()));
-    pieces.push_back(p);
+    m.sub_groups.push_back(static_cast<int>(sub_groups.size()));
+    sub_groups.push_back(p);
   }
   write_working(i, init);
   if (shape.stage <= 1 && !m.frozen) m.full_grad.assign(m.shard.padded, 0.0f);

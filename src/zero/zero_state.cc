@@ -30,8 +30,8 @@ std::vector<float> ZeroEngine::Impl::gather_state(int module, std::size_t third)
     store->read(m.param, std::as_writable_bytes(std::span<float>(mine, m.shard.shard)));
   } else {
     const std::size_t slots = m.shared_master ? 2 : 3, slot = m.shared_master ? third - 1 : third;
-    for (int pi : m.pieces) {
-      const detail::Piece& p = pieces[static_cast<std::size_t>(pi)];
+    for (int pi : m.sub_groups) {
+      const detail::SubGroup& p = sub_groups[static_cast<std::size_t>(pi)];
       tmp.resize(slots * p.size());
       store->read(p.optim, std::as_writable_bytes(std::span<float>(tmp)));
       std::copy_n(tmp.begin() + static_cast<std::ptrdiff_t>(slot * p.size()), p.size(), mine + p.begin);
@@ -47,7 +47,7 @@ void ZeroEngine::Impl::set_state(int module, std::size_t third, std::span<const 
   const ElemRange r = m.shard.range(shape.opt_rank);
   // Shard elements [p.begin, p.end) are module elements r.begin + [p.begin, p.end); padding past
   // the module's end stays 0. The other thirds of each sub-group are kept.
-  rewrite_state(module, /*keep=*/true, [&](const detail::Piece& p, float* s) {
+  rewrite_state(module, /*keep=*/true, [&](const detail::SubGroup& p, float* s) {
     const std::size_t lo = std::min(r.begin + p.begin, m.numel), hi = std::min(r.begin + p.end, m.numel);
     std::copy(values.begin() + static_cast<std::ptrdiff_t>(lo), values.begin() + static_cast<std::ptrdiff_t>(hi),
               s + third * p.size());
@@ -116,8 +116,8 @@ std::vector<float> ZeroEngine::export_grad(int module) {
     if (I.shape.world > 1) I.comm.all_reduce(full.data(), full.data(), full.size(), DType::kF32, ReduceOp::kSum);
   } else {  // this rank's reduced partitions, all-gathered
     float* mine = full.data() + static_cast<std::size_t>(I.shape.opt_rank) * m.shard.shard;
-    for (int pi : m.pieces) {
-      const detail::Piece& p = I.pieces[static_cast<std::size_t>(pi)];
+    for (int pi : m.sub_groups) {
+      const detail::SubGroup& p = I.sub_groups[static_cast<std::size_t>(pi)];
       if (p.grad_fresh) continue;  // no gradient since the last step: zeros
       I.store->read(p.grad, std::as_writable_bytes(std::span<float>(mine + p.begin, p.size())));
     }
@@ -244,20 +244,20 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
   detail::AlignedBuf buf;
   const StateStageScope uncount{staging};
   const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
-  TensorStore::Pin master_pin;  // a shared_master module's working shard, while its pieces go out
+  TensorStore::Pin master_pin;  // a shared_master module's working shard, while its sub-groups go out
   int master_module = -1;
-  for (std::size_t k = 0; k < pieces.size(); ++k) {
-    const detail::Piece& p = pieces[k];
+  for (std::size_t k = 0; k < sub_groups.size(); ++k) {
+    const detail::SubGroup& p = sub_groups[k];
     const std::size_t n = p.size();
     if (p.on_device) {
-      float* f = staging.state_buffer(buf, 12 * plan.piece_elems);
+      float* f = staging.state_buffer(buf, 12 * plan.sub_group_elems);
       store->read(p.optim, std::as_writable_bytes(std::span<float>(f, 3 * n)));
       sink(ZeroStateChunk{p.flat, n, f, f + n, f + 2 * n});
       continue;
     }
     std::vector<TensorId> ahead;
-    for (std::size_t j = k + 1; j < pieces.size() && j < k + B; ++j) {
-      if (!pieces[j].on_device) ahead.push_back(pieces[j].optim);
+    for (std::size_t j = k + 1; j < sub_groups.size() && j < k + B; ++j) {
+      if (!sub_groups[j].on_device) ahead.push_back(sub_groups[j].optim);
     }
     if (!ahead.empty()) store->prefetch(ahead, Tier::kHost);
     // A new module's sub-groups are sized to fit next to its own shard: the last one's goes first.
@@ -279,12 +279,12 @@ void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChun
 }
 
 void ZeroEngine::Impl::rewrite_state(int module, bool keep,
-                                     const std::function<void(const detail::Piece&, float*)>& fill) {
+                                     const std::function<void(const detail::SubGroup&, float*)>& fill) {
   detail::AlignedBuf buf, whole;  // whole: [master | m | v] of a shared_master sub-group
   const StateStageScope uncount{staging};
   detail::WorkingShardOut working = working_out(Phase::kOutsideStep);
-  for (const detail::Piece& p : pieces) {
-    if (module >= 0 && p.module != module) continue;  // a module's pieces are consecutive
+  for (const detail::SubGroup& p : sub_groups) {
+    if (module >= 0 && p.module != module) continue;  // a module's sub-groups are consecutive
     const std::size_t n = p.size();
     TensorStore::Pin state;  // host-tier pin; acquired for overwrite unless the old state is kept
     float* s = nullptr;
@@ -307,7 +307,7 @@ void ZeroEngine::Impl::rewrite_state(int module, bool keep,
       continue;
     }
     if (p.on_device) {
-      s = staging.state_buffer(buf, 12 * plan.piece_elems);
+      s = staging.state_buffer(buf, 12 * plan.sub_group_elems);
       if (keep) store->read(p.optim, std::as_writable_bytes(std::span<float>(s, 3 * n)));
     } else {
       working.begin(p);  // a new module: the last one's shard released first
@@ -403,7 +403,7 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   // overwrite: the old state is never read) and written back to its home by the store — or, homed
   // on the device, filled in host staging and written there; the working shard of its module is
   // rewritten from the new master in the same pass, as step() publishes it.
-  I.rewrite_state(-1, /*keep=*/false, [&](const detail::Piece& p, float* s) {
+  I.rewrite_state(-1, /*keep=*/false, [&](const detail::SubGroup& p, float* s) {
     const std::size_t n = p.size();
     source(ZeroStateChunk{p.flat, n, s, s + n, s + 2 * n});
   });

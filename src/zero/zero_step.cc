@@ -86,12 +86,12 @@ void ZeroEngine::Impl::prefetch_after(std::size_t k, bool with_state) {
   const int B = std::max(1, cfg.zero.offload_optimizer.buffer_count);
   std::vector<TensorId> ids;
   std::vector<TensorId> masters;  // the working shards that hold the master (shared_master)
-  for (std::size_t j = k + 1; j < pieces.size() && j < k + static_cast<std::size_t>(B); ++j) {
-    if (pieces[j].on_device) continue;  // state (and gradient) already where it is used
-    if (with_state) ids.push_back(pieces[j].optim);
-    if (shape.stage >= 2 && !pieces[j].grad_fresh) ids.push_back(pieces[j].grad);
-    const detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[j].module)];
-    if (with_state && m.shared_master && pieces[j].module != pieces[k].module &&
+  for (std::size_t j = k + 1; j < sub_groups.size() && j < k + static_cast<std::size_t>(B); ++j) {
+    if (sub_groups[j].on_device) continue;  // state (and gradient) already where it is used
+    if (with_state) ids.push_back(sub_groups[j].optim);
+    if (shape.stage >= 2 && !sub_groups[j].grad_fresh) ids.push_back(sub_groups[j].grad);
+    const detail::ZeroModule& m = mods[static_cast<std::size_t>(sub_groups[j].module)];
+    if (with_state && m.shared_master && sub_groups[j].module != sub_groups[k].module &&
         std::find(masters.begin(), masters.end(), m.param) == masters.end()) {
       masters.push_back(m.param);
     }
@@ -105,11 +105,11 @@ void ZeroEngine::Impl::prefetch_after(std::size_t k, bool with_state) {
 // the step: `res` is then the step's result, gradients dropped.
 bool ZeroEngine::Impl::norm_pre_pass(bool folded, detail::NormTracker::Sum& sum, StepResult& res) {
   float bad = 0;
-  for (std::size_t k = 0; k < pieces.size() && !folded; ++k) {
+  for (std::size_t k = 0; k < sub_groups.size() && !folded; ++k) {
     prefetch_after(k, false);
     TensorStore::Pin pin;
-    const float* g = piece_grad(pieces[k], pin, Phase::kOptimizer);
-    if (scaler) bad += static_cast<float>(count_nonfinite(g, pieces[k].size()));
+    const float* g = sub_group_grad(sub_groups[k], pin, Phase::kOptimizer);
+    if (scaler) bad += static_cast<float>(count_nonfinite(g, sub_groups[k].size()));
     norm.add(sum, k, g);
   }
   if (scaler) {
@@ -151,15 +151,15 @@ void ZeroEngine::Impl::stream_update(const AdamParams& ap, bool defer, detail::N
   detail::WorkingShardOut working = working_out();
   std::function<void(std::size_t, const float*)> norm_hook;
   if (sum != nullptr) norm_hook = [this, sum](std::size_t k, const float* g) { norm.add(*sum, k, g); };
-  for (std::size_t k = 0; k < pieces.size(); ++k) {
-    detail::ZeroModule& m = mods[static_cast<std::size_t>(pieces[k].module)];
+  for (std::size_t k = 0; k < sub_groups.size(); ++k) {
+    detail::ZeroModule& m = mods[static_cast<std::size_t>(sub_groups[k].module)];
     if (m.stepped_in_backward) continue;  // updated in backward already (backward_step.cc)
     if (defer && m.stored) {
-      deferred.defer(pieces[k].module, ap);
+      deferred.defer(sub_groups[k].module, ap);
       continue;
     }
     prefetch_after(k, true);
-    update_piece(k, ap, working, Phase::kOptimizer, norm_hook);
+    update_sub_group(k, ap, working, Phase::kOptimizer, norm_hook);
   }
   working.finish();
 }
@@ -182,7 +182,7 @@ void ZeroEngine::Impl::end_step(bool defer) {
   zero_grad();
 }
 
-const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pin, Phase phase) {
+const float* ZeroEngine::Impl::sub_group_grad(detail::SubGroup& p, TensorStore::Pin& pin, Phase phase) {
   detail::ZeroModule& m = mods[static_cast<std::size_t>(p.module)];
   if (shape.stage == 0) return m.full_grad.data() + p.begin;
   if (shape.stage == 1) return m.shard_grad.data() + p.begin;
@@ -197,15 +197,15 @@ const float* ZeroEngine::Impl::piece_grad(detail::Piece& p, TensorStore::Pin& pi
   return pin.as<const float>();
 }
 
-void ZeroEngine::Impl::update_piece(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
+void ZeroEngine::Impl::update_sub_group(std::size_t k, const AdamParams& ap, detail::WorkingShardOut& working, Phase phase,
                                     const std::function<void(std::size_t, const float*)>& on_grad) {
-  detail::Piece& p = pieces[k];
-  if (p.on_device) return update_piece_on_device(k, ap, working, phase, on_grad);  // zero_device_step.cc
+  detail::SubGroup& p = sub_groups[k];
+  if (p.on_device) return update_sub_group_on_device(k, ap, working, phase, on_grad);  // zero_device_step.cc
   working.begin(p);  // a new module: the last one's shard released first
   TensorStore::Pin state = store->acquire(p.optim, Tier::kHost, phase);
   if (phase == Phase::kOutsideStep) mods[static_cast<std::size_t>(p.module)].replay.emplace_back(p.optim, Tier::kHost);
   TensorStore::Pin gpin;
-  const float* g = piece_grad(p, gpin, phase);
+  const float* g = sub_group_grad(p, gpin, phase);
   if (on_grad) on_grad(k, g);
   std::byte* out = working.dest(p);
   float* s = state.as<float>();
@@ -252,7 +252,7 @@ void ZeroEngine::Impl::run_update(int mi, const AdamParams& ap, Phase phase, std
   detail::ZeroModule& m = mods[static_cast<std::size_t>(mi)];
   const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
   detail::WorkingShardOut working = working_out(phase, publish);
-  for (std::size_t j = 0; j < m.pieces.size(); ++j) {
+  for (std::size_t j = 0; j < m.sub_groups.size(); ++j) {
     // The next B - 1 sub-groups to be stepped on their way while this one steps: this module's,
     // then those of the modules still pending after it (in the order the forward pass gathers
     // them, as registered), so the next module's state is read during this module's compute
@@ -260,17 +260,17 @@ void ZeroEngine::Impl::run_update(int mi, const AdamParams& ap, Phase phase, std
     // interleaved pairs, each faster). The Prefetcher's trace-driven look-ahead does not reach it:
     // the plan's room is spent on the parameters ahead. The scan stops after a few modules' worth.
     std::vector<TensorId> ids;
-    const std::size_t k = static_cast<std::size_t>(m.pieces[j]);
+    const std::size_t k = static_cast<std::size_t>(m.sub_groups[j]);
     std::size_t ahead = 0;
-    for (std::size_t q = k + 1; q < pieces.size() && ahead + 1 < B && q < k + 8 * B; ++q) {
-      const detail::Piece& nxt = pieces[q];
+    for (std::size_t q = k + 1; q < sub_groups.size() && ahead + 1 < B && q < k + 8 * B; ++q) {
+      const detail::SubGroup& nxt = sub_groups[q];
       if (nxt.on_device || (nxt.module != mi && !pending(nxt.module))) continue;
       ++ahead;
       ids.push_back(nxt.optim);
       if (!nxt.grad_fresh) ids.push_back(nxt.grad);
     }
     if (!ids.empty()) store->prefetch(ids, Tier::kHost);
-    update_piece(static_cast<std::size_t>(m.pieces[j]), ap, working, phase, nullptr);
+    update_sub_group(static_cast<std::size_t>(m.sub_groups[j]), ap, working, phase, nullptr);
   }
   working.finish();
 }
@@ -308,8 +308,8 @@ bool ZeroEngine::Impl::update_fits_now(const detail::ZeroModule& m, Tier at) con
   if (!m.stored) return false;
   const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
   std::uint64_t host_need = 0;
-  for (std::size_t j = 0; j < m.pieces.size(); ++j) {
-    const detail::Piece& p = pieces[static_cast<std::size_t>(m.pieces[j])];
+  for (std::size_t j = 0; j < m.sub_groups.size(); ++j) {
+    const detail::SubGroup& p = sub_groups[static_cast<std::size_t>(m.sub_groups[j])];
     if (p.on_device || p.gtier != Tier::kHost) return false;  // the device optimizer, device gradients
     if (j < B) host_need += 4ull * p.size() * (m.shared_master ? 3 : 4);  // moments (and master), gradient
   }

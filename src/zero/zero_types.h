@@ -1,5 +1,5 @@
 // src/zero/zero_types.h — the plain data ZeroEngine's parts share: the engine's shape, its
-// modules and optimizer sub-groups ("pieces"), and the engine's own host and device buffers.
+// modules and optimizer sub-groups, and the engine's own host and device buffers.
 // No behaviour beyond the buffers' RAII. Units: elements unless a name ends in _bytes/bytes.
 // Thread-safety: plain data; whoever owns a value guards it (the engine's driving thread, except
 // where the gradient reducer's contract says otherwise).
@@ -107,7 +107,7 @@ struct DeviceBuf {
 };
 
 // One optimizer sub-group: a range of one module's shard.
-struct Piece {
+struct SubGroup {
   int module = 0;
   std::size_t begin = 0, end = 0;  // within the module's shard (elements)
   std::size_t flat = 0;            // rank-flat offset of `begin`
@@ -149,7 +149,7 @@ struct ZeroModule {
   std::vector<float> full_grad;   // stages 0-1: full padded fp32 gradient
   std::vector<float> shard_grad;  // stage 1: the reduce-scattered shard
   std::vector<float> init_shard;  // deferred registration only (no numels up front)
-  std::vector<int> pieces;        // indices into the engine's pieces (consecutive)
+  std::vector<int> sub_groups;        // indices into the engine's sub-groups (consecutive)
   int grad_calls = 0;
   // Updated during this step's backward (ZeroEngine::step_in_backward): step() passes it over, and
   // its gradient (consumed) still counts in the step's folded norm.

@@ -260,7 +260,7 @@ TEST(ZeroDeviceOptimizerPlan, HomesAndMinimumDeviceBudget) {
       EXPECT_EQ(p.optimizer_home, Tier::kDevice);
       const bool grads_on_device = stage >= 2 && addressable;
       EXPECT_EQ(p.gradient_home, grads_on_device ? Tier::kDevice : Tier::kHost);
-      EXPECT_EQ(p.piece_elems, 4096u);
+      EXPECT_EQ(p.sub_group_elems, 4096u);
       const std::uint64_t R = 8192;
       const std::uint64_t scratch = (grads_on_device ? 0 : 4 * 4096) + 4 * 4096;  // fp32 working
       EXPECT_EQ(p.device_scratch_bytes, scratch);
@@ -360,7 +360,7 @@ TEST(ZeroPartialOffload, RatioKeepsTheLastSubGroupsOnTheDeviceAndChangesNoBit) {
       const std::size_t R = part.shard_numel();
       EXPECT_EQ(full.plan().device_optimizer_elems, 0u);
       EXPECT_GE(p.device_optimizer_elems, R / 2);
-      EXPECT_LT(p.device_optimizer_elems, R / 2 + p.piece_elems) << "whole sub-groups, no more than needed";
+      EXPECT_LT(p.device_optimizer_elems, R / 2 + p.sub_group_elems) << "whole sub-groups, no more than needed";
       EXPECT_EQ(p.device_optimizer_from + p.device_optimizer_elems, R) << "the last sub-groups";
       const bool grads_nvme = full.plan().gradient_home == Tier::kNvme;
       EXPECT_EQ(p.nvme_optimizer_bytes + 12 * p.device_optimizer_elems +

@@ -18,7 +18,7 @@ namespace {
 struct Fixture {
   EngineShape shape;
   std::vector<ZeroModule> mods;
-  std::vector<Piece> pieces;
+  std::vector<SubGroup> sub_groups;
   testing::FakeComm comm{0, 2};
   std::shared_ptr<Device> device;
   std::unique_ptr<TensorStore> store;
@@ -36,7 +36,7 @@ struct Fixture {
     so.pipeline_chunk_bytes = 64 << 10;
     so.pipeline_chunks = 1;
     store = std::make_unique<TensorStore>(so, nullptr);
-    testing::add_module(mods, pieces, shape, 12, 64);
+    testing::add_module(mods, sub_groups, shape, 12, 64);
     staging = std::make_unique<DeviceStaging>(comm, shape, device,
                                               [this](std::uint64_t) { samples.push_back(staging->host_bytes()); });
   }

@@ -220,7 +220,7 @@ TEST(ZeroEngine, Stage3ParamsOnNvmeStayUnderHostBudgetAndMatchInMemory) {
 
 // One module whose working shard nearly fills the host budget (Llama 1B's 262 MB embedding at a
 // 256 MiB budget) sizes only its own sub-groups small: the others get the room their own shards
-// leave (ZeroPlan::module_piece_elems). The step releases a module's shard before it acquires the
+// leave (ZeroPlan::module_sub_group_elems). The step releases a module's shard before it acquires the
 // next module's larger sub-groups; the run stays within the budget and equals the resident engine
 // bit for bit (no clipping: AdamW is elementwise, so sub-group boundaries change nothing).
 // On a device the CPU cannot address, that module's shard is held in the host pool while its
@@ -270,15 +270,15 @@ TEST(ZeroEngine, SubGroupsAreSizedToTheRoomTheirOwnModuleLeaves) {
     }
     const ZeroPlan& plan = eng.plan();
     EXPECT_EQ(plan.updates_on_device, addressable);
-    EXPECT_EQ(plan.module_piece_elems.size(), kSmallModules + 1);
+    EXPECT_EQ(plan.module_sub_group_elems.size(), kSmallModules + 1);
     for (std::size_t m = 0; m <= kSmallModules; ++m) {
       EXPECT_EQ(ref.export_master(static_cast<int>(m)), eng.export_master(static_cast<int>(m))) << "module " << m;
     }
     const ZeroStats s = eng.stats();
     EXPECT_EQ(s.optimizer_home, Tier::kNvme);
-    EXPECT_EQ(s.sub_group_elems, plan.piece_elems);  // the largest sub-group of any module
+    EXPECT_EQ(s.sub_group_elems, plan.sub_group_elems);  // the largest sub-group of any module
     EXPECT_LE(s.host_pool_peak_bytes, s.host_budget_bytes);
-    return std::pair{plan.module_piece_elems.at(0), plan.module_piece_elems.at(1)};
+    return std::pair{plan.module_sub_group_elems.at(0), plan.module_sub_group_elems.at(1)};
   };
   {  // the engines go before their directory
     const auto [big, small] = run(false);

@@ -18,7 +18,7 @@ namespace {
 struct Fixture {
   EngineShape shape;
   std::vector<ZeroModule> mods;
-  std::vector<Piece> pieces;
+  std::vector<SubGroup> sub_groups;
   testing::FakeComm comm{1, 2};
   std::shared_ptr<Device> device;  // none: buffers in host memory
   std::unique_ptr<TensorStore> store;
@@ -34,7 +34,7 @@ struct Fixture {
     o.pipeline_chunks = 1;
     store = std::make_unique<TensorStore>(o, nullptr);
     for (std::size_t numel : {10, 6, 20}) {
-      testing::add_module(mods, pieces, shape, numel, 1 << 10);
+      testing::add_module(mods, sub_groups, shape, numel, 1 << 10);
       ZeroModule& m = mods.back();
       m.param = store->register_tensor({.name = m.name, .dtype = DType::kF32,
                                         .shape = {static_cast<std::int64_t>(m.shard.shard)}});

@@ -19,15 +19,15 @@ namespace {
 struct Fixture {
   EngineShape shape;
   std::vector<ZeroModule> mods;
-  std::vector<Piece> pieces;
+  std::vector<SubGroup> sub_groups;
   std::unique_ptr<testing::FakeComm> comm;
   std::unique_ptr<TensorStore> store;
   std::unique_ptr<NormTracker> norm;
   std::unique_ptr<GradientReducer> reducer;
   int peak_samples = 0;
 
-  // Rank `rank` of `world` at `stage`; modules of these sizes in sub-groups of `piece_elems`.
-  Fixture(int stage, int rank, int world, std::vector<std::size_t> numels, std::size_t piece_elems,
+  // Rank `rank` of `world` at `stage`; modules of these sizes in sub-groups of `sub_group_elems`.
+  Fixture(int stage, int rank, int world, std::vector<std::size_t> numels, std::size_t sub_group_elems,
           GradientReducer::Options o = {}) {
     shape.stage = stage;
     shape.rank = rank;
@@ -41,26 +41,26 @@ struct Fixture {
     so.pipeline_chunks = 1;
     store = std::make_unique<TensorStore>(so, nullptr);
     for (std::size_t n : numels) {
-      testing::add_module(mods, pieces, shape, n, piece_elems);
+      testing::add_module(mods, sub_groups, shape, n, sub_group_elems);
       ZeroModule& m = mods.back();
       if (stage <= 1) m.full_grad.assign(m.shard.padded, 0.0f);
       if (stage == 1) m.shard_grad.assign(m.shard.shard, 0.0f);
     }
-    for (Piece& p : pieces) {
+    for (SubGroup& p : sub_groups) {
       if (stage < 2) continue;
       p.grad = store->register_tensor({.name = "g" + std::to_string(p.flat), .dtype = DType::kF32,
                                        .shape = {static_cast<std::int64_t>(p.size())}});
     }
-    norm = std::make_unique<NormTracker>(*comm, shape, mods, pieces);
+    norm = std::make_unique<NormTracker>(*comm, shape, mods, sub_groups);
     norm->resize(mods.size());
-    reducer = std::make_unique<GradientReducer>(*comm, shape, o, mods, pieces, store, *norm,
+    reducer = std::make_unique<GradientReducer>(*comm, shape, o, mods, sub_groups, store, *norm,
                                                 [this](std::uint64_t) { ++peak_samples; });
   }
   // Module m's shard as accumulated in its gradient partitions (read through the store).
   std::vector<float> partition(int mi) {
     std::vector<float> out;
-    for (int pi : mods[static_cast<std::size_t>(mi)].pieces) {
-      const Piece& p = pieces[static_cast<std::size_t>(pi)];
+    for (int pi : mods[static_cast<std::size_t>(mi)].sub_groups) {
+      const SubGroup& p = sub_groups[static_cast<std::size_t>(pi)];
       TensorStore::Pin pin = store->acquire(p.grad, Tier::kHost);
       out.insert(out.end(), pin.as<float>(), pin.as<float>() + p.size());
     }
@@ -84,12 +84,12 @@ TEST(GradientReducer, OneRankAccumulatesIntoThePartitions) {
   f.reducer->sync();
   const std::vector<float> got = f.partition(0);
   for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(got[i], a[i] + b[i]) << i;
-  // The fold followed the last call, piece by piece in order: the direct sum over its partitions.
+  // The fold followed the last call, sub-group by sub-group in order: the direct sum over its partitions.
   double folded = 0;
   ASSERT_TRUE(f.norm->folded_sumsq(folded));
   NormTracker::Sum direct;
-  for (int pi : f.mods[0].pieces) {
-    TensorStore::Pin pin = f.store->acquire(f.pieces[static_cast<std::size_t>(pi)].grad, Tier::kHost);
+  for (int pi : f.mods[0].sub_groups) {
+    TensorStore::Pin pin = f.store->acquire(f.sub_groups[static_cast<std::size_t>(pi)].grad, Tier::kHost);
     f.norm->add(direct, static_cast<std::size_t>(pi), pin.as<float>());
   }
   EXPECT_EQ(folded, direct.total);
@@ -117,7 +117,7 @@ TEST(GradientReducer, BucketsCompleteInOrderAndSum) {
   EXPECT_GT(s.reduce_scatter_calls, 2u);  // more buckets than may be in flight
   EXPECT_EQ(f.peak_samples, f.comm->reduce_scatters);  // the footprint sampled at each bucket
   double folded = 0;
-  EXPECT_TRUE(f.norm->folded_sumsq(folded));  // every piece completed, in order
+  EXPECT_TRUE(f.norm->folded_sumsq(folded));  // every sub-group completed, in order
 }
 
 TEST(GradientReducer, AFailedBucketSurfacesAtSync) {

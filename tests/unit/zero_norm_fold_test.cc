@@ -16,7 +16,7 @@ struct Module {
     return [this](std::size_t j) { return groups[j].size(); };
   }
   // The pre-pass's arithmetic: sub-group sums added in order, the first resetting the sum.
-  ModuleNormFold::AddPiece add(std::size_t j) const {
+  ModuleNormFold::AddSubGroup add(std::size_t j) const {
     return [this, j](double running) {
       if (j == 0) running = 0;
       return running + sumsq_lanes(groups[j].data(), groups[j].size());

@@ -1,6 +1,6 @@
 // Small honest fakes for testing ZeroEngine's parts (src/zero/) directly: a communicator that
 // plays one rank of a world whose other ranks hold known values, with failures injected per call,
-// and the engine's modules and pieces laid out by hand.
+// and the engine's modules and sub-groups laid out by hand.
 #pragma once
 
 #include <cstddef>
@@ -85,23 +85,23 @@ class FakeComm final : public Communicator {
 };
 
 // Appends a module of `numel` elements laid out for `shape` (world, opt_rank), its shard cut
-// into sub-groups of `piece_elems` (the last one shorter), the pieces indexed after the existing.
-inline void add_module(std::vector<ZeroModule>& mods, std::vector<Piece>& pieces, const EngineShape& shape,
-                       std::size_t numel, std::size_t piece_elems, std::size_t alignment = 1) {
+// into sub-groups of `sub_group_elems` (the last one shorter), the sub-groups indexed after the existing.
+inline void add_module(std::vector<ZeroModule>& mods, std::vector<SubGroup>& sub_groups, const EngineShape& shape,
+                       std::size_t numel, std::size_t sub_group_elems, std::size_t alignment = 1) {
   ZeroModule m;
   m.name = "m" + std::to_string(mods.size());
   m.numel = numel;
   m.shard = make_module_shard(numel, shape.opt_world, alignment);
   m.flat = mods.empty() ? 0 : mods.back().flat + mods.back().shard.shard;
   m.stored = true;
-  for (std::size_t b = 0; b < m.shard.shard; b += piece_elems) {
-    Piece p;
+  for (std::size_t b = 0; b < m.shard.shard; b += sub_group_elems) {
+    SubGroup p;
     p.module = static_cast<int>(mods.size());
     p.begin = b;
-    p.end = std::min(m.shard.shard, b + piece_elems);
+    p.end = std::min(m.shard.shard, b + sub_group_elems);
     p.flat = m.flat + b;
-    m.pieces.push_back(static_cast<int>(pieces.size()));
-    pieces.push_back(p);
+    m.sub_groups.push_back(static_cast<int>(sub_groups.size()));
+    sub_groups.push_back(p);
   }
   mods.push_back(std::move(m));
 }

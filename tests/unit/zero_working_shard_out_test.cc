@@ -17,7 +17,7 @@ namespace {
 struct Fixture {
   EngineShape shape;
   std::vector<ZeroModule> mods;
-  std::vector<Piece> pieces;
+  std::vector<SubGroup> sub_groups;
   testing::FakeComm comm{0, 1};
   std::shared_ptr<Device> device;
   std::unique_ptr<TensorStore> store;
@@ -37,7 +37,7 @@ struct Fixture {
     so.pipeline_chunks = 1;
     store = std::make_unique<TensorStore>(so, device);
     for (std::size_t n : {10, 6}) {
-      testing::add_module(mods, pieces, shape, n, 4);
+      testing::add_module(mods, sub_groups, shape, n, 4);
       ZeroModule& m = mods.back();
       m.home = home;
       m.param = store->register_tensor({.name = m.name, .dtype = DType::kF32,
@@ -49,7 +49,7 @@ struct Fixture {
   // Every sub-group in order, element i of module m written as 100 m + i.
   void publish_all() {
     WorkingShardOut w = out();
-    for (const Piece& p : pieces) {
+    for (const SubGroup& p : sub_groups) {
       float* d = reinterpret_cast<float*>(w.dest(p));
       for (std::size_t i = p.begin; i < p.end; ++i) d[i - p.begin] = 100.0f * p.module + i;
     }
@@ -90,14 +90,14 @@ TEST(WorkingShardOut, DeviceDestinationsOnlyForDeviceTierPins) {
   Fixture host(Tier::kHost, true);
   {
     WorkingShardOut w = host.out();
-    EXPECT_EQ(w.device_dest(host.pieces[0]), nullptr);  // pinned at the publish tier: the host
+    EXPECT_EQ(w.device_dest(host.sub_groups[0]), nullptr);  // pinned at the publish tier: the host
     w.finish();
   }
   Fixture dev(Tier::kDevice, true);
   WorkingShardOut w = dev.out();
-  std::byte* d = w.device_dest(dev.pieces[1]);
+  std::byte* d = w.device_dest(dev.sub_groups[1]);
   ASSERT_NE(d, nullptr);
-  EXPECT_EQ(w.device_dest(dev.pieces[0]) + 4 * sizeof(float), d);  // the same pin, one sub-group on
+  EXPECT_EQ(w.device_dest(dev.sub_groups[0]) + 4 * sizeof(float), d);  // the same pin, one sub-group on
   w.finish();
 }
 
@@ -106,7 +106,7 @@ TEST(WorkingShardOut, EngineBuffersAreWrittenDirectly) {
   f.mods[1].stored = false;
   f.mods[1].mem_shard = AlignedBuf(6 * sizeof(float));
   WorkingShardOut w = f.out();
-  const Piece& p = f.pieces[f.mods[1].pieces[1]];
+  const SubGroup& p = f.sub_groups[f.mods[1].sub_groups[1]];
   EXPECT_EQ(w.dest(p), f.mods[1].mem_shard.b() + p.begin * sizeof(float));
   w.finish();
 }

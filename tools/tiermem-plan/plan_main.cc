@@ -233,7 +233,7 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
   t += fmt::format("zero            stage {}: params -> {}, optimizer -> {}, gradients -> {}, sub-groups of {} "
                    "elements\n",
                    run.config.zero.stage, tier_name(z.param_home), tier_name(z.optimizer_home),
-                   tier_name(z.gradient_home), z.piece_elems);
+                   tier_name(z.gradient_home), z.sub_group_elems);
   t += "memory (one rank)\n";
   t += fmt::format("  device        peak {:>10}   {}budget {}, minimum {}{}\n", format_bytes(p.device_peak_bytes),
                    p.device_activation_bytes ? "the engine's " : "",
