@@ -6,7 +6,7 @@
 #include <optional>
 
 
-#include "zero/grad_reducer.h"
+#include "zero/reduce_bucket.h"
 #include "zero/norm_fold.h"
 
 namespace tiermem::detail {
@@ -135,7 +135,7 @@ void GradientReducer::reduce(int module, std::span<const float> grad) {
   for (const ElemRange& c : make_reduce_chunks(m.shard.shard, shape_.world, opts_.bucket_elems, opts_.alignment_elems)) {
     Bucket f;
     const std::size_t len = c.size();
-    f.send = pack_bucket(grad, m.shard, shape_.world, c);  // grad_reducer.h
+    f.send = pack_reduce_bucket(grad, m.shard, shape_.world, c);  // reduce_bucket.h
     f.recv.assign(len, 0.0f);
     f.module = module;
     f.begin = c.begin;

@@ -8,7 +8,7 @@
 //                    tensors); reduce_gradients taking the buffer (hand_off) adds on a one-thread
 //                    pool while the caller goes on, at most one call in flight;
 //   stages 2-3, several ranks  bucketed reduce-scatters (chunks: make_reduce_chunks; send
-//                    buffers: pack_bucket, grad_reducer.h), each received part added into the
+//                    buffers: pack_reduce_bucket, reduce_bucket.h), each received part added into the
 //                    partitions as it completes, in issue order, at most max_inflight buckets in
 //                    flight (all but one waited for at once without overlap_comm).
 // Adding into the partitions folds the clipping norm (NormTracker::fold) as each sub-group's

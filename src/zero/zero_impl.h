@@ -12,7 +12,7 @@
 // (norm_tracker.h), DeviceStaging (device_staging.h) with WorkingShardOut (working_shard_out.h),
 // DeferredUpdates (deferred_updates.h), StepIoMeter (step_io_meter.h); and the pure functions they
 // use: partition_layout.h,
-// norm_fold.h, grad_reducer.h, tier_setup.h.
+// norm_fold.h, reduce_bucket.h, tier_setup.h.
 // Shared plain data (EngineShape, ZeroModule, SubGroup, the engine's buffers): zero_types.h.
 // Not a public header. Thread-safety: one thread drives an engine (see zero_engine.h).
 #pragma once

@@ -1,7 +1,7 @@
-// The gradient reducer's bucket packing (src/zero/grad_reducer.h): each rank's part of a bucket
+// The gradient reducer's bucket packing (src/zero/reduce_bucket.h): each rank's part of a bucket
 // is its shard's chunk, padding zero; summed over ranks, the buckets give each rank the sum of
 // every rank's gradient on its shard (what the reduce-scatter delivers).
-#include "zero/grad_reducer.h"
+#include "zero/reduce_bucket.h"
 
 #include <gtest/gtest.h>
 
@@ -10,18 +10,18 @@
 namespace tiermem::detail {
 namespace {
 
-TEST(GradReducer, EachRanksPartIsItsShardsChunk) {
+TEST(ReduceBucket, EachRanksPartIsItsShardsChunk) {
   const ModuleShard s = make_module_shard(10, 3, 2);  // padded 12, shard 4
   ASSERT_EQ(s.shard, 4u);
   std::vector<float> grad(10);
   for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i + 1);
-  const std::vector<float> first = pack_bucket(grad, s, 3, ElemRange{0, 2});
+  const std::vector<float> first = pack_reduce_bucket(grad, s, 3, ElemRange{0, 2});
   EXPECT_EQ(first, (std::vector<float>{1, 2, 5, 6, 9, 10}));
-  const std::vector<float> second = pack_bucket(grad, s, 3, ElemRange{2, 4});
+  const std::vector<float> second = pack_reduce_bucket(grad, s, 3, ElemRange{2, 4});
   EXPECT_EQ(second, (std::vector<float>{3, 4, 7, 8, 0, 0}));  // elements 10, 11: padding
 }
 
-TEST(GradReducer, BucketsSummedOverRanksAreTheReduceScatter) {
+TEST(ReduceBucket, BucketsSummedOverRanksAreTheReduceScatter) {
   for (int world : {1, 2, 3, 4}) {
     const std::size_t numel = 37;
     const ModuleShard s = make_module_shard(numel, world, 4);
@@ -32,7 +32,7 @@ TEST(GradReducer, BucketsSummedOverRanksAreTheReduceScatter) {
     }
     for (const ElemRange& c : make_reduce_chunks(s.shard, world, 8 * static_cast<std::size_t>(world), 4)) {
       std::vector<std::vector<float>> sends;
-      for (const auto& g : grads) sends.push_back(pack_bucket(g, s, world, c));
+      for (const auto& g : grads) sends.push_back(pack_reduce_bucket(g, s, world, c));
       for (int r = 0; r < world; ++r) {  // what rank r receives
         for (std::size_t k = 0; k < c.size(); ++k) {
           float got = 0;

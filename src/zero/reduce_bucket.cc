@@ -1,11 +1,11 @@
-// src/zero/grad_reducer.cc — see grad_reducer.h.
-#include "zero/grad_reducer.h"
+// src/zero/reduce_bucket.cc — see reduce_bucket.h.
+#include "zero/reduce_bucket.h"
 
 #include <algorithm>
 
 namespace tiermem::detail {
 
-std::vector<float> pack_bucket(std::span<const float> grad, const ModuleShard& shard, int world, ElemRange chunk) {
+std::vector<float> pack_reduce_bucket(std::span<const float> grad, const ModuleShard& shard, int world, ElemRange chunk) {
   const std::size_t len = chunk.size();
   const std::size_t n = grad.size();
   std::vector<float> send(len * static_cast<std::size_t>(world), 0.0f);
