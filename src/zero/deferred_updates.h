@@ -3,7 +3,7 @@
 //
 // The contract: step() may leave a module's AdamW update pending (defer) instead of applying it,
 // with that step's scalars. The update is applied exactly once, and before anything reads or
-// overwrites the module's optimizer state or working parameters: ZeroEngine::Impl::apply_pending(m)
+// overwrites the module's optimizer state or working parameters: UpdateScheduler::apply(m)
 // takes it (take) at the module's next gather, its next reduce_gradients, an export of its state
 // or gradient, set_module_params, zero_grad, or the next step (which applies every one left). An
 // import of the whole state drops them (drop_all): the imported state replaces what they would

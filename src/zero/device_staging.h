@@ -1,8 +1,10 @@
-// src/zero/device_staging.h — the engine's own copies between host and device memory, outside
-// the TensorStore (which moves and counts its tensors itself):
+// src/zero/device_staging.h — device staging: the engine's own copies between host and device
+// memory, outside the TensorStore (which moves and counts its tensors itself). "Device staging"
+// is this part's word, and only this: tiermem.torch's zero.Init keeps what it builds in files of
+// its own, which are no part of the engine. What it stages:
 //   a device the CPU cannot address (shape.opaque: CudaDevice, SimDevice with
 //   tiermem.sim_host_addressable false) is touched only through the Device's copy API, through
-//   host staging buffers: new working params on their way up (two publish buffers that alternate,
+//   its host buffers: new working params on their way up (two publish buffers that alternate,
 //   WorkingShardOut), an all-gather staged through host memory (all_gather_to_device), a module's
 //   gradient on its way down (stage_gradient), a checkpoint's device-homed state (state_buffer);
 //   the device-resident optimizer's scratch sub-groups in device memory (a gradient not homed on

@@ -141,6 +141,18 @@ void Gatherer::adopt(int module) {
   count(module);
 }
 
+void Gatherer::publish_whole_modules(int module) {
+  for (std::size_t i = 0; i < mods_.size(); ++i) {
+    const ZeroModule& m = mods_[i];
+    if (module >= 0 && static_cast<int>(i) != module) continue;
+    if (module < 0 && m.frozen) continue;  // a step or an import does not change it
+    if (m.full.p != nullptr && (shape_.stage == 1 || shape_.stage == 2 || m.persistent)) {
+      comm_.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, shape_.comm_dtype);
+      ++calls_;
+    }
+  }
+}
+
 void Gatherer::add_stats(ZeroStats& s) const {
   s.gathered_bytes_peak = std::max(s.gathered_bytes_peak, peak_bytes_);
   s.all_gather_calls += calls_;

@@ -2,7 +2,8 @@
 // gathers land in, the asynchronous all-gathers started ahead of their gather() (prefetch), and
 // the gathered-bytes accounting (live and peak, ZeroStats::gathered_bytes_peak) with the gather
 // counters. What to gather and when (the deferred update before a read, the store's pin at the
-// compute tier) is the engine's; the gatherer starts, finishes and frees.
+// compute tier) is the engine's; the gatherer starts, finishes and frees. It also publishes the
+// modules kept whole after a step or an import (publish_whole_modules).
 //
 // Buffers: a module's all-gather buffer holds shard.padded x wsize bytes, in host memory (4 KiB
 // aligned) or in device memory (when gathers compute on an addressable device); it is counted live
@@ -70,6 +71,12 @@ class Gatherer {
   void adopt(int module);
   // Frees a buffer handed out by gather(), take() or counted by adopt().
   void free(int module, const Buffer& buf) noexcept;
+
+  // The modules kept whole (stages 1-2, and stage 3's persistent ones; every module but the frozen
+  // ones, or only `module` when >= 0): each all-gathers its new working params from every rank's
+  // shard (mem_shard) into its whole copy (full), now. Collective: every rank calls it alike.
+  // Counted in all_gather_calls.
+  void publish_whole_modules(int module);
 
   std::uint64_t live_bytes() const { return live_bytes_; }
   // gathered_bytes_peak, all_gather_calls (added to the count already in `s`), all_gathers_prefetched.

@@ -1,6 +1,6 @@
 // src/zero/helper_task.h — one task at a time on a thread of the engine's own, beside the driving
 // thread, and the wait for it: the gradient hand-off (GradientReducer::hand_off) and the deferred
-// update running ahead of its gather (ZeroEngine::Impl::start_update_ahead, zero_step.cc) each
+// update running ahead of its gather (UpdateScheduler::start_ahead, update_scheduler.h) each
 // own one. The task runs under a TensorStore::HelperThread scope, so its store stalls, which
 // overlap the driving thread's work, count apart (TensorStoreStats::helper_stall_ns); the driving
 // thread's waits for it are what join() returns and waited_ns() sums.

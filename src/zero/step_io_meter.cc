@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "tiermem/config.h"
 #include "tiermem/zero_engine.h"
 
 namespace tiermem::detail {
@@ -38,6 +39,11 @@ void StepIoMeter::add_stats(ZeroStats& s) const {
         std::llround(static_cast<double>(last_.nvme_read_bytes) / read_gbps_ +
                      static_cast<double>(last_.nvme_written_bytes) / write_gbps_));
   }
+}
+
+StepIoMeter step_io_meter_for(const Config& config) {
+  const NvmeRates r = resolve_nvme_rates(config);
+  return StepIoMeter(r.read_gbps, r.write_gbps);
 }
 
 }  // namespace tiermem::detail

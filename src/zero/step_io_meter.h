@@ -23,6 +23,7 @@
 #include <cstdint>
 
 namespace tiermem {
+struct Config;
 struct ZeroStats;
 }
 
@@ -58,5 +59,10 @@ class StepIoMeter {
   Counters last_;
   std::uint64_t last_wall_ns_ = 0;
 };
+
+// A meter at the config's NVMe rates (resolve_nvme_rates, tiermem/config.h: tiermem.machine_profile
+// or tiermem.nvme_read_gbps / nvme_write_gbps). Reads the machine profile the config names: the
+// one function here that does I/O, and throws ConfigError when it cannot.
+StepIoMeter step_io_meter_for(const Config& config);
 
 }  // namespace tiermem::detail

@@ -11,11 +11,11 @@
 // its contents instead (at `phase`; an access outside the step is added to the module's replay
 // list), and dest(p) is then also where sub-group p's master is read and written in place.
 //
-// A device the CPU cannot address (shape.opaque): dest() of a device-homed shard is a host
-// staging buffer of one sub-group (DeviceStaging's publish buffers), copied up to the pinned
+// A device the CPU cannot address (shape.opaque): dest() of a device-homed shard is a device-
+// staging host buffer of one sub-group (DeviceStaging's publish buffers), copied up to the pinned
 // shard when the next dest() or finish() is called — so the caller must have written every byte
 // of dest(p) by then (sub-groups written one after the other, as step() and import do). Two
-// staging buffers alternate, so the copy of sub-group k overlaps the AdamW of k + 1.
+// device-staging buffers alternate, so the copy of sub-group k overlaps the AdamW of k + 1.
 //
 // Units: a sub-group's destination holds p.size() working elements (shape.wsize bytes each).
 // Ownership: a destination is valid until the next dest()/device_dest()/finish(); the shard's pin

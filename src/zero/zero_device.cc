@@ -1,11 +1,11 @@
 // src/zero/zero_device.cc — ZeroEngine's side of the device tier. Where each optimizer
-// sub-group's new working parameters go is WorkingShardOut's (working_shard_out.h), the staging
-// copies DeviceStaging's (device_staging.h); here, what the engine does with memory of a device
+// sub-group's new working parameters go is WorkingShardOut's (working_shard_out.h), the device
+// staging's copies DeviceStaging's (device_staging.h); here, what the engine does with memory of a device
 // the CPU cannot address (CudaDevice; SimDevice with
 // tiermem.sim_host_addressable false), where only the Device's copy API may touch it:
-//   publication   new working params of a device-homed shard are written by AdamW into a host
-//                 staging sub-group and copied up (two alternate, so copy k overlaps AdamW k+1);
-//   all-gather    several ranks: the shard goes down to a host staging buffer, is all-gathered
+//   publication   new working params of a device-homed shard are written by AdamW into a device-
+//                 staging sub-group (host memory) and copied up (two alternate, so copy k overlaps AdamW k+1);
+//   all-gather    several ranks: the shard goes down to a device-staging host buffer, is all-gathered
 //                 there and the full module copied up into a device buffer (with a communicator
 //                 that takes device buffers, NCCL, in place in device memory instead);
 //   gradients     reduce_gradients_from_device copies the module's gradient down to a host buffer

@@ -1,8 +1,9 @@
 // src/zero/zero_engine.cc — ZeroEngine's public calls (see include/tiermem/zero_engine.h):
 // construction and validation, registration, stage-3 gathers into device memory (where a deferred
-// update is applied first), the gradient reduce path (bucketed reduce-scatter, accumulation into the
-// tiered gradient partitions), statistics. The set-up of tiers and tensors is in zero_setup.cc, the
-// optimizer step in zero_step.cc, the state in and out (checkpoints) in zero_state.cc.
+// update is applied first: UpdateScheduler::before_gather), the gradient reduce path (bucketed
+// reduce-scatter, accumulation into the tiered gradient partitions), statistics. The set-up of
+// tiers and tensors is in zero_setup.cc, the optimizer step (and step_in_backward) in
+// zero_step.cc, the state in and out (checkpoints) in zero_state.cc.
 #include "tiermem/zero_engine.h"
 
 #include <malloc.h>
@@ -111,7 +112,7 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, std::span<const
 
 ZeroEngine::~ZeroEngine() {
   try {
-    impl_->join_update_ahead();
+    impl_->updates.join();
   } catch (const std::exception& e) {
     TM_LOG_ERROR("ZERO", "a deferred update running ahead failed at ZeroEngine destruction: {}", e.what());
   }
@@ -174,49 +175,34 @@ std::size_t ZeroEngine::module_numel(int module) const {
 // threads, which overlap its work) and its waits for those threads (the update running ahead,
 // the gradient hand-off).
 std::uint64_t ZeroEngine::Impl::driving_stall_ns() const {
-  const std::uint64_t helper_waits = ahead.waited_ns() + reducer.waited_ns();
+  const std::uint64_t helper_waits = updates.waited_ns() + reducer.waited_ns();
   if (!store) return helper_waits;
   const std::uint64_t helper = store->helper_stall_ns();  // first: the total read after it is no less
   return store->stall_ns() - helper + helper_waits;
 }
 
-// The step window's counters: NVMe bytes and the driving thread's waits.
-detail::StepIoMeter::Counters ZeroEngine::Impl::step_counters() const {
-  const std::uint64_t waits = driving_stall_ns();
+namespace {
+// The step window's counters: the store's NVMe bytes (none without a store) and the driving
+// thread's waits.
+detail::StepIoMeter::Counters step_counters(const TensorStore* store, std::uint64_t waits) {
   if (!store) return {0, 0, waits};
   const TensorStoreStats t = store->stats();
   const int d = static_cast<int>(Tier::kDevice), h = static_cast<int>(Tier::kHost), n = static_cast<int>(Tier::kNvme);
   return {t.bytes_moved[n][h] + t.bytes_moved[n][d], t.bytes_moved[h][n] + t.bytes_moved[d][n], waits};
 }
 
+}  // namespace
+
 void ZeroEngine::Impl::open_step_window(Phase phase) {
   if (phase == Phase::kOutsideStep || step_io.is_open()) return;
-  step_io.open(Trace::now_ns(), step_counters());
+  step_io.open(Trace::now_ns(), step_counters(store.get(), driving_stall_ns()));
 }
 
-void ZeroEngine::Impl::close_step_window() { step_io.close(Trace::now_ns(), step_counters()); }
+void ZeroEngine::Impl::close_step_window() {
+  step_io.close(Trace::now_ns(), step_counters(store.get(), driving_stall_ns()));
+}
 
 // --------------------------------------------------------------------------------- gather
-
-// The module's update of the last step (deferred), or its accesses outside the step, before its
-// working shard is read.
-void ZeroEngine::Impl::before_gather(int module, Phase phase) {
-  detail::ZeroModule& m = mods[static_cast<std::size_t>(module)];
-  if (deferred.pending(module)) {  // the overlapped optimizer step: this module's update, now that it is needed
-    // The new shard written where the gather is about to read it, when the CPU can write there
-    // (a host-addressable device: the master is read from NVMe into device memory and updated in
-    // place, with no host copy to make room for and none to copy up; GPT-2 124 M at 256 MiB
-    // budgets: 8 % fewer bytes read a step, 5 % fewer written).
-    std::optional<Tier> at;
-    if (!shape.opaque && m.stored) at = staging.gather_tier(m);
-    const std::uint64_t t0 = Trace::now_ns(), stall0 = driving_stall_ns();
-    apply_pending(module, phase == Phase::kOutsideStep ? Phase::kOutsideStep : Phase::kOptimizer, at);
-    st.deferred_update_ns += Trace::now_ns() - t0;
-    st.deferred_update_stall_ns += driving_stall_ns() - stall0;
-  } else if (!m.replay.empty() && phase != Phase::kOutsideStep) {
-    replay_outside_accesses(module);
-  }
-}
 
 bool ZeroEngine::prefetch_gather(int module, Phase phase) {
   Impl& I = *impl_;
@@ -229,7 +215,7 @@ bool ZeroEngine::prefetch_gather(int module, Phase phase) {
   I.open_step_window(phase);
   if (I.gatherer.pending(module)) return true;
   I.gatherer.trim(2);  // at most two ahead: a prediction that did not come true holds no more
-  I.before_gather(module, phase);
+  I.updates.before_gather(module, phase);
   I.gatherer.prefetch(module, I.store->acquire(m.param, I.staging.gather_tier(m), phase));
   return true;
 }
@@ -238,7 +224,7 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   Impl& I = *impl_;
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::gather: unknown module " + std::to_string(module));
-  if (phase != Phase::kBackward) I.refuse_half_step("gather");  // a forward or an evaluation would mix steps
+  if (phase != Phase::kBackward) I.updates.refuse_half_step("gather");  // a forward or an evaluation would mix steps
   I.open_step_window(phase);
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   Gathered g;
@@ -255,7 +241,7 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
     own(*b);  // started by prefetch_gather (its deferred update applied then): waited for
     return g;
   }
-  I.before_gather(module, phase);
+  I.updates.before_gather(module, phase);
   if (!m.stored) {
     g.data_ = I.shape.stage == 0 ? m.mem_shard.p : m.full.p;
     return g;
@@ -269,8 +255,8 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
     g.pin_ = std::move(pin);
     g.engine_ = this;
     // The next module's deferred update runs while this one computes (joined at the next call).
-    if (phase == Phase::kForward) I.start_update_ahead(module);
-    if (phase == Phase::kBackward) I.start_update_in_backward(module);  // backward_step.cc
+    if (phase == Phase::kForward) I.updates.start_ahead(module);
+    if (phase == Phase::kBackward) I.updates.start_in_backward(module);  // the updates in backward
     return g;
   }
   if (I.shape.opaque) {  // device memory the CPU cannot address: device_staging.h
@@ -302,10 +288,10 @@ void ZeroEngine::reduce_gradients(int module, std::span<const float> grad) {
   }
   I.open_step_window();
   I.reducer.wait_hand_off();  // a hand-off in flight may add into the same partitions
-  I.apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
+  I.updates.apply(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
   // Updates in backward: complete once this call returns (one rank: no bucket left in flight);
   // noted first, so a module already updated is refused before anything is added.
-  if (I.shape.world == 1) I.note_gradient(module, true);
+  if (I.shape.world == 1) I.updates.note_gradient(module, true);
   ++m.grad_calls;
   I.reducer.reduce(module, grad);  // by stage and world: gradient_reducer.h
 }
@@ -318,8 +304,8 @@ bool ZeroEngine::Impl::begin_hand_off(int module, std::size_t numel) {
     return false;
   }
   open_step_window();
-  apply_pending(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
-  note_gradient(module, false);  // updates in backward: complete once the hand-off is
+  updates.apply(module, Phase::kOptimizer);  // its last step's update first (not gathered since)
+  updates.note_gradient(module, false);       // updates in backward: complete once the hand-off is
   ++mods[static_cast<std::size_t>(module)].grad_calls;
   return true;
 }
@@ -358,9 +344,9 @@ void ZeroEngine::synchronize() { impl_->sync(); }
 std::uint64_t ZeroEngine::offload_states() {
   Impl& I = *impl_;
   I.finalize();
-  I.refuse_half_step("offload_states");
+  I.updates.refuse_half_step("offload_states");
   I.sync();
-  I.apply_all_pending(Phase::kOutsideStep);
+  I.updates.apply_all(Phase::kOutsideStep);
   I.reducer.drop_spare();
   const std::uint64_t dropped = I.store->offload();
   ::malloc_trim(0);  // what the engine's own buffers and the steps freed to the heap
@@ -377,7 +363,7 @@ void ZeroEngine::Impl::zero_grad() {
     m.grad_calls = 0;
   }
   for (auto& p : sub_groups) {
-    if (deferred.pending(p.module)) continue;  // its update still reads it
+    if (updates.pending(p.module)) continue;  // its update still reads it
     if (!p.grad_fresh && p.grad != kInvalidTensor) store->discard(p.grad);  // never written down
     p.grad_fresh = true;  // the next accumulation overwrites
     p.acc_elems = 0;
@@ -386,15 +372,16 @@ void ZeroEngine::Impl::zero_grad() {
 
 void ZeroEngine::zero_grad() {
   impl_->finalize();  // an update in backward in flight is waited for
-  if (impl_->bwd.updated() > 0) {
+  if (impl_->updates.updated_in_backward() > 0) {
     throw Error(fmt::format("ZeroEngine::zero_grad: {} modules were already updated in this backward pass "
                             "(step_in_backward), their gradients consumed; call step() to finish the step, or set "
                             "tiermem.update_in_backward to false to drop gradients between backward and step",
-                            impl_->bwd.updated()));
+                            impl_->updates.updated_in_backward()));
   }
-  impl_->disarm_backward_step();
+  impl_->updates.disarm_backward();
+  impl_->reducer.hold_pins(false);  // hand-offs let go of their pins again when done
   impl_->sync();
-  impl_->apply_all_pending(Phase::kOutsideStep);  // the last step's updates still read theirs
+  impl_->updates.apply_all(Phase::kOutsideStep);  // the last step's updates still read theirs
   impl_->zero_grad();
 }
 
@@ -447,6 +434,7 @@ ZeroStats ZeroEngine::stats() const {
   ZeroStats s = I.st;
   I.gatherer.add_stats(s);
   I.reducer.add_stats(s);
+  I.updates.add_stats(s);
   const ZeroPlan& p = I.plan;
   s.optimizer_state_bytes = p.optimizer_bytes;
   s.gradient_bytes = p.gradient_bytes;

@@ -341,7 +341,7 @@ void plan_host_pool(const Sizing& s, ZeroPlan& p) {
 }
 
 // A device the CPU cannot address (CUDA): new working params of device-homed shards are
-// published through two host staging sub-groups, device gradients handed over through a host
+// published through two device-staging sub-groups (host memory), device gradients handed over through a host
 // buffer of the largest module, and (several ranks) each all-gather staged through host memory.
 void plan_opaque_staging(const Sizing& s, ZeroPlan& p) {
   if (!p.uses_device || s.o.device_host_addressable) return;

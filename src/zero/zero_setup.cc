@@ -196,7 +196,7 @@ void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
   m.persistent = l.persistent;
   m.stored = l.stored;
   mods.push_back(std::move(m));
-  deferred.resize(mods.size());
+  updates.resize(mods.size());
   norm.resize(mods.size());
 }
 
@@ -300,11 +300,11 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
       tmp.resize(b - a);
       copy_init(a, b, tmp.data());
       if (!staged) {
-        to_working(tmp.data(), dst + a * shape.wsize, b - a);
+        stepper.to_working(tmp.data(), dst + a * shape.wsize, b - a);
         continue;
       }
       out.resize((b - a) * shape.wsize);
-      to_working(tmp.data(), out.data(), b - a);
+      stepper.to_working(tmp.data(), out.data(), b - a);
       staging.upload(*pin, a * shape.wsize, out.data(), out.size());
     }
   };
@@ -343,7 +343,7 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
 
 // Every module is registered: plan (deferred registration) and write what is still in memory.
 void ZeroEngine::Impl::finalize() {
-  join_update_ahead();  // every call but a forward gather's own compute waits for it (start_update_ahead, zero_step.cc)
+  updates.join();  // every call but a forward gather's own compute waits for it (update_scheduler.h)
   if (plan_in.finalized) return;
   if (!plan_in.expected_numels.empty() && mods.size() != plan_in.expected_numels.size()) {
     throw Error(fmt::format("ZeroEngine: {} modules were announced at construction but {} registered",

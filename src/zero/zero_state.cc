@@ -14,9 +14,9 @@ std::vector<float> ZeroEngine::export_master(int module) {
   Impl& I = *impl_;
   I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::export_master: unknown module " + std::to_string(module));
-  I.refuse_half_step("export_master");
+  I.updates.refuse_half_step("export_master");
   I.sync();
-  I.apply_pending(module, Phase::kOutsideStep);
+  I.updates.apply(module, Phase::kOutsideStep);
   if (I.mods[static_cast<std::size_t>(module)].frozen) return I.frozen_params(module);
   return I.gather_state(module, 0);
 }
@@ -58,10 +58,9 @@ namespace {
 const char* state_kind_name(OptimizerStateKind k) {
   return k == OptimizerStateKind::kMaster ? "master" : k == OptimizerStateKind::kExpAvg ? "exp_avg" : "exp_avg_sq";
 }
-}  // namespace
 
-// Module `module` exists and trains, or Error naming `call`.
-const detail::ZeroModule& ZeroEngine::Impl::trained_module(int module, const char* call) const {
+// Module `module` of `mods` exists and trains, or Error naming `call`.
+const detail::ZeroModule& trained_module(const std::vector<detail::ZeroModule>& mods, int module, const char* call) {
   if (module < 0 || static_cast<std::size_t>(module) >= mods.size()) {
     throw Error(fmt::format("ZeroEngine::{}: unknown module {}", call, module));
   }
@@ -72,36 +71,37 @@ const detail::ZeroModule& ZeroEngine::Impl::trained_module(int module, const cha
   }
   return m;
 }
+}  // namespace
 
 std::vector<float> ZeroEngine::export_module_state(int module, OptimizerStateKind kind) {
   Impl& I = *impl_;
   I.finalize();
-  I.trained_module(module, "export_module_state");
-  I.refuse_half_step("export_module_state");
+  trained_module(I.mods, module, "export_module_state");
+  I.updates.refuse_half_step("export_module_state");
   I.sync();
-  I.apply_pending(module, Phase::kOutsideStep);
+  I.updates.apply(module, Phase::kOutsideStep);
   return I.gather_state(module, static_cast<std::size_t>(kind));
 }
 
 void ZeroEngine::set_module_state(int module, OptimizerStateKind kind, std::span<const float> values) {
   Impl& I = *impl_;
   I.finalize();
-  const detail::ZeroModule& m = I.trained_module(module, "set_module_state");
-  I.refuse_half_step("set_module_state");
+  const detail::ZeroModule& m = trained_module(I.mods, module, "set_module_state");
+  I.updates.refuse_half_step("set_module_state");
   if (kind == OptimizerStateKind::kMaster) return set_module_params(module, values);
   if (values.size() != m.numel) {
     throw Error(fmt::format("ZeroEngine::set_module_state(\"{}\", {}): {} values given, the module has {} elements",
                             m.name, state_kind_name(kind), values.size(), m.numel));
   }
   I.sync();
-  if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);
+  if (I.updates.pending(module)) I.updates.apply(module, Phase::kOutsideStep);
   I.set_state(module, static_cast<std::size_t>(kind), values);
 }
 
 std::vector<float> ZeroEngine::export_grad(int module) {
   Impl& I = *impl_;
   I.finalize();
-  const detail::ZeroModule& m = I.trained_module(module, "export_grad");
+  const detail::ZeroModule& m = trained_module(I.mods, module, "export_grad");
   if (m.stepped_in_backward) {
     throw Error(fmt::format("ZeroEngine::export_grad: module {} (\"{}\") was updated in this backward pass "
                             "(step_in_backward) and its gradient consumed; read gradients before step() with "
@@ -109,7 +109,7 @@ std::vector<float> ZeroEngine::export_grad(int module) {
                             module, m.name));
   }
   I.sync();
-  I.apply_pending(module, Phase::kOutsideStep);  // after a deferring step() its gradient is consumed
+  I.updates.apply(module, Phase::kOutsideStep);  // after a deferring step() its gradient is consumed
   std::vector<float> full(m.shard.padded, 0.0f);
   if (I.shape.stage <= 1) {  // the whole local gradient, not reduced yet: its sum over ranks
     std::copy(m.full_grad.begin(), m.full_grad.end(), full.begin());
@@ -159,11 +159,15 @@ std::vector<float> ZeroEngine::Impl::frozen_params(int module) {
   return full;
 }
 
-ZeroOptimizerState ZeroEngine::Impl::state_header() const {
+namespace {
+// The state's header: partition fields, step counts, the loss scaler's state; no vectors.
+ZeroOptimizerState state_header(const detail::EngineShape& shape, std::size_t alignment_elems,
+                                const std::vector<detail::ZeroModule>& mods, const ZeroStats& st,
+                                const DynamicLossScaler* scaler) {
   ZeroOptimizerState out;
   out.world_size = shape.opt_world;
   out.rank = shape.opt_rank;
-  out.alignment_elems = opts.alignment_elems;
+  out.alignment_elems = alignment_elems;
   for (const auto& m : mods) {
     if (!m.frozen) out.module_numels.push_back(m.numel);  // the modules with optimizer state
   }
@@ -173,10 +177,12 @@ ZeroOptimizerState ZeroEngine::Impl::state_header() const {
   return out;
 }
 
-// Everything import checks before it changes anything. `vectors`: the vector form (each vector
-// holds the whole shard) or the streamed one (they must be empty).
-void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vectors) const {
-  const std::size_t R = plan.rank_flat_elems;
+// Everything import checks before it changes anything, against this engine's partition (shape,
+// alignment, modules; a rank-flat shard of R elements) and loss scaler. `vectors`: the vector form
+// (each vector holds the whole shard) or the streamed one (they must be empty).
+void validate_import(const ZeroOptimizerState& state, bool vectors, const detail::EngineShape& shape,
+                     std::size_t alignment_elems, std::size_t R, const std::vector<detail::ZeroModule>& mods,
+                     const DynamicLossScaler* scaler) {
   auto mismatch = [](const std::string& what, const std::string& got, const std::string& want) {
     return Error("ZeroEngine::import_optimizer_state: " + what + " is " + got + " in the imported state but " +
                  want + " in this engine (import the shard this rank exported, with the same world size, "
@@ -189,8 +195,8 @@ void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vec
   if (state.rank != shape.opt_rank) {
     throw mismatch("the shard's rank", std::to_string(state.rank), std::to_string(shape.opt_rank));
   }
-  if (state.alignment_elems != opts.alignment_elems) {
-    throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(opts.alignment_elems));
+  if (state.alignment_elems != alignment_elems) {
+    throw mismatch("alignment_elems", std::to_string(state.alignment_elems), std::to_string(alignment_elems));
   }
   std::vector<const detail::ZeroModule*> trained;  // frozen modules have no optimizer state
   for (const auto& m : mods) {
@@ -232,8 +238,7 @@ void ZeroEngine::Impl::validate_import(const ZeroOptimizerState& state, bool vec
   }
 }
 
-namespace {
-// A checkpoint's staging of device-homed state, uncounted however the scope ends.
+// A checkpoint's device staging of device-homed state, uncounted however the scope ends.
 struct StateStageScope {
   detail::DeviceStaging& staging;
   ~StateStageScope() { staging.state_done(); }
@@ -243,7 +248,7 @@ struct StateStageScope {
 void ZeroEngine::Impl::export_state(const std::function<void(const ZeroStateChunk&)>& sink) {
   detail::AlignedBuf buf;
   const StateStageScope uncount{staging};
-  const std::size_t B = static_cast<std::size_t>(std::max(1, cfg.zero.offload_optimizer.buffer_count));
+  const std::size_t B = stepper.buffer_count();
   TensorStore::Pin master_pin;  // a shared_master module's working shard, while its sub-groups go out
   int master_module = -1;
   for (std::size_t k = 0; k < sub_groups.size(); ++k) {
@@ -282,7 +287,7 @@ void ZeroEngine::Impl::rewrite_state(int module, bool keep,
                                      const std::function<void(const detail::SubGroup&, float*)>& fill) {
   detail::AlignedBuf buf, whole;  // whole: [master | m | v] of a shared_master sub-group
   const StateStageScope uncount{staging};
-  detail::WorkingShardOut working = working_out(Phase::kOutsideStep);
+  detail::WorkingShardOut working = stepper.working_out(Phase::kOutsideStep);
   for (const detail::SubGroup& p : sub_groups) {
     if (module >= 0 && p.module != module) continue;  // a module's sub-groups are consecutive
     const std::size_t n = p.size();
@@ -321,21 +326,9 @@ void ZeroEngine::Impl::rewrite_state(int module, bool keep,
     } else {
       state.mark_dirty();  // written back to its home by the store
     }
-    to_working(s, working.dest(p), n);
+    stepper.to_working(s, working.dest(p), n);
   }
   working.finish();
-}
-
-void ZeroEngine::Impl::publish_whole_modules(int module) {
-  for (std::size_t i = 0; i < mods.size(); ++i) {
-    detail::ZeroModule& m = mods[i];
-    if (module >= 0 && static_cast<int>(i) != module) continue;
-    if (module < 0 && m.frozen) continue;  // a step or an import does not change it
-    if (m.full.p != nullptr && (shape.stage == 1 || shape.stage == 2 || m.persistent)) {
-      comm.all_gather(m.mem_shard.p, m.full.p, m.shard.shard, shape.comm_dtype);
-      ++st.all_gather_calls;
-    }
-  }
 }
 
 void ZeroEngine::set_module_params(int module, std::span<const float> values) {
@@ -344,7 +337,7 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
   if (module < 0 || module >= num_modules()) {
     throw Error("ZeroEngine::set_module_params: unknown module " + std::to_string(module));
   }
-  I.refuse_half_step("set_module_params");
+  I.updates.refuse_half_step("set_module_params");
   detail::ZeroModule& m = I.mods[static_cast<std::size_t>(module)];
   if (values.size() != m.numel) {
     throw Error(fmt::format("ZeroEngine::set_module_params(\"{}\"): {} values given, the module has {} elements",
@@ -357,19 +350,19 @@ void ZeroEngine::set_module_params(int module, std::span<const float> values) {
     I.write_working(module, values.subspan(lo, hi - lo));
     return;
   }
-  if (I.deferred.pending(module)) I.apply_pending(module, Phase::kOutsideStep);  // else it would overwrite the new values
+  if (I.updates.pending(module)) I.updates.apply(module, Phase::kOutsideStep);  // else it would overwrite the new values
   I.set_state(module, 0, values);  // the moments are kept; only the master changes
-  I.publish_whole_modules(module);
+  I.gatherer.publish_whole_modules(module);
 }
 
 ZeroOptimizerState ZeroEngine::export_optimizer_state(const std::function<void(const ZeroStateChunk&)>& sink) {
   Impl& I = *impl_;
   I.finalize();
-  I.refuse_half_step("export_optimizer_state");
+  I.updates.refuse_half_step("export_optimizer_state");
   I.sync();
-  I.apply_all_pending(Phase::kOutsideStep);
+  I.updates.apply_all(Phase::kOutsideStep);
   I.export_state(sink);
-  return I.state_header();
+  return state_header(I.shape, I.opts.alignment_elems, I.mods, I.st, I.scaler.get());
 }
 
 ZeroOptimizerState ZeroEngine::export_optimizer_state() {
@@ -390,18 +383,18 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
                                         const std::function<void(const ZeroStateChunk&)>& source) {
   Impl& I = *impl_;
   I.finalize();
-  I.validate_import(header, /*vectors=*/false);
-  I.refuse_half_step("import_optimizer_state");
+  validate_import(header, /*vectors=*/false, I.shape, I.opts.alignment_elems, I.plan.rank_flat_elems, I.mods,
+                  I.scaler.get());
+  I.updates.refuse_half_step("import_optimizer_state");
   I.sync();
-  I.deferred.drop_all();  // a pending update is overwritten by the imported state: dropped
-  for (auto& m : I.mods) m.replay.clear();
+  I.updates.drop_all();  // a pending update is overwritten by the imported state: dropped
   // The next forward applies no update: its order is not the recorded one, on purpose.
   if (I.store) I.store->forget_trace();
   I.zero_grad();
 
   // Each sub-group in order: filled in place at the host tier by `source` (acquired for
   // overwrite: the old state is never read) and written back to its home by the store — or, homed
-  // on the device, filled in host staging and written there; the working shard of its module is
+  // on the device, filled in a device-staging host buffer and written there; the working shard of its module is
   // rewritten from the new master in the same pass, as step() publishes it.
   I.rewrite_state(-1, /*keep=*/false, [&](const detail::SubGroup& p, float* s) {
     const std::size_t n = p.size();
@@ -411,13 +404,14 @@ void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& header,
   I.st.skipped_steps = header.skipped_steps;
   if (I.scaler) I.scaler->restore(*header.loss_scaler);
 
-  I.publish_whole_modules(-1);  // the modules kept whole: all-gather their new working params
+  I.gatherer.publish_whole_modules(-1);  // the modules kept whole: all-gather their new working params
 }
 
 void ZeroEngine::import_optimizer_state(const ZeroOptimizerState& state) {
   Impl& I = *impl_;
   I.finalize();
-  I.validate_import(state, /*vectors=*/true);
+  validate_import(state, /*vectors=*/true, I.shape, I.opts.alignment_elems, I.plan.rank_flat_elems, I.mods,
+                  I.scaler.get());
   ZeroOptimizerState header = state;
   header.master.clear();
   header.exp_avg.clear();

@@ -48,7 +48,7 @@ struct EngineShape {
                                     // updates_on_device)
   // The device's memory is not host-addressable (CudaDevice; SimDevice with
   // tiermem.sim_host_addressable false): the engine touches it only through the Device's copy
-  // API, staging through host buffers (device_staging.h).
+  // API, through the device staging's host buffers (device_staging.h).
   bool opaque = false;
 };
 

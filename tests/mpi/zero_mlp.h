@@ -165,7 +165,7 @@ inline void reduce_from_device(ZeroEngine& engine, int module, const std::vector
 // engine with a device tier) gradients are handed over from device memory.
 // With `prefetch`, module 1's all-gather is started (prefetch_gather) before module 0's gather,
 // and a prefetch that no gather takes (module 0, after the backward) is left for step() to drop.
-// `phase`: of the gathers (Phase::kForward lets a deferred update run ahead: ZeroEngine::Impl::start_update_ahead).
+// `phase`: of the gathers (Phase::kForward lets a deferred update run ahead: UpdateScheduler::start_ahead).
 inline void mlp_train_steps(ZeroEngine& engine, Communicator& comm, int steps, int micro,
                             bool device_grads = false, bool prefetch = false, Phase phase = Phase::kOther) {
   MlpData D = mlp_data();
