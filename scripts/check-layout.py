@@ -5,7 +5,8 @@ composition (ZeroEngine::Impl's data members).
 
   scripts/check-layout.py [--root DIR] [--allow FILE] [--only GROUP,...]
       exit 0: clean; 1: violations (listed). GROUP: cpp (the first five rules), python
-      (import-cycle, import-in-function, include-private), engine (impl-members); default all.
+      (import-cycle, import-in-function, include-private), engine (impl-members, impl-functions);
+      default all.
 
 Rules (each violation is one line "path:line: rule: detail"):
   file-size    a source file (.cc .h .cu) under src/ or tools/ has more than 700 lines
@@ -24,6 +25,8 @@ Rules (each violation is one line "path:line: rule: detail"):
                beside it in python/src); the extension sees only include/tiermem/
   impl-members `struct ZeroEngine::Impl` (searched for in src/zero/) declares more than 20
                non-static data members, or is not found there at all
+  impl-functions  `struct ZeroEngine::Impl` declares more than 25 member functions (constructors,
+               operators, static and template ones included; those of nested types not)
 
 What the function scan detects, honestly: comments, string, raw-string and character literals
 are blanked, preprocessor lines dropped, then braces are matched. A '{' opened at namespace or
@@ -45,14 +48,18 @@ detected: importlib.import_module / __import__ with computed names, imports run 
 What the member count detects, honestly: the struct's body with comments, literals and
 preprocessor lines blanked; upper-case macro calls (TM_GUARDED_BY(mu)) dropped; then each
 declaration at the body's own brace level, ended by ';' (or by the '}' of a function body):
-  - a function: '(' before any '=' and outside '<...>', or the word `operator` (declarations,
-    definitions, constructors, operators, `= default` / `= delete`); not counted;
+  - a function: '(' before any top-level '=' or '{' and outside '<...>', or the word `operator`
+    (declarations, definitions, constructors, operators, `= default` / `= delete`, static and
+    template member functions); counted as a member function (impl-functions). A constructor's
+    member-initialiser list may hold braces (`a{1}`): its body is the brace group after them;
   - a nested struct/class/union/enum, `using`, `typedef`, `friend`, `static_assert`, `static`
-    and `template` declarations: not counted (a declarator after a nested type's '}' is);
+    data and `template` declarations: not counted (a declarator after a nested type's '}' is);
   - anything else is data: one member per top-level ',' separated declarator (commas inside
-    '<>', '()', '{}' and '[]' do not split). Not detected: a default initialiser holding a bare
-    top-level '<' or '>' comparison (miscounts the template depth), a member of function-pointer
-    type written `R (*f)(A)` (taken for a function; use std::function or an alias).
+    '<>', '()', '{}' and '[]' do not split). A brace initialiser may hold anything, lambdas
+    included (`staging{comm, [this](int u) { f(u); }}` is one data member: its '{' comes before
+    any '('). Not detected: a default initialiser holding a bare top-level '<' or '>' comparison
+    (miscounts the template depth), a member of function-pointer type written `R (*f)(A)` (taken
+    for a function; use std::function or an alias).
 
 The allow-list (default scripts/layout-allow.txt): one entry a line, "<path>" (a file over the
 size limit), "<path>:<function>" (a function over the length limit) or "<path>:include:<header>"
@@ -429,6 +436,7 @@ def blank_comments(text):
 # --- engine: ZeroEngine::Impl is a composition ----------------------------------------------------
 
 MAX_IMPL_MEMBERS = 20
+MAX_IMPL_FUNCTIONS = 25
 IMPL_DEF = re.compile(r"\b(?:struct|class)\s+ZeroEngine::Impl\b[^;{]*\{")
 MACRO_CALL = re.compile(r"\b[A-Z][A-Z0-9_]*\s*\((?:[^()]|\([^()]*\))*\)")
 NOT_DATA = re.compile(r"^(?:using|typedef|friend|static_assert|static|template)\b|"
@@ -453,8 +461,9 @@ def split_top(text, sep):
 
 
 def paren_before_assign(decl):
-    """True when decl has a '(' outside '<>' before any top-level '=': a function (as is any
-    `operator...`, whose name may hold '=' or '<')."""
+    """True when decl has a '(' outside '<>' before any top-level '=' or '{': a function (as is
+    any `operator...`, whose name may hold '=' or '<'). A '{' first is a brace initialiser, which
+    may hold a lambda's parentheses."""
     if re.search(r"\boperator\b", decl):
         return True
     angle = 0
@@ -463,20 +472,42 @@ def paren_before_assign(decl):
             angle += 1
         elif c == ">" and angle:
             angle -= 1
-        elif c == "=" and angle == 0:
+        elif c in "={" and angle == 0:
             return False
         elif c == "(" and angle == 0:
             return True
     return False
 
 
-def impl_data_members(body):
-    """The data members declared in a class body (its text between the braces): [(line, name)]."""
+def function_name(decl):
+    """The name a function declaration declares: `operator...`, or the word before its '('."""
+    m = re.search(r"\boperator\b\s*(\(\)|[^(\s]*)", decl)
+    if m:
+        return "operator" + m.group(1)
+    angle = 0
+    for k, c in enumerate(decl):
+        if c == "<":
+            angle += 1
+        elif c == ">" and angle:
+            angle -= 1
+        elif c == "(" and angle == 0:
+            names = re.findall(r"~?[A-Za-z_]\w*", decl[:k])
+            return names[-1] if names else "?"
+    return "?"
+
+
+NOT_FUNCTION = re.compile(r"^(?:using|typedef|friend|static_assert)\b")
+CTOR_INIT = re.compile(r"\)\s*(?:noexcept\s*)?:(?!:)")
+
+
+def impl_members(body):
+    """The members declared in a class body (its text between the braces): ([(line, name)] of the
+    data members, [(line, name)] of the member functions)."""
     code = blank_literals(body)
     code = "\n".join("" if line.lstrip().startswith("#") else line for line in code.split("\n"))
     code = MACRO_CALL.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), code)
     code = re.sub(r"\b(public|private|protected)\s*:(?!:)", lambda m: " " * len(m.group(0)), code)
-    members, start, i, n, line = [], 0, 0, len(code), 1
+    members, funcs, start, i, n, line = [], [], 0, 0, len(code), 1
     after_type = False  # the declaration under way follows a nested type's '}'
     paren = 0  # '{' inside parentheses (a default argument `= {}`) is not a body
 
@@ -487,6 +518,23 @@ def impl_data_members(body):
         for d in split_top(flat, ","):
             names = re.findall(r"[A-Za-z_]\w*", d.split("=")[0].split("{")[0].split("[")[0])
             members.append((at, names[-1] if names else "?"))
+
+    def match(k):  # the index of the '}' closing the '{' at k
+        depth = 0
+        while k < n:
+            if code[k] == "{":
+                depth += 1
+            elif code[k] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            k += 1
+        return k
+
+    def next_char(k):  # the index of the next non-space character from k
+        while k < n and code[k].isspace():
+            k += 1
+        return k
 
     while i < n:
         c = code[i]
@@ -499,34 +547,44 @@ def impl_data_members(body):
             flat = " ".join(decl.split())
             if after_type:
                 declarators(flat, line)
-            elif flat and not NOT_DATA.search(flat.split("=")[0]) and not paren_before_assign(flat):
+            elif flat and paren_before_assign(flat):
+                if not NOT_FUNCTION.search(flat):
+                    funcs.append((line, function_name(flat)))
+            elif flat and not NOT_DATA.search(flat.split("=")[0]):
                 declarators(flat, line)
             after_type = False
             start = i + 1
         elif c == "{":
             header = " ".join(code[start:i].split())
-            j, depth = i, 0  # skip to the matching '}'
-            while j < n:
-                if code[j] == "{":
-                    depth += 1
-                elif code[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                j += 1
-            line += code[i:j].count("\n")
+            j = match(i)
             if paren_before_assign(header) and not header.startswith("=") and "=" not in header.split("(")[0]:
+                funcs.append((line, function_name(header)))
+                if CTOR_INIT.search(header):  # braces in a member-initialiser list: the body follows
+                    while True:
+                        k = next_char(j + 1)
+                        if k < n and code[k] == "{":  # the body, after an initialiser's braces
+                            j = match(k)
+                            break
+                        if k < n and code[k] == ",":  # more initialisers: the next brace group
+                            depth, k2 = 0, k
+                            while k2 < n and not (code[k2] == "{" and depth == 0):
+                                depth += {"(": 1, ")": -1}.get(code[k2], 0)
+                                k2 += 1
+                            j = match(k2)
+                            continue
+                        break
                 start = j + 1  # a function body: the declaration ends here
             elif NOT_DATA.search(header) and "=" not in header and not after_type:
                 after_type = True  # nested type: what follows up to ';' declares members, if anything
                 start = j + 1
             # else: a brace initialiser; the declaration goes on to its ';'
+            line += code[i:j].count("\n")
             i = j + 1
             continue
         if c == "\n":
             line += 1
         i += 1
-    return members
+    return members, funcs
 
 
 def check_impl(root):
@@ -554,12 +612,17 @@ def check_impl(root):
                         break
                 j += 1
             first = text.count("\n", 0, open_at) + 1
-            members = impl_data_members(text[open_at + 1:j])
+            members, funcs = impl_members(text[open_at + 1:j])
+            problems = []
             if len(members) > MAX_IMPL_MEMBERS:
                 names = ", ".join(name for _, name in members)
-                return [f"{rel}:{first}: impl-members: ZeroEngine::Impl has {len(members)} data members > "
-                        f"{MAX_IMPL_MEMBERS} ({names})"]
-            return []
+                problems.append(f"{rel}:{first}: impl-members: ZeroEngine::Impl has {len(members)} data members > "
+                                f"{MAX_IMPL_MEMBERS} ({names})")
+            if len(funcs) > MAX_IMPL_FUNCTIONS:
+                names = ", ".join(name for _, name in funcs)
+                problems.append(f"{rel}:{first}: impl-functions: ZeroEngine::Impl has {len(funcs)} member functions > "
+                                f"{MAX_IMPL_FUNCTIONS} ({names})")
+            return problems
     return [f"src/zero:1: impl-members: no `struct ZeroEngine::Impl {{` definition found under src/zero "
             f"(the rule counts its data members; update the checker if it moved)"]
 

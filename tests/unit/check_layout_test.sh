@@ -3,8 +3,9 @@
 # trees: a clean one passes; each planted violation (a file over 700 lines, a function over 120,
 # src/ including tools/ and examples/, a header of a higher folder, a bare include, a stale
 # allow-list entry, an entry without a reason; an import cycle under python/tiermem, an import in
-# a function there, a private include from python/src, ZeroEngine::Impl over 20 data members or
-# missing) fails with its rule named; an allow-list entry exempts what it names; what each rule must
+# a function there, a private include from python/src, ZeroEngine::Impl over 20 data members, a
+# 21st member whose brace initialiser holds a lambda, over 25 member functions, Impl missing)
+# fails with its rule named; an allow-list entry exempts what it names; what each rule must
 # let through (TYPE_CHECKING imports, an optional package imported in a function, the extension's
 # own headers, functions, nested types and statics beside Impl's members) passes.
 set -u
@@ -19,7 +20,7 @@ check() {  # check <expect: pass|fail> <rule or ""> <root> [allow]
   if [ -n "$rule" ] && ! grep -q ": $rule:" <<<"$out"; then echo "FAIL: no '$rule' in: $out"; fails=$((fails+1)); return; fi
   echo "ok: $expect ${rule:-clean} ($root)"
 }
-fresh() {  # a clean tree: src/core, src/zero (with an Impl of 20 members), tools/x, python/
+fresh() {  # a clean tree: src/core, src/zero (with an Impl of 20 members, 25 functions), tools/x, python/
   local r=$T/$1; mkdir -p "$r/src/core" "$r/src/zero" "$r/tools/x" "$r/python/src" "$r/python/tiermem/torch"
   printf '#pragma once\nnamespace tm { int f(); }\n' >"$r/src/core/a.h"
   printf '#include "core/a.h"\n#include <vector>\nnamespace tm {\nint f() {\n  const char* s = "}{";\n  return s[0];\n}\n}  // namespace tm\n' >"$r/src/core/a.cc"
@@ -38,7 +39,9 @@ fresh() {  # a clean tree: src/core, src/zero (with an Impl of 20 members), tool
   printf 'from .engine import Engine\n\nclass Saver:\n    pass\n' >"$r/python/tiermem/torch/checkpoint.py"
   echo "$r"
 }
-impl() {  # impl <n>: a ZeroEngine::Impl of n data members, with what must not count beside them
+impl() {  # impl <n> [f]: a ZeroEngine::Impl of n data members and f member functions (default 25;
+          # at least 8), with what must not count beside them
+  local f=${2:-25}
   echo '#pragma once'
   echo 'struct ZeroEngine::Impl {'
   echo '  Communicator& comm;'
@@ -48,16 +51,23 @@ impl() {  # impl <n>: a ZeroEngine::Impl of n data members, with what must not c
   echo '  DeviceBuf grad_scratch{1, 2}, out_scratch{};  // brace initialisers, two'
   echo '  std::mutex mu_;'
   echo '  std::uint64_t live TM_GUARDED_BY(mu_) = 0;    // an annotation, not a function'
+  echo '  Staging staging{comm, rank, [this](std::uint64_t u) { sample(u); }};  // a lambda inside: data'
+  echo '  Reducer reducer{comm,   rank, opts(), table,'
+  echo '                  [this](std::uint64_t u) { sample(u); }};  // a call and a lambda, two lines'
   echo '  static constexpr int kMax = 4;'
   echo '  using Clock = std::chrono::steady_clock;'
-  echo '  struct Inflight { int a, b; std::vector<float> send; };'
+  echo '  struct Inflight { int a, b; std::vector<float> send; int size() const { return a; } };'
   echo '  enum class Kind { kA, kB };'
-  echo '  Impl(Communicator& c) : comm(c), rank{0} {}'
-  echo '  ~Impl();'
-  echo '  void f(int k, std::optional<double> partial = {}) const;'
-  echo '  std::size_t g() const { if (rank > 1) { return 1; } return 0; }'
-  echo '  bool operator==(const Impl&) const = default;'
-  echo '  template <class T> T get(int i);'
+  echo '  Impl(Communicator& c) : comm(c), rank{0}, world{1} {}                   // functions: 1'
+  echo '  ~Impl();                                                                 // 2'
+  echo '  void f(int k, std::optional<double> partial = {}) const;                 // 3'
+  echo '  std::size_t g() const { if (rank > 1) { return 1; } return 0; }          // 4'
+  echo '  bool operator==(const Impl&) const = default;                            // 5'
+  echo '  template <class T> T get(int i);                                         // 6'
+  echo '  static Options opts() { return {1, 2}; }                                 // 7'
+  echo '  void sample(std::uint64_t u) { live = std::max(live, u); }               // 8'
+  echo '  friend void swap(Impl&, Impl&);'
+  for i in $(seq 9 "$f"); do echo "  void h$i(int x);"; done
   echo '  class Out {'
   echo '   public:'
   echo '    void dest();'
@@ -65,7 +75,7 @@ impl() {  # impl <n>: a ZeroEngine::Impl of n data members, with what must not c
   echo '    int module_ = -1;'
   echo '  };'
   echo ' private:'
-  for i in $(seq 10 "$1"); do echo "  double m$i = 0.5;  // \"; a string ; in a comment"; done
+  for i in $(seq 12 "$1"); do echo "  double m$i = 0.5;  // \"; a string ; in a comment"; done
   echo '};'
 }
 long_function() {  # long_function <lines>: a function body of that many lines
@@ -120,6 +130,17 @@ check fail include-private "$r"
 # engine: ZeroEngine::Impl's data members.
 r=$(fresh impl21); impl 21 >"$r/src/zero/zero_impl.h"
 check fail impl-members "$r"
+r=$(fresh impl_lambda); impl 20 | sed 's/^  double m12 = 0.5;.*/  Out out{[this] { return Out(); }()};  \/\/ an immediately called lambda: data/' >"$r/src/zero/zero_impl.h"
+check pass "" "$r"
+impl 20 | sed 's/^  Staging staging{/  Staging staging2{comm, [this](int) {}}, staging{/' >"$r/src/zero/zero_impl.h"
+out=$("$py" "$checker" --root "$r" --allow /dev/null --only engine 2>&1)
+grep -q ": impl-members: ZeroEngine::Impl has 21 data members .*staging2, staging," <<<"$out" \
+  && echo "ok: a brace initialiser holding a lambda is a data member" || { echo "FAIL: lambda initialiser: $out"; fails=$((fails+1)); }
+r=$(fresh impl26fn); impl 20 26 >"$r/src/zero/zero_impl.h"
+check fail impl-functions "$r"
+out=$("$py" "$checker" --root "$r" --allow /dev/null --only engine 2>&1)
+grep -q "26 member functions > 25 (Impl, ~Impl, f, g, operator==, get, opts, sample, h9," <<<"$out" \
+  && echo "ok: the member functions, named" || { echo "FAIL: member functions: $out"; fails=$((fails+1)); }
 r=$(fresh impl_moved); rm "$r/src/zero/zero_impl.h"; impl 20 | sed 's/ZeroEngine::Impl/ZeroEngine::Body/' >"$r/src/zero/zero_engine.h"
 check fail impl-members "$r"
 r=$(fresh impl_elsewhere); mv "$r/src/zero/zero_impl.h" "$r/src/zero/zero_engine_impl.h"

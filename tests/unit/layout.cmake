@@ -3,8 +3,8 @@
 # point down the dependency order, no bare includes), layout_check_python (no import cycle under
 # python/tiermem, no import inside a function there but of an optional package, python/src
 # includes only public headers), layout_check_engine (ZeroEngine::Impl holds at most 20 data
-# members); and the checker against trees that break each rule (tests/unit/check_layout_test.sh).
-# Label "layout".
+# members and 25 member functions); and the checker against trees that break each rule
+# (tests/unit/check_layout_test.sh). Label "layout".
 find_program(TIERMEM_PYTHON3 python3)
 if(TIERMEM_PYTHON3)
   foreach(group cpp python engine)
