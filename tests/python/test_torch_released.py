@@ -45,6 +45,16 @@ def _assert_same_logits(torch, ref, mod):
         assert torch.equal(ref(input_ids=ids).logits, mod(input_ids=ids).logits)
 
 
+def _assert_same_grads(torch, ref, mod, what: str, tol: float = 1e-5):
+    """Every trainable gradient of `mod` (the engine's, safe_get_full_grad) against `ref`'s p.grad."""
+    from tiermem.torch.utils import safe_get_full_grad
+    for (n, p), (_, q) in zip(ref.named_parameters(), mod.named_parameters()):
+        if p.requires_grad:
+            g = safe_get_full_grad(q)
+            err = ((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
+            assert err <= tol, f"{n}: gradient off by {err:.3g} ({what}, max-abs relative)"
+
+
 # ------------------------------------------------------------------------------------------ reads
 
 def test_reads_outside_forward_give_the_engines_values(torch_or_skip, tmp_path):
@@ -126,7 +136,6 @@ def test_losses_reading_the_head_weight_directly_get_exact_gradients(torch_or_sk
     the backbone, then a custom autograd.Function given lm_head.weight, which saves it while it is
     released): gradients equal plain PyTorch's at the first backward. The head is trainable here."""
     torch = torch_or_skip
-    from tiermem.torch.utils import safe_get_full_grad
     ref, mod, engine = _pair(torch, tmp_path)
     Chunked = _SavesWeight.make(torch)
     ids = torch.arange(16).reshape(2, 8) % 64
@@ -157,11 +166,7 @@ def test_losses_reading_the_head_weight_directly_get_exact_gradients(torch_or_sk
     b = loss_of(mod)
     engine.backward(b)
     assert torch.equal(a.detach(), b.detach())
-    for (n, p), (_, q) in zip(ref.named_parameters(), mod.named_parameters()):
-        if p.requires_grad:
-            g = safe_get_full_grad(q)
-            err = ((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
-            assert err <= 1e-5, f"{n}: gradient off by {err:.3g} (max-abs relative)"
+    _assert_same_grads(torch, ref, mod, f"{head} {where}")
     engine.close()
 
 
@@ -170,7 +175,6 @@ def test_outer_saved_tensor_hooks_and_checkpointing_keep_gradients_exact(torch_o
     """The user's own torch.utils.checkpoint around the model (either flavour) or save_on_cpu:
     gradients equal plain PyTorch's with a frozen norm (the weight a recompute keeps by reference)."""
     torch = torch_or_skip
-    from tiermem.torch.utils import safe_get_full_grad
     ref, mod, engine = _pair(torch, tmp_path, frozen=("model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
                                                       "model.layers.1.post_attention_layernorm.weight",
                                                       "model.norm.weight"))
@@ -191,11 +195,7 @@ def test_outer_saved_tensor_hooks_and_checkpointing_keep_gradients_exact(torch_o
     b = loss_of(mod)
     engine.backward(b)
     assert torch.equal(a.detach(), b.detach())
-    for (n, p), (_, q) in zip(ref.named_parameters(), mod.named_parameters()):
-        if p.requires_grad:
-            g = safe_get_full_grad(q)
-            err = ((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
-            assert err <= 1e-5, f"{n}: gradient off by {err:.3g} under {flavour}"
+    _assert_same_grads(torch, ref, mod, f"under {flavour}")
     engine.close()
 
 
@@ -295,7 +295,6 @@ def test_a_users_saved_tensor_hooks_see_every_saved_tensor(torch_or_skip, tmp_pa
     tensor autograd saves in the model's forward, activations and parameters alike, as without
     tiermem: the hooks chain to it instead of shadowing it, and the gradients stay exact."""
     torch = torch_or_skip
-    from tiermem.torch.utils import safe_get_full_grad
     ref, mod, engine = _pair(torch, tmp_path)
     ids = torch.arange(16).reshape(2, 8) % 64
     counts = {}
@@ -315,9 +314,5 @@ def test_a_users_saved_tensor_hooks_see_every_saved_tensor(torch_or_skip, tmp_pa
     b = run(mod, "tiermem")
     engine.backward(b)
     assert counts["tiermem"] == counts["plain"] > 0
-    for (n, p), (_, q) in zip(ref.named_parameters(), mod.named_parameters()):
-        if p.requires_grad:
-            g = safe_get_full_grad(q)
-            err = ((g - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
-            assert err <= 1e-5, f"{n}: gradient off by {err:.3g} under a user's saved-tensor hooks"
+    _assert_same_grads(torch, ref, mod, "under a user's saved-tensor hooks")
     engine.close()

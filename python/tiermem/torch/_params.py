@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 
 __all__ = ["placeholder", "holds_placeholder", "param_subclass", "is_metadata", "tensor_calls", "property_of",
-           "VALUE_PROPERTIES", "is_data_get", "is_data_set", "is_view_call", "is_inplace", "raw_data", "set_raw_data"]
+           "VALUE_PROPERTIES", "is_data_get", "is_data_set", "is_view_call", "is_inplace", "raw_data", "set_raw_data",
+           "apply_chain", "view_on_meta"]
 
 _PLACEHOLDERS: dict[tuple, torch.Tensor] = {}
 
@@ -137,6 +138,29 @@ def is_inplace(func) -> bool:
     if name in _INPLACE_DUNDERS:
         return True
     return name.endswith("_") and not name.endswith("__") and func not in _METADATA
+
+
+def apply_chain(t: torch.Tensor, chain) -> list:
+    """[t, chain[0] of t, chain[1] of that, ...]: the tensors a view proxy's chain of (func, args,
+    kwargs) view calls makes from `t` (``_staging.py``'s and ``_released.py``'s proxies)."""
+    levels = [t]
+    with torch._C.DisableTorchFunctionSubclass():
+        for func, rest, kw in chain:
+            levels.append(func(levels[-1], *rest, **kw))
+    return levels
+
+
+def view_on_meta(shape, stride, dtype: torch.dtype, chain) -> Optional[torch.Tensor]:
+    """What `chain` makes of a tensor of `shape`, `stride` and `dtype`, run on a meta tensor (no
+    values), when every call of it gives a view; None when one gives a copy (or needs values)."""
+    try:
+        levels = apply_chain(torch.empty_strided(shape, stride, dtype=dtype, device="meta"), chain)
+    except Exception:  # noqa: BLE001 - not answerable without values (a mask index)
+        return None
+    out = levels[-1]
+    if not isinstance(out, torch.Tensor) or not all(t._is_view() for t in levels[1:]):
+        return None
+    return out
 
 
 _SUBCLASSES: dict[tuple, type] = {}

@@ -27,8 +27,8 @@ from typing import Optional
 
 import torch
 
-from ._params import (is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, placeholder, raw_data,
-                      tensor_calls)
+from ._params import (apply_chain, is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, placeholder,
+                      raw_data, tensor_calls, view_on_meta)
 from ._unit import unit_of
 
 __all__ = ["ReleasedValues", "released_proxy", "write_through", "first_arg", "is_released", "param_name", "no_memory_error",
@@ -82,20 +82,12 @@ def released_proxy(p: torch.nn.Parameter, chain: tuple = ()) -> "ReleasedValues"
     calls, applied in order to its values)."""
     shape, dtype = p.shape, p.dtype
     if chain:
-        levels = _apply_chain(torch.empty(shape, dtype=dtype, device="meta"), chain)
+        levels = apply_chain(torch.empty(shape, dtype=dtype, device="meta"), chain)
         shape, dtype = levels[-1].shape, levels[-1].dtype
     proxy = placeholder(shape, dtype, raw_data(p).device).as_subclass(ReleasedValues)
     proxy._tm_param = p
     proxy._tm_chain = tuple(chain)
     return proxy
-
-
-def _apply_chain(t: torch.Tensor, chain) -> list:
-    levels = [t]
-    with torch._C.DisableTorchFunctionSubclass():
-        for func, rest, kw in chain:
-            levels.append(func(levels[-1], *rest, **kw))
-    return levels
 
 
 def view_proxy(x: torch.Tensor, p: torch.nn.Parameter, func, rest: tuple, kwargs: dict) -> Optional["ReleasedValues"]:
@@ -108,12 +100,7 @@ def view_proxy(x: torch.Tensor, p: torch.nn.Parameter, func, rest: tuple, kwargs
                 return None  # an index that is itself released: run on the values
     chain = tuple(x.__dict__.get("_tm_chain", ())) if isinstance(x, ReleasedValues) else ()
     chain = chain + ((func, tuple(rest), dict(kwargs)),)
-    try:
-        levels = _apply_chain(torch.empty(p.shape, dtype=p.dtype, device="meta"), chain)
-    except Exception:  # noqa: BLE001 - not answerable without values (a mask index): run on the values
-        return None
-    out = levels[-1]
-    if not isinstance(out, torch.Tensor) or not all(t._is_view() for t in levels[1:]):
+    if view_on_meta(p.shape, torch.empty(p.shape, device="meta").stride(), p.dtype, chain) is None:
         return None
     return released_proxy(p, chain)
 
@@ -178,7 +165,7 @@ def write_through(func, args, kwargs):
         def stand_in(x):
             if isinstance(x, ReleasedValues):
                 values = raw_data(x.__dict__["_tm_param"])
-                return _apply_chain(values, x.__dict__["_tm_chain"])[-1]
+                return apply_chain(values, x.__dict__["_tm_chain"])[-1]
             return x
 
         def swap(a):

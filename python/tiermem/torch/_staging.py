@@ -29,8 +29,12 @@ from typing import Optional
 
 import torch
 
-from ._params import (holds_placeholder as _holds_placeholder, is_data_get as _is_data_get, is_data_set as _is_data_set,
-                      is_metadata, is_view_call as _is_view_call, param_subclass, placeholder, raw_data as _raw_data)
+from ._params import apply_chain, is_metadata, param_subclass, placeholder, view_on_meta
+from ._params import holds_placeholder as _holds_placeholder
+from ._params import is_data_get as _is_data_get
+from ._params import is_data_set as _is_data_set
+from ._params import is_view_call as _is_view_call
+from ._params import raw_data as _raw_data
 
 __all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_staging", "guard_staged_module", "make_marked_dirs",
            "remove_if_unused", "MADE_MARKER"]
@@ -244,15 +248,6 @@ def _staged_owner(x) -> Optional[torch.nn.Parameter]:
     return None
 
 
-def _apply_chain(t: torch.Tensor, chain) -> list:
-    """[t, chain[0] of t, chain[1] of that, ...]: the tensors a view proxy's chain makes from `t`."""
-    levels = [t]
-    with torch._C.DisableTorchFunctionSubclass():
-        for func, rest, kw in chain:
-            levels.append(func(levels[-1], *rest, **kw))
-    return levels
-
-
 def _make_view(x: torch.Tensor, owner: torch.nn.Parameter, func, rest: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """The view proxy of ``func(x, *rest, **kwargs)``, `x` standing for the staged `owner`, or None
     when the call gives a copy (the caller then runs it on the values, as torch would). No values
@@ -266,13 +261,9 @@ def _make_view(x: torch.Tensor, owner: torch.nn.Parameter, func, rest: tuple, kw
     held = _raw_data(owner)
     # What a call is given: the staged values (contiguous) or the tensor a `.data = t` put there.
     stride = held.stride() if not _holds_placeholder(held) else torch.empty(held.shape, device="meta").stride()
-    try:
-        levels = _apply_chain(torch.empty_strided(held.shape, stride, dtype=held.dtype, device="meta"), chain)
-    except Exception:  # noqa: BLE001 - not answerable without values (a mask index): run on the values
-        return None
-    out = levels[-1]
-    if not isinstance(out, torch.Tensor) or not all(t._is_view() for t in levels[1:]):
-        return None  # a copy in torch: a copy here too
+    out = view_on_meta(held.shape, stride, held.dtype, chain)
+    if out is None:
+        return None  # a copy in torch (or not answerable without values): a copy here too
     proxy = placeholder(out.shape, out.dtype).as_subclass(_StagedView)
     proxy._tm_param = owner
     proxy._tm_chain = chain
@@ -293,7 +284,7 @@ def _resolve_view(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """The view the proxy `x` stands for, made from `values` (its owner's values for this call). A
     view that would be a copy now (the parameter was given `.data` of other strides since) could
     not take a write back: refused before the call."""
-    levels = _apply_chain(values, x.__dict__["_tm_chain"])
+    levels = apply_chain(values, x.__dict__["_tm_chain"])
     base = values.untyped_storage().data_ptr()
     if levels[-1].numel() and levels[-1].untyped_storage().data_ptr() != base:
         raise RuntimeError("tiermem.torch: a view of a parameter staged by zero.Init (p[...], p.data[...], p.t(), ...) "
