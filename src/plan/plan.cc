@@ -262,10 +262,17 @@ void check_fit(const RunShape& run, const Config& cfg, const MachineProfile& m, 
 // nvme_read_beside_writes_gbps), which then take none of the reads' time.
 // Modules are numels' order (embed, the blocks, ln_f); the forward compute is the blocks',
 // evenly; AdamW and the bytes are split by element count. docs/plan.md, "Time".
+//
+// `ahead`: the update running ahead (one rank, memory the CPU addresses; UpdateScheduler::
+// start_ahead): module i's update (its reads' wait and its AdamW) starts on the engine's update
+// thread at module i - 1's gather, beside that module's forward compute; gather i waits only for
+// what is left of it. Returned then: the forward's whole wait for the updates (AdamW not hidden
+// included; the first module's update runs at its own gather), not the reads' alone.
 double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, double miss_bytes, double nvme_bytes,
                        double pool_grad_bytes, double slack, double fwd_compute_s, double adam_s, double read_gbps,
-                       double write_gbps, double write_share) {
-  if (miss_bytes <= 0 || read_gbps <= 0 || numels.empty()) return 0;
+                       double write_gbps, double write_share, bool ahead) {
+  if (numels.empty() || (!ahead && (miss_bytes <= 0 || read_gbps <= 0))) return 0;
+  if (read_gbps <= 0) miss_bytes = 0;
   const double total = static_cast<double>(param_count(numels));
   const std::size_t n = numels.size();
   std::vector<double> miss(n, 0.0);
@@ -278,25 +285,38 @@ double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, doubl
   }
   std::vector<std::pair<double, double>> freed;  // (time, room freed by then), in time order
   double t = 0, wait = 0, reads_free_at = 0, need = 0, retired = 0;
+  double last_gather = 0;  // ahead: when the driving thread left the previous gather
   std::size_t next_room = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const double f = static_cast<double>(numels[i]) / total;
+    // Where the update starts: at this module's gather, or (ahead) at the previous one's.
+    const double start = ahead && i > 0 ? last_gather : t;
+    double ready = start;
     if (miss[i] > 0) {
       need += miss[i];
       // The first moment the freed room holds what is read so far (need only grows, so the scan
       // resumes where it stopped); else the room is taken at once, when the update is due.
       while (next_room < freed.size() && slack + freed[next_room].second < need) ++next_room;
-      const double room_at = slack >= need ? 0 : next_room < freed.size() ? freed[next_room].first : t;
+      const double room_at = slack >= need ? 0 : next_room < freed.size() ? freed[next_room].first : start;
       const double done = std::max(reads_free_at, room_at) + miss[i] / (read_gbps * 1e9);
       reads_free_at = done;
-      if (done > t) { wait += done - t; t = done; }
+      ready = std::max(ready, done);
     }
-    t += adam_s * f;
+    double end = 0;
+    if (ahead) {
+      end = ready + adam_s * f;
+      if (end > t) { wait += end - t; t = end; }  // the gather joins what is left of it
+      last_gather = t;
+    } else {
+      if (ready > t) { wait += ready - t; t = ready; }
+      t += adam_s * f;
+      end = t;
+    }
     if (miss[i] > 0 && i != last_miss && write_gbps > 0) {  // its updated state makes room for the next reads
-      reads_free_at = std::max(reads_free_at, t) + write_share * miss[i] / (write_gbps * 1e9);
+      reads_free_at = std::max(reads_free_at, end) + write_share * miss[i] / (write_gbps * 1e9);
     }
     retired += pool_grad_bytes * f;
-    freed.emplace_back(t, retired);
+    freed.emplace_back(end, retired);
     if (i >= 1 && static_cast<int>(i) <= blocks) t += fwd_compute_s / blocks;
   }
   return wait;
@@ -399,10 +419,16 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   if (W == 1) {
     // The measured hand-off (what the copies into the partitions add to the backward pass), else
     // one copy at the device->host rate.
-    t.d2h_s = grad_handoff_seconds(m, run.model, grad_bytes, run.grad_accum, &t.handoff_from);
-    // tiermem-train times a gather (waiting for its fetch included) and a gradient hand-off as
-    // communication, and the same waits also as I/O wait: predicted the same way.
-    t.comm_s = t.d2h_s + t.stall_s;
+    double exposed_s = 0;
+    t.d2h_s = grad_handoff_seconds(m, run.model, grad_bytes, run.grad_accum, &t.handoff_from, &exposed_s);
+    // No collective: tiermem-train's communication is the time inside its gather and reduce calls
+    // that is no wait (train_engine_zero.cc: the driving thread's waits, for the store and for the
+    // engine's helper threads, are I/O wait), next to nothing at one rank. The hand-off adds its
+    // copies' CPU time to the compute (they run on the gradient thread, on the compute's cores)
+    // and the last hand-offs' time to the I/O wait (backward's end waits for them).
+    t.handoff_wait_s = std::min(exposed_s, t.d2h_s);
+    t.handoff_compute_s = t.d2h_s - t.handoff_wait_s;
+    t.comm_s = 0;
   } else {
     const double frac = static_cast<double>(W - 1) / W;
     double bytes = (stage >= 2 ? 1.0 : 2.0) * frac * grad_bytes;
@@ -460,19 +486,33 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
                               : "reads and write-backs in turn (the profile has no nvme_read_beside_writes_gbps)";
     }
     const double read_s = opt_read / (stream_read_gbps * 1e9), write_s = opt_write / (m.nvme_write_gbps * 1e9);
-    const double fwd = t.compute_s / 3.0 + t.adam_s, bwd = 2.0 * t.compute_s / 3.0 + (W == 1 ? t.d2h_s : t.comm_s);
+    // One rank on memory the CPU addresses, with the host optimizer: each update runs ahead of its
+    // gather on the engine's update thread, beside the previous module's forward compute
+    // (UpdateScheduler::start_ahead), so the forward waits only for what of the updates (their
+    // reads and AdamW) that compute did not hide; else each runs at its gather, on the forward's
+    // own thread.
+    const bool ahead = W == 1 && host_addressable && !z.optimizer_on_device;
+    const double fwd_compute = t.compute_s / 3.0;
+    const double fwd = fwd_compute + (ahead ? 0.0 : t.adam_s), bwd = 2.0 * t.compute_s / 3.0 + (W == 1 ? t.d2h_s : t.comm_s);
     const double pool_grads = stage >= 2 && z.gradient_home == Tier::kNvme ? 4.0 * R : 0.0;
-    const double read_wait =
-        std::max(std::max(0.0, read_s - fwd),
-                 gated_read_wait(numels, run.model.n_layer, opt_read, opt_nvme, pool_grads, slack,
-                                 t.compute_s / 3.0 / std::max(1, run.grad_accum), t.adam_s, stream_read_gbps,
-                                 beside ? 0.0 : m.nvme_write_gbps, opt_nvme > 0 ? (opt_nvme - std::min(opt_nvme, pool_grads)) / opt_nvme : 1.0));
+    auto gated = [&](double miss) {
+      return gated_read_wait(numels, run.model.n_layer, miss, opt_nvme, pool_grads, slack,
+                             fwd_compute / std::max(1, run.grad_accum), t.adam_s, stream_read_gbps,
+                             beside ? 0.0 : m.nvme_write_gbps,
+                             opt_nvme > 0 ? (opt_nvme - std::min(opt_nvme, pool_grads)) / opt_nvme : 1.0, ahead);
+    };
+    // Ahead: the forward's whole wait for the updates, of which the reads' share is what it
+    // adds to the wait with every module's state in the pool (AdamW's part not hidden).
+    const double update_wait = std::max(std::max(0.0, read_s - fwd), gated(opt_read));
+    const double read_wait = ahead ? std::max(0.0, update_wait - gated(0.0)) : update_wait;
     const double write_wait = std::max(0.0, write_s - bwd);
-    overlap_step_s = fwd + read_wait + bwd + write_wait + publish_s + t.stall_s;  // + parameter stalls
-    // tiermem-train counts a deferred update applied inside a gather, its waits for the state's
-    // reads included, as optimizer time (train_loop.cc time_split), not I/O wait or communication.
+    overlap_step_s = fwd + update_wait + bwd + write_wait + publish_s + t.stall_s;  // + parameter stalls
+    // tiermem-train counts a deferred update applied inside a gather (or the wait for one that ran
+    // ahead), its waits for the state's reads included, as optimizer time (train_loop.cc
+    // time_split), not I/O wait or communication.
     t.optimizer_wait_s = read_wait;
-    t.optimizer_s = publish_s + t.adam_s + read_wait;
+    t.optimizer_s = publish_s + (ahead ? update_wait : t.adam_s + read_wait);
+    t.optimizer_ahead = ahead;
     t.optimizer_deferred = true;
   }
   // On the simulated device the model computes on the host's cores, and each NVMe byte's checksum
@@ -529,10 +569,11 @@ double compute_gflops(const MachineProfile& m, int d_model, double tokens) {
 }
 
 double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes,
-                            std::string* from) {
+                            std::string* from, double* exposed_s) {
   auto said = [from](const char* what) {
     if (from) *from = what;
   };
+  if (exposed_s) *exposed_s = 0;
   const std::vector<std::size_t> numels = module_numels(model);
   if (!m.grad_handoff_gbps_by_width.empty()) {
     said(m.grad_handoff_pass_gbps_by_width.empty() ? "grad_handoff_gbps_by_width"
@@ -542,6 +583,7 @@ double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model
     // The last block's and the embedding's hand-offs, exposed at the end of each backward pass.
     const double pass_bytes = 4.0 * static_cast<double>(numels[0] + (model.n_layer > 0 ? numels[1] : 0));
     const double exposed = per_pass > 0 ? std::min(grad_bytes, std::max(1, passes) * pass_bytes) : 0.0;
+    if (exposed_s && exposed > 0) *exposed_s = exposed / (per_pass * 1e9);
     return (grad_bytes - exposed) / (per_byte * 1e9) + (exposed > 0 ? exposed / (per_pass * 1e9) : 0.0);
   }
   const double largest = static_cast<double>(*std::max_element(numels.begin(), numels.end()));

@@ -123,9 +123,11 @@ double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems)
 // all per byte); else grad_bytes at the by-module-size rate of the largest module; else one copy
 // at d2h_gbps (h2d_gbps when absent).
 // `from` (optional): which of `m`'s figures priced it, in words for the table and the JSON
-// ("gradient_handoff_from"), a fallback to one copy said as such.
+// ("gradient_handoff_from"), a fallback to one copy said as such. `exposed_s` (optional): the
+// part priced at the per-pass rate (the last hand-offs, which backward's end waits for; 0 without
+// a per-pass figure).
 double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes,
-                            std::string* from = nullptr);
+                            std::string* from = nullptr, double* exposed_s = nullptr);
 
 // The host and device budgets a run gets when the config leaves them 0, on `m` (as the engine
 // resolves them on that machine: host 1/16 of memory in [256 MiB, 1 GiB]; device sim 1 GiB,
@@ -139,12 +141,19 @@ struct TimePrediction {
   double nvme_s = 0;           // NVMe busy time (reads + writes of the step)
   double h2d_s = 0;            // host->device busy time
   double d2h_s = 0;            // device->host / gradient hand-off busy time
+  // World 1, as tiermem-train times it: the hand-off's copies run on the gradient thread and take
+  // their CPU time from the compute's cores (compute), and the last hand-offs are waited for at
+  // backward's end (a wait for a helper thread: I/O wait). Their sum is d2h_s.
+  double handoff_compute_s = 0, handoff_wait_s = 0;
   std::string handoff_from;    // world 1: the figures grad_handoff_seconds() priced it from; else empty
   bool optimizer_deferred = false;  // the overlapped step: AdamW runs inside the forward (in optimizer_s)
+  // ... each update running ahead of its gather beside the previous module's compute (one rank,
+  // host-addressable memory): optimizer_s is then only what of the updates the forward waited for.
+  bool optimizer_ahead = false;
   // The overlapped step with optimizer state streamed from NVMe: how its reads were priced
   // (beside the write-backs, or in turn with them); else empty.
   std::string io_wait_from;
-  double comm_s = 0;           // collectives (and, world 1, the gradient hand-off)
+  double comm_s = 0;           // collectives (none at world 1: the hand-off is handoff_*_s)
   double adam_s = 0;           // CPU Adam over the rank's shard (or the engine's measured step)
   bool adam_measured_step = false;  // adam_s is the profile's optimizer_params_per_s (whole step)
   double optimizer_s = 0;      // the optimizer phase: max(Adam, its NVMe traffic) + publish

@@ -18,8 +18,10 @@ std::vector<CheckRow> check_against(const Prediction& p, const nlohmann::json& s
   const double step = p.time.step_s;
   const std::pair<const char*, double> predicted[] = {
       {"step_seconds", step},
-      {"compute_share", step > 0 ? p.time.compute_s / step : 0},
-      {"io_wait_share", step > 0 ? p.time.stall_s / step : 0},
+      // World 1: the gradient hand-off's copies in the compute, its last hand-offs in the I/O wait
+      // (TimePrediction::handoff_*_s), as tiermem-train counts them.
+      {"compute_share", step > 0 ? (p.time.compute_s + p.time.handoff_compute_s) / step : 0},
+      {"io_wait_share", step > 0 ? (p.time.stall_s + p.time.handoff_wait_s) / step : 0},
       {"communication_share", step > 0 ? p.time.comm_s / step : 0},
       {"optimizer_share", step > 0 ? p.time.optimizer_s / step : 0},
       {"device_peak_bytes", static_cast<double>(p.device_peak_bytes)},

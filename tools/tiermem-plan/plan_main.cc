@@ -275,14 +275,24 @@ void print_text(const train::TrainPlan& run, const plan::MachineProfile& m, cons
     t += fmt::format("  nvme link     {:>10} busy      read {}, write {}\n", seconds_text(x.nvme_s),
                      format_bytes(p.nvme_read_bytes), format_bytes(p.nvme_write_bytes));
     t += fmt::format("  host->device  {:>10} busy      {}\n", seconds_text(x.h2d_s), format_bytes(p.h2d_bytes));
-    t += fmt::format("  communication {:>10} ({:.0f} %)  {}\n", seconds_text(x.comm_s), pct(x.comm_s),
-                     run.world_size == 1 ? "world 1: gradient hand-off (from " + x.handoff_from + ") + the gathers' waits (the I/O wait above: shares overlap, as tiermem-train counts them)"
-                                         : fmt::format("{} of collectives", format_bytes(p.comm_bytes)));
+    if (run.world_size == 1) {
+      t += fmt::format("  hand-off      {:>10} ({:.0f} %)  world 1, no collectives: the gradient hand-off (from {}): {} of "
+                       "copies on the compute's cores, {} waited for at backward's end (counted by tiermem-train as "
+                       "compute and I/O wait)\n",
+                       seconds_text(x.d2h_s), pct(x.d2h_s), x.handoff_from, seconds_text(x.handoff_compute_s),
+                       seconds_text(x.handoff_wait_s));
+    } else {
+      t += fmt::format("  communication {:>10} ({:.0f} %)  {} of collectives\n", seconds_text(x.comm_s), pct(x.comm_s),
+                       format_bytes(p.comm_bytes));
+    }
     t += fmt::format("  optimizer     {:>10} ({:.0f} %)  {} {}{}\n", seconds_text(x.optimizer_s), pct(x.optimizer_s),
                      x.adam_measured_step ? "the engine's step" : "Adam", seconds_text(x.adam_s),
                      x.optimizer_deferred
-                         ? fmt::format(", deferred into the forward pass (counted here, as tiermem-train times it), "
+                         ? fmt::format(", deferred into the forward pass{} (counted here, as tiermem-train times it), "
                                        "{} of it waiting for optimizer state not yet in the host pool{}",
+                                       x.optimizer_ahead ? ", each update running ahead of its gather beside the "
+                                                           "previous module's compute: what the forward waited for"
+                                                         : "",
                                        seconds_text(x.optimizer_wait_s),
                                        x.io_wait_from.empty() ? "" : " (" + x.io_wait_from + ")")
                          : "");
