@@ -57,7 +57,7 @@ LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "mixtral": ["q_proj", "v_proj"], 
 
 # Tolerances. loss: relative, every logged loss. grad1 / param1: max-abs relative per tensor at the first
 # step. grad / param: max-abs relative per tensor at every step (param: after the update). param_lr,
-# max|a - b| / (LR * step), is reported, not checked.
+# max|a - b| / (LR * step), is checked for bf16 and reported for fp32.
 # - fp32: one computation on both sides; only summation order and the AdamW kernel's FMA differ
 #   (measured: losses within 1e-7, gradients within 1.2e-6). Parameters after the first step: 1e-3, for
 #   tensors that start at zero (GPT-2's biases): after two steps their largest element is about 2 LR,
@@ -66,12 +66,16 @@ LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "mixtral": ["q_proj", "v_proj"], 
 # - autocast and bf16: the first step computes on identical values on both sides and must agree as fp32
 #   does (grad1, param1; measured 0 and 5e-7). After it the fp32 master weights differ by ulps (tiermem's
 #   AdamW kernel against torch's), which can move the bf16 rounding of a weight by one bf16 ulp (2^-8
-#   relative) and, through it, later gradients by about that much (measured: 2e-4 of a tensor's largest
-#   element, gpt2 full, autocast, step 2). The bounds leave a factor of 50 over what was measured.
+#   relative) and, through it, later gradients and updates. Plain PyTorch against itself, one run's
+#   parameters nudged by one fp32 ulp after step 1, differs by as much as tiermem does on the same
+#   tensors (the Trainer/TRL part of the full matrix: gradients up to 2.7e-2 after step 1 against
+#   tiermem's 1.4e-2; zero-initialised biases moved by Adam's normalised update up to 0.77 relative
+#   both ways). So after step 1 bf16 gradients are held to 5e-2, and parameters in learning-rate steps
+#   (param_lr: max|a - b| / (LR * step) <= 2, an update of the other sign at most), not relative.
 TOL = {
     "fp32": {"loss": 1e-5, "grad1": 1e-4, "grad": 1e-4, "param1": 1e-4, "param": 1e-3},
-    "autocast": {"loss": 1e-3, "grad1": 1e-4, "grad": 1e-2, "param1": 1e-4, "param": 1e-3},
-    "bf16": {"loss": 1e-3, "grad1": 1e-4, "grad": 1e-2, "param1": 1e-4, "param": 1e-3},
+    "autocast": {"loss": 1e-3, "grad1": 1e-4, "grad": 5e-2, "param1": 1e-4, "param_lr": 2.0},
+    "bf16": {"loss": 1e-3, "grad1": 1e-4, "grad": 5e-2, "param1": 1e-4, "param_lr": 2.0},
 }
 
 
@@ -294,7 +298,7 @@ def check(cell: Cell, result: dict) -> list:
     tol = TOL[cell.precision]
     bad = []
     firsts = {"grad1": (result["grad_by_step"] or [math.inf])[0], "param1": (result["param_by_step"] or [math.inf])[0]}
-    for k in ("loss", "grad1", "grad", "param1", "param"):
+    for k in ("loss", "grad1", "grad", "param1", "param", "param_lr"):
         if k not in tol:
             continue
         v = firsts.get(k, result.get(k))
