@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """scripts/check-layout.py — the mechanical layout rules of design.md and style.md: src/ and tools/
-(sizes, includes), python/ (the package's import graph, the extension's includes) and the engine's
-composition (ZeroEngine::Impl's data members).
+(sizes, includes), python/ (the package's import graph, the extension's includes), the engine's
+composition (ZeroEngine::Impl's data members) and what a shared libtiermem exports.
 
   scripts/check-layout.py [--root DIR] [--allow FILE] [--only GROUP,...]
       exit 0: clean; 1: violations (listed). GROUP: cpp (the first five rules), python
-      (import-cycle, import-in-function, include-private), engine (impl-members, impl-functions);
-      default all.
+      (import-cycle, import-in-function, include-private), engine (impl-members, impl-functions),
+      api (export); default all.
 
 Rules (each violation is one line "path:line: rule: detail"):
   file-size    a source file (.cc .h .cu) under src/ or tools/ has more than 700 lines
@@ -27,6 +27,11 @@ Rules (each violation is one line "path:line: rule: detail"):
                non-static data members, or is not found there at all
   impl-functions  `struct ZeroEngine::Impl` declares more than 25 member functions (constructors,
                operators, static and template ones included; those of nested types not)
+  export       a class or struct defined, or a function or extern variable declared, at namespace
+               scope of include/tiermem/*.h outside tiermem::detail lacks TIERMEM_API
+               (tiermem/export.h): the libraries are compiled with hidden visibility, so a shared
+               libtiermem would not export it. Not asked of inline, constexpr and template
+               declarations, enums, aliases and forward declarations (no symbol of their own).
 
 What the function scan detects, honestly: comments, string, raw-string and character literals
 are blanked, preprocessor lines dropped, then braces are matched. A '{' opened at namespace or
@@ -627,6 +632,63 @@ def check_impl(root):
             f"(the rule counts its data members; update the checker if it moved)"]
 
 
+# --- api: what a shared libtiermem exports ------------------------------------------------------
+
+API_EXEMPT = re.compile(r"^(?:TIERMEM_API|inline|constexpr|consteval|template|static|using|typedef|"
+                        r"enum|friend|static_assert|extern\s+template)\b")
+
+
+def api_declaration(decl, ends_with):
+    """What `decl` (a namespace-scope statement, up to its first '{' or ';') must export: "class",
+    "function", "variable" or None."""
+    decl = re.sub(r"^(?:\[\[.*?\]\]\s*)+", "", decl)
+    if API_EXEMPT.match(decl):
+        return None
+    m = re.match(r"(?:class|struct|union)\s+(\w+)", decl)
+    if m:
+        return "class" if ends_with == "{" and m.group(1) != "TIERMEM_API" else None
+    if decl.startswith("extern"):
+        return "variable" if ends_with == ";" else None
+    return "function" if "(" in decl else None
+
+
+def check_api(root):
+    inc = os.path.join(root, "include", "tiermem")
+    if not os.path.isdir(inc):
+        return []
+    problems = []
+    for name in sorted(os.listdir(inc)):
+        if not name.endswith(".h"):
+            continue
+        with open(os.path.join(inc, name), encoding="utf-8", errors="replace") as fh:
+            text = blank_literals(fh.read())
+        text = re.sub(r"(?m)^[ \t]*#.*$", lambda m: " " * len(m.group(0)), text)  # preprocessor
+        scopes, stmt, line, start = [], "", 1, None  # scopes: a namespace's name, or None
+        for ch in text:
+            if ch == "\n":
+                line += 1
+            if ch in "{;":
+                decl = " ".join(stmt.split())
+                ns = re.match(r"namespace\s+([\w:]+)\s*$", decl) if ch == "{" else None
+                public = scopes and None not in scopes and "detail" not in "::".join(scopes).split("::")
+                kind = api_declaration(decl, ch) if public and decl else None
+                if kind:
+                    problems.append(f"include/tiermem/{name}:{start}: export: {kind} without "
+                                    f"TIERMEM_API: {decl[:70]}")
+                if ch == "{":
+                    scopes.append(ns.group(1) if ns else None)
+                stmt, start = "", None
+            elif ch == "}":
+                if scopes:
+                    scopes.pop()
+                stmt, start = "", None
+            else:
+                if start is None and not ch.isspace():
+                    start = line
+                stmt += ch
+    return problems
+
+
 def load_allow(path):
     allow = {}
     if not os.path.exists(path):
@@ -648,11 +710,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=os.path.dirname(here))
     ap.add_argument("--allow", default=None, help="allow-list (default <root>/scripts/layout-allow.txt)")
-    ap.add_argument("--only", default="cpp,python,engine", help="rule groups: cpp, python, engine")
+    ap.add_argument("--only", default="cpp,python,engine,api", help="rule groups: cpp, python, engine, api")
     a = ap.parse_args()
     groups = set(a.only.split(","))
-    if groups - {"cpp", "python", "engine"}:
-        ap.error(f"--only: unknown group(s) {sorted(groups - {'cpp', 'python', 'engine'})}")
+    if groups - {"cpp", "python", "engine", "api"}:
+        ap.error(f"--only: unknown group(s) {sorted(groups - {'cpp', 'python', 'engine', 'api'})}")
     allow = load_allow(a.allow or os.path.join(a.root, "scripts", "layout-allow.txt"))
     problems = []
     if "cpp" in groups:
@@ -661,6 +723,8 @@ def main():
         problems += check_python(a.root) + check_python_includes(a.root)
     if "engine" in groups:
         problems += check_impl(a.root)
+    if "api" in groups:
+        problems += check_api(a.root)
     for p in problems:
         print(p)
     if problems:

@@ -4,7 +4,8 @@
 # src/ including tools/ and examples/, a header of a higher folder, a bare include, a stale
 # allow-list entry, an entry without a reason; an import cycle under python/tiermem, an import in
 # a function there, a private include from python/src, ZeroEngine::Impl over 20 data members, a
-# 21st member whose brace initialiser holds a lambda, over 25 member functions, Impl missing)
+# 21st member whose brace initialiser holds a lambda, over 25 member functions, Impl missing, a
+# public header's function or class without TIERMEM_API)
 # fails with its rule named; an allow-list entry exempts what it names; what each rule must
 # let through (TYPE_CHECKING imports, an optional package imported in a function, the extension's
 # own headers, functions, nested types and statics beside Impl's members) passes.
@@ -151,5 +152,42 @@ out=$("$py" "$checker" --root "$r" --allow /dev/null --only python 2>&1) && echo
   || { echo "FAIL: --only python: $out"; fails=$((fails+1)); }
 out=$("$py" "$checker" --root "$r" --allow /dev/null --only engine 2>&1); grep -q ": impl-members:" <<<"$out" && ! grep -q ": function:" <<<"$out" \
   && echo "ok: --only engine" || { echo "FAIL: --only engine: $out"; fails=$((fails+1)); }
+
+# api: a public header's declarations carry TIERMEM_API; what has no symbol of its own, and
+# tiermem::detail, need not.
+r=$(fresh api); mkdir -p "$r/include/tiermem"
+cat >"$r/include/tiermem/a.h" <<'H'
+#pragma once
+#include "tiermem/export.h"
+namespace tiermem {
+class Device;                                   // a forward declaration
+struct TIERMEM_API Options { int n = 1'000; static Options from(const char* s = "{"); };
+class TIERMEM_API Engine final : public Base { public: void run(); struct Inner { void f(); }; };
+enum class Kind : int { kA, kB };
+using Id = unsigned;
+inline constexpr int kMax = 4;
+inline int twice(int x) { return 2 * x; }
+template <typename T> T first(const T* p) { return p[0]; }
+TIERMEM_API Engine make_engine(const Options& o = {});
+[[nodiscard]] TIERMEM_API int count(Kind k);
+namespace detail { void kernel(); struct State { void g(); }; }
+}  // namespace tiermem
+H
+check pass "" "$r"
+printf 'namespace tiermem {
+int count_all();
+}
+' >"$r/include/tiermem/b.h"
+check fail export "$r"
+printf 'namespace tiermem {
+struct Plan { int f() const; };
+}
+' >"$r/include/tiermem/b.h"
+check fail export "$r"
+printf 'namespace tiermem {
+void f(const Options& o = {});
+}
+' >"$r/include/tiermem/b.h"
+check fail export "$r"
 
 [ $fails -eq 0 ] && echo "PASS: check-layout" || { echo "$fails check(s) failed"; exit 1; }

@@ -3,13 +3,14 @@
 # point down the dependency order, no bare includes), layout_check_python (no import cycle under
 # python/tiermem, no import inside a function there but of an optional package, python/src
 # includes only public headers), layout_check_engine (ZeroEngine::Impl holds at most 20 data
-# members and 25 member functions); and the checker against trees that break each rule
+# members and 25 member functions), layout_check_api (every public declaration carries
+# TIERMEM_API, so a shared libtiermem exports it); and the checker against trees that break each rule
 # (tests/unit/check_layout_test.sh). docs_map_check: every path, file and code symbol
 # docs/architecture.md names exists (scripts/check-docs-map.py), with its self-test
 # (tests/unit/check_docs_map_test.sh). Label "layout".
 find_program(TIERMEM_PYTHON3 python3)
 if(TIERMEM_PYTHON3)
-  foreach(group cpp python engine)
+  foreach(group cpp python engine api)
     if(group STREQUAL "cpp")
       set(name layout_check)
     else()
