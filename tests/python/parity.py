@@ -41,7 +41,12 @@ OFFLOADS = ("none", "cpu", "nvme")
 ENTRIES = ("loop", "trainer", "sft", "dpo", "grpo")
 CAUSAL = ("llama", "gpt2", "mixtral")
 
-STEPS = 3      # optimizer steps per cell
+STEPS = 3      # optimizer steps per cell (own loop and HF Trainer)
+TRL_STEPS = 5  # ... and per TRL cell (the SFT and DPO runs were 5 steps)
+
+
+def steps_of(cell) -> int:
+    return TRL_STEPS if cell.entry in ("sft", "dpo", "grpo") else STEPS
 LR = 1e-3
 CLIP = 1.0
 # Budgets at which units page every step for these models (about 0.1-0.2 MiB of parameters, optimizer
@@ -489,12 +494,12 @@ def _trainer_run(cell: Cell, model, side: str, out_dir: str, swap: str, ref=None
         opt = torch.optim.AdamW([p for _, p in trainable(model)], lr=LR, betas=(0.9, 0.999), eps=1e-8,
                                 weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-    common = dict(output_dir=out_dir, max_steps=STEPS, per_device_train_batch_size=MICRO,
+    common = dict(output_dir=out_dir, max_steps=steps_of(cell), per_device_train_batch_size=MICRO,
                   gradient_accumulation_steps=cell.gas, learning_rate=LR, weight_decay=0.01, max_grad_norm=CLIP,
                   logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
                   dataloader_num_workers=0, disable_tqdm=True, bf16=cell.precision == "autocast",
                   gradient_checkpointing=cell.ckpt != "none", gradient_checkpointing_kwargs=ckpt_kwargs(cell.ckpt))
-    data = _dataset(cell, STEPS * cell.gas * MICRO)
+    data = _dataset(cell, steps_of(cell) * cell.gas * MICRO)
     cb = [_recorder(cell, model, side, rec)]
     try:
         if cell.entry == "trainer":
