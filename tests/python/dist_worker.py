@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--ckpt", default="")
     ap.add_argument("--state-dict", action="store_true",
                     help="save and resume through optimizer.state_dict() / load_state_dict() (torch.save at --ckpt)")
+    ap.add_argument("--load-model-state", action="store_true",
+                    help="after initialize, every rank loads the state dict of another build (seed 5) into the model")
     a = ap.parse_args()
     hf_or_skip()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -66,6 +68,13 @@ def main() -> None:
         first = engine.global_steps
         for _ in range(first):  # the data stream continues where the checkpoint left it
             torch.randint(0, VOCAB, (GLOBAL, 16), generator=g)
+    loaded_off = None
+    if a.load_model_state:  # every rank: model.load_state_dict reaches the engine's master and working copy
+        other = build(a.kind, seed=5)
+        model.load_state_dict(other.state_dict())
+        from tiermem.torch.utils import safe_get_full_fp32_param
+        loaded_off = max(float((safe_get_full_fp32_param(p) - q.detach()).abs().max())
+                         for p, q in zip(model.parameters(), other.parameters()))
     kill_at = int(os.environ.get("TIERMEM_TEST_KILL_RANK1_AT_STEP", "0"))
     for step in range(first, first + a.steps):
         if kill_at and rank == 1 and step + 1 == kill_at:
@@ -91,12 +100,15 @@ def main() -> None:
     state_bytes = stats["optimizer_state_bytes"]
     engine.close()
     rss = [load_rss]
+    offs = [loaded_off]
     if world > 1:
         rss = [None] * world
         dist.all_gather_object(rss, load_rss)
+        offs = [None] * world
+        dist.all_gather_object(offs, loaded_off)
     if rank == 0:
         with open(a.out, "w") as f:
-            json.dump({"losses": losses, "world": world, "load_rss": rss, "optimizer_state_bytes": state_bytes,
+            json.dump({"losses": losses, "world": world, "load_rss": rss, "loaded_off": offs, "optimizer_state_bytes": state_bytes,
                        "all_gather_calls": stats["all_gather_calls"],
                        "all_gathers_prefetched": stats["all_gathers_prefetched"],
                        "comm_blocked_s": stats.get("comm_blocked_s", 0.0)}, f)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from torch_models import hf_or_skip
+from torch_models import assert_rel_close, hf_or_skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "dist_worker.py")
@@ -174,3 +174,13 @@ def test_rank_with_another_module_order_is_named(torch_or_skip, tmp_path):
     assert "the ranks gather different modules" in out, out[-3000:]
     assert "'transformer.h.0.attn.c_attn'" in out and "'transformer.h.0.mlp.c_fc'" in out, out[-3000:]
     assert took < 120, took
+
+
+def test_load_state_dict_after_initialize_reaches_every_rank(torch_or_skip, tmp_path):
+    """model.load_state_dict(...) on every rank after initialize (the HF Trainer's resume, PEFT's
+    set_peft_model_state_dict): each rank's engine holds the loaded values (safe_get_full_fp32_param,
+    a collective), and training from them at 2 ranks equals training from them at 1."""
+    one = _launch(tmp_path, "lsd1", 1, "--steps", "2", "--load-model-state", full=True)[0]
+    two = _launch(tmp_path, "lsd2", 2, "--steps", "2", "--load-model-state", full=True)[0]
+    assert one["loaded_off"] == [0.0] and two["loaded_off"] == [0.0, 0.0]
+    assert_rel_close(two["losses"], one["losses"], 1e-5)
