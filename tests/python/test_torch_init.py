@@ -33,7 +33,7 @@ def test_init_losses_equal_plain_pytorch(torch_or_skip, tmp_path):
             model(input_ids=data[0])
         engine, *_ = tt.initialize(model=model, config=cfg)
         assert not any("_tm_init_guard" in m.__dict__ for m in model.modules())  # the guards are gone
-        assert [f for f in os.listdir(tmp_path) if f.startswith("tiermem-init-")] == []  # staging gone
+        assert [f for f in os.listdir(tmp_path) if f.startswith("tiermem-init-")] == []  # Init store gone
         got = engine_losses(engine, data, 5)
         assert max(abs(a - b) / abs(b) for a, b in zip(got, want)) <= 1e-5
         engine.close()
@@ -66,7 +66,7 @@ def test_host_memory_does_not_grow_with_the_model(torch_or_skip, tmp_path):
 
 def test_data_given_under_init_before_initialize_is_kept(torch_or_skip, tmp_path):
     """`p.data = t` on a parameter built under Init, before initialize: t is what the engine
-    trains (the staged value won, silently); t of another shape is refused, naming both."""
+    trains (the stored value won, silently); t of another shape is refused, naming both."""
     torch = torch_or_skip
     import pytest
     import tiermem.torch as tt
@@ -89,7 +89,7 @@ def test_writes_through_data_under_init_reach_the_staging(torch_or_skip, tmp_pat
     """`p.data.copy_(t)` on a parameter built under Init, before initialize, failed with torch's
     "more than one element of the written-to tensor refers to a single memory location" (p.data was
     the placeholder), and `p.data.clone()` read meaningless values; a read of the parameter after
-    `p.data = t` loaded the staged values over t. Each now reads and writes the staged values, on
+    `p.data = t` loaded the stored values over t. Each now reads and writes the stored values, on
     NVMe and in host memory, and initialize trains what was written."""
     torch = torch_or_skip
     import tiermem.torch as tt
@@ -101,7 +101,7 @@ def test_writes_through_data_under_init_reach_the_staging(torch_or_skip, tmp_pat
         d = w.data
         d.copy_(want)
         assert torch.equal(w.data.clone(), want) and torch.equal(d.clone(), want)
-        assert w.stride() == (0, 0)  # still staged: no memory of its own
+        assert w.stride() == (0, 0)  # still stored: no memory of its own
         torch.nn.init.constant_(b.data, 2.0)
         b.data.add_(1.0)
         w2.data = torch.full((4, 16), 5.0)  # supported before: t is the value...
@@ -111,9 +111,9 @@ def test_writes_through_data_under_init_reach_the_staging(torch_or_skip, tmp_pat
             assert torch.equal(w.detach(), want)
             assert torch.equal(b.detach(), torch.full((16,), 3.0))
             assert torch.equal(w2.detach(), torch.full((4, 16), 5.0))
-        # A .data taken while staged holds no values once initialize took the parameter.
+        # A .data taken while stored holds no values once initialize took the parameter.
         with pytest.raises(RuntimeError, match=r"the .data of a parameter \(16, 8\) torch.float32 taken while "
-                                               r"zero.Init staged it.*GatheredParameters"):
+                                               r"zero.Init stored it.*GatheredParameters"):
             d.copy_(want)
         engine.close()
 
@@ -162,13 +162,13 @@ from torch_models import ds_config
 with tt.zero.Init(config=ds_config(sys.argv[1], "nvme")):
     model = torch.nn.Linear(8, 16)
 print(sorted(__import__("os").listdir(sys.argv[1])), flush=True)
-# the interpreter exits with the staged model alive
+# the interpreter exits with the stored model alive
 """
 
 
 def test_init_leaves_nothing_behind_without_initialize(torch_or_skip, tmp_path):
     """A model built under Init that never reached initialize left the directories Init made for
-    its staging file (with tiermem's marker) behind, after it was deleted and after the process
+    its Init store file (with tiermem's marker) behind, after it was deleted and after the process
     exited. They go with the model, or at exit; the user's own directory stays."""
     torch = torch_or_skip
     import gc
@@ -193,13 +193,13 @@ def test_init_leaves_nothing_behind_without_initialize(torch_or_skip, tmp_path):
     del m
     gc.collect()
     assert sorted(os.listdir(swap)) == [".tiermem-made", "other"]
-    # At interpreter exit, with the staged model alive.
+    # At interpreter exit, with the stored model alive.
     nvme = tmp_path / "exit" / "swap"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-c", EXITS_UNDER_INIT, str(nvme)], capture_output=True, text=True,
                        timeout=300, cwd=HERE, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
-    assert "tiermem-init-" in p.stdout, p.stdout  # the staging file was there while it ran
+    assert "tiermem-init-" in p.stdout, p.stdout  # the Init store file was there while it ran
     assert os.listdir(tmp_path / "user") == ["shared"] and not (tmp_path / "exit").exists()
 
 
@@ -228,10 +228,10 @@ print(json.dumps({"status": status, "before": before, "after": after}), flush=Tr
 
 
 def test_a_forked_child_leaves_the_parents_staging(torch_or_skip, tmp_path):
-    """A process that forked after building under Init lost its staging when the child exited:
-    the child ran the staging's clean-up (weakref.finalize at exit, or on collecting its copy of the
+    """A process that forked after building under Init lost its Init store when the child exited:
+    the child ran the Init store's clean-up (weakref.finalize at exit, or on collecting its copy of the
     model) and deleted the parent's tiermem-init-*.bin and the directories tiermem made. The
-    clean-up runs only in the process that made the staging: the parent's file stays through the
+    clean-up runs only in the process that made the Init store: the parent's file stays through the
     child's exit, initialize reads it, and the parent's exit still removes what tiermem made."""
     import json
     import subprocess
@@ -253,7 +253,7 @@ def test_a_forked_child_leaves_the_parents_staging(torch_or_skip, tmp_path):
 def test_module_classes_defined_inside_init_are_staged(torch_or_skip, tmp_path):
     """transformers imports a model's file on the first use of its name, often inside the Init
     block (GPT-2's Conv1D was missed so, and its 85 M parameters stayed in host memory): a Module
-    class defined inside the block is staged like one defined before it, and not after the block."""
+    class defined inside the block is stored like one defined before it, and not after the block."""
     torch = torch_or_skip
     import tiermem.torch as tt
     cfg = ds_config(tmp_path, "nvme")
@@ -264,7 +264,7 @@ def test_module_classes_defined_inside_init_are_staged(torch_or_skip, tmp_path):
                 self.w = torch.nn.Parameter(torch.ones(64, 32))
 
         late = Late()
-    assert late.w.shape == (64, 32) and late.w.stride() == (0, 0)  # a placeholder: staged
+    assert late.w.shape == (64, 32) and late.w.stride() == (0, 0)  # a placeholder: stored
     assert "__init_subclass__" not in torch.nn.Module.__dict__  # the hook is gone after the block
     assert Late().w.stride() == (32, 1)  # built outside: its own memory
 
@@ -297,9 +297,9 @@ def _padded_model(torch):
 def test_writes_through_views_under_init_reach_the_staging(torch_or_skip, tmp_path):
     """A model with a padding index built under Init got other initial weights than built without
     it: transformers' `_init_weights` runs `init.zeros_(module.weight[module.padding_idx])` after the
-    module was staged, and `p[i]` was a view of a copy loaded for that one call, so the write was
+    module was stored, and `p[i]` was a view of a copy loaded for that one call, so the write was
     lost and the padding row stayed random (LlamaConfig(pad_token_id=3); BERT's pad_token_id is 0).
-    A view of a staged parameter now stands for the staged values at each later call: the
+    A view of a stored parameter now stands for the stored values at each later call: the
     parameters after initialize, and the first losses, equal those of the model built outside Init."""
     torch = torch_or_skip
     import tiermem.torch as tt
@@ -333,7 +333,7 @@ def test_writes_through_views_under_init_reach_the_staging(torch_or_skip, tmp_pa
     ids = torch.tensor([[1, 3, 5, 3], [3, 2, 9, 0]])
     for offload in ("nvme", "none"):
         check(lambda: _padded_model(torch), lambda m: m(ids).square().mean(), ds_config(tmp_path / "swap", offload))
-    # After initialize, a view taken while staged holds no values, and says so.
+    # After initialize, a view taken while stored holds no values, and says so.
     cfg = ds_config(tmp_path / "swap", "nvme")
     with tt.zero.Init(config=cfg):
         m = torch.nn.Embedding(10, 4, padding_idx=3)
@@ -341,7 +341,7 @@ def test_writes_through_views_under_init_reach_the_staging(torch_or_skip, tmp_pa
     assert row.shape == (4,) and torch.equal(row.clone(), torch.zeros(4))
     engine, *_ = tt.initialize(model=m, config=cfg)
     with pytest.raises(RuntimeError, match=r"a view \(p\[...\].*of a parameter \(10, 4\) torch.float32 taken while "
-                                           r"zero.Init staged it.*GatheredParameters"):
+                                           r"zero.Init stored it.*GatheredParameters"):
         row.zero_()
     engine.close()
     transformers = hf_or_skip()

@@ -159,11 +159,11 @@ def test_checker_sees_cycles_and_local_imports(tmp_path):
                    "tiermem/torch/_hooks.py:4 imports .engine inside g()"], bad
 
 
-@pytest.mark.parametrize("module", ["tiermem.torch._params", "tiermem.torch._config", "tiermem.torch._staging"])
+@pytest.mark.parametrize("module", ["tiermem.torch._params", "tiermem.torch._config", "tiermem.torch._init_store"])
 def test_leaves_import_nothing_above_them(module):
     """The shared leaves import no other module of tiermem.torch except leaves."""
     graph = _graph(ROOT)
     assert module in graph, f"{module} missing"
-    leaves = {"tiermem.torch._params", "tiermem.torch._config", "tiermem.torch._staging", "tiermem.torch._malloc"}
+    leaves = {"tiermem.torch._params", "tiermem.torch._config", "tiermem.torch._init_store", "tiermem.torch._malloc"}
     above = {t for t in graph[module] if t.startswith("tiermem.torch") and t not in leaves}
     assert not above, f"{module} imports {sorted(above)}"

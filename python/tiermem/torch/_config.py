@@ -1,6 +1,6 @@
 """The ds_config of tiermem.torch: parsed by tiermem's C++ parser (the one tiermem-train uses),
 with the "auto" values HF's DeepSpeed integration derives from the model derived the same way.
-Used by ``initialize`` (engine.py) and ``zero.Init`` (its staging directory).
+Used by ``initialize`` (engine.py) and ``zero.Init`` (its Init store directory).
 
 Errors: ValueError for a file that cannot be read or a config the parser refuses (naming the key,
 the value and the rule, and the file); TypeError for a config that is neither a path nor a dict.

@@ -1,5 +1,5 @@
 """Parameters between uses, and the parameter classes tiermem.torch gives them (shared by the
-engine's units, ``_unit.py``, and zero.Init's staging, ``_staging.py``).
+engine's units, ``_unit.py``, and zero.Init's store, ``_init_store.py``).
 
 Between uses, a parameter's ``.data`` is a placeholder: a zero-stride expansion of one element, so
 ``param.shape`` stays true but the parameter holds no memory. The element is NaN (a poisoned
@@ -8,7 +8,7 @@ value, never a plausible one): every read tiermem knows of gathers the values or
 storage of zero bytes, FSDP2's choice, would fail louder, but with this torch a kernel given such a
 tensor dereferences a null pointer: a crash, not an error.) Writing the placeholder fails.
 
-A parameter whose memory is elsewhere (in the engine, or in Init's staging) gets a class of its
+A parameter whose memory is elsewhere (in the engine, or in Init's store) gets a class of its
 own: a subclass of its class with a ``__torch_function__`` that brings the values in for a call
 that reads them (``param_subclass``). Calls that read no values (``is_metadata``: sizes, strides,
 hooks, property accessors) are answered by the placeholder.
@@ -142,7 +142,7 @@ def is_inplace(func) -> bool:
 
 def apply_chain(t: torch.Tensor, chain) -> list:
     """[t, chain[0] of t, chain[1] of that, ...]: the tensors a view proxy's chain of (func, args,
-    kwargs) view calls makes from `t` (``_staging.py``'s and ``_released.py``'s proxies)."""
+    kwargs) view calls makes from `t` (``_init_store.py``'s and ``_released.py``'s proxies)."""
     levels = [t]
     with torch._C.DisableTorchFunctionSubclass():
         for func, rest, kw in chain:

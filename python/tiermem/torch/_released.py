@@ -13,8 +13,8 @@ Between uses a managed parameter ``p`` holds a placeholder. Three ways reach its
   view calls that make it. A torch call given the proxy makes the view from the engine's values at
   that call (so it never reads stale values after a step), and writes it back when the call wrote
   into it (``ema.add_(p.data)`` reads, ``p.data.copy_(t)``, ``p.data[pad].zero_()``,
-  ``nn.init.normal_(p.data)`` write). The same proxy design as zero.Init's staged views
-  (``_staging.py``), over the engine instead of the staging file.
+  ``nn.init.normal_(p.data)`` write). The same proxy design as zero.Init's stored views
+  (``_init_store.py``), over the engine instead of the Init store file.
 - The parameter's memory itself (``data_ptr()``, ``untyped_storage()``, what an extension kernel
   reads): a released parameter has none; the call raises, naming the parameter.
 

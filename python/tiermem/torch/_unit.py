@@ -53,7 +53,7 @@ from typing import Optional
 import torch
 
 from ._params import holds_placeholder, placeholder, raw_data, set_raw_data
-from ._staging import take_staged
+from ._init_store import take_stored
 
 __all__ = ["Unit", "EngineLink", "UnitMap", "build_units", "in_backward", "unit_of", "NOT_PICKLABLE"]
 
@@ -179,11 +179,11 @@ class Unit:
 
     def flat_values(self) -> torch.Tensor:
         """The unit's current parameter values as one new fp32 vector (for registration): from
-        zero.Init's staging for parameters built under it, else from the parameter itself."""
+        zero.Init's store for parameters built under it, else from the parameter itself."""
         out = torch.empty(self.numel, dtype=torch.float32)
         for p, off, n in self.params:
-            staged = take_staged(p)
-            out[off:off + n].copy_((staged if staged is not None else p.detach()).reshape(-1))
+            stored = take_stored(p)
+            out[off:off + n].copy_((stored if stored is not None else p.detach()).reshape(-1))
         return out
 
     def set_values(self, values: torch.Tensor) -> None:

@@ -42,7 +42,7 @@ from ._config import load_config
 from ._dist import DistOps, ensure_process_group, keep_frozen_out_of_ddp, launched_world_size
 from ._hooks import CLOSED, ParamHooks
 from ._malloc import fix_malloc_threshold
-from ._staging import release_staging
+from ._init_store import release_init_store
 
 __all__ = ["initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules"]
 
@@ -236,7 +236,7 @@ class TiermemEngine:
         # initialize that fails above leaves the model as it was.
         for u in units.units:
             u.release()
-        release_staging(model)
+        release_init_store(model)
         if dtype != torch.float32:  # buffers follow the working dtype (as DeepSpeed's engine does)
             for m in model.modules():
                 for k, b in m._buffers.items():

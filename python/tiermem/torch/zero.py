@@ -16,7 +16,7 @@ import torch
 
 from ._config import load_config
 from ._malloc import fix_malloc_threshold
-from ._staging import Stage, guard_staged_module, stage_param
+from ._init_store import InitStore, guard_stored_module, store_param
 from ._unit import unit_of
 
 __all__ = ["GatheredParameters", "Init"]
@@ -100,12 +100,12 @@ class Init:
     """``with tiermem.torch.zero.Init(config=ds_config):`` — modules built inside never hold their
     full parameters in host memory. Each parameter is created and initialised by torch's own code
     (the same RNG stream as without Init, so losses match), and as soon as its module's
-    ``__init__`` returns it goes to a staging file under the config's NVMe path (host memory when
+    ``__init__`` returns it goes to a Init store file under the config's NVMe path (host memory when
     the config offloads nothing to NVMe), its ``.data`` a placeholder of the right shape.
     Initialisation code that runs later on the whole model (HF's ``post_init``) reaches each
     parameter through its class's ``__torch_function__``: loaded, changed in place, written back.
-    ``initialize`` then registers each engine unit from the staging, one unit at a time, and the
-    staging file is removed (a model that never reaches ``initialize`` takes the file, and the
+    ``initialize`` then registers each engine unit from the Init store, one unit at a time, and the
+    Init store file is removed (a model that never reaches ``initialize`` takes the file, and the
     directories made for it, with it when it is collected, or at interpreter exit). Built outside
     Init, a model holds all its parameters in host memory until ``initialize``.
 
@@ -116,13 +116,13 @@ class Init:
                  pin_memory=False, config_dict_or_path=None, config=None, enabled: bool = True, dtype=None, mpu=None):
         self.enabled = enabled
         self.config = config if config is not None else config_dict_or_path
-        self.stage: Optional[Stage] = None
+        self.store: Optional[InitStore] = None
         self._patched: list = []
         self._depth: dict[int, int] = {}
         self._saved_init_subclass = None
         self._host_budget = 0  # tiermem.host_budget_bytes of the config (0: none given)
 
-    def _staging_dir(self) -> Optional[str]:
+    def _store_dir(self) -> Optional[str]:
         if self.config is None:
             return None
         _, cfg = load_config(self.config, quiet=True)  # the same parser and errors as initialize
@@ -140,7 +140,7 @@ class Init:
     def __enter__(self):
         if not self.enabled:
             return self
-        self.stage = Stage(self._staging_dir())
+        self.store = InitStore(self._store_dir())
         fix_malloc_threshold(self._host_budget)  # with a small budget, the build's freed blocks go back too
         for cls in _all_module_classes():
             self._patch(cls)
@@ -171,9 +171,9 @@ class Init:
         for cls, init in reversed(self._patched):
             cls.__init__ = init
         self._patched = []
-        # The staging lives as long as the parameters it holds (each references it), not as long
+        # The Init store lives as long as the parameters it holds (each references it), not as long
         # as this object: the file and the directories made for it go when the model does.
-        self.stage = None
+        self.store = None
         return False
 
     def _wrap(self, init):
@@ -189,18 +189,18 @@ class Init:
                 ctx._depth[key] -= 1
                 if ctx._depth[key] == 0:
                     del ctx._depth[key]
-                    ctx._stage_module(module)
+                    ctx._store_module(module)
 
         return __init__
 
-    def _stage_module(self, module) -> None:
+    def _store_module(self, module) -> None:
         params = getattr(module, "_parameters", None)
         if not params:
             return
         for p in params.values():
-            if p is None or getattr(p, "_tm_stage", None) is not None or not p.is_floating_point():
+            if p is None or getattr(p, "_tm_init_store", None) is not None or not p.is_floating_point():
                 continue
             if p.device.type != "cpu":
                 continue
-            stage_param(p, self.stage)
-            guard_staged_module(module)
+            store_param(p, self.store)
+            guard_stored_module(module)

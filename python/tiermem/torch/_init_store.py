@@ -1,18 +1,18 @@
 """Where parameters built under ``zero.Init`` wait for ``initialize``, and how they are reached
 meanwhile.
 
-Each parameter goes, as soon as its module's ``__init__`` returns, to a staging file under the
+Each parameter goes, as soon as its module's ``__init__`` returns, to a Init store file under the
 config's NVMe path (host memory when the config offloads nothing to NVMe), its ``.data`` a
-placeholder of the right shape and its class a subclass of its own (``stage_param``).
+placeholder of the right shape and its class a subclass of its own (``store_param``).
 Initialisation code that runs later on the whole model (HF's ``post_init``, ``tie_weights``)
 reaches each parameter through that class's ``__torch_function__``: loaded, changed in place,
-written back. A view of a staged parameter (``p[i]``, ``p.data[i]``, ``p.t()``) is a proxy
-(``_StagedView``) that does the same at each call given it: transformers' ``_init_weights`` zeroes
+written back. A view of a stored parameter (``p[i]``, ``p.data[i]``, ``p.t()``) is a proxy
+(``_StoredView``) that does the same at each call given it: transformers' ``_init_weights`` zeroes
 an embedding's padding row through one. ``initialize`` then registers each engine unit from the
-staging (``take_staged``), one unit at a time, and once every unit is in the engine
-``release_staging`` drops the staging (the file goes with its last parameter). A failed
-``initialize`` leaves the staging as it was.
-A model that never reaches ``initialize`` takes its staging with it: the file, and the directories
+Init store (``take_stored``), one unit at a time, and once every unit is in the engine
+``release_init_store`` drops the Init store (the file goes with its last parameter). A failed
+``initialize`` leaves the Init store as it was.
+A model that never reaches ``initialize`` takes its Init store with it: the file, and the directories
 tiermem made for it once they hold nothing else, go when the model is garbage-collected or at
 interpreter exit, in the process that built it (a forked child leaves them to its parent).
 
@@ -36,7 +36,7 @@ from ._params import is_data_set as _is_data_set
 from ._params import is_view_call as _is_view_call
 from ._params import raw_data as _raw_data
 
-__all__ = ["Stage", "stage_param", "take_staged", "drop_staged", "release_staging", "guard_staged_module", "make_marked_dirs",
+__all__ = ["InitStore", "store_param", "take_stored", "drop_stored", "release_init_store", "guard_stored_module", "make_marked_dirs",
            "remove_if_unused", "MADE_MARKER"]
 
 
@@ -82,7 +82,7 @@ def remove_if_unused(directory: str) -> None:
     try:
         entries = os.listdir(directory)
         if any(e != MADE_MARKER for e in entries):
-            return  # in use: an engine's swap files, another staging, the user's files
+            return  # in use: an engine's swap files, another Init store, the user's files
         marked = MADE_MARKER in entries
         if marked:
             os.unlink(os.path.join(directory, MADE_MARKER))
@@ -97,7 +97,7 @@ def remove_if_unused(directory: str) -> None:
         pass
 
 
-class Stage:
+class InitStore:
     """Where parameters built under Init wait for initialize(): a file under the config's NVMe path
     (offload_param or offload_optimizer nvme), else host memory (the model then lives in host
     memory anyway). Values keep their dtype. Single-threaded, as module construction is."""
@@ -118,14 +118,14 @@ class Stage:
                 raise
             self.fd = fd
             # The file, then the directories tiermem made for it once nothing else is in them: when
-            # initialize has taken the last parameter (drop_staged), when the staged model is
+            # initialize has taken the last parameter (drop_stored), when the stored model is
             # garbage-collected, or at interpreter exit (weakref.finalize's atexit). Only in this
             # process: a forked child inherits the finalizer, and its exit removed the parent's file.
-            self._finalizer = weakref.finalize(self, Stage._remove, fd, self.path, dirs, os.getpid())
+            self._finalizer = weakref.finalize(self, InitStore._remove, fd, self.path, dirs, os.getpid())
 
     @staticmethod
     def _remove(fd: int, path: str, dirs: list, owner_pid: int) -> None:
-        """Closes `fd` (each process its own copy) and, in the process that made the staging only,
+        """Closes `fd` (each process its own copy) and, in the process that made the Init store only,
         removes `path` and then each of `dirs` that holds nothing else. A forked child that exits
         (or collects its copy of the model, or initializes it) leaves them: they are the parent's,
         which still reads the file."""
@@ -170,7 +170,7 @@ class Stage:
         while done < nbytes:
             n = os.preadv(self.fd, [buf[done:]], offset + done)
             if n <= 0:
-                raise OSError(errno.EIO, f"zero.Init: staging file {self.path} ended at byte {offset + done} "
+                raise OSError(errno.EIO, f"zero.Init: Init store file {self.path} ended at byte {offset + done} "
                                          f"(expected {nbytes} bytes at {offset})", self.path)
             done += n
         return out
@@ -181,24 +181,24 @@ class Stage:
 
 
 def _current_values(p: torch.nn.Parameter) -> torch.Tensor:
-    """The staged parameter `p`'s values now: the tensor a ``p.data = t`` put there, else the
-    staging's (loaded)."""
+    """The stored parameter `p`'s values now: the tensor a ``p.data = t`` put there, else the
+    Init store's (loaded)."""
     held = _raw_data(p)
-    return held if not _holds_placeholder(held) else p._tm_stage.load(p)
+    return held if not _holds_placeholder(held) else p._tm_init_store.load(p)
 
 
-def _staged_values(x: torch.Tensor) -> torch.Tensor:
-    """A copy of the values the staged parameter, ``.data`` proxy or view proxy `x` stands for now."""
-    values = _current_values(_staged_owner(x))
-    if isinstance(x, _StagedView):
+def _stored_values(x: torch.Tensor) -> torch.Tensor:
+    """A copy of the values the stored parameter, ``.data`` proxy or view proxy `x` stands for now."""
+    values = _current_values(_stored_owner(x))
+    if isinstance(x, _StoredView):
         values = _resolve_view(x, values)
     with torch._C.DisableTorchFunctionSubclass():
         return values.detach().clone()
 
 
-class _StagedData(torch.Tensor):
-    """``p.data`` of a staged parameter: its placeholder, tied to `p` (``_tm_param``). A torch call
-    given it reads and writes `p`'s staged values as a call given `p` does (``p.data.copy_(t)``,
+class _StoredData(torch.Tensor):
+    """``p.data`` of a stored parameter: its placeholder, tied to `p` (``_tm_param``). A torch call
+    given it reads and writes `p`'s stored values as a call given `p` does (``p.data.copy_(t)``,
     ``p.data.normal_()``, ``nn.init.*_(p.data)``): on the placeholder itself a write failed with
     torch's internal-overlap error and a read gave meaningless values."""
 
@@ -207,41 +207,41 @@ class _StagedData(torch.Tensor):
         return _init_param_torch_function(cls, func, types, args, kwargs)
 
 
-class _StagedView(torch.Tensor):
-    """A view of a staged parameter (``p[i]``, ``p.data[i]``, ``p.t()``, ``p.view(-1)[:n]``, ...):
+class _StoredView(torch.Tensor):
+    """A view of a stored parameter (``p[i]``, ``p.data[i]``, ``p.t()``, ``p.view(-1)[:n]``, ...):
     a placeholder of the view's shape and dtype, tied to `p` (``_tm_param``) and to the calls that
     make the view from `p`'s values (``_tm_chain``). A torch call given it makes the view from `p`'s
-    current staged values for the call and writes them back after it, so ``p[pad].zero_()`` and
+    current stored values for the call and writes them back after it, so ``p[pad].zero_()`` and
     ``nn.init.zeros_(p.data[pad])`` (HF's ``_init_weights`` of an embedding with a padding index)
-    change the staging. A view of the values loaded for the call alone was dropped with them: the
+    change the Init store. A view of the values loaded for the call alone was dropped with them: the
     write was lost without a word, and the model trained from other initial weights. A call that
     gives a copy in torch (an index by a list, a tensor or a mask; a reshape no view can make) gives
-    a copy here too, of the values staged at that moment, as it always did."""
+    a copy here too, of the values stored at that moment, as it always did."""
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         return _init_param_torch_function(cls, func, types, args, kwargs)
 
 
-def _is_staged_proxy(x) -> bool:
-    return isinstance(x, (_StagedData, _StagedView))
+def _is_stored_proxy(x) -> bool:
+    return isinstance(x, (_StoredData, _StoredView))
 
 
-def _staged_owner(x) -> Optional[torch.nn.Parameter]:
-    """The staged parameter whose values the call argument `x` stands for (itself, the owner of a
-    ``p.data`` or of a view taken while it was staged), else None."""
+def _stored_owner(x) -> Optional[torch.nn.Parameter]:
+    """The stored parameter whose values the call argument `x` stands for (itself, the owner of a
+    ``p.data`` or of a view taken while it was stored), else None."""
     if isinstance(x, torch.nn.Parameter):
-        st = x.__dict__.get("_tm_stage")
+        st = x.__dict__.get("_tm_init_store")
         return x if st is not None and id(x) in st.slots else None
-    if _is_staged_proxy(x):
+    if _is_stored_proxy(x):
         p = x.__dict__.get("_tm_param")
         if p is None:
             return None
-        st = p.__dict__.get("_tm_stage")
+        st = p.__dict__.get("_tm_init_store")
         if st is None or id(p) not in st.slots:
-            what = "the .data" if isinstance(x, _StagedData) else "a view (p[...], p.data[...], p.t(), ...)"
+            what = "the .data" if isinstance(x, _StoredData) else "a view (p[...], p.data[...], p.t(), ...)"
             raise RuntimeError(f"tiermem.torch: this tensor is {what} of a parameter {tuple(p.shape)} {p.dtype} "
-                               "taken while zero.Init staged it; initialize has taken the parameter since, so it holds "
+                               "taken while zero.Init stored it; initialize has taken the parameter since, so it holds "
                                "no values: use the parameter itself (inside tiermem.torch.zero.GatheredParameters to "
                                "change it)")
         return p
@@ -249,33 +249,33 @@ def _staged_owner(x) -> Optional[torch.nn.Parameter]:
 
 
 def _make_view(x: torch.Tensor, owner: torch.nn.Parameter, func, rest: tuple, kwargs: dict) -> Optional[torch.Tensor]:
-    """The view proxy of ``func(x, *rest, **kwargs)``, `x` standing for the staged `owner`, or None
+    """The view proxy of ``func(x, *rest, **kwargs)``, `x` standing for the stored `owner`, or None
     when the call gives a copy (the caller then runs it on the values, as torch would). No values
     are loaded: the calls run on a meta tensor with the strides of the values a call would get."""
     for a in list(rest) + list(kwargs.values()):
         for y in (a if isinstance(a, (list, tuple)) else (a,)):
-            if _staged_owner(y) is not None:
-                return None  # an index that is itself staged: run on the values (a copy, or torch's error)
-    chain = list(x.__dict__.get("_tm_chain", ())) if isinstance(x, _StagedView) else []
+            if _stored_owner(y) is not None:
+                return None  # an index that is itself stored: run on the values (a copy, or torch's error)
+    chain = list(x.__dict__.get("_tm_chain", ())) if isinstance(x, _StoredView) else []
     chain.append((func, tuple(rest), dict(kwargs)))
     held = _raw_data(owner)
-    # What a call is given: the staged values (contiguous) or the tensor a `.data = t` put there.
+    # What a call is given: the stored values (contiguous) or the tensor a `.data = t` put there.
     stride = held.stride() if not _holds_placeholder(held) else torch.empty(held.shape, device="meta").stride()
     out = view_on_meta(held.shape, stride, held.dtype, chain)
     if out is None:
         return None  # a copy in torch (or not answerable without values): a copy here too
-    proxy = placeholder(out.shape, out.dtype).as_subclass(_StagedView)
+    proxy = placeholder(out.shape, out.dtype).as_subclass(_StoredView)
     proxy._tm_param = owner
     proxy._tm_chain = chain
     return proxy
 
 
 def _data_of_proxy(x: torch.Tensor) -> torch.Tensor:
-    """``x.data`` of a staged parameter's ``.data`` or view proxy: a proxy of the same values (a
+    """``x.data`` of a stored parameter's ``.data`` or view proxy: a proxy of the same values (a
     plain tensor would be the placeholder, whose writes fail and reads are meaningless)."""
     proxy = _raw_data(x).as_subclass(type(x))
     proxy._tm_param = x.__dict__.get("_tm_param")
-    if isinstance(x, _StagedView):
+    if isinstance(x, _StoredView):
         proxy._tm_chain = list(x.__dict__.get("_tm_chain", ()))
     return proxy
 
@@ -287,30 +287,30 @@ def _resolve_view(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     levels = apply_chain(values, x.__dict__["_tm_chain"])
     base = values.untyped_storage().data_ptr()
     if levels[-1].numel() and levels[-1].untyped_storage().data_ptr() != base:
-        raise RuntimeError("tiermem.torch: a view of a parameter staged by zero.Init (p[...], p.data[...], p.t(), ...) "
+        raise RuntimeError("tiermem.torch: a view of a parameter stored by zero.Init (p[...], p.data[...], p.t(), ...) "
                            "no longer views its values (the parameter was given .data of another layout since), so a "
                            "change to it could not reach the parameter; nothing was changed: take the view again")
     return levels[-1]
 
 
 def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
-    """A parameter staged by Init (or its ``.data``, or a view of either), used by code that runs
+    """A parameter stored by Init (or its ``.data``, or a view of either), used by code that runs
     after its module was built (HF's post_init weight initialisation, tie_weights, user code):
     loaded for the call, written back after it (the call may have initialised it in place),
     released again. A parameter given ``.data = t`` since holds t: the call uses t, which is then
-    staged in its place. A view call (``p[i]``, ``p.data[i]``, ``p.t()``, ``p.view(...)``) returns
-    a view proxy (_StagedView): the values it views are the staging's at each later call."""
+    stored in its place. A view call (``p[i]``, ``p.data[i]``, ``p.t()``, ``p.view(...)``) returns
+    a view proxy (_StoredView): the values it views are the Init store's at each later call."""
     if kwargs is None:
         kwargs = {}
     if (_is_data_set(func) and len(args) == 2 and isinstance(args[0], torch.nn.Parameter)
-            and _staged_owner(args[0]) is not None and _staged_owner(args[1]) is not None):
-        # `p.data = q.data` with both staged (transformers' resize_token_embeddings hands the new
-        # embedding's values to the old parameter so): q's values, at their shape, are staged in
+            and _stored_owner(args[0]) is not None and _stored_owner(args[1]) is not None):
+        # `p.data = q.data` with both stored (transformers' resize_token_embeddings hands the new
+        # embedding's values to the old parameter so): q's values, at their shape, are stored in
         # p's place. The placeholder alone would have left p its own old values, silently (or of
         # the old shape under the new one: initialize failed). A copy, not torch's alias of q.
         p = args[0]
-        values = _staged_values(args[1])
-        p._tm_stage.store(p, values)
+        values = _stored_values(args[1])
+        p._tm_init_store.store(p, values)
         with torch._C.DisableTorchFunctionSubclass():
             p.data = placeholder(values.shape, values.dtype)
         return None
@@ -318,37 +318,37 @@ def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
         if isinstance(args[0], torch.nn.Parameter):
             p = args[0]
             held = _raw_data(p)
-            if _staged_owner(p) is not None and _holds_placeholder(held):
-                proxy = held.as_subclass(_StagedData)
+            if _stored_owner(p) is not None and _holds_placeholder(held):
+                proxy = held.as_subclass(_StoredData)
                 proxy._tm_param = p
                 return proxy
             return held
-        if _is_staged_proxy(args[0]) and _staged_owner(args[0]) is not None:
+        if _is_stored_proxy(args[0]) and _stored_owner(args[0]) is not None:
             return _data_of_proxy(args[0])
     if _is_view_call(func) and args and isinstance(args[0], torch.Tensor):
-        owner = _staged_owner(args[0])
+        owner = _stored_owner(args[0])
         if owner is not None:
             proxy = _make_view(args[0], owner, func, args[1:], kwargs)
             if proxy is not None:
                 return proxy
-    staged = {}  # id(owner) -> (owner, stage, values, [arguments standing for it])
+    stored = {}  # id(owner) -> (owner, store, values, [arguments standing for it])
     try:
         for a in (list(args) + list(kwargs.values())) if not is_metadata(func) else ():
             items = a if isinstance(a, (list, tuple)) else (a,)
             for x in items:
-                p = _staged_owner(x)
+                p = _stored_owner(x)
                 if p is None:
                     continue
-                entry = staged.get(id(p))
+                entry = stored.get(id(p))
                 if entry is None:
-                    entry = staged[id(p)] = (p, p._tm_stage, _current_values(p), [])
+                    entry = stored[id(p)] = (p, p._tm_init_store, _current_values(p), [])
                 if not any(x is y for y in entry[3]):
-                    x.data = _resolve_view(x, entry[2]) if isinstance(x, _StagedView) else entry[2]
+                    x.data = _resolve_view(x, entry[2]) if isinstance(x, _StoredView) else entry[2]
                     entry[3].append(x)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
     finally:
-        for p, st, values, users in staged.values():
+        for p, st, values, users in stored.values():
             _, _, dtype, shape = st.slots[id(p)]
             if values.shape == shape and values.dtype == dtype:
                 st.store(p, values)
@@ -356,7 +356,7 @@ def _init_param_torch_function(cls, func, types, args=(), kwargs=None):
                     x.data = placeholder(x.shape, x.dtype)
                 if not any(x is p for x in users):
                     p.data = placeholder(p.shape, p.dtype)
-            else:  # `.data = t` of another shape or dtype: initialize (take_staged) names it
+            else:  # `.data = t` of another shape or dtype: initialize (take_stored) names it
                 for x in users:
                     if x is not p:
                         x.data = placeholder(x.shape, x.dtype)
@@ -367,24 +367,24 @@ def _init_param_class(cls: type) -> type:
     return param_subclass(cls, "ZeroInit", _init_param_torch_function)
 
 
-def stage_param(p: torch.nn.Parameter, stage: Stage) -> None:
-    """Moves `p`'s values into `stage`: its class becomes the staged subclass of its own and its
+def store_param(p: torch.nn.Parameter, store: InitStore) -> None:
+    """Moves `p`'s values into `store`: its class becomes the stored subclass of its own and its
     ``.data`` a placeholder of the right shape."""
-    stage.store(p, p.data)
-    p._tm_stage = stage
+    store.store(p, p.data)
+    p._tm_init_store = store
     p._tm_init_class = type(p)
     p.__class__ = _init_param_class(type(p))
     p.data = placeholder(p.shape, p.dtype)
 
 
-def take_staged(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
-    """For initialize(): the value Init staged for `p` (None if it was not built under Init). The
-    staging keeps it until drop_staged (an initialize that fails leaves the model as it was)."""
-    st = p.__dict__.get("_tm_stage")
+def take_stored(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
+    """For initialize(): the value Init stored for `p` (None if it was not built under Init). The
+    Init store keeps it until drop_stored (an initialize that fails leaves the model as it was)."""
+    st = p.__dict__.get("_tm_init_store")
     if st is None:
         return None
     # `p.data = t` after the build replaced the placeholder: t is the parameter's value now (the
-    # staged one would silently win). Of another shape or dtype it cannot be the module's.
+    # stored one would silently win). Of another shape or dtype it cannot be the module's.
     _, _, dtype, shape = st.slots[id(p)]
     held = _raw_data(p)
     if not _holds_placeholder(held):
@@ -396,43 +396,43 @@ def take_staged(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
     return st.load(p)
 
 
-def drop_staged(p: torch.nn.Parameter) -> None:
-    """After a successful initialize: the parameter gets its own class back and its staging copy
-    is dropped (the staging file goes with its last one)."""
-    st = p.__dict__.get("_tm_stage")
+def drop_stored(p: torch.nn.Parameter) -> None:
+    """After a successful initialize: the parameter gets its own class back and its Init store copy
+    is dropped (the Init store file goes with its last one)."""
+    st = p.__dict__.get("_tm_init_store")
     if st is None:
         return
     st.drop(p)
     p.__class__ = p.__dict__.pop("_tm_init_class")
-    del p.__dict__["_tm_stage"]
+    del p.__dict__["_tm_init_store"]
     if not st.slots and st.fd >= 0:
         st._finalizer()
 
 
-def release_staging(model: torch.nn.Module) -> None:
-    """After initialize: a parameter still staged by Init (every one is engine state, so only one
-    that registration did not read) is dropped, and a staging that holds nothing more is closed and
+def release_init_store(model: torch.nn.Module) -> None:
+    """After initialize: a parameter still stored by Init (every one is engine state, so only one
+    that registration did not read) is dropped, and an Init store that holds nothing more is closed and
     its file removed."""
     for p in model.parameters():
-        if p.__dict__.get("_tm_stage") is not None:
-            drop_staged(p)
+        if p.__dict__.get("_tm_init_store") is not None:
+            drop_stored(p)
     for m in model.modules():
         guard = m.__dict__.pop("_tm_init_guard", None)
         if guard is not None:
             guard.remove()
 
 
-def guard_staged_module(module: torch.nn.Module) -> None:
-    """A module with parameters staged by Init refuses to run its forward until initialize took
-    them (release_staging removes the guard): the forward would compute on what the staging lends
+def guard_stored_module(module: torch.nn.Module) -> None:
+    """A module with parameters stored by Init refuses to run its forward until initialize took
+    them (release_init_store removes the guard): the forward would compute on what the Init store lends
     each call, not what the engine trains (it gave other outputs, silently)."""
     if "_tm_init_guard" in module.__dict__:
         return
 
     def refuse(mod, args):
-        if any(p.__dict__.get("_tm_stage") is not None for p in mod.parameters(recurse=False)):
+        if any(p.__dict__.get("_tm_init_store") is not None for p in mod.parameters(recurse=False)):
             raise RuntimeError(f"tiermem.torch: {type(mod).__name__} was built under tiermem.torch.zero.Init, so its "
-                               "parameters are staged until tiermem.torch.initialize(model=...) takes them: call "
+                               "parameters are stored until tiermem.torch.initialize(model=...) takes them: call "
                                "initialize before running the model (or build it outside zero.Init)")
 
     module.__dict__["_tm_init_guard"] = module.register_forward_pre_hook(refuse)
