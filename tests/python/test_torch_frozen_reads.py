@@ -1,0 +1,37 @@
+"""A frozen base is read from NVMe at most once a step when the host budget holds what backward
+needs of it (issue 57): the engine's recorded trace keeps the frozen units backward reads again
+(a frozen Linear's weight for its input gradient) instead of reading them a second time. The
+first steps record and first replay the trace; from the fourth step on, the steady state is
+checked, through the engine's own counter of frozen bytes read (``nvme_read_frozen_bytes``)."""
+
+import pytest
+
+from torch_models import ds_config, hf_or_skip
+
+
+@pytest.mark.parametrize("host_budget, at_most", [("8MiB", 1.0), ("2MiB", 1.0)])
+def test_frozen_base_read_at_most_once_a_step(torch_or_skip, tmp_path, host_budget, at_most):
+    torch = torch_or_skip
+    transformers = hf_or_skip()
+    peft = pytest.importorskip("peft")
+    import tiermem.torch as tt
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=256, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg),
+                                peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    base = sum(p.numel() * 4 for p in model.parameters() if not p.requires_grad)  # 2.5 MiB of fp32
+    engine, *_ = tt.initialize(model=model, config=ds_config(tmp_path, "nvme", tiermem={
+        "host_budget_bytes": host_budget, "device_budget_bytes": "1MiB"}))
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    read = []
+    for _ in range(6):
+        before = engine.stats()["nvme_read_frozen_bytes"]
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+        read.append((engine.stats()["nvme_read_frozen_bytes"] - before) / base)
+    engine.close()
+    assert read[0] > 0  # the base is on NVMe: the first step reads it
+    steady = read[3:]
+    assert max(steady) <= at_most, f"frozen bytes read per step, in bases: {[round(r, 2) for r in read]}"
