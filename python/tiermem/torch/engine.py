@@ -41,7 +41,7 @@ from . import _optim_state, checkpoint
 from ._config import load_config
 from ._dist import DistOps, ensure_process_group, keep_frozen_out_of_ddp, launched_world_size
 from ._hooks import CLOSED, ParamHooks
-from ._malloc import fix_malloc_threshold
+from ._malloc import fix_malloc_threshold, return_freed_memory
 from ._init_store import release_init_store
 
 __all__ = ["initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules"]
@@ -237,6 +237,9 @@ class TiermemEngine:
         for u in units.units:
             u.release()
         release_init_store(model)
+        # The model's own copies (or zero.Init's store in host memory) are free now: glibc would keep
+        # them in its heap, a second model's worth of RSS beside the engine's.
+        return_freed_memory()
         if dtype != torch.float32:  # buffers follow the working dtype (as DeepSpeed's engine does)
             for m in model.modules():
                 for k, b in m._buffers.items():
