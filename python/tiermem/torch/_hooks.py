@@ -47,46 +47,29 @@ import functools
 
 import torch
 
-from ._params import (holds_placeholder, is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, param_subclass,
+from ._params import (contiguous_stride, holds_placeholder, is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, param_subclass,
                       set_raw_data)
 from ._predictor import NextUnitPredictor
-from ._released import (MEMORY_CALLS, ReleasedValues, first_arg, is_released, no_memory_error, param_name, released_proxy,
+from ._released import (MEMORY_CALLS, ReleasedValues, call_tensors, first_arg, is_released, no_memory_error, param_name, released_proxy,
                         view_proxy, write_through)
 from ._unit import NOT_PICKLABLE, EngineLink, Unit, UnitMap, build_units, in_backward, unit_of
 
 __all__ = ["ParamHooks"]
 
 
-def _gather_released(args, kwargs) -> list:
-    """Gathers the units of released parameters among the call's arguments (top level and one
-    level of lists/tuples); returns the units to release after the call."""
-    taken = []
-
-    def visit(a):
-        u = unit_of(a)
-        if u is not None and u.flat is None:
-            u.gather()
-            taken.append(u)
-
-    for a in args:
-        if isinstance(a, (list, tuple)):
-            for b in a:
-                visit(b)
-        else:
-            visit(a)
-    for a in kwargs.values():
-        visit(a)
-    return taken
-
-
-def _first_link(args, kwargs):
-    """The EngineLink of the first managed parameter among the call's arguments."""
-    for a in list(args) + list(kwargs.values()):
-        for x in (a if isinstance(a, (list, tuple)) else (a,)):
-            u = unit_of(x)
-            if u is not None:
-                return u.link
-    return None
+def _units_in(args, kwargs) -> tuple[list, bool]:
+    """One pass over a call's tensor arguments (top level and one level of lists/tuples): the units
+    of the managed parameters among them (each once, in order), and whether one is a proxy of a
+    released parameter's values."""
+    units, proxy = [], False
+    for x in call_tensors(args, kwargs):
+        u = unit_of(x)
+        if u is not None:
+            if not any(u is v for v in units):
+                units.append(u)
+        elif isinstance(x, ReleasedValues):
+            proxy = True
+    return units, proxy
 
 
 def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
@@ -123,17 +106,20 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
             proxy = view_proxy(p, p, func, args[1:], kwargs)  # no autograd: writes through it must reach the engine
             if proxy is not None:
                 return proxy
-    if any(isinstance(x, ReleasedValues) for x in _flat_args(args, kwargs)):
+    units, proxy = _units_in(args, kwargs)
+    if proxy:
         return write_through(func, args, kwargs)
     if p is not None and is_inplace(func) and unit_of(p) is not None and not unit_of(p).copied:
         raise RuntimeError(f"tiermem.torch: {getattr(func, '__name__', 'a call')} writes into parameter "
                            f"'{param_name(p)}' inside its module's forward, where it is the engine's gathered memory: "
                            "the change could not reach the engine's master weights. Change parameters between steps "
                            "(p.copy_(t), p.data.copy_(t), or inside tiermem.torch.zero.GatheredParameters)")
-    taken = _gather_released(args, kwargs)
-    link = _first_link(args, kwargs) if torch.is_grad_enabled() else None
+    taken = [u for u in units if u.flat is None]
+    link = units[0].link if units and torch.is_grad_enabled() else None
     saved = link.saved if link is not None and link.saved is not None and not link.saved.active else None
     try:
+        for u in taken:
+            u.gather()
         with torch._C.DisableTorchFunctionSubclass():
             if saved is not None:
                 with saved.hooks():
@@ -145,14 +131,8 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
             return out
     finally:
         for u in taken:
-            if u.active == 0:
+            if u.active == 0 and u.flat is not None:
                 u.release()
-
-
-def _flat_args(args, kwargs):
-    for a in list(args) + list(kwargs.values()):
-        for x in (a if isinstance(a, (list, tuple)) else (a,)):
-            yield x
 
 
 def _set_data(p: torch.nn.Parameter, t) -> None:
@@ -241,7 +221,7 @@ class _Saved:
         holds its placeholder)."""
         i, off, _ = unit.slot_of[id(p)]
         shape = unit.shapes[i]
-        return _Saved(unit, shape, torch.empty(shape, device="meta").stride(), off)
+        return _Saved(unit, shape, contiguous_stride(shape), off)
 
     @staticmethod
     def of_view(unit: Unit, t: torch.Tensor) -> "_Saved":

@@ -24,7 +24,7 @@ import torch
 
 __all__ = ["placeholder", "holds_placeholder", "param_subclass", "is_metadata", "tensor_calls", "property_of",
            "VALUE_PROPERTIES", "is_data_get", "is_data_set", "is_view_call", "is_inplace", "raw_data", "set_raw_data",
-           "apply_chain", "view_on_meta"]
+           "apply_chain", "view_on_meta", "contiguous_stride"]
 
 _PLACEHOLDERS: dict[tuple, torch.Tensor] = {}
 
@@ -138,6 +138,15 @@ def is_inplace(func) -> bool:
     if name in _INPLACE_DUNDERS:
         return True
     return name.endswith("_") and not name.endswith("__") and func not in _METADATA
+
+
+def contiguous_stride(shape) -> tuple:
+    """The strides (elements) of a contiguous tensor of `shape`."""
+    stride, step = [], 1
+    for n in reversed(tuple(shape)):
+        stride.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(stride))
 
 
 def apply_chain(t: torch.Tensor, chain) -> list:

@@ -27,11 +27,11 @@ from typing import Optional
 
 import torch
 
-from ._params import (apply_chain, is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, placeholder,
+from ._params import (apply_chain, contiguous_stride, is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, placeholder,
                       raw_data, tensor_calls, view_on_meta)
 from ._unit import unit_of
 
-__all__ = ["ReleasedValues", "released_proxy", "write_through", "first_arg", "is_released", "param_name", "no_memory_error",
+__all__ = ["ReleasedValues", "released_proxy", "write_through", "first_arg", "call_tensors", "is_released", "param_name", "no_memory_error",
            "MEMORY_CALLS"]
 
 # Calls that hand out a tensor's memory, not its values: a released parameter has none.
@@ -100,12 +100,12 @@ def view_proxy(x: torch.Tensor, p: torch.nn.Parameter, func, rest: tuple, kwargs
                 return None  # an index that is itself released: run on the values
     chain = tuple(x.__dict__.get("_tm_chain", ())) if isinstance(x, ReleasedValues) else ()
     chain = chain + ((func, tuple(rest), dict(kwargs)),)
-    if view_on_meta(p.shape, torch.empty(p.shape, device="meta").stride(), p.dtype, chain) is None:
+    if view_on_meta(p.shape, contiguous_stride(p.shape), p.dtype, chain) is None:
         return None
     return released_proxy(p, chain)
 
 
-def _args_of(args, kwargs):
+def call_tensors(args, kwargs):
     """Each tensor among a call's arguments (top level and one level of lists/tuples)."""
     for a in list(args) + list(kwargs.values()):
         for x in (a if isinstance(a, (list, tuple)) else (a,)):
@@ -144,11 +144,11 @@ def write_through(func, args, kwargs):
     parameters written are stored in the engine after the call (``Unit.store``). A call that
     returns its written argument returns what the caller gave (the parameter or the proxy)."""
     owners = {}  # id(param) -> param
-    for x in _args_of(args, kwargs):
+    for x in call_tensors(args, kwargs):
         p = _owner(x)
         if p is not None:
             owners.setdefault(id(p), p)
-    written = {id(_owner(x)): _owner(x) for x in _written(func, args, kwargs) if _owner(x) is not None}
+    written = {id(p): p for p in map(_owner, _written(func, args, kwargs)) if p is not None}
     units = {}
     for p in owners.values():
         u = unit_of(p)
