@@ -74,6 +74,9 @@ struct TIERMEM_API ZeroConfig {
   std::uint64_t stage3_max_reuse_distance_elems = 1'000'000'000;
   std::uint64_t sub_group_size_elems = 1'000'000'000;
   bool stage3_gather_16bit_weights_on_model_save = false;
+  // DeepSpeed's name: true stores frozen (requires_grad=False) modules' working shards as int8
+  // with a per-group scale (tiermem.frozen_dtype "int8"; the parser folds it into that key)
+  bool zero_quantized_nontrainable_weights = false;
   OffloadConfig offload_param;
   OffloadConfig offload_optimizer;  // buffer_count default 4
 };
@@ -131,6 +134,10 @@ struct TIERMEM_API TiermemConfig {
   bool fp32_single_copy = true;
   bool host_eviction_plan = true;           // Prefetcher: Belady plan of the host tier (write-behind, read-ahead room)
   std::string device_optimizer = "auto";    // auto | on | off: offload_optimizer none on the device
+  // How frozen modules' stage-3 working shards are stored on their tier (tiermem/quantize.h):
+  // "auto" = the working dtype, "bf16", or "int8" (per-128 absmax; also set by
+  // zero_optimization.zero_quantized_nontrainable_weights); dequantized at every gather
+  std::string frozen_dtype = "auto";
   double acquire_timeout_s = 30;            // wait for a release before OutOfMemoryError
   // The NVMe's rates, for ZeroStats' I/O bound of a step (nothing else reads them); 0 = unknown:
   // machine_profile's, when given. resolve_nvme_rates says which apply.

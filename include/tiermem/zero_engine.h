@@ -41,6 +41,7 @@
 #include "tiermem/dtype.h"
 #include "tiermem/export.h"
 #include "tiermem/loss_scaler.h"
+#include "tiermem/quantize.h"
 #include "tiermem/tensor_store.h"
 #include "tiermem/zero_plan.h"
 
@@ -81,7 +82,11 @@ struct TIERMEM_API ZeroStats {
   std::uint64_t working_param_bytes = 0;    // working params in engine host buffers (stages 0-2,
                                             // persistent stage-3 modules: shard + full copy)
   std::uint64_t param_store_bytes = 0;      // stage-3 working shards held in the TensorStore
-  std::uint64_t frozen_param_bytes = 0;     // ... of which frozen modules' (ZeroEngineOptions)
+  std::uint64_t frozen_param_bytes = 0;     // ... of which frozen modules' (ZeroEngineOptions), in
+                                            // their at-rest format's bytes (frozen_at_rest)
+  // How frozen modules' stored shards sit on their tier (tiermem.frozen_dtype, tiermem/quantize.h):
+  // kWorking = the working dtype; else bf16 or int8, dequantized at every gather.
+  FrozenDtype frozen_at_rest = FrozenDtype::kWorking;
   // Homes (ZeroPlan): where each kind of state lives between uses.
   Tier param_home = Tier::kHost, optimizer_home = Tier::kHost, gradient_home = Tier::kHost;
   std::size_t sub_group_elems = 0;          // optimizer sub-group size used

@@ -120,7 +120,8 @@ struct TIERMEM_API ZeroPlan {
   std::size_t single_copy_elems = 0;
 
   // Bytes by home (this rank).
-  std::uint64_t param_store_bytes = 0;     // stored working shards (wsize each)
+  std::uint64_t param_store_bytes = 0;     // stored working shards (wsize each; frozen ones at
+                                           // tiermem.frozen_dtype's at_rest_bytes: quantize.h)
   std::uint64_t frozen_param_bytes = 0;    // ... of which frozen modules' (never written back)
   std::uint64_t optimizer_bytes = 0;       // 12 R (less 4 x single_copy_elems)
   std::uint64_t gradient_bytes = 0;        // 4 R (stages 2-3) or 4 x full padded (stages 0-1)
@@ -134,7 +135,8 @@ struct TIERMEM_API ZeroPlan {
   std::string host_min_why;
   std::uint64_t device_min_bytes = 0;
   std::string device_min_why;
-  std::uint64_t gather_reserve_bytes = 0;  // device room kept for all-gathered modules (world > 1)
+  std::uint64_t gather_reserve_bytes = 0;  // device room kept for all-gathered modules (world > 1),
+                                           // or with one rank for dequantized frozen ones
 
   bool fits = true;  // both budgets >= their minimum
   bool device_budget_short = false;  // the device budget (one is needed) is below device_min_bytes

@@ -342,6 +342,7 @@ void read_zero_optimization(Section& s, Config& cfg) {
                         "zero_quantized_gradients", "mics_shard_size"}) {
     s.inert(k, "ZeRO++ / MiCS are not implemented: plain ZeRO partitioning is used");
   }
+  s.get("zero_quantized_nontrainable_weights", z.zero_quantized_nontrainable_weights);
   s.inert("memory_efficient_linear", "tiermem's linear layers keep their inputs for backward");
   s.inert("stage3_module_granularity_threshold", "parameters are fetched one module at a time");
   if (auto p = s.sub("offload_param")) read_offload(*p, z.offload_param);
@@ -415,6 +416,7 @@ void read_tiermem(Section& s, Config& cfg) {
   s.get("fp32_single_copy", t.fp32_single_copy);
   s.get("host_eviction_plan", t.host_eviction_plan);
   s.get_choice("device_optimizer", t.device_optimizer, {"auto", "on", "off"});
+  s.get_choice("frozen_dtype", t.frozen_dtype, {"auto", "bf16", "int8"});
   s.get_double("acquire_timeout_s", t.acquire_timeout_s, 0, 1e6);
   s.get_double("nvme_read_gbps", t.nvme_read_gbps, 0, 1e6, "a number of GB/s");
   s.get_double("nvme_write_gbps", t.nvme_write_gbps, 0, 1e6, "a number of GB/s");
@@ -428,6 +430,39 @@ void read_tiermem(Section& s, Config& cfg) {
           "the log level is read once from the environment: set "
           "TIERMEM_LOG_LEVEL instead");
   s.finish();
+}
+
+// tiermem.frozen_dtype and DeepSpeed's zero_optimization.zero_quantized_nontrainable_weights say
+// one thing: the first folds into the second's "int8"; a contradiction, or a format that cannot
+// apply, is refused naming the keys.
+void resolve_frozen_dtype(Config& cfg) {
+  constexpr const char* kDs = "zero_optimization.zero_quantized_nontrainable_weights";
+  constexpr const char* kOurs = "tiermem.frozen_dtype";
+  std::string& d = cfg.tiermem.frozen_dtype;
+  if (cfg.given(kDs)) {
+    const bool q = cfg.zero.zero_quantized_nontrainable_weights;
+    if ((q && cfg.given(kOurs) && d != "int8") || (!q && d == "int8")) {
+      throw ConfigError(kOurs, d,
+                        fmt::format("config keys '{}' = {} and '{}' = \"{}\" contradict each other: the first "
+                                    "means int8 at rest; give one of them",
+                                    kDs, q ? "true" : "false", kOurs, d));
+    }
+    if (q) d = "int8";
+  }
+  if (d == "auto") return;
+  const char* key = cfg.given(kOurs) ? kOurs : kDs;
+  if (cfg.zero.stage != 3) {
+    throw ConfigError(key, d,
+                      fmt::format("config key '{}' (frozen weights at rest in {}) applies to ZeRO stage 3's "
+                                  "partitioned parameters: set 'zero_optimization.stage' to 3 (it is {})",
+                                  key, d, cfg.zero.stage));
+  }
+  if (d == "bf16" && cfg.fp16.enabled) {
+    throw ConfigError(key, d,
+                      fmt::format("config key '{}' = \"bf16\" with 'fp16.enabled': bf16 is no smaller than the "
+                                  "fp16 working dtype and keeps fewer mantissa bits; use \"int8\" or \"auto\"",
+                                  key));
+  }
 }
 
 // What the document had that the run ignores: unknown keys and inert ones, said once each.
@@ -474,6 +509,7 @@ Config parse_config(std::string_view json_text, std::string_view source) {
   if (auto s = top.sub("aio")) read_aio(*s, cfg);
   if (auto s = top.sub("zero_optimization")) read_zero_optimization(*s, cfg);
   if (auto s = top.sub("tiermem")) read_tiermem(*s, cfg);
+  resolve_frozen_dtype(cfg);
   top.finish();
   warn_about_keys(cfg, source);
   return cfg;

@@ -58,7 +58,11 @@ Gatherer::Pending Gatherer::start(int module, TensorStore::Pin pin) {
   pg.buf = alloc(module);
   std::byte* mine =
       static_cast<std::byte*>(pg.buf.data) + static_cast<std::size_t>(shape_.rank) * m.shard.shard * shape_.wsize;
-  std::memcpy(mine, pin.data(), m.shard.shard * shape_.wsize);
+  if (m.quantized()) {  // stored in fewer bytes (tiermem.frozen_dtype): dequantized into its place
+    read_at_rest(m.at_rest, static_cast<const std::byte*>(pin.data()), m.shard.shard, shape_.wdtype, mine);
+  } else {
+    std::memcpy(mine, pin.data(), m.shard.shard * shape_.wsize);
+  }
   pin.release();
   try {
     pg.handle = comm_.all_gather_async(mine, pg.buf.data, m.shard.shard, shape_.comm_dtype);  // in place

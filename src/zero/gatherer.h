@@ -10,8 +10,9 @@
 // from its allocation until free(). The engine owns a buffer handed out by take()/gather(), and
 // gives it back with free() (a Gathered's release). A pending gather's buffer is the gatherer's.
 //
-// Completion: start() copies this rank's shard into its place in a new buffer and starts the
-// in-place all-gather; the buffer is complete when take() returns it. A collective that fails
+// Completion: start() copies this rank's shard into its place in a new buffer (a frozen module
+// stored in fewer bytes, ZeroModule::quantized(), is dequantized there instead: tiermem/quantize.h)
+// and starts the in-place all-gather; the buffer is complete when take() returns it. A collective that fails
 // frees its buffer before its CommError is rethrown (take, gather, drop_pending), so no error
 // leaks a buffer. Every pending gather was issued on every rank, so each completes.
 //
@@ -51,6 +52,8 @@ class Gatherer {
 
   // The all-gather of `module` from its pinned working shard (released once copied), finished
   // now: the whole module's working params (shape.compute_tier decides host or device memory).
+  // With one rank it is the engine's way to a quantized module's working params (the copy is
+  // the dequantize; the all-gather of one rank is a no-op).
   Buffer gather(int module, TensorStore::Pin pin);
   // As gather(), but left running (prefetch_gather): its buffer waits in the pending queue for
   // take(module). Counted in ZeroStats::all_gathers_prefetched.

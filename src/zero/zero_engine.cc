@@ -87,6 +87,7 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptio
   I.shape.wdtype = working_dtype_;
   I.shape.wsize = dtype_size(working_dtype_);
   I.shape.comm_dtype = working_dtype_ == DType::kF32 ? DType::kF32 : DType::kU16;
+  I.shape.frozen_at_rest = frozen_dtype_of(config_.tiermem.frozen_dtype, working_dtype_);
   I.shape.stage = z.stage;
   I.shape.rank = comm.rank();
   I.shape.world = comm.world_size();
@@ -250,21 +251,21 @@ ZeroEngine::Gathered ZeroEngine::gather(int module, Phase phase) {
   // brought it already); acquiring it feeds the Prefetcher, whose hints start loading the next
   // modules while this one computes.
   TensorStore::Pin pin = I.store->acquire(m.param, I.staging.gather_tier(m), phase);
-  if (I.shape.world == 1) {  // one rank: the shard is the whole module
+  if (I.shape.world == 1 && !m.quantized()) {  // one rank: the shard is the whole module
     g.data_ = pin.data();
     g.pin_ = std::move(pin);
     g.engine_ = this;
-    // The next module's deferred update runs while this one computes (joined at the next call).
-    if (phase == Phase::kForward) I.updates.start_ahead(module);
-    if (phase == Phase::kBackward) I.updates.start_in_backward(module);  // the updates in backward
-    return g;
-  }
-  if (I.shape.opaque) {  // device memory the CPU cannot address: device_staging.h
+  } else if (I.shape.opaque) {  // device memory the CPU cannot address: device_staging.h
     void* buf = I.staging.all_gather_to_device(m, pin);
     I.gatherer.adopt(module);
     own({buf, I.shape.compute_tier == Tier::kDevice});
-  } else {
+  } else {  // (one rank and a quantized frozen module: dequantized into a gather buffer)
     own(I.gatherer.gather(module, std::move(pin)));
+  }
+  if (I.shape.world == 1) {
+    // The next module's deferred update runs while this one computes (joined at the next call).
+    if (phase == Phase::kForward) I.updates.start_ahead(module);
+    if (phase == Phase::kBackward) I.updates.start_in_backward(module);  // the updates in backward
   }
   return g;
 }
@@ -443,12 +444,13 @@ ZeroStats ZeroEngine::stats() const {
   s.gradient_home = p.gradient_home;
   s.sub_group_elems = p.sub_group_elems;
   s.sub_groups = I.sub_groups.size();
+  s.frozen_at_rest = I.shape.frozen_at_rest;
   s.host_engine_bytes = I.engine_host_bytes();
   s.host_engine_peak_bytes = std::max(s.host_engine_peak_bytes, s.host_engine_bytes);
   for (const auto& m : I.mods) {
     s.working_param_bytes += m.mem_shard.bytes + m.full.bytes;
-    if (m.stored) s.param_store_bytes += m.shard.shard * I.shape.wsize;
-    if (m.stored && m.frozen) s.frozen_param_bytes += m.shard.shard * I.shape.wsize;
+    if (m.stored) s.param_store_bytes += at_rest_bytes(m.at_rest, m.shard.shard, I.shape.wsize);
+    if (m.stored && m.frozen) s.frozen_param_bytes += at_rest_bytes(m.at_rest, m.shard.shard, I.shape.wsize);
   }
   if (I.store) {
     const TensorStoreStats t = I.store->stats();

@@ -13,6 +13,7 @@
 
 #include "tiermem/dtype.h"
 #include "tiermem/error.h"
+#include "tiermem/quantize.h"
 #include "tiermem/log.h"
 #include "tiermem/shard.h"
 
@@ -141,6 +142,8 @@ struct Sizing {
         stage(z.stage),
         A(std::max<std::size_t>(1, o.alignment_elems)),
         wsize(cfg.bf16 || cfg.fp16.enabled ? 2 : 4),
+        frozen_at_rest(frozen_dtype_of(cfg.tiermem.frozen_dtype,
+                                       cfg.bf16 ? DType::kBF16 : cfg.fp16.enabled ? DType::kF16 : DType::kF32)),
         layout(make_shard_layout(numels, stage == 0 ? 1 : std::max(1, o.world_size), A)),
         trainable_numels(trainable_of(numels, o.frozen_modules)),
         trained(make_shard_layout(trainable_numels, stage == 0 ? 1 : std::max(1, o.world_size), A)),
@@ -162,6 +165,7 @@ struct Sizing {
   int stage;
   std::size_t A;          // shard alignment (elements)
   std::uint64_t wsize;    // bytes per working-parameter element
+  FrozenDtype frozen_at_rest;  // frozen stored shards' format (tiermem.frozen_dtype)
   ShardLayout layout;     // every module: the working shards
   std::vector<std::size_t> trainable_numels;
   ShardLayout trained;    // the modules that train: optimizer state and gradients, in order
@@ -172,11 +176,18 @@ struct Sizing {
   std::vector<std::size_t> trained_module;  // trained index -> module index
   std::uint64_t largest_offloaded = 0;  // largest shard not homed on the device
   std::uint64_t largest_padded = 0;     // largest all-gathered module
+  std::uint64_t largest_quantized = 0;  // largest frozen module dequantized at gather (padded, working bytes)
   std::uint64_t dev_optim = 0;          // the device-resident optimizer's state (and gradients)
   std::size_t stored_trained_elems = 0;  // rank elements of trained modules stored below the device
 
   std::uint64_t dev_round(std::uint64_t b) const {
     return round_up(std::max<std::uint64_t>(b, 1), o.device_page_bytes);
+  }
+  // Device room kept for gather buffers: two all-gathered modules with several ranks; with one,
+  // two dequantized frozen modules (the others are read in place).
+  std::uint64_t gather_reserve() const {
+    if (o.world_size > 1) return 2 * dev_round(largest_padded);
+    return largest_quantized ? 2 * dev_round(largest_quantized) : 0;
   }
   // The device optimizer's scratch (outside the store): one sub-group of gradient, when the
   // gradients are not homed on the device, and one of new working params.
@@ -209,11 +220,14 @@ void plan_param_homes(Sizing& s, ZeroPlan& p) {
     const bool stored = stage == 3 && m.shard > 0 && (!persistent || s.o.world_size == 1);
     if (stored) {
       const Tier home = persistent ? persistent_home : p.param_home;
-      const std::uint64_t b = m.shard * s.wsize;
+      const std::uint64_t b = at_rest_bytes(frozen ? s.frozen_at_rest : FrozenDtype::kWorking, m.shard, s.wsize);
+      if (frozen && s.frozen_at_rest != FrozenDtype::kWorking) {
+        s.largest_quantized = std::max<std::uint64_t>(s.largest_quantized, m.padded * s.wsize);
+      }
       p.uses_device = true;
       if (ti != SIZE_MAX && home != Tier::kDevice) s.stored_trained_elems += s.trained.modules[ti].shard;
       p.param_store_bytes += b;
-      if (i < s.o.frozen_modules.size() && s.o.frozen_modules[i]) p.frozen_param_bytes += b;
+      if (frozen) p.frozen_param_bytes += b;
       if (home == Tier::kDevice) s.dev_homes += s.dev_round(b);
       if (home == Tier::kHost) s.host_homes += host_round(b);
       if (home == Tier::kNvme) s.nvme_homes += round_up(b, 4096);
@@ -378,8 +392,7 @@ std::size_t partial_offload_want(const Sizing& s, const ZeroPlan& p) {
   const bool grad_on_device = s.o.device_host_addressable;
   if (ratio < 0 && p.device_budget_bytes > 0 && s.stage == 3 && p.uses_device) {
     const std::uint64_t B = p.device_budget_bytes;
-    const std::uint64_t reserve =
-        (s.o.world_size > 1 ? 2 * s.dev_round(s.largest_padded) : 0) + s.step_scratch(p, grad_on_device);
+    const std::uint64_t reserve = s.gather_reserve() + s.step_scratch(p, grad_on_device);
     const std::uint64_t store = B > reserve ? B - reserve : 0;
     const std::uint64_t params = p.param_home != Tier::kDevice && p.param_store_bytes <= store / 2
                                      ? p.param_store_bytes
@@ -446,13 +459,14 @@ void plan_partial_offload(const Sizing& s, ZeroPlan& p) {
 void plan_device_minimum(const Sizing& s, ZeroPlan& p) {
   const double ratio = s.z.offload_optimizer.ratio;
   if (p.uses_device) {
-    if (s.o.world_size > 1) p.gather_reserve_bytes = 2 * s.dev_round(s.largest_padded);
+    p.gather_reserve_bytes = s.gather_reserve();
     const std::uint64_t offloaded = s.largest_offloaded ? s.dev_round(s.largest_offloaded) : 0;
     p.device_min_bytes = s.dev_homes + offloaded + p.gather_reserve_bytes;
     p.device_min_why = fmt::format("{} of working shards homed on the device + the largest offloaded one, {}",
                                    format_bytes(s.dev_homes), format_bytes(offloaded));
     if (p.gather_reserve_bytes) {
-      p.device_min_why += fmt::format(" + 2 all-gathered modules ({})", format_bytes(p.gather_reserve_bytes));
+      p.device_min_why += fmt::format(" + 2 {} modules ({})", s.o.world_size > 1 ? "all-gathered" : "dequantized frozen",
+                                      format_bytes(p.gather_reserve_bytes));
     }
   }
   if (p.optimizer_on_device) {

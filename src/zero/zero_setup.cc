@@ -21,6 +21,22 @@ void copy_shard_init(std::span<const float> init, std::size_t a, std::size_t b, 
   std::fill(dst + (v - a), dst + (b - a), 0.0f);
 }
 
+// A frozen base stored in fewer bytes is dequantized at gather by the CPU (tiermem/quantize.h):
+// a device the CPU cannot address has no such kernel yet, so it is refused, naming the key.
+void refuse_opaque_at_rest(const Config& cfg, const detail::EngineShape& shape, const ZeroEngineOptions& opts,
+                           const Device& device) {
+  if (!shape.opaque || shape.frozen_at_rest == FrozenDtype::kWorking) return;
+  if (std::none_of(opts.frozen_modules.begin(), opts.frozen_modules.end(), [](bool f) { return f; })) return;
+  const char* ds_key = "zero_optimization.zero_quantized_nontrainable_weights";
+  const char* key = cfg.given(ds_key) && !cfg.given("tiermem.frozen_dtype") ? ds_key : "tiermem.frozen_dtype";
+  throw ConfigError(key, cfg.tiermem.frozen_dtype,
+                    fmt::format("config key '{}' (frozen weights at rest in {}) needs a device the CPU can address "
+                                "(SimDevice): the dequantize at gather runs on the CPU, and this device ({}) is not "
+                                "host-addressable; leave the frozen weights in the working dtype (\"auto\")",
+                                key, cfg.tiermem.frozen_dtype,
+                                device.kind() == DeviceKind::kSim ? "sim, tiermem.sim_host_addressable false" : "cuda"));
+}
+
 }  // namespace
 
 
@@ -103,6 +119,7 @@ void ZeroEngine::Impl::make_tiers() {
     // (zero_device.cc): staged all-gathers, publication of new params, gradient hand-over.
     if (plan.uses_device) shape.compute_tier = Tier::kDevice;
     shape.opaque = !device->host_addressable();
+    refuse_opaque_at_rest(cfg, shape, opts, *device);
     if (ratio_auto && plan_in.opts.device_budget_bytes == 0) {
       // ratio "auto" sizes the device's share from its real budget (CUDA: measured as it is made)
       plan_in.opts.device_budget_bytes = device->budget_bytes();
@@ -195,6 +212,7 @@ void ZeroEngine::Impl::add_module(const std::string& name, std::size_t numel) {
   m.flat = l.flat;
   m.persistent = l.persistent;
   m.stored = l.stored;
+  if (m.frozen && m.stored) m.at_rest = shape.frozen_at_rest;
   mods.push_back(std::move(m));
   updates.resize(mods.size());
   norm.resize(mods.size());
@@ -290,15 +308,20 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
   // Working params, converted piecewise (bounded temporaries) into the pinned shard (copied up
   // when it is device memory the CPU cannot address).
   // pin: the destination when it is a store tensor (null: `dst` is an engine host buffer).
+  // A quantized frozen module (tiermem.frozen_dtype) is written in its at-rest format instead.
   auto to_work = [&](std::byte* dst, const TensorStore::Pin* pin) {
     std::vector<float> tmp;
     std::vector<std::byte> out;
     const bool staged = pin != nullptr && shape.opaque && pin->tier() == Tier::kDevice;
-    constexpr std::size_t kStep = 1 << 20;
+    constexpr std::size_t kStep = 1 << 20;  // a multiple of kInt8GroupElems
     for (std::size_t a = 0; a < n; a += kStep) {
       const std::size_t b = std::min(n, a + kStep);
       tmp.resize(b - a);
       copy_init(a, b, tmp.data());
+      if (m.quantized()) {
+        write_at_rest(m.at_rest, tmp.data(), a, b, n, dst);
+        continue;
+      }
       if (!staged) {
         stepper.to_working(tmp.data(), dst + a * shape.wsize, b - a);
         continue;
@@ -312,8 +335,8 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
     if (m.param == kInvalidTensor) {
       TensorSpec ps;
       ps.name = "zero.param." + m.name;
-      ps.dtype = shape.wdtype;
-      ps.shape = {static_cast<std::int64_t>(n)};
+      ps.dtype = m.quantized() ? DType::kU8 : shape.wdtype;
+      ps.shape = {static_cast<std::int64_t>(m.quantized() ? at_rest_bytes(m.at_rest, n, shape.wsize) : n)};
       m.home = m.persistent ? shape.compute_tier : plan.param_home;
       ps.home = m.home;
       ps.swap = swaps.param_swap.get();

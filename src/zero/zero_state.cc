@@ -139,7 +139,11 @@ std::vector<float> ZeroEngine::Impl::frozen_params(int module) {
   std::vector<float> full(m.shard.padded);
   std::vector<std::byte> work(m.shard.padded * shape.wsize);
   std::byte* mine = work.data() + static_cast<std::size_t>(shape.opt_rank) * m.shard.shard * shape.wsize;
-  if (m.stored) {
+  if (m.quantized()) {  // at rest in fewer bytes: the dequantized values (not the originals)
+    std::vector<std::byte> rest(at_rest_bytes(m.at_rest, m.shard.shard, shape.wsize));
+    store->read(m.param, std::span<std::byte>(rest.data(), rest.size()));
+    read_at_rest(m.at_rest, rest.data(), m.shard.shard, shape.wdtype, mine);
+  } else if (m.stored) {
     store->read(m.param, std::span<std::byte>(mine, m.shard.shard * shape.wsize));  // from any tier; stays clean
   } else {
     std::memcpy(mine, m.mem_shard.b(), m.shard.shard * shape.wsize);

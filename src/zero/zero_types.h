@@ -18,6 +18,7 @@
 #include "tiermem/device.h"
 #include "tiermem/dtype.h"
 #include "tiermem/error.h"
+#include "tiermem/quantize.h"
 #include "tiermem/shard.h"
 #include "tiermem/tensor_store.h"
 
@@ -50,6 +51,9 @@ struct EngineShape {
   // tiermem.sim_host_addressable false): the engine touches it only through the Device's copy
   // API, through the device staging's host buffers (device_staging.h).
   bool opaque = false;
+  // How frozen modules' stored working shards sit on their tier (tiermem.frozen_dtype resolved
+  // against the working dtype: tiermem/quantize.h).
+  FrozenDtype frozen_at_rest = FrozenDtype::kWorking;
 };
 
 // Called by a part right after its host memory grew, so that the engine samples its whole host
@@ -144,6 +148,10 @@ struct ZeroModule {
   bool shared_master = false;
   TensorId param = kInvalidTensor;
   Tier home = Tier::kHost;     // of `param` (stored modules)
+  // How `param` is stored: a frozen stored module in EngineShape::frozen_at_rest's format
+  // (at_rest_bytes of its shard; dequantized at gather and export), else the working dtype.
+  FrozenDtype at_rest = FrozenDtype::kWorking;
+  bool quantized() const { return at_rest != FrozenDtype::kWorking; }
   AlignedBuf mem_shard;        // working shard when !stored (stage 0: the full copy)
   AlignedBuf full;             // stages 1-2 and persistent: the all-gathered working params
   std::vector<float> full_grad;   // stages 0-1: full padded fp32 gradient

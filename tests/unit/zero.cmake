@@ -1,7 +1,7 @@
 # ZeRO partitioner: shard arithmetic, loss scaler, ZeroEngine on one rank (tests/mpi runs it on 2, 4).
 tiermem_test(NAME zero_test SOURCES shard_test.cc loss_scaler_test.cc zero_engine_test.cc
              zero_device_test.cc zero_device_optimizer_test.cc zero_frozen_test.cc zero_single_copy_test.cc
-             zero_backward_step_test.cc
+             zero_backward_step_test.cc zero_frozen_at_rest_test.cc
              DEPS tiermem::zero nlohmann_json::nlohmann_json TIMEOUT 120 LABELS zero)
 # ZeroEngine's parts, each tested directly (src/zero/: partition_layout, norm_fold, deferred_updates,
 # tier_setup, reduce_bucket, step_io_meter; the owned parts gatherer, gradient_reducer, norm_tracker,
