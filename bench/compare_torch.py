@@ -38,6 +38,10 @@ Contenders, each in its own fresh process (so one cannot warm the next, and ru_m
                 same ds_config; tiermem_init@SIZE: the same at host and device budgets of SIZE each
                 (e.g. tiermem_init@1GiB beside tiermem_init in one interleaved run); a contender
                 tiermem...+ub: the same with tiermem.update_in_backward (it applies with --clip 0)
+  tiermem:DTYPE, tiermem_init:DTYPE (--lora): the same with the frozen base stored DTYPE at rest
+                (tiermem.frozen_dtype bf16 or int8, dequantized at gather), e.g. --contenders
+                tiermem_init,tiermem_init:bf16,tiermem_init:int8; the report adds each one's loss
+                difference, step time and max RSS against the contender without the suffix
 --build plain builds every model outside any Init. The model's classes are imported before any
 Init (DeepSpeed 0.19.8's Init fails when transformers imports GPT-2's file inside it, on torch
 2.15).
@@ -297,6 +301,8 @@ def lora_ds_config(a, nvme_dir):
     tiermem = None
     if a.worker == "tiermem_init":
         tiermem = {"host_budget_bytes": a.init_host_budget, "device_budget_bytes": a.init_device_budget}
+    if a.frozen_dtype and a.worker.startswith("tiermem"):
+        tiermem = dict(tiermem or {}, frozen_dtype=a.frozen_dtype)
     cfg = common.ds_config(hidden=shape["hidden_size"], batch=a.batch, nvme_dir=nvme_dir,
                            sub_group_size=a.sub_group_size,
                            buffer_size=(largest + (1 << 20) - 1) // (1 << 20) * (1 << 20), tiermem=tiermem)
@@ -469,10 +475,13 @@ def spawn_lora(a, who, variant="base", limit=None):
     result, or {"error": ...}; in the cgroup also how it ended (exit, OOM kills, the group's usage)
     and the last progress line it printed."""
     env = common.worker_env(a.threads)
+    who, _, at_rest = who.partition(":")  # tiermem...:DTYPE: the frozen base at rest in DTYPE
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--lora", "--llama", a.llama,
            "--seq", str(a.seq), "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir,
            "--sub-group-size", str(a.sub_group_size), "--init-host-budget", a.init_host_budget,
            "--init-device-budget", a.init_device_budget, "--ds-variant", variant]
+    if at_rest:
+        cmd += ["--frozen-dtype", at_rest]
     for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
                     ("--llama-intermediate", a.llama_intermediate)):
         if v:
@@ -556,6 +565,33 @@ def gib(x):
 
 def mb(x):
     return f"{x / 1e6:.1f}" if x is not None else "—"
+
+
+def at_rest_report(results):
+    """Each tiermem...:DTYPE contender against the same contender without the suffix (same run,
+    interleaved): the largest loss difference over the steps (absolute and relative), step time and
+    max RSS ratios, and the NVMe bytes read per step; printed and returned."""
+    out = {}
+    for c, r in results.items():
+        base = results.get(c.partition(":")[0])
+        if ":" not in c or r.get("error") or not base or base.get("error"):
+            continue
+        d = [abs(x - y) for x, y in zip(r["losses"], base["losses"])]
+        rel = [abs(x - y) / abs(y) for x, y in zip(r["losses"], base["losses"])]
+        read = r["io_per_step"].get("nvme_read_bytes")
+        base_read = base["io_per_step"].get("nvme_read_bytes")
+        out[c] = {"max_abs_loss_diff": max(d), "max_rel_loss_diff": max(rel),
+                  "step_s_ratio": r["step_s"] / base["step_s"],
+                  "max_rss_ratio": r["max_rss_bytes"] / base["max_rss_bytes"],
+                  "nvme_read_per_step": read, "base_nvme_read_per_step": base_read,
+                  "frozen_param_bytes": (r.get("stats") or {}).get("frozen_param_bytes"),
+                  "base_frozen_param_bytes": (base.get("stats") or {}).get("frozen_param_bytes")}
+        o = out[c]
+        print(f"{c} vs {c.partition(':')[0]}: loss max |diff| {o['max_abs_loss_diff']:.2e} "
+              f"({o['max_rel_loss_diff']:.2e} relative) over {len(d)} steps; step {o['step_s_ratio']:.2f}x, "
+              f"max RSS {o['max_rss_ratio']:.2f}x; NVMe read per step {mb(read)} MB vs {mb(base_read)} MB; "
+              f"frozen base at rest {mb(o['frozen_param_bytes'])} MB vs {mb(o['base_frozen_param_bytes'])} MB")
+    return out
 
 
 def lora_main(a):
@@ -667,6 +703,7 @@ def lora_main(a):
                   f"{r['losses'][0]:.4f}..{r['losses'][-1]:.4f} |")
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}")
+    at_rest = at_rest_report(results)
     if ds["attempts"]:
         print("DeepSpeed attempts: " + "; ".join(
             f"{x['variant']}: {'ran' if x['ran'] else (x['error'] or '')[:200]}" for x in ds["attempts"]))
@@ -675,7 +712,7 @@ def lora_main(a):
     if a.json:
         print(json.dumps({"workload": "lora", "llama": a.llama, "shape": shape, "base_params": n_base,
                           "frozen_base_fp32_bytes": base_fp32, "lora": common.LORA, "cgroup_limit_bytes": limit,
-                          "results": results, "ratios": ratios, "ds_attempts": ds["attempts"], "loadavg": loads,
+                          "results": results, "ratios": ratios, "at_rest_vs_base": at_rest, "ds_attempts": ds["attempts"], "loadavg": loads,
                           "cpu": cpu, "avx512": avx512, "threads": a.threads, "seq": a.seq, "batch": a.batch,
                           "steps": a.steps, "rounds": rounds}))
 
@@ -724,6 +761,8 @@ def main():
     p.add_argument("--ds-variant", default="base",
                    help=f"without --lora: DeepSpeed's configuration ({', '.join(DS_VARIANTS)}; 'a+b' both; default base)")
     p.add_argument("--clip", type=float, default=1.0, help="gradient_clipping of every contender (0: none)")
+    p.add_argument("--frozen-dtype", choices=("bf16", "int8"), default=None,
+                   help="--lora worker: tiermem.frozen_dtype (give it as a contender suffix, tiermem_init:int8)")
     p.add_argument("--update-in-backward", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
