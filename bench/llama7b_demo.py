@@ -21,8 +21,8 @@ save_pretrained writes them, so from_pretrained reads it.
 Contenders, each in its own process inside a fresh memory cgroup of --cgroup-limit (default
 8GiB; no swap), killed after --timeout seconds (default 1200):
   tiermem_lora         built under tiermem.torch.zero.Init in bf16 (transformers' no_init_weights:
-                       as from_pretrained builds, no random init), the checkpoint's tensors put in
-                       the Init store one at a time (`p.data = t`), PEFT LoRA r 8 on q/v
+                       as from_pretrained builds, no random init), the checkpoint's tensors written
+                       into the Init store by load_state_dict one at a time, PEFT LoRA r 8 on q/v
                        (torch_bench_common.LORA), tiermem.torch.initialize with the ds_config below
                        (bf16; offload_param and offload_optimizer on nvme; tiermem host and device
                        budgets --budgets), --steps steps of batch --batch x seq --seq. initialize
@@ -116,11 +116,23 @@ def cgroup_usage():
         return (None, None)
 
 
+def rss_anon_file():
+    """[RssAnon, RssFile] of this process now, bytes (file-backed pages, a mapped checkpoint's, count
+    in RSS too)."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith(("RssAnon:", "RssFile:")):
+                out[ln.split(":")[0]] = int(ln.split()[1]) * 1024
+    return [out.get("RssAnon", 0), out.get("RssFile", 0)]
+
+
 def progress(a, phase, **kw):
     """A progress line on stdout (the driver reads the last one of a process that died) and in
     --dir's progress.log (to watch a long run)."""
     line = json.dumps({"progress": phase, "contender": a.worker, "max_rss_bytes": common.max_rss_bytes(),
-                       "cgroup_max_usage_bytes": cgroup_usage()[1], "t": time.time(), **kw})
+                       "cgroup_max_usage_bytes": cgroup_usage()[1], "rss_anon_file": rss_anon_file(),
+                       "t": time.time(), **kw})
     print(line, flush=True)
     with open(os.path.join(a.work, "progress.log"), "a") as f:
         f.write(line + "\n")
@@ -212,21 +224,40 @@ def write_checkpoint(a):
 
 
 def checkpoint_tensors(ckpt):
-    """(name, tensor) of every tensor of the checkpoint, one at a time (safetensors' mmap)."""
-    from safetensors import safe_open
+    """(name, tensor) of every tensor of the checkpoint, one at a time, each read with pread into
+    memory of its own (not safetensors' mmap: mapped file pages would count in the reader's RSS, and
+    a tensor kept by reference would keep its pages mapped)."""
+    import torch
+    dtypes = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
     with open(os.path.join(ckpt, "model.safetensors.index.json")) as f:
         files = sorted(set(json.load(f)["weight_map"].values()))
     for name in files:
-        with safe_open(os.path.join(ckpt, name), framework="pt") as sf:
-            for k in sf.keys():
-                yield k, sf.get_tensor(k)
+        fd = os.open(os.path.join(ckpt, name), os.O_RDONLY)
+        try:
+            n = int.from_bytes(os.pread(fd, 8, 0), "little")
+            header = json.loads(os.pread(fd, n, 8))
+            for k, v in header.items():
+                if k == "__metadata__":
+                    continue
+                begin, end = v["data_offsets"]
+                t = torch.empty(v["shape"], dtype=dtypes[v["dtype"]])
+                buf = memoryview(t.view(torch.uint8).reshape(-1).numpy())
+                done = 0
+                while done < end - begin:
+                    got = os.preadv(fd, [buf[done:]], 8 + n + begin + done)
+                    if got <= 0:
+                        raise OSError(f"{name}: short read of {k}")
+                    done += got
+                yield k, t
+        finally:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------- the contenders (each in its own process)
 
 def build_tiermem(a, cfg):
     """The Llama built under tiermem.torch.zero.Init in bf16 without random init (as from_pretrained
-    builds), then the checkpoint's tensors put into the Init store one at a time."""
+    builds), then the checkpoint's tensors written into the Init store one at a time."""
     import torch
     import tiermem.torch as tt
     transformers = common.import_transformers("LlamaForCausalLM")
@@ -235,13 +266,14 @@ def build_tiermem(a, cfg):
     with tt.zero.Init(config=cfg), no_init_weights():
         model = transformers.LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
     progress(a, "built")
-    params = dict(model.named_parameters())
+    missing = set(n for n, _ in model.named_parameters())
     n = 0
-    for name, t in checkpoint_tensors(a.ckpt):
-        params.pop(name).data = t
+    for name, t in checkpoint_tensors(a.ckpt):  # load_state_dict, one tensor at a time: into the Init store
+        model.load_state_dict({name: t}, strict=False)
+        missing.discard(name)
         n += 1
-    if params:
-        raise RuntimeError(f"the checkpoint has no tensor for {sorted(params)[:5]}")
+    if missing:
+        raise RuntimeError(f"the checkpoint has no tensor for {sorted(missing)[:5]}")
     progress(a, "loaded", tensors=n)
     return model
 
