@@ -41,6 +41,7 @@ import math
 import os
 import pickle
 import sys
+import warnings
 from collections import OrderedDict
 from typing import Any, Optional
 
@@ -370,6 +371,16 @@ def _storage_type(dtype: torch.dtype):
             torch.uint8: torch.ByteStorage, torch.bool: torch.BoolStorage}[dtype]
 
 
+def _warn_quantized_frozen(engine, what: str) -> None:
+    """A frozen base stored in fewer bytes (tiermem.frozen_dtype bf16/int8) is saved as its
+    dequantized values: said once per call, never passed off as the originals."""
+    at_rest = engine._zero.stats()["frozen_dtype"]
+    if at_rest != "working" and any(u.frozen for u in engine.units):
+        warnings.warn(f"{what}: the frozen parameters are stored {at_rest} at rest (tiermem.frozen_dtype / "
+                      f"zero_quantized_nontrainable_weights): the values saved are their dequantized {at_rest} values, "
+                      f"not the originals the model was built with", stacklevel=3)
+
+
 def save_fp32_state_dict(engine, path: str) -> int:
     """Writes the model's state dict with fp32 master weights to `path` (torch.load format), one
     engine unit at a time. Returns the number of parameter bytes written."""
@@ -383,6 +394,7 @@ def save_fp32_state_dict(engine, path: str) -> int:
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"save_fp32_model: the directory of '{path}' ({parent}) does not exist: make it "
                                 "first")
+    _warn_quantized_frozen(engine, "save_fp32_model")
     tmp = path + ".tmp"
     writer = torch._C.PyTorchFileWriter(tmp)
     refs: dict[int, tuple[_StorageRef, torch.Size, torch.dtype]] = {}
