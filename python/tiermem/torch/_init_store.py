@@ -12,6 +12,11 @@ an embedding's padding row through one. ``initialize`` then registers each engin
 Init store (``take_stored``), one unit at a time, and once every unit is in the engine
 ``release_init_store`` drops the Init store (the file goes with its last parameter). A failed
 ``initialize`` leaves the Init store as it was.
+The file is written so that the kernel can drop its pages as it goes: after each
+``FLUSH_BYTES`` written the written range is made durable (``fdatasync``) and dropped from the page
+cache (``posix_fadvise(DONTNEED)``), and a range read back is dropped once read. Buffered writes
+left the whole model's bytes as dirty page cache, charged to the process's memory cgroup: a model
+twice the group's limit was OOM-killed at ``initialize`` (issue 57).
 A model that never reaches ``initialize`` takes its Init store with it: the file, and the directories
 tiermem made for it once they hold nothing else, go when the model is garbage-collected or at
 interpreter exit, in the process that built it (a forked child leaves them to its parent).
@@ -36,8 +41,15 @@ from ._params import is_data_set as _is_data_set
 from ._params import is_view_call as _is_view_call
 from ._params import raw_data as _raw_data
 
-__all__ = ["InitStore", "store_param", "take_stored", "drop_stored", "release_init_store", "guard_stored_module", "make_marked_dirs",
+__all__ = ["InitStore", "FLUSH_BYTES", "store_param", "take_stored", "drop_stored", "release_init_store", "guard_stored_module", "make_marked_dirs",
            "remove_if_unused", "MADE_MARKER"]
+
+
+# Bytes of the Init store file written, or read, between two drops of its pages from the page
+# cache: what the file may hold in the page cache (dirty or clean) at any time, beside one piece
+# being read. 32 MiB pieces write 2 GiB in about the time unbounded buffered writes take on this
+# machine's disk (docs/benchmarks.md), with the group's usage at ~0.1 GiB instead of its limit.
+FLUSH_BYTES = 32 << 20
 
 
 # The marker of a directory tiermem made (src/nvme/made_dirs.h): the engine that last uses it
@@ -100,7 +112,9 @@ def remove_if_unused(directory: str) -> None:
 class InitStore:
     """Where parameters built under Init wait for initialize(): a file under the config's NVMe path
     (offload_param or offload_optimizer nvme), else host memory (the model then lives in host
-    memory anyway). Values keep their dtype. Single-threaded, as module construction is."""
+    memory anyway). Values keep their dtype. The file holds at most about ``FLUSH_BYTES`` of its
+    bytes in the page cache at a time (see the module's docstring). Single-threaded, as module
+    construction is. I/O errors are OSError naming the file."""
 
     def __init__(self, directory: Optional[str]) -> None:
         self.slots: dict[int, tuple[int, int, torch.dtype, torch.Size]] = {}  # id(p) -> (offset, bytes, dtype, shape)
@@ -108,6 +122,7 @@ class InitStore:
         self.fd = -1
         self.path = None
         self.end = 0
+        self._dirty = None  # (first, end, bytes) of what was written since the file's pages were last dropped
         if directory:
             dirs = make_marked_dirs(directory)
             try:
@@ -143,6 +158,7 @@ class InitStore:
             remove_if_unused(d)
 
     def store(self, p: torch.Tensor, values: torch.Tensor) -> None:
+        """Keeps a copy of `values` as `p`'s (a slot of the file, reused while its size holds)."""
         values = values.detach().contiguous()
         if self.fd < 0:
             self.mem[id(p)] = values.clone() if values.data_ptr() == p.data_ptr() else values
@@ -154,26 +170,64 @@ class InitStore:
             slot = (self.end, nbytes, values.dtype, values.shape)
             self.end += (nbytes + 4095) // 4096 * 4096
             self.slots[id(p)] = slot
-        raw = values.view(torch.uint8).reshape(-1).numpy() if nbytes else b""
-        view = memoryview(raw)
+        view = memoryview(values.view(torch.uint8).reshape(-1).numpy()) if nbytes else memoryview(b"")
         done = 0
-        while done < nbytes:  # short writes are retried
-            done += os.pwrite(self.fd, view[done:], slot[0] + done)
+        while done < nbytes:  # FLUSH_BYTES at a time, each dropped once written; short writes retried
+            piece = min(nbytes - done, FLUSH_BYTES)
+            wrote = 0
+            while wrote < piece:
+                wrote += os.pwrite(self.fd, view[done + wrote:done + piece], slot[0] + done + wrote)
+            self._written(slot[0] + done, piece)
+            done += piece
 
-    def load(self, p: torch.Tensor) -> torch.Tensor:
+    def _written(self, offset: int, nbytes: int) -> None:
+        """Notes `nbytes` written at `offset`; once FLUSH_BYTES are pending, writes them back and
+        drops them from the page cache (dirty pages cannot be dropped before they are written)."""
+        lo, hi, pending = (offset, offset + nbytes, 0) if self._dirty is None else self._dirty
+        lo, hi, pending = min(lo, offset), max(hi, offset + nbytes), pending + nbytes
+        self._dirty = (lo, hi, pending)
+        if pending < FLUSH_BYTES:
+            return
+        try:
+            os.fdatasync(self.fd)
+        except OSError as e:
+            raise OSError(e.errno, f"zero.Init: writing the Init store file {self.path} back to its disk failed: "
+                                   f"{os.strerror(e.errno)}", self.path) from e
+        self._dirty = None
+        os.posix_fadvise(self.fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+
+    def load(self, p: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`p`'s stored values: a new tensor of its shape and dtype, or, with `out` (a contiguous
+        tensor of as many elements, any dtype), written into `out` (cast to its dtype; read straight
+        into it, no copy beside it, when the dtypes match) and `out` returned. The pages read are
+        dropped from the page cache once read. Raises OSError (EIO) when the file is shorter than
+        the slot."""
         offset, nbytes, dtype, shape = self.slots[id(p)]
+        if out is not None and (not out.is_contiguous() or out.numel() != shape.numel()):
+            raise ValueError(f"InitStore.load: out must be a contiguous tensor of {shape.numel()} elements, got "
+                             f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})")
         if self.fd < 0:
-            return self.mem[id(p)]
-        out = torch.empty(shape, dtype=dtype)
-        buf = memoryview(out.view(torch.uint8).reshape(-1).numpy()) if nbytes else memoryview(b"")
+            if out is None:
+                return self.mem[id(p)]
+            return out.copy_(self.mem[id(p)].reshape(out.shape))
+        direct = out is not None and out.dtype == dtype
+        dst = out if direct else torch.empty(shape, dtype=dtype)
+        buf = memoryview(dst.view(torch.uint8).reshape(-1).numpy()) if nbytes else memoryview(b"")
         done = 0
-        while done < nbytes:
-            n = os.preadv(self.fd, [buf[done:]], offset + done)
-            if n <= 0:
-                raise OSError(errno.EIO, f"zero.Init: Init store file {self.path} ended at byte {offset + done} "
-                                         f"(expected {nbytes} bytes at {offset})", self.path)
-            done += n
-        return out
+        while done < nbytes:  # FLUSH_BYTES at a time, each dropped from the page cache once read
+            piece = min(nbytes - done, FLUSH_BYTES)
+            got = 0
+            while got < piece:
+                n = os.preadv(self.fd, [buf[done + got:done + piece]], offset + done + got)
+                if n <= 0:
+                    raise OSError(errno.EIO, f"zero.Init: Init store file {self.path} ended at byte "
+                                             f"{offset + done + got} (expected {nbytes} bytes at {offset})", self.path)
+                got += n
+            os.posix_fadvise(self.fd, offset + done, piece, os.POSIX_FADV_DONTNEED)
+            done += piece
+        if out is None or direct:
+            return dst
+        return out.copy_(dst.reshape(out.shape))
 
     def drop(self, p: torch.Tensor) -> None:
         self.slots.pop(id(p), None)
@@ -377,9 +431,12 @@ def store_param(p: torch.nn.Parameter, store: InitStore) -> None:
     p.data = placeholder(p.shape, p.dtype)
 
 
-def take_stored(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
+def take_stored(p: torch.nn.Parameter, out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """For initialize(): the value Init stored for `p` (None if it was not built under Init). The
-    Init store keeps it until drop_stored (an initialize that fails leaves the model as it was)."""
+    Init store keeps it until drop_stored (an initialize that fails leaves the model as it was).
+    With `out` (a contiguous tensor of p.numel() elements, any floating dtype) the value is written
+    into `out` (cast to its dtype) and `out` returned: a parameter of out's dtype is read straight
+    from the Init store file into it, with no copy of its size beside it."""
     st = p.__dict__.get("_tm_init_store")
     if st is None:
         return None
@@ -392,8 +449,8 @@ def take_stored(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
             raise ValueError(f"tiermem.torch.initialize: a parameter built under zero.Init as {tuple(shape)} {dtype} "
                              f"was given .data of {tuple(held.shape)} {held.dtype}: give it values of its own shape and "
                              "dtype (or build the module with the shape it should have)")
-        return held
-    return st.load(p)
+        return held if out is None else out.copy_(held.reshape(out.shape))
+    return st.load(p, out)
 
 
 def drop_stored(p: torch.nn.Parameter) -> None:

@@ -177,13 +177,16 @@ class Unit:
         if p.requires_grad:
             self.n_trainable += 1
 
-    def flat_values(self) -> torch.Tensor:
-        """The unit's current parameter values as one new fp32 vector (for registration): from
-        zero.Init's store for parameters built under it, else from the parameter itself."""
-        out = torch.empty(self.numel, dtype=torch.float32)
+    def flat_values(self, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The unit's current parameter values as one fp32 vector (for registration): from
+        zero.Init's store for parameters built under it (read straight into the vector), else from
+        the parameter itself. Into `out` when given (a contiguous fp32 tensor of numel elements;
+        initialize gives one in a mapping of its own), else a new one; returns it."""
+        if out is None:
+            out = torch.empty(self.numel, dtype=torch.float32)
         for p, off, n in self.params:
-            stored = take_stored(p)
-            out[off:off + n].copy_((stored if stored is not None else p.detach()).reshape(-1))
+            if take_stored(p, out[off:off + n]) is None:
+                out[off:off + n].copy_(p.detach().reshape(-1))
         return out
 
     def set_values(self, values: torch.Tensor) -> None:

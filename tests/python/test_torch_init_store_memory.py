@@ -1,0 +1,173 @@
+"""zero.Init's Init store and initialize hold the memory their design says, not the model's.
+
+The Init store writes each built parameter to a file under the NVMe path. Buffered writes left
+the whole model in the page cache, dirty, charged to the process's memory cgroup: a 1.1 B Llama in
+a cgroup of half its fp32 bytes was OOM-killed at initialize one run in two (issue 57). The file's
+pages are now written back and dropped every ``FLUSH_BYTES``, and dropped once read back: the
+file's page-cache residency (mincore) stays within that bound.
+
+initialize registered each unit from a new fp32 vector beside a loaded copy of the same values,
+and glibc kept the freed vectors of mid-size units in its heap: the 1.1 B Llama's VmHWM grew by
+1.2 GiB across initialize. Each unit's vector is now a mapping of its own (``mapped_empty``),
+filled straight from the Init store file and unmapped once registered: the growth is one unit
+beyond the engine's budgets.
+"""
+
+import ctypes
+import json
+import mmap
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tiermem.torch import _init_store  # noqa: E402
+
+
+def _fs_type(path: str) -> str:
+    """The filesystem type of the mount that holds `path` (/proc/self/mounts)."""
+    best, kind = "", ""
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            mnt = fields[1].replace("\\040", " ")
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, kind = mnt, fields[2]
+    return kind
+
+
+def _resident_bytes(path: str) -> int:
+    """Bytes of the file `path` in the page cache now (mincore over a private mapping that faults
+    nothing in)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    pages = (size + page - 1) // page
+    vec = (ctypes.c_ubyte * pages)()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        try:
+            if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+        finally:
+            del addr
+    return sum(v & 1 for v in vec) * page
+
+
+@pytest.fixture
+def disk_dir(tmp_path):
+    kind = _fs_type(str(tmp_path))
+    if kind in ("tmpfs", "ramfs"):
+        pytest.skip(f"{tmp_path} is on {kind}: its pages are memory, the page cache cannot drop them")
+    return str(tmp_path)
+
+
+def test_init_store_keeps_at_most_flush_bytes_in_the_page_cache(disk_dir, monkeypatch):
+    """32 parameters of 1 MiB, 2 MiB between drops: after the writes, after a rewrite of every
+    parameter (HF's post_init does one) and after reading them back, at most 2 MiB of the 40 MiB
+    file is in the page cache; the values read back are the values written."""
+    flush = 2 << 20
+    monkeypatch.setattr(_init_store, "FLUSH_BYTES", flush)
+    st = _init_store.InitStore(disk_dir)
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.empty(256, 1024)) for _ in range(32)]
+    values = [torch.randn(256, 1024, generator=g) for _ in params]
+    for p, v in zip(params, values):
+        st.store(p, v)
+    assert os.path.getsize(st.path) == 32 << 20
+    after_store = _resident_bytes(st.path)
+    for p, v in zip(params, values):  # a rewrite in place, as an initialisation after the build does
+        v.mul_(0.5)
+        st.store(p, v)
+    after_rewrite = _resident_bytes(st.path)
+    into = torch.empty(256 * 1024, dtype=torch.float64)  # a cast on load reads through a temporary
+    for i, (p, v) in enumerate(zip(params, values)):
+        if i % 2:
+            assert torch.equal(st.load(p), v)
+        else:
+            assert torch.equal(st.load(p, into).view(256, 1024), v.double())
+    after_load = _resident_bytes(st.path)
+    assert max(after_store, after_rewrite, after_load) <= flush, (
+        f"Init store file in the page cache: {after_store >> 10} KiB after the writes, {after_rewrite >> 10} KiB after "
+        f"the rewrite, {after_load >> 10} KiB after the reads; bound {flush >> 10} KiB")
+    st._finalizer()
+    assert not os.path.exists(st.path)
+
+
+def test_init_store_load_into_rejects_a_wrong_destination(disk_dir):
+    st = _init_store.InitStore(disk_dir)
+    p = torch.nn.Parameter(torch.empty(4, 4))
+    st.store(p, torch.ones(4, 4))
+    with pytest.raises(ValueError, match="16 elements"):
+        st.load(p, torch.empty(15))
+    with pytest.raises(ValueError, match="contiguous"):
+        st.load(p, torch.empty(4, 8)[:, :4])
+    st._finalizer()
+
+
+WORKER = r'''
+import json, sys, torch
+import tiermem.torch as tt
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+nvme, old = sys.argv[1], sys.argv[2] == "old"
+cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+       "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme},
+                             "offload_optimizer": {"device": "nvme", "nvme_path": nvme}},
+       "tiermem": {"host_budget_bytes": "48MiB", "device_budget_bytes": "48MiB"}}
+if old:  # the registration before issue 57: a new vector per unit, filled from a loaded copy
+    import tiermem.torch._unit as U
+    def flat_values(self, out=None):
+        out = torch.empty(self.numel)
+        for p, off, n in self.params:
+            out[off:off + n].copy_(U.take_stored(p).reshape(-1))
+        return out
+    U.Unit.flat_values = flat_values
+torch.manual_seed(0)
+with tt.zero.Init(config=cfg):  # a frozen base of 24 units of 16 MiB (384 MiB fp32), a small head trained
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(24)],
+                                torch.nn.Linear(2048, 8, bias=False))
+for p in list(model.parameters())[:-1]:  # frozen, as PEFT leaves a base
+    p.requires_grad_(False)
+unit = 2048 * 2048 * 4
+torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)  # torch.optim's first use imports ~150 MiB
+before = status("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := VmRSS
+engine, *_ = tt.initialize(model=model, config=cfg)
+st = engine.stats()
+print(json.dumps({"growth": status("VmHWM") - before, "unit": unit,
+                  "model": sum(p.numel() * 4 for p in model.parameters()),
+                  "budgets": st["host_budget_bytes"] + st["device_budget_bytes"] + st["host_bounce_bytes"]}))
+engine.close()
+'''
+
+
+def _initialize_growth(nvme: str, how: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TIERMEM_MMAP_THRESHOLD", "RANK", "WORLD_SIZE")}
+    env["TIERMEM_LOG_LEVEL"] = "warn"
+    p = subprocess.run([sys.executable, "-c", WORKER, nvme, how], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_initialize_peak_is_one_unit_beyond_the_budgets(tmp_path):
+    """VmHWM growth across initialize at world size 1 (peak reset just before it; torch.optim's
+    first import done before), a frozen base of 24 units of 16 MiB built under zero.Init: at most
+    one unit, the engine's host and device budgets and bounce buffer, and 16 MiB of fixed costs
+    (threads, rings). The same run registering as before (a new vector from torch.empty beside a
+    loaded copy, per unit) grows past that bound: glibc keeps the freed 16 MiB vectors in its heap
+    (433 MiB of growth for the 384 MiB base here, 68 MiB now)."""
+    new = _initialize_growth(str(tmp_path / "new"), "new")
+    bound = new["unit"] + new["budgets"] + (16 << 20)
+    assert new["growth"] <= bound, f"initialize grew VmHWM by {new['growth'] >> 20} MiB, bound {bound >> 20} MiB: {new}"
+    old = _initialize_growth(str(tmp_path / "old"), "old")
+    assert old["growth"] > bound, f"registering as before stays within the bound too, so this shows nothing: {old}"
