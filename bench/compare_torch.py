@@ -88,8 +88,11 @@ and to "ds_attempts" in --json; later rounds use the one that ran.
 --cgroup-limit half|SIZE (with --lora, root, cgroup v1): each contender (default tiermem_init,
 deepspeed,torch) once, --steps (default 3) steps, in a fresh memory cgroup (largest_llama.
 run_in_cgroup: no swap) of SIZE bytes or, with 'half', half the frozen base's fp32 bytes; per
-contender whether it finished, its max RSS, the group's max usage, or how it died (exit, signal,
-oom_kill count, the last progress line it printed: config / built / initialized / step n).
+contender whether it finished (step time, max RSS) or how it died (exit, signal, oom_kill count,
+the last progress line it printed: config / built / initialized / step n), the group's peak usage
+(memory.max_usage_in_bytes, page cache included) and its memory.stat sampled every 0.1 s: anonymous
+memory, page cache and dirty + writeback pages at the highest usage sampled and at the last sample
+(for a killed worker: how the group stood when it died).
 
 --profile CONTENDER runs that contender once more under cProfile over steps 3..--steps and prints
 its top functions by cumulative and by own time (the hooks, the engine's gather / reduce / step,
@@ -594,6 +597,14 @@ def at_rest_report(results):
     return out
 
 
+def cgroup_split(sample):
+    """'anon / cache / dirty+writeback' (GiB) of a largest_llama.GroupSampler sample, '—' without one."""
+    if not sample:
+        return "—"
+    return (f"{gib(sample.get('rss'))} / {gib(sample.get('cache'))} / "
+            f"{gib(sample.get('dirty', 0) + sample.get('writeback', 0))}")
+
+
 def lora_main(a):
     shape = lora_shape(a)
     n_base = common.llama_param_count(shape)
@@ -667,10 +678,12 @@ def lora_main(a):
     print()
     if limit:
         print(f"memory cgroup {limit / 2**30:.3f} GiB ({limit / base_fp32:.3f} x frozen base fp32), {a.steps} steps:")
-        print("| contender | outcome | max RSS (GiB) | cgroup max usage (GiB) | steps done | losses |")
-        print("|---|---|---|---|---|---|")
+        print("| contender | outcome | step (s) | max RSS (GiB) | cgroup peak (GiB) | anon / page cache / "
+              "dirty+writeback (GiB): at the peak sampled; at the last sample | steps done | losses |")
+        print("|---|---|---|---|---|---|---|---|")
         for c, r in results.items():
             cg = r.get("cgroup") or {}
+            split = f"{cgroup_split(cg.get('cgroup_at_peak'))}; {cgroup_split(cg.get('cgroup_last'))}"
             if "error" in r and r["error"]:
                 lp = (r.get("last_progress") or {}).get("progress", "nothing")
                 how = (f"killed by the OOM killer (oom_kill {cg.get('oom_kills')})"
@@ -678,11 +691,12 @@ def lora_main(a):
                 at = r.get("max_rss_bytes_at_last_progress")
                 if c == "deepspeed" and ds["attempts"]:
                     how = f"{ds['attempts'][0]['variant']}: {how} (every variant: see DeepSpeed attempts)"
-                print(f"| {c} | {how}; last reached: {lp} | {gib(at) + ' at it' if at else '—'}"
-                      f" | {gib(cg.get('cgroup_max_usage_bytes'))} | {r.get('steps_done') or 0} | |")
+                print(f"| {c} | {how}; last reached: {lp} | — | {gib(at) + ' at it' if at else '—'}"
+                      f" | {gib(cg.get('cgroup_max_usage_bytes'))} | {split} | {r.get('steps_done') or 0} | |")
             else:
-                print(f"| {c} | finished, exit 0 | {gib(r['max_rss_bytes'])} | {gib(cg.get('cgroup_max_usage_bytes'))}"
-                      f" | {len(r['losses'])} | {', '.join(f'{x:.4f}' for x in r['losses'])} |")
+                print(f"| {c} | finished, exit 0 | {r['step_s']:.2f} | {gib(r['max_rss_bytes'])} | "
+                      f"{gib(cg.get('cgroup_max_usage_bytes'))} | {split} | {len(r['losses'])} | "
+                      f"{', '.join(f'{x:.4f}' for x in r['losses'])} |")
     else:
         print("| contender | step (s, median) | max RSS (GiB) | init (s) | NVMe read / written per step (MB, "
               "/proc/self/io) | tiermem NVMe read per step: frozen / trainable / optimizer / gradient (MB) | written: "

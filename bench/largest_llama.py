@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -134,12 +135,64 @@ def cgroup_available() -> bool:
     return os.access(CGROUP_ROOT, os.W_OK)
 
 
+# memory.stat fields sampled while the worker runs (bytes): anonymous memory, page cache, and of
+# the page cache what is dirty or under writeback (what the group cannot drop without writing).
+STAT_FIELDS = ("rss", "cache", "dirty", "writeback", "mapped_file")
+
+
+def memory_stat(group: str) -> dict:
+    """The group's memory.stat fields of STAT_FIELDS (bytes), and its usage now (usage_bytes)."""
+    out = {}
+    for ln in read(group, "memory.stat").splitlines():
+        k, _, v = ln.partition(" ")
+        if k in STAT_FIELDS:
+            out[k] = int(v)
+    out["usage_bytes"] = int(read(group, "memory.usage_in_bytes") or 0)
+    return out
+
+
+class GroupSampler:
+    """Samples a memory group's usage and memory.stat every `period_s` seconds on its own thread
+    (started by start(), stopped by stop()) while the group has a task: the sample at the highest
+    usage seen (at_peak) and the last one taken (last: the group's state at most period_s before
+    its task ended, or was killed).
+    Owns the thread; read the results only after stop()."""
+
+    def __init__(self, group: str, period_s: float = 0.1) -> None:
+        self.group, self.period_s = group, period_s
+        self.at_peak = self.last = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            alive = bool(read(self.group, "cgroup.procs"))  # read first: a sample taken after death is not kept
+            s = memory_stat(self.group)
+            if alive and s.get("usage_bytes"):
+                s["t_s"] = time.perf_counter()
+                self.last = s
+                if self.at_peak is None or s["usage_bytes"] >= self.at_peak["usage_bytes"]:
+                    self.at_peak = s
+            self._stop.wait(self.period_s)
+
+    def start(self) -> "GroupSampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_in_cgroup(cmd, env, limit, timeout, name):
     """Runs cmd in a fresh cgroup v1 memory group CGROUP_ROOT/name with memory.limit_in_bytes =
     limit (and memsw the same when the kernel has it: no swap), waits up to timeout seconds (then
     kills it), removes the group. Returns {rc, exit ("signal SIGKILL" for a kill), wall_s,
-    cgroup_limit_bytes, cgroup_max_usage_bytes (counts page cache too), cgroup_failcnt, oom_kills,
-    timed_out, stdout, stderr}."""
+    cgroup_limit_bytes, cgroup_max_usage_bytes (memory.max_usage_in_bytes: the group's peak,
+    page cache included; cgroup v1 has no memory.peak), cgroup_failcnt, oom_kills, timed_out,
+    cgroup_at_peak / cgroup_last (GroupSampler every 0.1 s: memory.stat's rss (anonymous), cache,
+    dirty, writeback, mapped_file and usage_bytes at the highest usage sampled, and in the last
+    sample: how the group stood when its task died), stdout, stderr}."""
     group = os.path.join(CGROUP_ROOT, name)
     os.mkdir(group)
     try:
@@ -156,6 +209,7 @@ def run_in_cgroup(cmd, env, limit, timeout, name):
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=enter_group)
+        sampler = GroupSampler(group).start()
         timed_out = False
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
@@ -163,14 +217,20 @@ def run_in_cgroup(cmd, env, limit, timeout, name):
             timed_out = True
             proc.kill()
             stdout, stderr = proc.communicate()
+        finally:
+            sampler.stop()
         wall = time.perf_counter() - t0
         rc = proc.returncode
         oom = read(group, "memory.oom_control")
+        for s in (sampler.at_peak, sampler.last):
+            if s is not None:
+                s["t_s"] = round(s["t_s"] - t0, 2)  # seconds after the start
         return {"rc": rc, "exit": rc if rc >= 0 else f"signal {signal.Signals(-rc).name}", "wall_s": wall,
                 "cgroup_limit_bytes": limit,
                 "cgroup_max_usage_bytes": int(read(group, "memory.max_usage_in_bytes") or 0),
                 "cgroup_failcnt": int(read(group, "memory.failcnt") or 0),
                 "oom_kills": next((int(x.split()[1]) for x in oom.splitlines() if x.startswith("oom_kill ")), None),
+                "cgroup_at_peak": sampler.at_peak, "cgroup_last": sampler.last,
                 "timed_out": timed_out, "stdout": stdout, "stderr": stderr}
     finally:
         for _ in range(50):  # the group can be removed once its last task has gone
