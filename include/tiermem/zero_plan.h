@@ -136,7 +136,8 @@ struct TIERMEM_API ZeroPlan {
   std::uint64_t device_min_bytes = 0;
   std::string device_min_why;
   std::uint64_t gather_reserve_bytes = 0;  // device room kept for all-gathered modules (world > 1),
-                                           // or with one rank for dequantized frozen ones
+                                           // or with one rank for the largest dequantized
+                                           // frozen one (tiermem.frozen_dtype)
 
   bool fits = true;  // both budgets >= their minimum
   bool device_budget_short = false;  // the device budget (one is needed) is below device_min_bytes

@@ -46,6 +46,7 @@ class DeviceStaging {
   // The tier gather() pins module m's working shard at: the compute tier, except when an opaque
   // device's all-gather is staged through host memory anyway (several ranks, a host
   // communicator) and the shard is not homed on the device: then the host tier (no copy down).
+  // (The host tier for a quantized frozen module not homed on the device: ZeroModule::quantized.)
   Tier gather_tier(const ZeroModule& m) const;
   // Copies `bytes` host bytes to offset `offset` of a pin (synchronously; through the device's
   // copy when the pin is opaque device memory).

@@ -184,10 +184,11 @@ struct Sizing {
     return round_up(std::max<std::uint64_t>(b, 1), o.device_page_bytes);
   }
   // Device room kept for gather buffers: two all-gathered modules with several ranks; with one,
-  // two dequantized frozen modules (the others are read in place).
+  // the largest dequantized frozen module (the others are read in place, from the store's share,
+  // where the minimum likewise holds one gathered module at a time).
   std::uint64_t gather_reserve() const {
     if (o.world_size > 1) return 2 * dev_round(largest_padded);
-    return largest_quantized ? 2 * dev_round(largest_quantized) : 0;
+    return largest_quantized ? dev_round(largest_quantized) : 0;
   }
   // The device optimizer's scratch (outside the store): one sub-group of gradient, when the
   // gradients are not homed on the device, and one of new working params.
@@ -221,9 +222,10 @@ void plan_param_homes(Sizing& s, ZeroPlan& p) {
     if (stored) {
       const Tier home = persistent ? persistent_home : p.param_home;
       const std::uint64_t b = at_rest_bytes(frozen ? s.frozen_at_rest : FrozenDtype::kWorking, m.shard, s.wsize);
-      if (frozen && s.frozen_at_rest != FrozenDtype::kWorking) {
-        s.largest_quantized = std::max<std::uint64_t>(s.largest_quantized, m.padded * s.wsize);
-      }
+      // A quantized frozen shard is read from the host tier into its gather buffer (the reserve):
+      // it is never pinned on the device unless homed there.
+      const bool quantized = frozen && s.frozen_at_rest != FrozenDtype::kWorking;
+      if (quantized) s.largest_quantized = std::max<std::uint64_t>(s.largest_quantized, m.padded * s.wsize);
       p.uses_device = true;
       if (ti != SIZE_MAX && home != Tier::kDevice) s.stored_trained_elems += s.trained.modules[ti].shard;
       p.param_store_bytes += b;
@@ -231,7 +233,7 @@ void plan_param_homes(Sizing& s, ZeroPlan& p) {
       if (home == Tier::kDevice) s.dev_homes += s.dev_round(b);
       if (home == Tier::kHost) s.host_homes += host_round(b);
       if (home == Tier::kNvme) s.nvme_homes += round_up(b, 4096);
-      if (home != Tier::kDevice) s.largest_offloaded = std::max(s.largest_offloaded, b);
+      if (home != Tier::kDevice && !quantized) s.largest_offloaded = std::max(s.largest_offloaded, b);
       if (home == Tier::kNvme) s.stored_nvme[i] = b;
       s.largest_padded = std::max<std::uint64_t>(s.largest_padded, m.padded * s.wsize);
     } else if (stage == 0) {
@@ -465,7 +467,8 @@ void plan_device_minimum(const Sizing& s, ZeroPlan& p) {
     p.device_min_why = fmt::format("{} of working shards homed on the device + the largest offloaded one, {}",
                                    format_bytes(s.dev_homes), format_bytes(offloaded));
     if (p.gather_reserve_bytes) {
-      p.device_min_why += fmt::format(" + 2 {} modules ({})", s.o.world_size > 1 ? "all-gathered" : "dequantized frozen",
+      p.device_min_why += fmt::format(" + {} ({})",
+                                      s.o.world_size > 1 ? "2 all-gathered modules" : "the largest dequantized frozen module",
                                       format_bytes(p.gather_reserve_bytes));
     }
   }
