@@ -46,9 +46,11 @@ __all__ = ["InitStore", "FLUSH_BYTES", "store_param", "take_stored", "drop_store
 
 
 # Bytes of the Init store file written, or read, between two drops of its pages from the page
-# cache: what the file may hold in the page cache (dirty or clean) at any time, beside one piece
-# being read. 32 MiB pieces write 2 GiB in about the time unbounded buffered writes take on this
-# machine's disk (docs/benchmarks.md), with the group's usage at ~0.1 GiB instead of its limit.
+# cache: the most the file holds in the page cache (dirty or clean) at any time. Measured once on
+# this machine's virtio disk, 2 GiB written then read back inside a 512 MiB memory cgroup: with
+# 32 MiB pieces the group stayed at 0.1 GiB and the writes took 0.8x the time of plain buffered
+# ones (which filled the group to its limit); O_DIRECT through an aligned bounce buffer wrote as
+# fast but read back 4x slower.
 FLUSH_BYTES = 32 << 20
 
 
@@ -132,6 +134,9 @@ class InitStore:
                     remove_if_unused(d)
                 raise
             self.fd = fd
+            # No readahead: each read asks for a whole slot, and pages read ahead past it would stay
+            # cached after the slot's pages are dropped.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             # The file, then the directories tiermem made for it once nothing else is in them: when
             # initialize has taken the last parameter (drop_stored), when the stored model is
             # garbage-collected, or at interpreter exit (weakref.finalize's atexit). Only in this
@@ -172,8 +177,8 @@ class InitStore:
             self.slots[id(p)] = slot
         view = memoryview(values.view(torch.uint8).reshape(-1).numpy()) if nbytes else memoryview(b"")
         done = 0
-        while done < nbytes:  # FLUSH_BYTES at a time, each dropped once written; short writes retried
-            piece = min(nbytes - done, FLUSH_BYTES)
+        while done < nbytes:  # pieces that fill FLUSH_BYTES, each dropped once written; short writes retried
+            piece = min(nbytes - done, FLUSH_BYTES - (self._dirty[2] if self._dirty else 0))
             wrote = 0
             while wrote < piece:
                 wrote += os.pwrite(self.fd, view[done + wrote:done + piece], slot[0] + done + wrote)
