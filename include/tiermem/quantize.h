@@ -15,8 +15,9 @@
 //             i.e. half of max|x|/127 of its group. Symmetric absmax ("absmax") quantization per
 //             contiguous group as described for ZeRO++'s quantized weights (Wang et al. 2023,
 //             "ZeRO++", section 3.1: block-based quantization); the group size 128 is ours. DeepSpeed's
-//             zero_quantized_nontrainable_weights (its docs: "quantized weights of untrainable
-//             parameters", CUDA only) names the option; no code of it is used here.
+//             zero_quantized_nontrainable_weights (its config docstring: non-trainable weights
+//             stored in quantized precision, for LoRA; CUDA only) names the option; none of its
+//             code is used here.
 //
 // Units: n is elements; *_bytes are bytes. The caller owns every buffer; each is accessed only
 // during the call; source and destination must not overlap.
