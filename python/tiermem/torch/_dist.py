@@ -7,11 +7,15 @@ The group is the default one (or, when the default group cannot take CPU tensors
 cannot, a gloo group made beside it): the caller's, if torch.distributed is already initialised, else one
 made here from the environment (init_method env://) with gloo and a collective timeout of
 ``TIERMEM_COLLECTIVE_TIMEOUT_S`` seconds (default 120): a rank that died makes the others fail
-within it, naming the operation, instead of hanging.
+within it, naming the operation, instead of hanging. A group made here is destroyed here, at
+interpreter exit (atexit), unless the caller destroyed it first: gloo's worker threads left to the
+interpreter's finalisation abort the process ("terminate called without an active exception",
+pytorch/pytorch#190489), after a run that succeeded.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import socket
@@ -45,6 +49,14 @@ def ensure_process_group() -> None:
                            "torchrun, or set MASTER_ADDR and MASTER_PORT for mpirun")
     timeout = float(env.get("TIERMEM_COLLECTIVE_TIMEOUT_S", "120"))
     dist.init_process_group(backend="gloo", init_method="env://", timeout=datetime.timedelta(seconds=timeout))
+    atexit.register(_destroy_made_group, dist.group.WORLD)
+
+
+def _destroy_made_group(group) -> None:
+    """At exit: destroys the default group ensure_process_group made, if it is still the default
+    one (the caller may have destroyed it, and made another, meanwhile). Local: no collective."""
+    if dist.is_initialized() and dist.group.WORLD is group:
+        dist.destroy_process_group()
 
 
 def keep_frozen_out_of_ddp(model: torch.nn.Module) -> None:
