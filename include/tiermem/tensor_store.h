@@ -95,6 +95,12 @@ struct TIERMEM_API TensorStoreOptions {
   // one warning.
   bool pin_memory = false;
   int numa_node = -1;  // host pool NUMA node; -1: the calling thread's node
+  // A clean device copy evicted to make room goes down to the host tier (one copy, device to host)
+  // instead of being dropped, when its home is NVMe and the host has room for it without evicting
+  // anything needed sooner: its next use reads host memory, not NVMe. The device and host tiers
+  // then cache as one exclusive cache (a LoRA base's last forward modules wait in host memory
+  // for backward). false: dropped, as before (tiermem.demote_to_host).
+  bool demote_to_host = true;
 
   // Throws ConfigError for out-of-range values.
   static TensorStoreOptions from_config(const Config& config);
@@ -174,6 +180,7 @@ struct TIERMEM_API TensorStoreStats {
   std::uint64_t pinned_bytes[kNumTiers] = {};            // now: copies with >= 1 pin
   std::uint64_t evictions[kNumTiers] = {};               // copies dropped to make room / by evict()
   std::uint64_t writebacks[kNumTiers] = {};              // dirty copies written down from tier
+  std::uint64_t demotions = 0;  // clean device copies kept in host memory on eviction (demote_to_host)
   std::uint64_t nvme_read_by_group[kNumGroups] = {};     // bytes read from NVMe, by TensorSpec::group
   std::uint64_t nvme_written_by_group[kNumGroups] = {};  // bytes written to NVMe, by TensorSpec::group
   std::uint64_t hits = 0;            // acquire/fetch found the copy resident and current

@@ -383,6 +383,7 @@ std::string config_to_json(const Config& c, int indent) {
         {"pipeline_chunk_bytes", t.pipeline_chunk_bytes},
         {"pipeline_chunks", t.pipeline_chunks},
         {"nvme_prefetch_bytes", t.nvme_prefetch_bytes},
+        {"demote_to_host", t.demote_to_host},
         {"overlap_optimizer_step", t.overlap_optimizer_step ? json(*t.overlap_optimizer_step) : json("auto")},
         {"update_in_backward", t.update_in_backward},
         {"host_eviction_plan", t.host_eviction_plan},

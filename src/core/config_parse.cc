@@ -411,6 +411,7 @@ void read_tiermem(Section& s, Config& cfg) {
   }
   s.get_int("pipeline_chunks", t.pipeline_chunks, 1, 1024);
   s.get_size("nvme_prefetch_bytes", t.nvme_prefetch_bytes);
+  s.get("demote_to_host", t.demote_to_host);
   s.get("overlap_optimizer_step", t.overlap_optimizer_step);
   s.get("update_in_backward", t.update_in_backward);
   s.get("fp32_single_copy", t.fp32_single_copy);

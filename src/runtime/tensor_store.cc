@@ -18,6 +18,7 @@ TensorStoreOptions TensorStoreOptions::from_config(const Config& config) {
   o.device_budget_bytes = t.device_budget_bytes;
   if (t.host_budget_bytes != 0) o.host_budget_bytes = t.host_budget_bytes;
   o.numa_node = t.numa_node;
+  o.demote_to_host = t.demote_to_host;
   o.pipeline_chunk_bytes = t.pipeline_chunk_bytes;
   o.pipeline_chunks = t.pipeline_chunks;
   o.acquire_timeout = std::chrono::duration<double>(t.acquire_timeout_s);

@@ -350,7 +350,15 @@ struct TensorStore::Impl {
 
   // Evicts the resident, unpinned copy of `id` at `t` (writing it down first when needed).
   // Releases mu_ during the write-back. Throws the write-back's error (copy kept resident).
-  void evict_locked(std::unique_lock<std::mutex>& lock, TensorId id, Tier t);
+  // `to_make_room`: evicted for room at `t` (make_room), when a clean device copy may go down to
+  // the host (demote_locked) rather than be dropped; an explicit evict() drops it.
+  void evict_locked(std::unique_lock<std::mutex>& lock, TensorId id, Tier t, bool to_make_room = false);
+
+  // Before a clean, current device copy of `id` is freed: copies it to the host tier when its home
+  // is NVMe, it has no host copy, and make_room finds host room in prefetch mode (free room, or
+  // victims the policy's evict_for_prefetch accepts for `id`). A failed copy is logged and the
+  // copy dropped as without it (the home holds the bytes). mu_ held; released during the copy.
+  void demote_locked(std::unique_lock<std::mutex>& lock, TensorId id);
 
   // Allocates `size` accounted bytes at `t`, evicting per the policy; waits for releases until
   // `deadline`. Returns nullptr for a prefetch that would have to wait, or whose victims the

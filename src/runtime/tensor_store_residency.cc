@@ -96,7 +96,7 @@ int TensorStore::Impl::find_source(const Entry& e, Tier t) const {
   return -1;
 }
 
-void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorId id, Tier t) {
+void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorId id, Tier t, bool to_make_room) {
   Entry& e = *entries_[id];
   Copy& c = e.copy[idx(t)];
   c.state = State::kEvicting;
@@ -131,12 +131,66 @@ void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorI
     dst.version = std::max(dst.version, version);
     count_move(e, idx(t), idx(target), ph);
     ++stats_.writebacks[idx(t)];
+  } else if (t == Tier::kDevice && to_make_room) {
+    demote_locked(lock, id);
   }
   tier_free(t, c.ptr);
   account(t, -static_cast<std::int64_t>(c.alloc_bytes));
   c = Copy{};
   ++stats_.evictions[idx(t)];
   policy_->on_evicted(id, t);
+  cv_.notify_all();
+}
+
+void TensorStore::Impl::demote_locked(std::unique_lock<std::mutex>& lock, TensorId id) {
+  Entry& e = *entries_[id];
+  Copy& d = e.copy[idx(Tier::kDevice)];
+  Copy& h = e.copy[idx(Tier::kHost)];
+  if (!opts.demote_to_host || e.info.home != Tier::kNvme || e.undefined || d.version != e.latest ||
+      h.state != State::kAbsent || h.writing) {
+    return;
+  }
+  const std::uint64_t size = alloc_size(Tier::kHost, e.info.bytes);
+  if (size > budget_[idx(Tier::kHost)]) return;
+  void* p = make_room(lock, Tier::kHost, size, Mode::kPrefetch, std::chrono::steady_clock::now(), id);
+  if (p == nullptr) return;
+  if (h.state != State::kAbsent || d.version != e.latest) {  // changed while mu_ was released
+    tier_free(Tier::kHost, p);
+    return;
+  }
+  h.ptr = p;
+  h.alloc_bytes = size;
+  h.state = State::kLoading;
+  account(Tier::kHost, static_cast<std::int64_t>(size));
+  ++d.readers;
+  const std::uint64_t version = d.version;
+  const Phase ph = access_phase();
+  lock.unlock();
+  std::exception_ptr err;
+  try {
+    transfer(e, Tier::kDevice, d.ptr, Tier::kHost, p);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  lock.lock();
+  --d.readers;
+  if (err) {
+    tier_free(Tier::kHost, p);
+    account(Tier::kHost, -static_cast<std::int64_t>(size));
+    h = Copy{};
+    cv_.notify_all();
+    try {
+      std::rethrow_exception(err);
+    } catch (const std::exception& ex) {
+      TM_LOG_WARN("RUNTIME", "keeping tensor '{}' in host memory on its eviction from the device failed ({}); "
+                  "it is dropped and read from NVMe at its next use", e.info.name, ex.what());
+    }
+    return;
+  }
+  h.state = State::kResident;
+  h.version = version;
+  count_move(e, idx(Tier::kDevice), idx(Tier::kHost), ph);
+  ++stats_.demotions;
   cv_.notify_all();
 }
 
@@ -160,6 +214,26 @@ void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, s
         candidates.push_back(i);
       }
     }
+    if (t == Tier::kHost && opts.demote_to_host) {
+      // A host copy whose device copy is resident and current is a duplicate: dropping it loses
+      // nothing (the device keeps the bytes, and goes down here again when evicted), so such
+      // copies go first, the furthest-used of them, before anything only the host holds.
+      std::vector<TensorId> dups;
+      for (TensorId i : candidates) {
+        const Entry& e = *entries_[i];
+        const Copy& d = e.copy[idx(Tier::kDevice)];
+        if (d.state == State::kResident && d.version == e.latest && !d.writing && !d.user_writing &&
+            !needs_writeback(e, t)) {
+          dups.push_back(i);
+        }
+      }
+      if (!dups.empty()) {
+        TensorId victim = policy_->choose_victim(t, dups);
+        if (std::find(dups.begin(), dups.end(), victim) == dups.end()) victim = dups.front();
+        evict_locked(lock, victim, t, true);
+        continue;
+      }
+    }
     if (!candidates.empty() && mode == Mode::kPrefetch) {
       if (!plan_prefetch_evictions(lock, t, size, incoming, candidates)) return nullptr;
       continue;
@@ -169,7 +243,7 @@ void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, s
       if (std::find(candidates.begin(), candidates.end(), victim) == candidates.end()) {
         victim = candidates.front();  // a policy bug must not corrupt the store
       }
-      evict_locked(lock, victim, t);
+      evict_locked(lock, victim, t, true);
       continue;
     }
     if (mode == Mode::kPrefetch) return nullptr;
@@ -218,7 +292,7 @@ bool TensorStore::Impl::plan_prefetch_evictions(std::unique_lock<std::mutex>& lo
     // evict_locked releases mu_ during a write-back: re-check each victim is still evictable.
     const Copy& c = entries_[v]->copy[idx(t)];
     if (c.state == State::kResident && c.pins == 0 && c.readers == 0 && !c.writing) {
-      evict_locked(lock, v, t);
+      evict_locked(lock, v, t, true);
     }
   }
   return true;

@@ -79,12 +79,14 @@ class StoreTest : public ::testing::Test {
     o.pipeline_chunk_bytes = chunk;
     o.pipeline_chunks = 3;
     o.acquire_timeout = std::chrono::duration<double>(timeout_s);
+    o.demote_to_host = demote_;
     device_ = std::make_shared<SimDevice>(
         SimDeviceOptions{.budget_bytes = device_budget, .h2d_gbps = sim_gbps_, .d2h_gbps = sim_gbps_});
     store_ = std::make_unique<TensorStore>(o, device_, swap_, std::move(policy));
     return *store_;
   }
 
+  bool demote_ = true;    // TensorStoreOptions::demote_to_host
   double sim_gbps_ = 0;  // the SimDevice's copy throttle (0: unthrottled, Device::storage_direct)
   fs::path dir_;
   std::unique_ptr<IoEngine> engine_;
@@ -614,6 +616,53 @@ class GatePolicy : public ResidencyPolicy {
 
 // A prefetch that needs room asks evict_for_prefetch once per planned victim and evicts none
 // unless every one is accepted; demand loads never ask.
+// NVMe-homed tensors through a device that holds three of them and a host that holds four: what the
+// device evicts for room goes down to the host (demote_to_host), so using it again reads host
+// memory, not NVMe; with the option off it is read again. A host copy whose device copy is
+// resident goes first when the host needs room.
+TEST_F(StoreTest, DeviceEvictionsGoDownToTheHostInsteadOfBeingReadAgain) {
+  for (bool demote : {true, false}) {
+    SCOPED_TRACE(demote);
+    store_.reset();
+    demote_ = demote;
+    TensorStore& s = make(3 * 81920, 4 * 81920);
+    std::vector<TensorId> ids;
+    for (std::uint32_t i = 0; i < 6; ++i) {
+      auto init = make_bytes(i, 0, 80000);
+      ids.push_back(s.register_tensor({.name = "t" + std::to_string(i), .bytes = 80000, .home = Tier::kNvme, .initial = init}));
+    }
+    for (std::uint32_t i = 0; i < 6; ++i) {  // t0..t2 leave the device for t3..t5
+      TensorStore::Pin p = s.acquire(ids[i], Tier::kDevice);
+      ASSERT_TRUE(matches(p.data(), i, 0, 80000));
+    }
+    TensorStoreStats st = s.stats();
+    EXPECT_EQ(st.moves[2][0], 6u);  // each read from NVMe once
+    EXPECT_EQ(st.demotions, demote ? 3u : 0u);
+    EXPECT_EQ(st.moves[0][1], demote ? 3u : 0u);
+    EXPECT_EQ(st.writebacks[0], 0u);  // clean: copied down, never written to NVMe
+    EXPECT_LE(st.peak_resident_bytes[1], 4u * 81920u);
+    {
+      TensorStore::Pin p = s.acquire(ids[0], Tier::kDevice);  // evicts t3 for room
+      EXPECT_TRUE(matches(p.data(), 0, 0, 80000));
+    }
+    st = s.stats();
+    EXPECT_EQ(st.moves[2][0], demote ? 6u : 7u);  // from host memory, or NVMe again
+    EXPECT_EQ(st.moves[1][0], demote ? 1u : 0u);
+    if (!demote) continue;
+    // The host holds t0 (also on the device now), t1, t2 and t3 (just demoted): t4's demotion
+    // needs room, and the duplicate t0 goes, not t1 or t2.
+    { TensorStore::Pin p = s.acquire(ids[1], Tier::kDevice); }  // evicts t4 from the device
+    st = s.stats();
+    EXPECT_EQ(st.moves[2][0], 6u);
+    EXPECT_EQ(st.demotions, 5u);
+    for (std::uint32_t i : {2u, 3u, 4u}) {
+      TensorStore::Pin p = s.acquire(ids[i], Tier::kHost);
+      EXPECT_TRUE(matches(p.data(), i, 0, 80000));
+    }
+    EXPECT_EQ(s.stats().moves[2][1], 0u);  // t2, t3, t4 were in host memory
+  }
+}
+
 TEST_F(StoreTest, PrefetchEvictsOnlyWhenPolicyAcceptsEveryVictim) {
   auto policy = std::make_unique<GatePolicy>();
   GatePolicy* gp = policy.get();
