@@ -19,7 +19,9 @@ for every contender); config.json and model.safetensors.index.json beside them, 
 save_pretrained writes them, so from_pretrained reads it.
 
 Contenders, each in its own process inside a fresh memory cgroup of --cgroup-limit (default
-8GiB; no swap), killed after --timeout seconds (default 1200):
+8GiB; no swap), killed after --timeout seconds (default 1200), the checkpoint's pages dropped from
+the page cache before each (POSIX_FADV_DONTNEED: pages cached outside the group would be memory
+outside its limit, and from_pretrained maps the checkpoint's files as the weights):
   tiermem_lora         built under tiermem.torch.zero.Init in bf16 (transformers' no_init_weights:
                        as from_pretrained builds, no random init), the checkpoint's tensors written
                        into the Init store by load_state_dict one at a time, PEFT LoRA r 8 on q/v
@@ -335,7 +337,7 @@ def generate_runs(a, model, engine=None):
             r["nvme_read_bytes"] = st["nvme_read_bytes"] - before
             r["io_bound_s"] = r["nvme_read_bytes"] / (float(a.nvme_gbps.split(",")[0]) * 1e9)
         out[f"batch{b}"] = r
-        progress(a, "generate", **{k: v for k, v in r.items() if k != "tokens"})
+        progress(a, "generate", **r)
     return out
 
 
@@ -452,8 +454,24 @@ def how_it_died(rc_info, stderr, last):
     return f"exit {rc_info.get('exit')}: {exc[:300]}{at}"
 
 
+def drop_cached(ckpt):
+    """Drops the checkpoint's pages from the page cache (POSIX_FADV_DONTNEED, its files only). A
+    page is charged to the memory cgroup that first brought it in: pages cached by the writer or an
+    earlier contender would be memory outside the next contender's group, and a model mapped from
+    them (from_pretrained maps safetensors) would not count against its limit."""
+    for name in os.listdir(ckpt):
+        fd = os.open(os.path.join(ckpt, name), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def run_contender(a, who, limit, env):
-    """One contender in its memory cgroup; its folder under the work dir removed afterwards."""
+    """One contender in its memory cgroup, the checkpoint's pages dropped from the page cache
+    first; its folder under the work dir removed afterwards."""
+    drop_cached(a.ckpt)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who] + a.passthrough
     folder = os.path.join(a.work, who.replace(":", "_"))
     name = f"llama7b_demo_{os.getpid()}_{who.replace(':', '_').replace('+', '_')}"
