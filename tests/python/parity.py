@@ -342,7 +342,8 @@ def plain_loop(cell: Cell, model, data) -> dict:
     if cell.precision == "bf16":
         # The masters are the fp32 model's values, taken before the model is rounded to bf16.
         masters = [p.detach().float().clone().requires_grad_(True) for _, p in trainable(model)]
-        model = model.to(torch.bfloat16)
+        for p in model.parameters():  # parameters only: buffers keep their dtype, as in DeepSpeed's engine
+            p.data = p.data.to(torch.bfloat16)
     else:
         masters = [p for _, p in trainable(model)]
     named = trainable(model)

@@ -89,7 +89,13 @@ def test_lora_bf16_within_tolerance(torch_or_skip, tmp_path):
     cfg["bf16"] = {"enabled": True}
     with tt.zero.Init(config=cfg):
         base = build("llama")
-    engine, *_ = tt.initialize(model=_lora(base, "llama"), config=cfg)
+    model = _lora(base, "llama")
+    buffers = {n: b.dtype for n, b in model.named_buffers() if b.is_floating_point()}
+    assert buffers, "the Llama has a floating buffer (rotary inv_freq)"
+    engine, *_ = tt.initialize(model=model, config=cfg)
+    # A bf16 config casts the parameters, never the buffers (DeepSpeed's engine likewise): the
+    # rotary inv_freq stays fp32.
+    assert {n: b.dtype for n, b in model.named_buffers() if b.is_floating_point()} == buffers
     got = engine_losses(engine, data, 10)
     assert_rel_close(got, want, 2e-3)
     engine.close()

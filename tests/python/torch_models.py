@@ -88,7 +88,9 @@ def bf16_master_reference(model, data, clip: float = 1.0, lr: float = 1e-3):
     fp32 master copies of its trainable parameters (the fp32 model's values) are clipped and
     stepped by torch.optim.AdamW, then copied back rounded to nearest even. Returns the losses."""
     import torch
-    ref = copy.deepcopy(model).to(torch.bfloat16)
+    ref = copy.deepcopy(model)
+    for p in ref.parameters():  # parameters only: buffers keep their dtype, as in DeepSpeed's engine
+        p.data = p.data.to(torch.bfloat16)
     params = [p for p in ref.parameters() if p.requires_grad]
     masters = [p.detach().float().clone().requires_grad_(True) for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(masters, lr=lr, weight_decay=0.01)

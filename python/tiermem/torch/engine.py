@@ -256,11 +256,9 @@ class TiermemEngine:
         # The model's own copies (or zero.Init's store in host memory) are free now: glibc would keep
         # them in its heap, a second model's worth of RSS beside the engine's.
         return_freed_memory()
-        if dtype != torch.float32:  # buffers follow the working dtype (as DeepSpeed's engine does)
-            for m in model.modules():
-                for k, b in m._buffers.items():
-                    if b is not None and b.is_floating_point():
-                        m._buffers[k] = b.to(dtype)
+        # Buffers keep the dtype they have: a bf16 or fp16 config casts the parameters, never the
+        # buffers, as DeepSpeed 0.19.8's engine does without a buffer_dtype. A model's fp32 buffer
+        # (Llama's rotary inv_freq) rounded to bf16 moved the loss and changed generated tokens.
         self._hooks.attach(self._zero, dtype, ops)
         fix_malloc_threshold(int(self._zero.stats()["host_budget_bytes"]))
         self._hooks.on_backward = self._note_backward
