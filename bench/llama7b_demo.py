@@ -27,10 +27,8 @@ outside its limit, and from_pretrained maps the checkpoint's files as the weight
                        into the Init store by load_state_dict one at a time, PEFT LoRA r 8 on q/v
                        (torch_bench_common.LORA), tiermem.torch.initialize with the ds_config below
                        (bf16; offload_param and offload_optimizer on nvme; tiermem host and device
-                       budgets --budgets), --steps steps of batch --batch x seq --seq. initialize
-                       makes the floating buffers bf16 (the RoPE's inv_freq); DeepSpeed 0.19.8 and
-                       from_pretrained keep them fp32, so they are put back in fp32 after it
-                       (--engine-buffers: left as initialize made them)
+                       budgets --budgets), --steps steps of batch --batch x seq --seq. Buffers keep
+                       their dtype (the RoPE's inv_freq stays fp32), as in DeepSpeed 0.19.8
   tiermem_lora_budgets the same at the budgets --budgets2, --steps2 steps: its losses are compared
                        with tiermem_lora's bit for bit (budgets change no result)
   tiermem_generate     the same build and load, every parameter frozen, a forward-only engine (the
@@ -362,15 +360,7 @@ def run_worker(a):
             model.requires_grad_(False)
         else:
             model = common.lora_wrap(model)
-        fp32 = {(m, k): b for m in model.modules() for k, b in m._buffers.items()
-                if b is not None and b.dtype == torch.float32}
         engine, *_ = tt.initialize(model=model, config=cfg)
-        if not a.engine_buffers:
-            # initialize made the floating buffers bf16 (the RoPE's inv_freq); DeepSpeed 0.19.8 and
-            # from_pretrained keep them fp32: put them back, so every contender computes alike.
-            out["buffers_put_back_fp32"] = sorted(k for (m, k), b in fp32.items() if m._buffers[k].dtype != b.dtype)
-            for (m, k), b in fp32.items():
-                m._buffers[k] = b
         out["init_s"] = time.perf_counter() - t0
         progress(a, "initialized", init_s=out["init_s"])
         if gen:
@@ -557,9 +547,6 @@ def main():
     p.add_argument("--seed", type=int, default=0, help="the checkpoint's seed (default 0)")
     p.add_argument("--shard-bytes", type=float, default=2e9, help="checkpoint shard size (default 2e9)")
     p.add_argument("--keep-checkpoint", action="store_true", help="keep the checkpoint (and reuse a matching one)")
-    p.add_argument("--engine-buffers", action="store_true",
-                   help="tiermem: keep the floating buffers as initialize made them (bf16) instead of putting "
-                        "their fp32 values back")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", action="store_true")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -593,8 +580,6 @@ def main():
                      "--steps2", str(a.steps2), "--prompt", str(a.prompt), "--new-tokens", str(a.new_tokens),
                      "--budgets", a.budgets, "--budgets2", a.budgets2, "--nvme-gbps", a.nvme_gbps,
                      "--accelerate-cpu-memory", str(a.accelerate_cpu_memory), "--seed", str(a.seed)]
-    if a.engine_buffers:
-        a.passthrough.append("--engine-buffers")
     for flag, v in (("--layers", a.layers), ("--hidden", a.hidden), ("--intermediate", a.intermediate),
                     ("--heads", a.heads)):
         if v:
