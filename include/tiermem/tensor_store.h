@@ -99,8 +99,8 @@ struct TIERMEM_API TensorStoreOptions {
   // instead of being dropped, when its home is NVMe and the host has room for it without evicting
   // anything needed sooner: its next use reads host memory, not NVMe. The device and host tiers
   // then cache as one exclusive cache (a LoRA base's last forward modules wait in host memory
-  // for backward). false (the default): dropped (tiermem.demote_to_host). Experimental: the
-  // TensorStore soak (tests/fault/soak_test.cc) hangs with it on, a race not yet found.
+  // for backward). false (the default): dropped (tiermem.demote_to_host). Opt-in: CI's suites
+  // and soak run with it off (the soak passes with it on, by hand).
   bool demote_to_host = false;
 
   // Throws ConfigError for out-of-range values.

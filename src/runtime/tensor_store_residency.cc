@@ -152,7 +152,16 @@ void TensorStore::Impl::demote_locked(std::unique_lock<std::mutex>& lock, Tensor
   }
   const std::uint64_t size = alloc_size(Tier::kHost, e.info.bytes);
   if (size > budget_[idx(Tier::kHost)]) return;
-  void* p = make_room(lock, Tier::kHost, size, Mode::kPrefetch, std::chrono::steady_clock::now(), id);
+  void* p = nullptr;
+  try {
+    p = make_room(lock, Tier::kHost, size, Mode::kPrefetch, std::chrono::steady_clock::now(), id);
+  } catch (const std::exception& ex) {
+    // A host victim's write-back failed (it stays resident and dirty: nothing lost). The device
+    // copy is dropped as without demotion; letting the error out would leave it kEvicting forever.
+    TM_LOG_WARN("RUNTIME", "keeping tensor '{}' in host memory on its eviction from the device: making room "
+                "failed ({}); it is dropped and read from NVMe at its next use", e.info.name, ex.what());
+    return;
+  }
   if (p == nullptr) return;
   if (h.state != State::kAbsent || d.version != e.latest) {  // changed while mu_ was released
     tier_free(Tier::kHost, p);
