@@ -231,17 +231,7 @@ def run_worker(a):
             def step():
                 return common.engine_step(engine, data)
         elif a.worker == "torch":
-            model.train()
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-
-            def step():
-                loss = model(input_ids=data, labels=data).loss
-                loss.backward()
-                if a.clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-                opt.step()
-                opt.zero_grad()
-                return loss
+            step = common.plain_step(model, data, a.clip)
         else:
             raise SystemExit(f"unknown contender {a.worker}")
         info["init_s"] = time.perf_counter() - t_init
@@ -370,18 +360,7 @@ def run_lora_worker(a):
             def step():
                 return common.engine_step(engine, data)
         else:
-            model.train()
-            trainable = [q for q in model.parameters() if q.requires_grad]
-            opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-
-            def step():
-                loss = model(input_ids=data, labels=data).loss
-                loss.backward()
-                if a.clip > 0:
-                    torch.nn.utils.clip_grad_norm_(trainable, a.clip)
-                opt.step()
-                opt.zero_grad()
-                return loss
+            step = common.plain_step(model, data, a.clip)
         out["init_s"] = time.perf_counter() - t_init
         marks["initialized"] = common.rss_marks()
         progress("initialized", t=out["init_s"])

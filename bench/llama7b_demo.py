@@ -404,17 +404,7 @@ def run_worker(a):
     elif w == "torch_lora":
         model = common.lora_wrap(from_pretrained(a))
         progress(a, "loaded")
-        model.train()
-        trainable = [q for q in model.parameters() if q.requires_grad]
-        opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-
-        def step():
-            loss = model(input_ids=data, labels=data).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            opt.step()
-            opt.zero_grad()
-            return loss
+        step = common.plain_step(model, data, 1.0)
         out["init_s"] = time.perf_counter() - t0
         progress(a, "initialized", init_s=out["init_s"])
         out.update(lora_steps(a, step))

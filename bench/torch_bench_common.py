@@ -163,6 +163,27 @@ def init_deepspeed_gloo(single_process=True):
 
 # ---------------------------------------------------------------- measuring
 
+def plain_step(model, data, clip):
+    """The plain loop's step on `model` (put in training mode): torch.optim.AdamW over its trainable
+    parameters with the offloading contenders' hyper-parameters (ds_config), clipping at `clip`
+    when > 0. Returns step(), which runs one step on `data` (input_ids and labels) and returns the
+    loss."""
+    import torch
+    model.train()
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+    def step():
+        loss = model(input_ids=data, labels=data).loss
+        loss.backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(trainable, clip)
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
 def engine_step(engine, data):
     """One training step of a DeepSpeed-shaped engine (DeepSpeed's or tiermem.torch's) on one token
     batch used as input_ids and labels; returns the loss."""
