@@ -228,7 +228,20 @@ void PinnedHostPool::resize_slot_locked(int k, std::uint32_t i, std::uint64_t by
     if (bytes == 0) s.locked = false;
   } else {  // commit [committed, bytes)
     char* head = base + s.committed;
-    const std::uint64_t n = bytes - s.committed;
+    std::uint64_t n = bytes - s.committed;
+    // Past the budget: warm slots' pages first (moved, not zeroed), then warm slots released.
+    if (committed_ + n > options_.budget_bytes) {
+      const std::uint64_t moved = move_warm_pages_locked(k, i, head, committed_ + n - options_.budget_bytes);
+      if (moved > 0) {
+        s.committed += moved;  // already faulted in, locked with pin_memory, counted in committed_
+        s.locked = options_.pin_memory;
+        head += moved;
+        n -= moved;
+      }
+      while (committed_ + n > options_.budget_bytes && release_one_warm_locked(k, i)) {
+      }
+    }
+    faulted_bytes_ += n;
     bind_to_numa_node(head, n, options_.numa_node);
     populate_range(head, n);
     if (options_.pin_memory) {
@@ -262,6 +275,72 @@ void PinnedHostPool::resize_slot_locked(int k, std::uint32_t i, std::uint64_t by
   }
 #endif
   notify_map_locked(k, i);
+}
+
+std::uint64_t PinnedHostPool::move_warm_pages_locked(int k, std::uint32_t i, char* dst, std::uint64_t bytes) {
+  std::uint64_t moved = 0;
+  // Largest slots first (as release_one_warm_locked): fewest moves for the bytes.
+  for (int c = static_cast<int>(classes_.size()) - 1; c >= 0 && moved < bytes; --c) {
+    SizeClass& sc = classes_[c];
+    for (std::size_t w = 0; w < sc.warm.size() && moved < bytes;) {
+      const std::uint32_t j = sc.warm[w];
+      if (c == k && j == i) {
+        ++w;
+        continue;
+      }
+      Slot& src = sc.slots[j];
+      const std::uint64_t take = std::min(bytes - moved, src.committed);
+      char* from = slot_base(c, j) + (src.committed - take);
+      notify_unmap_locked(c, j);
+#if TIERMEM_HAVE_CUDA
+      if (src.cuda_registered) {
+        cudaHostUnregister(slot_base(c, j));
+        src.cuda_registered = false;
+      }
+#endif
+      if (mremap(from, take, take, MREMAP_MAYMOVE | MREMAP_FIXED, dst + moved) == MAP_FAILED) {
+        // A kernel before 6.17 cannot move a range that earlier moves made of several mappings
+        // (EFAULT): the caller releases and faults in instead.
+        TM_LOG_DEBUG("HOST", "moving {} of a warm slot's pages failed ({}); faulting in fresh pages",
+                     format_bytes(take), std::strerror(errno));
+        notify_map_locked(c, j);
+        return moved;
+      }
+      moved += take;
+      moved_bytes_ += take;
+      src.committed -= take;
+      src.huge_bytes = 0;
+      src.contiguous_bytes = kAlignment;
+      // The range the pages left is the class's reserved address space again (no memory behind it).
+      if (mmap(from, take, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) ==
+          MAP_FAILED) {
+        // Another mapping could land in the hole: the slot is never used again (it stays out of
+        // the warm and cold lists, marked live).
+        TM_LOG_ERROR("HOST", "host pool: re-reserving {} at {} failed ({}); one {} slot retired",
+                     format_bytes(take), static_cast<void*>(from), std::strerror(errno), format_bytes(sc.slot_bytes));
+        if (src.committed > 0) {
+          if (src.locked) munlock(slot_base(c, j), src.committed);
+          madvise(slot_base(c, j), src.committed, MADV_DONTNEED);
+        }
+        committed_ -= src.committed;
+        src.committed = 0;
+        src.locked = false;
+        src.live = true;
+        sc.warm.erase(sc.warm.begin() + static_cast<std::ptrdiff_t>(w));
+        continue;
+      }
+      if (thp_ && sc.slot_bytes >= kHuge) madvise(from, take, MADV_HUGEPAGE);
+      if (src.committed == 0) {
+        src.locked = false;
+        sc.warm.erase(sc.warm.begin() + static_cast<std::ptrdiff_t>(w));
+        sc.cold.push_back(j);
+      } else {
+        notify_map_locked(c, j);
+        ++w;
+      }
+    }
+  }
+  return moved;
 }
 
 std::uint64_t PinnedHostPool::release_free() noexcept {
@@ -326,11 +405,8 @@ void* PinnedHostPool::try_allocate_locked(std::uint64_t rounded) {
   }
   Slot& s = c.slots[i];
   s.live = true;  // not a release candidate while the room is made
-  // Committed bytes stay within the budget: release warm slots until this one's growth fits.
-  // Allocated bytes alone fit, so this ends.
-  const std::uint64_t grow = rounded > s.committed ? rounded - s.committed : 0;
-  while (committed_ + grow > options_.budget_bytes && release_one_warm_locked(k, i)) {
-  }
+  // Committed bytes stay within the budget: resize_slot_locked takes warm slots' pages (or
+  // releases warm slots) until this one's growth fits. Allocated bytes alone fit, so it does.
   try {
     resize_slot_locked(k, i, rounded);
   } catch (...) {
@@ -440,6 +516,14 @@ std::uint64_t PinnedHostPool::peak_allocated_bytes() const {
 std::uint64_t PinnedHostPool::mapped_bytes() const {
   std::lock_guard lock(mu_);
   return committed_;
+}
+std::uint64_t PinnedHostPool::faulted_bytes() const {
+  std::lock_guard lock(mu_);
+  return faulted_bytes_;
+}
+std::uint64_t PinnedHostPool::moved_bytes() const {
+  std::lock_guard lock(mu_);
+  return moved_bytes_;
 }
 std::uint64_t PinnedHostPool::peak_mapped_bytes() const {
   std::lock_guard lock(mu_);

@@ -143,6 +143,45 @@ TEST(PinnedHostPool, CommitsWhatIsUsedAndReleasesWarmSlotsForRoom) {
   pool.free(e);
 }
 
+// Past the budget, a commit takes a warm slot's pages over (mremap) instead of releasing them and
+// faulting zeroed ones in: the new block holds the old bytes (nothing zeroed), nothing is faulted,
+// the budget holds, and the blocks stay disjoint.
+TEST(PinnedHostPool, WarmSlotsPagesMoveToTheCommitThatNeedsThemInsteadOfBeingZeroedAgain) {
+  constexpr std::uint64_t kMiB = 1 << 20;
+  PinnedHostPool pool(small(16 * kMiB));
+  auto* a = static_cast<unsigned char*>(pool.allocate(12 * kMiB));
+  std::memset(a, 0xAB, 12 * kMiB);
+  auto* b = static_cast<unsigned char*>(pool.allocate(4 * kMiB));
+  std::memset(b, 0xCD, 4 * kMiB);
+  pool.free(a);
+  EXPECT_EQ(pool.faulted_bytes(), 16 * kMiB);
+  EXPECT_EQ(pool.moved_bytes(), 0u);
+  // 6 MiB is another size class: the budget is committed in full, so 6 MiB of the warm 12 move.
+  auto* c = static_cast<unsigned char*>(pool.allocate(6 * kMiB));
+  EXPECT_EQ(pool.faulted_bytes(), 16 * kMiB) << "nothing faulted in afresh";
+  EXPECT_EQ(pool.moved_bytes(), 6 * kMiB);
+  EXPECT_EQ(pool.mapped_bytes(), 16 * kMiB);
+  EXPECT_EQ(c[0], 0xAB) << "the warm slot's pages, not zeroed ones";
+  EXPECT_EQ(c[6 * kMiB - 1], 0xAB);
+  std::memset(c, 0x11, 6 * kMiB);
+  EXPECT_EQ(b[0], 0xCD);
+  EXPECT_EQ(b[4 * kMiB - 1], 0xCD);
+  pool.free(b);
+  pool.free(c);
+  // The 12 MiB slot kept 6 MiB; growing it back takes the other warm slots' pages.
+  auto* d = static_cast<unsigned char*>(pool.allocate(12 * kMiB));
+  EXPECT_LE(pool.mapped_bytes(), 16 * kMiB);
+  EXPECT_EQ(pool.faulted_bytes(), 16 * kMiB);
+  std::memset(d, 0x22, 12 * kMiB);
+  auto* e = static_cast<unsigned char*>(pool.allocate(4 * kMiB));
+  std::memset(e, 0x33, 4 * kMiB);
+  EXPECT_EQ(d[0], 0x22);
+  EXPECT_EQ(d[12 * kMiB - 1], 0x22);
+  EXPECT_LE(pool.mapped_bytes(), 16 * kMiB);
+  pool.free(d);
+  pool.free(e);
+}
+
 // Registration follows the slots: the listener sees each committed slot mapped, and unmapped
 // before its pages go; every block handed out lies inside a region mapped at that time.
 TEST(PinnedHostPool, RegionListenerFollowsCommittedSlots) {
