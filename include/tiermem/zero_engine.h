@@ -357,6 +357,18 @@ class TIERMEM_API ZeroEngine {
   // itself (no gradient_accumulation_steps bookkeeping needed by the caller).
   StepResult step();
 
+  // A forward-only engine's (every module frozen) pass boundary, its counterpart of step(): the
+  // store's trace of accesses ends here. The Prefetcher records the first pass and replays every
+  // later one that gathers the same modules in the same order: it reads ahead from NVMe (across
+  // the boundary, into the next pass) and evicts by next use (Belady's MIN) instead of least
+  // recently used. Why: generate() runs the model's forward once per token over the same modules,
+  // a cycle; with caches smaller than the model, LRU over a cycle keeps nothing the next pass can
+  // use, and gathers outside a step got no read-ahead at all. Gathers of the pass must use
+  // Phase::kForward (kOutsideStep is not traced). The last-step figures (ZeroStats::last_step_*)
+  // then cover the last pass. Thread-safety: the driving thread, between passes. Errors: Error on
+  // an engine with a trainable module (its steps end at step()).
+  void end_forward_pass();
+
   // Declares that the coming backward pass completes this step's gradients (the last micro-batch
   // of an accumulation) and that step() follows it at learning rate `lr`: each module's update may
   // then run during that backward, on the engine's update thread beside the calling thread's

@@ -548,6 +548,9 @@ void bind_zero_engine(nb::module_& m) {
            "Writes every dirty tensor home and drops the cached copies above it; returns the host pool's "
            "free pages and the device's cache (ZeroEngine::offload_states). Returns the bytes dropped.")
       .def("set_learning_rate", [](PyZeroEngine& p, double lr) { p.e().set_learning_rate(lr); }, nb::arg("lr"))
+      .def("end_forward_pass", [](PyZeroEngine& p) { p.e().end_forward_pass(); },
+           "A forward-only engine's pass boundary (ZeroEngine::end_forward_pass): the Prefetcher records the first "
+           "pass's gathers and replays later passes (read-ahead, Belady eviction). Raises on a trainable engine.")
       .def("step_in_backward", [](PyZeroEngine& p, double lr) { return p.e().step_in_backward(lr); }, nb::arg("lr"),
            "Declares that the coming backward pass completes this step's gradients and that step() follows at "
            "learning rate lr: each module's update may run during that backward once its gradient is complete "

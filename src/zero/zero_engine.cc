@@ -409,6 +409,20 @@ ZeroEngine::StepResult ZeroEngine::step() {
   return res;
 }
 
+void ZeroEngine::end_forward_pass() {
+  Impl& I = *impl_;
+  if (std::any_of(I.mods.begin(), I.mods.end(), [](const detail::ZeroModule& m) { return !m.frozen; })) {
+    throw Error("ZeroEngine::end_forward_pass: a module is trainable (not in ZeroEngineOptions::frozen_modules): "
+                "this engine's steps end at step(); end_forward_pass is for forward-only engines");
+  }
+  I.finalize();
+  if (I.step_io.is_open()) I.close_step_window();
+  if (I.store) {
+    I.store->end_step();
+    I.store->begin_step();
+  }
+}
+
 std::size_t ZeroEngine::shard_numel() {
   impl_->finalize();
   return impl_->plan.rank_flat_elems;

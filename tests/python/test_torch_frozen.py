@@ -142,6 +142,39 @@ def test_reference_model_forward_only(torch_or_skip, tmp_path, capfd):
     engine.close()
 
 
+def test_forward_only_generate_reads_less_than_the_model_per_token(torch_or_skip, tmp_path):
+    """generate() runs the model's forward once per token over the same modules. On a forward-only
+    engine each forward is one traced pass (ZeroEngine.end_forward_pass): with host and device
+    caches smaller than the model, the passes after the first read ahead and evict by next use, so
+    a token reads less than the whole base from NVMe (before, gathers outside a training step
+    were untraced, and LRU over the cycle kept nothing: every token read the whole base). The
+    tokens equal the plain model's."""
+    torch = torch_or_skip
+    hf_or_skip()
+    import tiermem.torch as tt
+    plain = build("llama", layers=6, hidden=128).eval()
+    plain.requires_grad_(False)
+    base = sum(p.numel() * 4 for p in plain.parameters())
+    model = build("llama", layers=6, hidden=128).eval()
+    model.requires_grad_(False)
+    cfg = _forward_only_config(tmp_path)
+    budget = (int(base * 0.35) + 4095) // 4096 * 4096
+    cfg["tiermem"] = dict(cfg.get("tiermem", {}), host_budget_bytes=budget, device_budget_bytes=budget)
+    engine, *_ = tt.initialize(model=model, config=cfg)
+    prompt = batches(1)[0][:, :4]
+    new = 6
+    want = plain.generate(prompt, max_new_tokens=new, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        got = model.generate(prompt, max_new_tokens=new, do_sample=False, pad_token_id=0)  # records, warms
+        assert torch.equal(got, want)
+        before = engine.stats()["nvme_read_bytes"]
+        got = model.generate(prompt, max_new_tokens=new, do_sample=False, pad_token_id=0)
+        read = engine.stats()["nvme_read_bytes"] - before
+    assert torch.equal(got, want)
+    assert 0 < read < 0.8 * new * base, (read, new * base)
+    engine.close()
+
+
 def test_frozen_only_model_with_optimizer_section_is_refused(torch_or_skip, tmp_path):
     hf_or_skip()
     import tiermem.torch as tt

@@ -182,6 +182,35 @@ TEST(ZeroFrozen, EveryModuleFrozenRunsForwardOnly) {
   }
   EXPECT_THROW(engine.step(), Error);
   EXPECT_EQ(engine.shard_numel(), 0u);
+  // Its passes end at end_forward_pass: each later pass replays the first (the same values).
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int m = 0; m < 2; ++m) {
+      auto x = engine.gather(m, Phase::kForward);
+      EXPECT_EQ(testing::to_f32_host(engine, x), init[static_cast<std::size_t>(m)]);
+    }
+    engine.end_forward_pass();
+  }
+  owned.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ZeroFrozen, EndForwardPassIsRefusedOnAnEngineThatTrains) {
+  auto comm = make_single_communicator();
+  const std::string dir = nvme_dir();
+  Config cfg = testing::with_param_offload(mlp_config(3, "nvme", dir, 1), "nvme", dir);
+  ZeroEngineOptions o;
+  o.frozen_modules = {true, false};
+  const auto init = mlp_init();
+  const std::size_t numels[] = {init[0].size(), init[1].size()};
+  auto owned = std::make_unique<ZeroEngine>(cfg, *comm, numels, o);
+  owned->register_module("fc1", init[0]);
+  owned->register_module("fc2", init[1]);
+  try {
+    owned->end_forward_pass();
+    ADD_FAILURE() << "end_forward_pass on a trainable engine did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step()"), std::string::npos) << e.what();
+  }
   owned.reset();
   std::filesystem::remove_all(dir);
 }

@@ -361,14 +361,17 @@ class ParamHooks:
         return self.link.dist_ops
 
     # ------------------------------------------------------------------------------ attach / detach
-    def attach(self, engine, working_dtype: torch.dtype, dist_ops=None) -> None:
+    def attach(self, engine, working_dtype: torch.dtype, dist_ops=None, forward_only: bool = False) -> None:
         """Points the units at `engine` (with several ranks, `dist_ops`: the collectives' module
         check), releases every unit, and registers the hooks: forward pre/post on every module, a
-        post-accumulate-grad hook and the managed class on every trainable parameter."""
+        post-accumulate-grad hook and the managed class on every trainable parameter. With
+        `forward_only` (nothing to train) each forward of the model, in any mode, is one traced pass
+        of the engine (``ZeroEngine.end_forward_pass`` at its end)."""
         link = self.link
         link.engine = engine
         link.working_dtype = working_dtype
         link.dist_ops = dist_ops
+        link.forward_only = forward_only
         for u in self.units.units:
             u.release()
         for name, module in self.model.named_modules():
@@ -500,15 +503,21 @@ class ParamHooks:
         if units:
             for u in units:
                 u.drop()
-        self._leave()
+        self._leave(module)
         return None
 
-    def _leave(self) -> None:
+    def _leave(self, module=None) -> None:
         self.depth -= 1
         self.link.running = self.depth
         if self.depth == 0 and self.saved_ctx is not None:
             ctx, self.saved_ctx = self.saved_ctx, None
             ctx.__exit__(None, None, None)
+        if self.depth == 0 and self.link.forward_only and module is self.model and self.link.engine is not None:
+            # The model's forward ended: one pass of a forward-only engine's trace (generate()
+            # runs one per token; the next pass's reads go ahead, evictions by next use).
+            self.link.engine.end_forward_pass()
+            if self.link.predictor is not None:
+                self.link.predictor.end_pass()  # this forward's order predicts the next one's
 
     # ------------------------------------------------------------------------------ gradients
     def _on_grad(self, p: torch.nn.Parameter) -> None:

@@ -88,6 +88,9 @@ class EngineLink:
         self.dist_ops = None  # _dist.DistOps with several ranks
         self.saved = None  # _hooks.SavedParams: how autograd saves the model's parameters
         self.running = 0  # modules of the model running forward now (the hooks count them)
+        # A forward-only engine (nothing to train): each forward of the model is a pass of the
+        # engine's trace (ZeroEngine.end_forward_pass at its end), in eval and generate() too.
+        self.forward_only = False
         self.gathered_params_open = 0  # zero.GatheredParameters scopes now open
         # Where the model computes (its parameters' device; initialize checked they agree). The
         # engine's gathered memory is host memory: on another device (CUDA) each gathered unit is
@@ -99,12 +102,13 @@ class EngineLink:
 
     def phase(self) -> str:
         """The pass running now, as the engine's trace names it: "forward" while a module of the
-        model runs forward in training; "outside" otherwise (eval, ``generate()``, a read between
+        model runs forward in training, or in any mode on a forward-only engine (whose passes end at
+        each forward of the model: ``_hooks``, ``end_forward_pass``); "outside" otherwise (eval, ``generate()``, a read between
         steps such as ``state_dict()`` or an EMA update, a loss computed from a weight after the
         model's forward): outside the step's recorded trace, which it would make diverge."""
         if in_backward():
             return "backward"
-        if self.model.training and self.running:
+        if self.running and (self.model.training or self.forward_only):
             return "forward"
         return "outside"
 

@@ -259,7 +259,7 @@ class TiermemEngine:
         # Buffers keep the dtype they have: a bf16 or fp16 config casts the parameters, never the
         # buffers, as DeepSpeed 0.19.8's engine does without a buffer_dtype. A model's fp32 buffer
         # (Llama's rotary inv_freq) rounded to bf16 moved the loss and changed generated tokens.
-        self._hooks.attach(self._zero, dtype, ops)
+        self._hooks.attach(self._zero, dtype, ops, forward_only=self.forward_only)
         fix_malloc_threshold(int(self._zero.stats()["host_budget_bytes"]))
         self._hooks.on_backward = self._note_backward
         model._tiermem_engine = self
