@@ -123,7 +123,7 @@ struct TIERMEM_API TiermemConfig {
   std::uint64_t pipeline_chunk_bytes = 8ull << 20;  // NVMe->host->device pipeline chunk
   int pipeline_chunks = 4;                  // pinned bounce chunks in flight
   std::uint64_t nvme_prefetch_bytes = 256ull << 20;  // NVMe->host prefetch look-ahead
-  bool demote_to_host = false;  // a clean device copy evicted goes to the host tier (TensorStoreOptions; opt-in)
+  bool demote_to_host = true;  // a clean device copy evicted goes to the host tier (TensorStoreOptions)
   // ZeRO-3: each module's AdamW update at its next gather; unset ("auto"): on when the optimizer
   // state is on NVMe (offload_optimizer.device nvme)
   std::optional<bool> overlap_optimizer_step;

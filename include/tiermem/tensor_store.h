@@ -99,9 +99,9 @@ struct TIERMEM_API TensorStoreOptions {
   // instead of being dropped, when its home is NVMe and the host has room for it without evicting
   // anything needed sooner: its next use reads host memory, not NVMe. The device and host tiers
   // then cache as one exclusive cache (a LoRA base's last forward modules wait in host memory
-  // for backward). false (the default): dropped (tiermem.demote_to_host). Opt-in: CI's suites
-  // and soak run with it off (the soak passes with it on, by hand).
-  bool demote_to_host = false;
+  // for backward). true by default (tiermem.demote_to_host); false: dropped, read again from
+  // NVMe at its next use.
+  bool demote_to_host = true;
 
   // Throws ConfigError for out-of-range values.
   static TensorStoreOptions from_config(const Config& config);

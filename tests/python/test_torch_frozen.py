@@ -69,7 +69,10 @@ def test_lora_under_init_equals_plain_peft(torch_or_skip, tmp_path, kind):
         written.append(engine.stats())
     assert_rel_close(got, want, 1e-5)
     st = engine.stats()
-    assert st["nvme_read_frozen_bytes"] > st0["frozen_param_bytes"]  # the base was paged in, more than once
+    # The base was paged in from NVMe, and not read whole at every step: the host and device caches
+    # (1 MiB each) keep most of it between uses (a device copy evicted goes down to the host,
+    # tiermem.demote_to_host; Llama's 1.3 MB is then read once in 10 steps).
+    assert st0["frozen_param_bytes"] <= st["nvme_read_frozen_bytes"] < len(data) / 2 * st0["frozen_param_bytes"]
     # The base reached NVMe once (registration) and was never written again.
     assert st["nvme_written_frozen_bytes"] <= st0["frozen_param_bytes"]
     assert written[-1]["nvme_written_frozen_bytes"] == written[1]["nvme_written_frozen_bytes"]

@@ -60,7 +60,9 @@ def test_world_size_1_under_the_launcher_costs_what_no_launcher_costs(torch_or_s
     assert plain["wrapped"] != "DistributedDataParallel"
     assert launched["wrapped"] == "DistributedDataParallel"
     assert launched["losses"] == plain["losses"]
-    assert launched["nvme_read_bytes"] == plain["nvme_read_bytes"]  # the base not read again
+    # The base not read again (it was, whole, under DDP's wrap). Not bit-equal: which copies the
+    # host keeps when the device evicts them (tiermem.demote_to_host) depends on when reads complete.
+    assert abs(launched["nvme_read_bytes"] - plain["nvme_read_bytes"]) < 0.05 * plain["frozen_bytes"]
     tol = 24 * mib
     assert abs(launched["initialized"]["RssAnon"] - plain["initialized"]["RssAnon"]) < tol
     assert launched["trained"]["VmHWM"] - plain["trained"]["VmHWM"] < tol
