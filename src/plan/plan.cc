@@ -342,7 +342,21 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   const double slack = static_cast<double>(host_plan_margin(room_bytes, 12ull * std::min(z.sub_group_elems, largest_module)));
   const double room = static_cast<double>(room_bytes);
   const double param_nvme = static_cast<double>(z.nvme_param_bytes), opt_nvme = static_cast<double>(z.nvme_optimizer_bytes);
-  const double pool_param = params_on_device ? 0.0 : param_nvme;
+  // The overlapped optimizer step (below) on memory the CPU addresses writes each module's new
+  // working shard where its gather reads it, the device (UpdateScheduler: gather_tier). The
+  // parameters then live at the device: its cache keeps those it has room for, and writes each one
+  // it evicts, updated, straight to NVMe (TensorStore: no host copy is resident by then). Their
+  // host copies are transient: a parameter has no host-tier access in the step's trace, so the
+  // host plan (Prefetcher, Belady's MIN over the host-tier accesses) counts it as never used again
+  // and evicts it first. So the parameters take no pool room, and the whole pool caches optimizer
+  // state and gradient partitions; each parameter the device misses is read from NVMe (the
+  // simulator below, with no host room for them) and written back. (Until December 2026 the
+  // planner counted every NVMe-homed parameter as held in the pool and streamed all the optimizer
+  // state: gpt2-medium --offload nvme --seq-len 64 --batch 1 read 3.95 GB a step planned against
+  // 2.96-3.38 measured; docs/notes/2026-12-05-planner-second-step-and-torch-runs.md.)
+  const bool overlap = defers_optimizer_step(z, cfg, params_on_device || host_addressable, /*norm_folded=*/!cfg.fp16.enabled);
+  const bool params_at_device = params_on_device || (overlap && host_addressable && z.uses_device);
+  const double pool_param = params_at_device ? 0.0 : param_nvme;
   const double opt_miss =
       pool_param + opt_nvme > room ? std::min(opt_nvme, pool_param + opt_nvme - std::max(0.0, room - slack)) : 0.0;
   const double param_room = std::max(0.0, room - (opt_nvme - opt_miss));
@@ -354,7 +368,9 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
     if (!trace.empty()) {
       TierModel tm;
       tm.device_budget_bytes = store_device_budget(z);
-      tm.host_budget_bytes = z.param_home == Tier::kNvme ? static_cast<std::uint64_t>(param_room) : z.host_budget_bytes;
+      tm.host_budget_bytes = z.param_home != Tier::kNvme ? z.host_budget_bytes
+                             : params_at_device       ? 0
+                                                      : static_cast<std::uint64_t>(param_room);
       // A shard larger than the pool's room goes NVMe -> bounce buffers -> device without a host
       // slot of its own (TensorStore's streamed path): simulated as the room holding that one shard.
       for (const Access& a : trace) tm.host_budget_bytes = std::max<std::uint64_t>(tm.host_budget_bytes, a.bytes);
@@ -414,7 +430,10 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   if (z.uses_device) {
     const double b = static_cast<double>(z.param_store_bytes);
     if (z.param_home == Tier::kNvme && !params_on_device) {
-      const double evicted = std::max(0.0, param_nvme - param_room);  // written back, dirty
+      // Written back, dirty: what the pool cannot keep, or, with the parameters at the device (the
+      // overlapped step's updates write there), each one the device evicts and reads again, as
+      // often as the simulator reads it (an updated shard is dirty when evicted).
+      const double evicted = params_at_device ? nvme_read : std::max(0.0, param_nvme - param_room);
       nvme_write += evicted;
       publish_s = evicted / (m.nvme_write_gbps * 1e9) +
                   (step_measured ? 0.0 : (b - std::min(b, evicted)) / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9);
@@ -432,7 +451,6 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   // state that does not stay cached if longer; the write-backs run beside the backward pass.
   // tiermem-train times the updates inside those gathers as optimizer time, the rest of the
   // gathers as communication (their waits also as I/O wait).
-  const bool overlap = defers_optimizer_step(z, cfg, params_on_device || host_addressable, /*norm_folded=*/!cfg.fp16.enabled);
   double overlap_step_s = 0;
   if (overlap) {
     // The forward's reads share the drive with the write-backs of updated state. A profile that
