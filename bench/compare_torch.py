@@ -8,6 +8,7 @@
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --llama 1b --rounds 3 --steps 5 --contenders deepspeed,tiermem_init,torch
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --lora --llama 1b --rounds 1 --json    # PEFT LoRA
     ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --lora --llama 1b --cgroup-limit half --json
+    ~/.cache/tiermem/venv/bin/python bench/compare_torch.py --contenders tiermem,tiermem_init --plan-check me.json
 
 Model: transformers.GPT2LMHeadModel from GPT2Config (--model small: the defaults, n_layer 12,
 n_embd 768, vocab 50257, 124 M parameters; --model medium: n_layer 24, n_embd 1024, 355 M), built
@@ -93,6 +94,19 @@ the last progress line it printed: config / built / initialized / step n), the g
 (memory.max_usage_in_bytes, page cache included) and its memory.stat sampled every 0.1 s: anonymous
 memory, page cache and dirty + writeback pages at the highest usage sampled and at the last sample
 (for a killed worker: how the group stood when it died).
+
+--plan-check PROFILE (PROFILE: tiermem-bench profile --json's output, best measured just before; or
+"each": one measured before each tiermem run by the tiermem-bench beside --plan-bin, ~40 s):
+each tiermem contender's worker also writes its run as tiermem-train's --json summary gives one
+(torch_bench_common.PlanSummary: the median step of steps 3.., the time split of those steps as
+compute / I/O wait / communication / optimizer shares, the engine's peaks, and the model as the
+engine sees it: its units' sizes, which are frozen, its FLOPs per token, whether its head is tied)
+with its ds_config beside it, and tiermem-plan --check (--plan-bin, default
+build/default/bin/tiermem-plan) holds it against the prediction for that configuration twice: with
+PROFILE as it is, whose compute rate is tiermem-train's GPT's at the model's width, and with the
+torch model's own rate instead (its forward + backward alone, no engine, measured in a fresh
+process just before each run: run_rate_worker). One line each per run, and "plan_check" /
+"plan_check_model_rate" per contender in --json (docs/plan.md, "Checking a tiermem.torch run").
 
 --profile CONTENDER runs that contender once more under cProfile over steps 3..--steps and prints
 its top functions by cumulative and by own time (the hooks, the engine's gather / reduce / step,
@@ -226,10 +240,14 @@ def run_worker(a):
                 return common.engine_step(engine, data)
         elif a.worker in ("tiermem", "tiermem_none", "tiermem_init"):
             import tiermem.torch as tt
-            engine, *_ = tt.initialize(model=model, config=ds_config(a, nvme_dir, offload=a.worker != "tiermem_none"))
+            cfg = ds_config(a, nvme_dir, offload=a.worker != "tiermem_none")
+            engine, *_ = tt.initialize(model=model, config=cfg)
 
             def step():
                 return common.engine_step(engine, data)
+            if a.plan_summary:  # --plan-check: the same step, its time split kept for tiermem-plan --check
+                plan = common.PlanSummary(engine, model, cfg, data, plan_model_name(a))
+                step = plan.step
         elif a.worker == "torch":
             step = common.plain_step(model, data, a.clip)
         else:
@@ -259,10 +277,86 @@ def run_worker(a):
                **info}
         if a.worker.startswith("tiermem"):
             out["stats"] = common.scalar_stats(engine)
+            if a.plan_summary:
+                plan.write(a.plan_summary)
             engine.close()
         print(json.dumps(out))
     finally:
         shutil.rmtree(nvme_dir, ignore_errors=True)
+
+
+def run_rate_worker(a):
+    """--plan-check: the run's model alone (no engine, no optimizer; the LoRA-wrapped Llama with
+    --lora), its forward + backward rate in model FLOP/s (common.model_rate) printed as JSON."""
+    import torch
+    torch.manual_seed(1)
+    if a.lora:
+        transformers = common.import_transformers("LlamaForCausalLM")
+        shape = lora_shape(a)
+        data = torch.randint(0, shape["vocab_size"], (a.batch, a.seq))
+        torch.manual_seed(0)
+        model = common.lora_wrap(transformers.LlamaForCausalLM(common.llama_config(shape, a.seq)))
+    else:
+        llama = full_llama(a)
+        transformers = common.import_transformers(*(("LlamaForCausalLM",) if llama else ("GPT2LMHeadModel", "GPT2Config")))
+        data = torch.randint(0, llama["vocab_size"] if llama else common.GPT2_VOCAB, (a.batch, a.seq))
+        model = build_model(a, transformers)
+    model.train()
+    gflops, seconds = common.model_rate(model, data)
+    print(json.dumps({"gflops": gflops, "seconds": seconds}))
+
+
+def plan_profile(a, summary):
+    """--plan-check: the machine profile a run is checked against: PROFILE as given, or with
+    `--plan-check each` one tiermem-bench profile (beside --plan-bin) measured just before the run,
+    written beside its summary (the load of a shared machine moves the rates within minutes)."""
+    if a.plan_check != "each":
+        return a.plan_check
+    path = summary + ".profile.json"
+    bench = os.path.join(os.path.dirname(os.path.abspath(a.plan_bin)), "tiermem-bench")
+    swap = os.path.join(a.dir, f"compare_torch_profile_{os.getpid()}")
+    with open(path, "w") as f:
+        r = subprocess.run([bench, "profile", "--path", swap, "--json"], stdout=f, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS=str(a.threads), OMP_WAIT_POLICY="PASSIVE"),
+                           timeout=a.timeout)
+    shutil.rmtree(swap, ignore_errors=True)
+    if r.returncode != 0:
+        raise SystemExit(f"--plan-check each: {bench} profile failed: {r.stderr.strip()[-300:]}")
+    return path
+
+
+def plan_rate(a, summary, profile):
+    """--plan-check, before each tiermem run: the model's own compute rate, measured in a fresh process
+    (run_rate_worker) just before the run (the load of a shared machine moves it within minutes), and
+    a.plan_check's profile with that rate, written beside the run's summary: its path, or None when
+    the measurement failed."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "torch_rate", "--model", a.model, "--seq", str(a.seq),
+           "--batch", str(a.batch)]
+    if a.lora:
+        cmd.append("--lora")
+    if a.llama:
+        cmd += ["--llama", a.llama]
+    for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
+                    ("--llama-intermediate", a.llama_intermediate)):
+        if v:
+            cmd += [flag, str(v)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=common.worker_env(a.threads), timeout=a.timeout)
+    if r.returncode != 0:
+        print(f"--plan-check: the model's own rate was not measured: {(r.stderr or r.stdout).strip()[-300:]}", flush=True)
+        return None
+    rate = json.loads(r.stdout.strip().splitlines()[-1])
+    path = summary + ".model-rate-profile.json"
+    common.rate_profile(profile, path, rate["gflops"],
+                        f"the torch model's own forward + backward, {rate['gflops']:.1f} GFLOP/s "
+                        f"({rate['seconds']:.3f} s a step, measured just before the run; compare_torch.py --plan-check)")
+    return path
+
+
+def plan_model_name(a):
+    """The model's name in a --plan-check summary."""
+    if a.lora:
+        return f"hf-llama-{a.llama}-lora"
+    return f"hf-llama-{a.llama}" if a.llama else f"hf-gpt2-{a.model}"
 
 
 # ---------------------------------------------------------------- the LoRA workload (--lora)
@@ -359,6 +453,9 @@ def run_lora_worker(a):
 
             def step():
                 return common.engine_step(engine, data)
+            if a.plan_summary:  # --plan-check: the same step, its time split kept for tiermem-plan --check
+                plan = common.PlanSummary(engine, model, cfg, data, plan_model_name(a))
+                step = plan.step
         else:
             step = common.plain_step(model, data, a.clip)
         out["init_s"] = time.perf_counter() - t_init
@@ -390,6 +487,8 @@ def run_lora_worker(a):
                    io_per_step=per_step, measured_steps=[first + 1, len(times)])
         if a.worker.startswith("tiermem"):
             out["stats"] = common.scalar_stats(engine)
+            if a.plan_summary:
+                plan.write(a.plan_summary)
             engine.close()
         print(json.dumps(out))
     finally:
@@ -437,6 +536,12 @@ def spawn(a, who, profile=False):
                 cmd += [flag, str(v)]
     if profile:
         cmd.append("--profile")
+    summary = plan_summary_path(a, who)
+    profile = model_profile = None
+    if summary:
+        cmd += ["--plan-summary", summary]
+        profile = plan_profile(a, summary)
+        model_profile = plan_rate(a, summary, profile)
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
     wall = time.perf_counter() - t0
@@ -447,7 +552,26 @@ def spawn(a, who, profile=False):
         return {"error": f"exit {r.returncode}: " + " | ".join(tail)}
     res = json.loads(r.stdout.strip().splitlines()[-1])
     res["wall_s"] = wall
+    add_plan_check(a, res, summary, profile, model_profile)
     return res
+
+
+def plan_summary_path(a, who):
+    """--plan-check: where a tiermem contender's worker writes its PlanSummary (None: no check)."""
+    if not a.plan_check or not who.startswith("tiermem"):
+        return None
+    a.plan_runs = getattr(a, "plan_runs", 0) + 1
+    return os.path.join(a.plan_dir, f"{who.replace(':', '_').replace('@', '_')}-{a.plan_runs}.json")
+
+
+def add_plan_check(a, res, summary, profile, model_profile):
+    """--plan-check: tiermem-plan --check of the run's summary against the profile (res["plan_check"])
+    and against it with the model's own rate (res["plan_check_model_rate"])."""
+    if summary and "error" not in res:
+        res["plan_check"] = common.plan_check(a.plan_bin, summary, profile)
+        res["plan_check"]["summary"] = summary
+        if model_profile:
+            res["plan_check_model_rate"] = common.plan_check(a.plan_bin, summary, model_profile)
 
 
 # ---------------------------------------------------------------- the LoRA driver
@@ -468,6 +592,12 @@ def spawn_lora(a, who, variant="base", limit=None):
                     ("--llama-intermediate", a.llama_intermediate)):
         if v:
             cmd += [flag, str(v)]
+    summary = None if limit else plan_summary_path(a, who + (f"_{at_rest}" if at_rest else ""))
+    profile = model_profile = None
+    if summary:
+        cmd += ["--plan-summary", summary]
+        profile = plan_profile(a, summary)
+        model_profile = plan_rate(a, summary, profile)
     t0 = time.perf_counter()
     if limit:
         r = largest_llama.run_in_cgroup(cmd, env, limit, a.timeout, f"compare_torch_{os.getpid()}_{who}")
@@ -507,6 +637,7 @@ def spawn_lora(a, who, variant="base", limit=None):
             res["max_rss_bytes_at_last_progress"] = prog[-1]["max_rss_bytes"]
     if cg is not None:
         res["cgroup"] = cg
+    add_plan_check(a, res, summary, profile, model_profile)
     return res
 
 
@@ -626,6 +757,10 @@ def lora_main(a):
                       f"  init {r['init_s']:5.1f} s  load {la:.2f}  io/step read {mb(io['proc_read_bytes'])} MB "
                       f"written {mb(io['proc_write_bytes'])} MB  losses {r['losses'][0]:.4f}..{r['losses'][-1]:.4f}",
                       flush=True)
+                if "plan_check" in r:
+                    print(common.plan_check_line(c, r["plan_check"]), flush=True)
+                if "plan_check_model_rate" in r:
+                    print(common.plan_check_line(c, r["plan_check_model_rate"], "the model's rate"), flush=True)
     results = {}
     for c, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
@@ -643,6 +778,9 @@ def lora_main(a):
                       "frozen_params": r0["frozen_params"], "rss_marks": r0["rss_marks"],
                       "ds_variant": r0.get("ds_variant"), "ds_zero_config": r0.get("ds_zero_config"),
                       "stats": r0.get("stats"), "cgroup": r0.get("cgroup")}
+        if any("plan_check" in r for r in ok):
+            results[c]["plan_check"] = [r.get("plan_check") for r in ok]
+            results[c]["plan_check_model_rate"] = [r.get("plan_check_model_rate") for r in ok]
 
     def ratio(num, den, key, invert=False):
         x, y = results.get(num, {}), results.get(den, {})
@@ -756,6 +894,13 @@ def main():
     p.add_argument("--clip", type=float, default=1.0, help="gradient_clipping of every contender (0: none)")
     p.add_argument("--frozen-dtype", choices=("bf16", "int8"), default=None,
                    help="--lora worker: tiermem.frozen_dtype (give it as a contender suffix, tiermem_init:int8)")
+    p.add_argument("--plan-check", metavar="PROFILE", default=None,
+                   help="hold each tiermem contender's run against tiermem-plan's prediction for its configuration, "
+                        "with PROFILE (tiermem-bench profile --json's output; 'each': one measured before each run): "
+                        "step time, shares, peaks")
+    p.add_argument("--plan-bin", default=os.path.join(os.path.dirname(HERE), "build", "default", "bin", "tiermem-plan"),
+                   help="--plan-check: the tiermem-plan executable (default build/default/bin/tiermem-plan)")
+    p.add_argument("--plan-summary", help=argparse.SUPPRESS)  # worker: write its PlanSummary here
     p.add_argument("--update-in-backward", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -767,8 +912,15 @@ def main():
     a.sub_group_size = int(float(a.sub_group_size))
     if a.lora and not a.llama:
         a.llama = "tiny"
+    if a.worker == "torch_rate":
+        return run_rate_worker(a)
     if a.worker:
         return run_lora_worker(a) if a.lora else run_worker(a)
+    if a.plan_check:
+        if a.profile or a.cgroup_limit:
+            p.error("--plan-check runs with neither --profile nor --cgroup-limit")
+        a.plan_dir = tempfile.mkdtemp(prefix="compare_torch_plan_")
+        print(f"--plan-check: the tiermem contenders' summaries and ds_configs in {a.plan_dir}", flush=True)
     if a.lora:
         return lora_main(a)
     a.contenders = a.contenders or ",".join(CONTENDERS)
@@ -799,6 +951,10 @@ def main():
                 print(f"round {rnd + 1} {c:13s} step {r['step_s']:7.3f} s  max RSS {r['max_rss_bytes'] / 2**30:6.2f} GiB"
                       f"  init {r['init_s']:5.1f} s  load {la:.2f}  losses {r['losses'][0]:.4f}..{r['losses'][-1]:.4f}",
                       flush=True)
+                if "plan_check" in r:
+                    print(common.plan_check_line(c, r["plan_check"]), flush=True)
+                if "plan_check_model_rate" in r:
+                    print(common.plan_check_line(c, r["plan_check_model_rate"], "the model's rate"), flush=True)
     results = {}
     for c, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
@@ -812,6 +968,9 @@ def main():
                       "first_loss": ok[0]["losses"][0], "last_loss": ok[0]["losses"][-1]}
         if "stats" in ok[0]:
             results[c]["stats"] = ok[0]["stats"]
+        if any("plan_check" in r for r in ok):
+            results[c]["plan_check"] = [r.get("plan_check") for r in ok]
+            results[c]["plan_check_model_rate"] = [r.get("plan_check_model_rate") for r in ok]
         results[c]["rss_marks"] = ok[0].get("rss_marks")
 
     def ratio(num, den, key, invert=False):

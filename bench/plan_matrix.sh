@@ -80,12 +80,14 @@ print('%-22s step %7.3f s predicted, %7.3f s measured (%5.1f %%); peaks device %
     100 * j['device_peak_bytes_rel_error'], 100 * j['host_peak_bytes_rel_error'], 100 * j['nvme_peak_bytes_rel_error'],
     'load ' + open('$O/$1.load').read().strip()))"
 }
-# ROWS (environment): the rows to run, a subset of these (default all ten).
-ROWS=${ROWS:-"mini-nvme mini-cpu mini-none gpt2-nvme gpt2-cpu gpt2-none gpt2-nvme-default gpt2-medium-nvme gpt2-medium-cpu gpt2-medium-none"}
+# ROWS (environment): the rows to run, a subset of these (default all eleven).
+ROWS=${ROWS:-"mini-nvme mini-cpu mini-none gpt2-nvme gpt2-cpu gpt2-none gpt2-nvme-default gpt2-medium-nvme gpt2-medium-cpu gpt2-medium-none gpt2-medium-nvme-issue56"}
 row() {  # row name: its tiermem-train run
   case $1 in
     mini-*) run "$1" --model mini --steps 30 --seq-len 64 --batch 4 --offload "${1#mini-}" --host-budget 256MiB --device-budget 64MiB ;;
     gpt2-nvme-default) run "$1" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload nvme ;;
+    # issue 56's run as it was reported: the default budgets (1 GiB host and device), one sequence
+    gpt2-medium-nvme-issue56) run "$1" --model gpt2-medium --steps 4 --seq-len 64 --batch 1 --offload nvme ;;
     gpt2-medium-*) run "$1" --model gpt2-medium --steps 9 --seq-len 64 --batch 2 --offload "${1#gpt2-medium-}" --host-budget 8GiB --device-budget 3GiB ;;
     gpt2-nvme|gpt2-cpu|gpt2-none) run "$1" --model gpt2 --steps 10 --seq-len 64 --batch 2 --offload "${1#gpt2-}" --host-budget 4GiB --device-budget 2GiB ;;
     *) echo "plan_matrix.sh: unknown row '$1' in ROWS" >&2; exit 2 ;;

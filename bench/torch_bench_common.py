@@ -270,3 +270,214 @@ def loadavg():
             return float(f.read().split()[0])
     except OSError:
         return float("nan")
+
+
+# ---------------------------------------------------------------- tiermem-plan --check of a run
+
+def model_dims(model, seq):
+    """The dimensions tiermem-plan reads of a transformers model's config: n_layer, n_head, d_model,
+    context, vocab (GPT-2's and Llama's names), and seq_len."""
+    c = model.config
+
+    def first(*names):
+        return next(int(getattr(c, n)) for n in names if getattr(c, n, None) is not None)
+    return {"n_layer": first("n_layer", "num_hidden_layers"), "n_head": first("n_head", "num_attention_heads"),
+            "d_model": first("n_embd", "hidden_size"), "context": first("n_positions", "max_position_embeddings"),
+            "vocab": first("vocab_size"), "seq_len": seq}
+
+
+def model_flops_per_token(model, seq, engine=None):
+    """A training step's model FLOPs per token (multiply-add = 2), counted as tiermem-train counts its
+    GPT's (gpt::flops_per_token): every linear layer's weight (torch.nn.Linear, transformers' Conv1D,
+    a tied head included) once per token forward, and the attention's q.k and att.v over `seq` keys,
+    2 x seq x d_model per layer; backward twice the forward, except a frozen weight's, once (its
+    input's gradient only). With `engine`, the weights' sizes from its units (a managed parameter
+    holds a placeholder)."""
+    import torch
+    if engine is not None:
+        numel = {id(p): (n, u.frozen) for u in engine.units for p, _, n in u.params}
+    else:
+        numel = {id(p): (p.numel(), not p.requires_grad) for p in model.parameters()}
+    trained = frozen = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D":
+            n, is_frozen = numel[id(m.weight)]
+            if is_frozen:
+                frozen += n
+            else:
+                trained += n
+    d = model_dims(model, seq)
+    attention = d["n_layer"] * 2 * seq * d["d_model"]
+    return 2.0 * (3 * trained + 2 * frozen + 3 * attention)
+
+
+class PlanSummary:
+    """A tiermem.torch run as tiermem-train's --json summary gives one (the fields tiermem-plan --check
+    reads; docs/plan.md, "Checking a tiermem.torch run"), so that the planner's prediction for the same
+    configuration can be held against it. step() runs one step as engine_step does, timing
+    engine.step(); summary() gives, over the steps after the first `skip`:
+      step_seconds       their median wall time (what compare_torch.py reports)
+    and of each step's time, as shares (each the median over those steps, as tiermem-train's):
+      optimizer_share    engine.step()'s wall time and the deferred updates the gathers applied or
+                         waited for (ZeroStats deferred_update_ns), as tiermem-train counts them
+      io_wait_share      the driving thread's waits (driving_stall_ns) less those of the optimizer
+                         (deferred_update_stall_ns and the waits inside engine.step())
+      communication_share  0: one rank (the gathers' own time is the hooks', in the compute)
+      compute_share      the rest: torch's forward and backward, and the hooks;
+    the engine's peaks (host: its pool, bounce buffers and buffers, and on
+    the CPU the SimDevice's memory, as tiermem-train counts them; torch's own activations and
+    gradients are not the engine's) and the state it homes on NVMe; and under
+    plan_inputs the model as the engine sees it: its units' sizes in engine order, which are frozen,
+    the FLOPs per token (model_flops_per_token) and whether the head is tied."""
+
+    def __init__(self, engine, model, config, data, name, skip=2, sim_device=True):
+        self.engine, self.model, self.config, self.data = engine, model, config, data
+        self.sim_device = sim_device  # the engine's device is a SimDevice (host memory): the CPU benches
+        self.name, self.skip = name, skip
+        self.rows = []  # per step: wall, step() wall, waits in step(), stats after
+
+    def counters(self):
+        st = self.engine.stats()
+        return {k: st[k] for k in ("driving_stall_ns", "deferred_update_ns", "deferred_update_stall_ns")}
+
+    def step(self):
+        if not self.rows:
+            self.start = self.counters()
+        t0 = time.perf_counter()
+        loss = self.engine(input_ids=self.data, labels=self.data).loss
+        self.engine.backward(loss)
+        s0 = self.engine.stats()["driving_stall_ns"]
+        t1 = time.perf_counter()
+        self.engine.step()
+        t2 = time.perf_counter()
+        waits = self.engine.stats()["driving_stall_ns"] - s0
+        self.rows.append({"wall": t2 - t0, "step": t2 - t1, "step_waits_ns": waits, "after": self.counters()})
+        return loss
+
+    @staticmethod
+    def nvme_bytes(st):
+        """The state homed on NVMe, as the engine counts it (tiermem-train's nvme_peak_bytes is its
+        plan's): working shards, optimizer state and gradient partitions whose home is nvme. (The swap
+        files' sizes are larger: the files grow in whole extents.)"""
+        return sum(st[k] for k, home in (("param_store_bytes", "param_home"), ("optimizer_state_bytes", "optimizer_home"),
+                                         ("gradient_bytes", "gradient_home")) if st[home] == "nvme")
+
+    def summary(self):
+        import statistics
+        e, st = self.engine, self.engine.stats()
+        skip = self.skip if len(self.rows) > self.skip else 0
+        shares = {"compute": [], "io_wait": [], "optimizer": []}
+        for i in range(skip, len(self.rows)):
+            r, before = self.rows[i], (self.rows[i - 1]["after"] if i else self.start)
+
+            def delta(k):
+                return (r["after"][k] - before[k]) / 1e9
+            optimizer = r["step"] + delta("deferred_update_ns")
+            io_wait = max(0.0, delta("driving_stall_ns") - delta("deferred_update_stall_ns") - r["step_waits_ns"] / 1e9)
+            for k, v in (("optimizer", optimizer), ("io_wait", io_wait),
+                         ("compute", max(0.0, r["wall"] - optimizer - io_wait))):
+                shares[k].append(min(1.0, v / r["wall"]))
+        rows = self.rows[skip:]
+        wall = sum(r["wall"] for r in rows)
+        units = e.units
+        dims = model_dims(self.model, self.data.shape[1])
+        head = getattr(self.model, "get_output_embeddings", lambda: None)()
+        inputs = getattr(self.model, "get_input_embeddings", lambda: None)()
+        tied = head is not None and inputs is not None and head.weight is inputs.weight
+        return {
+            "model": self.name, "steps": len(self.rows), "world_size": e.world_size,
+            "zero_stage": self.config["zero_optimization"]["stage"],
+            "param_offload": st["param_home"], "optimizer_offload": st["optimizer_home"],
+            "host_budget_bytes": st["host_budget_bytes"], "device_budget_bytes": st["device_budget_bytes"],
+            "step_seconds": statistics.median(r["wall"] for r in rows),
+            "step_seconds_mean": wall / len(rows), "steady_seconds": wall,
+            **{k + "_share": statistics.median(v) for k, v in shares.items()}, "communication_share": 0.0,
+            "device_peak_bytes": st["device_peak_bytes"],
+            "host_peak_bytes": st["host_pool_peak_bytes"] + st["host_bounce_bytes"] + st["host_engine_peak_bytes"] +
+                               (st["device_peak_bytes"] if self.sim_device else 0),
+            "nvme_peak_bytes": self.nvme_bytes(st),
+            # The host peak's parts, as tiermem-train's summary names them.
+            "host_pool_peak_bytes": st["host_pool_peak_bytes"], "host_bounce_bytes": st["host_bounce_bytes"],
+            "host_engine_peak_bytes": st["host_engine_peak_bytes"],
+            "host_sim_device_bytes": st["device_peak_bytes"] if self.sim_device else 0,
+            "plan_inputs": {"batch": int(self.data.shape[0]), "grad_accum": 1,
+                            **{k: dims[k] for k in ("seq_len", "n_layer", "n_head", "d_model", "context", "vocab")},
+                            "modules": [u.numel for u in units], "frozen": [bool(u.frozen) for u in units],
+                            "flops_per_token": model_flops_per_token(self.model, dims["seq_len"], e),
+                            "head_tied": tied},
+        }
+
+    def write(self, path):
+        """The summary as tiermem-plan --check reads it ({"summary": ...}), and the run's ds_config beside it
+        (path + ".config.json", for --config)."""
+        import json
+        with open(path, "w") as f:
+            json.dump({"summary": self.summary()}, f)
+        with open(path + ".config.json", "w") as f:
+            json.dump(self.config, f)
+
+
+def model_rate(model, data, steps=6, seconds=3.0):
+    """The model's own forward + backward (the loss included; no engine, no optimizer) in model FLOP/s
+    (model_flops_per_token): the median of at least `steps` steps and `seconds` of them, after two
+    unmeasured ones (a tiny model's 0.1 s steps need the seconds): what tiermem-bench profile's
+    compute_gflops is for tiermem-train's GPT, for this model. Returns (GFLOP/s, seconds a step)."""
+    import statistics
+    flops = model_flops_per_token(model, data.shape[1]) * data.numel()
+    times = []
+    while len(times) < steps + 2 or sum(times[2:]) < seconds:
+        t0 = time.perf_counter()
+        model(input_ids=data, labels=data).loss.backward()
+        times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+    s = statistics.median(times[2:])
+    return flops / s / 1e9, s
+
+
+def rate_profile(profile, out_path, gflops, what):
+    """`profile` (a tiermem-bench profile --json output) with its compute rate replaced by `gflops`
+    (the model's own rate, model_rate), written to out_path: the by-width tables go (they are
+    tiermem-train's GPT's), `sources` says where the figure came from."""
+    import json
+    with open(profile) as f:
+        j = json.loads([ln for ln in f if ln.lstrip().startswith("{")][-1])
+    p = j.get("profile", j)
+    for k in ("compute_gflops_by_width", "compute_gflops_by_width_128"):
+        p.pop(k, None)
+    p["compute_gflops"] = gflops
+    p["name"] = f"{p.get('name', profile)}, compute_gflops {what}"
+    p.setdefault("sources", {})["compute_gflops"] = what
+    with open(out_path, "w") as f:
+        json.dump({"profile": p}, f)
+
+
+def plan_check(plan_bin, summary_path, profile):
+    """tiermem-plan --check of a PlanSummary file against `profile` (tiermem-bench profile --json's
+    output), with the run's ds_config: {field: (predicted, measured)} for the step time, the four
+    shares and the three peaks, or {"error": ...}."""
+    import json
+    import subprocess
+    cmd = [plan_bin, "--check", summary_path, "--config", summary_path + ".config.json", "--profile", profile, "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[-400:]}", "command": " ".join(cmd)}
+    j = json.loads(r.stdout.strip().splitlines()[-1])
+    fields = ("step_seconds", "compute_share", "io_wait_share", "communication_share", "optimizer_share",
+              "device_peak_bytes", "host_peak_bytes", "nvme_peak_bytes")
+    return {f: (j[f + "_predicted"], j[f + "_measured"]) for f in fields}
+
+
+def plan_check_line(name, c, rate="the profile's rate"):
+    """One line of a plan_check result: the step's signed error, the shares, the peaks' errors."""
+    if "error" in c:
+        return f"plan check {name:13s} FAILED {c['error']}"
+    name = f"{name} ({rate})"
+
+    def err(f):
+        p, m = c[f]
+        return f"{100 * (p / m - 1):+.1f} %" if m else ("0" if not p else "(0 measured)")
+    shares = ", ".join(f"{k} {100 * c[k + '_share'][0]:.0f}/{100 * c[k + '_share'][1]:.0f} %"
+                       for k in ("compute", "io_wait", "optimizer"))
+    return (f"plan check {name:34s} step {c['step_seconds'][0]:.3f} s predicted, {c['step_seconds'][1]:.3f} s measured "
+            f"({err('step_seconds')}); shares predicted/measured: {shares}; peaks device {err('device_peak_bytes')}, "
+            f"host {err('host_peak_bytes')}, nvme {err('nvme_peak_bytes')}")

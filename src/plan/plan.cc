@@ -3,6 +3,7 @@
 // profile is read in profile.cc; the comparison with a run's summary and the JSON are in
 // plan_report.cc.
 #include "plan/plan.h"
+#include "plan/update_replay.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +20,9 @@
 
 namespace tiermem::plan {
 namespace {
+
+using detail::forward_compute_shares;
+using detail::gated_read_wait;
 
 constexpr std::uint64_t kMiB = 1ull << 20;
 constexpr std::size_t kAlignment = 1024;  // ZeroEngineOptions::alignment_elems (the default)
@@ -47,6 +51,20 @@ std::uint64_t param_count(const std::vector<std::size_t>& numels) {
   std::uint64_t s = 0;
   for (std::size_t x : numels) s += x;
   return s;
+}
+
+// The run's engine modules: a model given by its modules (RunShape::modules), else tiermem-train's GPT.
+std::vector<std::size_t> run_numels(const RunShape& run) {
+  return run.modules.given() ? run.modules.numels : module_numels(run.model);
+}
+
+// The trained modules' element counts (a frozen module's 0): what gradients and AdamW see.
+std::vector<std::size_t> trained_numels(const RunShape& run, std::vector<std::size_t> numels) {
+  const std::vector<bool>& frozen = run.modules.frozen;
+  for (std::size_t i = 0; i < numels.size() && i < frozen.size(); ++i) {
+    if (frozen[i]) numels[i] = 0;
+  }
+  return numels;
 }
 
 // The store's device budget as tiermem-train sizes it: the device budget less the room kept for
@@ -80,7 +98,9 @@ Config engine_config(const RunShape& run, const MachineProfile& m, std::uint64_t
   *backend_bytes = 0;
   *too_small = false;
   if (!device_is_sim(cfg, m)) {
-    *backend_bytes = gpt::cuda_backend_bytes(run.model, run.batch, run.seq_len);
+    // tiermem-train's CUDA model takes its activations and workspace from the device budget; a
+    // model given by its modules (a PyTorch model) has its framework's allocator beside the engine.
+    *backend_bytes = run.modules.given() ? 0 : gpt::cuda_backend_bytes(run.model, run.batch, run.seq_len);
     std::uint64_t& budget = cfg.tiermem.device_budget_bytes;
     *too_small = *backend_bytes >= budget;
     budget = *too_small ? 4096 : budget - *backend_bytes;
@@ -91,8 +111,9 @@ Config engine_config(const RunShape& run, const MachineProfile& m, std::uint64_t
 // Memory of a run (no time): fills the plan and the peaks of `p`.
 void predict_memory(const RunShape& run, const Config& cfg, const MachineProfile& m,
                     Prediction& p) {
-  const std::vector<std::size_t> numels = module_numels(run.model);
-  const ZeroPlanOptions po = plan_options(cfg, m, run.world_size);
+  const std::vector<std::size_t> numels = run_numels(run);
+  ZeroPlanOptions po = plan_options(cfg, m, run.world_size);
+  po.frozen_modules = run.modules.frozen;
   p.zero = plan_zero(cfg, numels, po);
   const ZeroPlan& z = p.zero;
   const int stage = cfg.zero.stage;
@@ -101,15 +122,25 @@ void predict_memory(const RunShape& run, const Config& cfg, const MachineProfile
 
   // Device: the stored working shards homed there, else the store's cache of offloaded ones up
   // to its budget (the device budget less the room kept for all-gathered modules).
+  // The pool caches the NVMe-homed working shards, but a frozen module's only while it is written
+  // at registration (the engine evicts it then: zero_setup.cc), so of those the largest counts.
   const ShardLayout layout = make_shard_layout(numels, stage == 0 ? 1 : run.world_size, kAlignment);
-  std::uint64_t dev_all = 0, host_cache = 0;
+  std::uint64_t dev_all = 0, host_cache = 0, frozen_cache = 0;
   for (std::size_t i = 0; i < numels.size(); ++i) {
     const bool persistent = stage == 3 && numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
     const bool stored = stage == 3 && layout.modules[i].shard > 0 && (!persistent || run.world_size == 1);
     if (!stored) continue;
     dev_all += dev_round(layout.modules[i].shard * wsize);
-    if (!persistent && z.param_home == Tier::kNvme) host_cache += host_round(layout.modules[i].shard * wsize);
+    if (persistent || z.param_home != Tier::kNvme) continue;
+    const std::uint64_t bytes = host_round(layout.modules[i].shard * wsize);
+    const bool frozen = i < run.modules.frozen.size() && run.modules.frozen[i];
+    if (frozen) {
+      frozen_cache = std::max(frozen_cache, bytes);
+    } else {
+      host_cache += bytes;
+    }
   }
+  host_cache += frozen_cache;
   if (z.uses_device) {
     const std::uint64_t store_budget = store_device_budget(z);
     // Several ranks: the engine reserves room for two all-gathered modules (the minimum budget),
@@ -161,7 +192,10 @@ void predict_memory(const RunShape& run, const Config& cfg, const MachineProfile
   p.grad_buffer_peak_bytes = 4ull * (numels.empty() ? 0 : numels[0] + largest_other);
   // The model's activations: host memory (the CPU backend, SimDevice), or device memory (the CUDA
   // backend: activations and workspace, taken out of the device budget before the engine's share).
-  if (device_is_sim(cfg, m)) {
+  // A model given by its modules: its framework's gradients and activations, not counted.
+  if (run.modules.given()) {
+    p.grad_buffer_peak_bytes = 0;
+  } else if (device_is_sim(cfg, m)) {
     p.activation_bytes = gpt::activation_bytes(run.model, run.batch, run.seq_len);
   } else {
     p.device_activation_bytes = gpt::cuda_backend_bytes(run.model, run.batch, run.seq_len);
@@ -245,87 +279,11 @@ void check_fit(const RunShape& run, const Config& cfg, const MachineProfile& m, 
   }
 }
 
-// The forward's wait for the NVMe-homed optimizer state (and gradient partitions) the host pool
-// cannot keep, with the overlapped optimizer step. The Prefetcher's host plan keeps the modules the
-// forward updates first and streams the last ones (miss_bytes in all), and their reads can begin
-// only as room frees: the pool's slack at the forward's start, then each module's gradient
-// partition as its deferred AdamW retires it (pool_grad_bytes in all). The drive serves one
-// request stream in the order the forward needs it: a streamed module's read at the NVMe read
-// rate, and, once its update is done and a later streamed module needs the room, the write-back of
-// its updated optimizer state (write_share of its streamed bytes: the gradient partitions are not
-// written back) at the write rate — a trace of gpt2 at the default budgets shows those write-backs
-// beside the forward's last reads, not in the backward
-// (docs/notes/2026-12-02-planner-handoff-against-backward.md). A module whose state has not
-// arrived when its update is due waits for it, and where the retired partitions cannot make the
-// room by then, the room is taken at once (the engine writes back updated state in its place).
-// write_gbps 0: the drive reads at read_gbps beside the write-backs (the profile's
-// nvme_read_beside_writes_gbps), which then take none of the reads' time.
-// Modules are numels' order (embed, the blocks, ln_f); the forward compute is the blocks',
-// evenly; AdamW and the bytes are split by element count. docs/plan.md, "Time".
-//
-// `ahead`: the update running ahead (one rank, memory the CPU addresses; UpdateScheduler::
-// start_ahead): module i's update (its reads' wait and its AdamW) starts on the engine's update
-// thread at module i - 1's gather, beside that module's forward compute; gather i waits only for
-// what is left of it. Returned then: the forward's whole wait for the updates (AdamW not hidden
-// included; the first module's update runs at its own gather), not the reads' alone.
-double gated_read_wait(const std::vector<std::size_t>& numels, int blocks, double miss_bytes, double nvme_bytes,
-                       double pool_grad_bytes, double slack, double fwd_compute_s, double adam_s, double read_gbps,
-                       double write_gbps, double write_share, bool ahead) {
-  if (numels.empty() || (!ahead && (miss_bytes <= 0 || read_gbps <= 0))) return 0;
-  if (read_gbps <= 0) miss_bytes = 0;
-  const double total = static_cast<double>(param_count(numels));
-  const std::size_t n = numels.size();
-  std::vector<double> miss(n, 0.0);
-  double left = std::min(miss_bytes, nvme_bytes);
-  std::size_t last_miss = n;  // the last streamed module: its write-back can wait for the backward
-  for (std::size_t i = n; i-- > 0 && left > 0;) {  // the last modules the forward updates
-    miss[i] = std::min(left, nvme_bytes * static_cast<double>(numels[i]) / total);
-    left -= miss[i];
-    if (miss[i] > 0 && last_miss == n) last_miss = i;
-  }
-  std::vector<std::pair<double, double>> freed;  // (time, room freed by then), in time order
-  double t = 0, wait = 0, reads_free_at = 0, need = 0, retired = 0;
-  double last_gather = 0;  // ahead: when the driving thread left the previous gather
-  std::size_t next_room = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double f = static_cast<double>(numels[i]) / total;
-    // Where the update starts: at this module's gather, or (ahead) at the previous one's.
-    const double start = ahead && i > 0 ? last_gather : t;
-    double ready = start;
-    if (miss[i] > 0) {
-      need += miss[i];
-      // The first moment the freed room holds what is read so far (need only grows, so the scan
-      // resumes where it stopped); else the room is taken at once, when the update is due.
-      while (next_room < freed.size() && slack + freed[next_room].second < need) ++next_room;
-      const double room_at = slack >= need ? 0 : next_room < freed.size() ? freed[next_room].first : start;
-      const double done = std::max(reads_free_at, room_at) + miss[i] / (read_gbps * 1e9);
-      reads_free_at = done;
-      ready = std::max(ready, done);
-    }
-    double end = 0;
-    if (ahead) {
-      end = ready + adam_s * f;
-      if (end > t) { wait += end - t; t = end; }  // the gather joins what is left of it
-      last_gather = t;
-    } else {
-      if (ready > t) { wait += ready - t; t = ready; }
-      t += adam_s * f;
-      end = t;
-    }
-    if (miss[i] > 0 && i != last_miss && write_gbps > 0) {  // its updated state makes room for the next reads
-      reads_free_at = std::max(reads_free_at, end) + write_share * miss[i] / (write_gbps * 1e9);
-    }
-    retired += pool_grad_bytes * f;
-    freed.emplace_back(end, retired);
-    if (i >= 1 && static_cast<int>(i) <= blocks) t += fwd_compute_s / blocks;
-  }
-  return wait;
-}
-
 // One step's parameter accesses (stored modules only), as the trainer makes them: per
-// micro-batch, forward 0..L+1 then the tied head (module 0), backward head, L+1..0.
+// micro-batch, forward 0..n-1 then (`head_tied`) the tied head (module 0), backward head,
+// n-1..0.
 std::vector<Access> step_trace(const std::vector<std::size_t>& numels, const ShardLayout& layout,
-                               const Config& cfg, std::uint64_t wsize, int micro_batches) {
+                               const Config& cfg, std::uint64_t wsize, int micro_batches, bool head_tied) {
   std::vector<bool> offloaded(numels.size());
   for (std::size_t i = 0; i < numels.size(); ++i) {
     const bool persistent = numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
@@ -337,8 +295,10 @@ std::vector<Access> step_trace(const std::vector<std::size_t>& numels, const Sha
   };
   for (int mb = 0; mb < micro_batches; ++mb) {
     for (std::size_t i = 0; i < numels.size(); ++i) add(i, Phase::kForward);
-    add(0, Phase::kForward);
-    add(0, Phase::kBackward);
+    if (head_tied) {
+      add(0, Phase::kForward);
+      add(0, Phase::kBackward);
+    }
     for (std::size_t i = numels.size(); i-- > 0;) add(i, Phase::kBackward);
   }
   return t;
@@ -360,7 +320,9 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   const double R = static_cast<double>(z.rank_flat_elems);
   const double P = static_cast<double>(p.params);
   p.tokens_per_step = static_cast<std::uint64_t>(run.batch) * run.seq_len * run.grad_accum * W;
-  p.flops_per_step = gpt::flops_per_token(run.model, run.seq_len) * static_cast<double>(p.tokens_per_step);
+  const double flops_per_token =
+      run.modules.flops_per_token > 0 ? run.modules.flops_per_token : gpt::flops_per_token(run.model, run.seq_len);
+  p.flops_per_step = flops_per_token * static_cast<double>(p.tokens_per_step);
   const double mb_tokens = static_cast<double>(run.batch) * run.seq_len;
   t.compute_s = p.flops_per_step / W / (compute_gflops(m, run.model.d_model, mb_tokens) * 1e9);
 
@@ -373,13 +335,28 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   // tensors (a sub-group's 12-byte-per-element optimizer state), whichever is more.
   const bool host_addressable = device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable;
   const bool params_on_device = publishes_working_on_device(z, host_addressable, store_device_budget(z));
-  const std::vector<std::size_t> numels = module_numels(run.model);
-  const std::size_t largest_module = *std::max_element(numels.begin(), numels.end());
+  const std::vector<std::size_t> numels = run_numels(run);
+  const std::vector<std::size_t> trained = trained_numels(run, numels);
+  const std::size_t largest_module = *std::max_element(trained.begin(), trained.end());  // with optimizer state
   const std::uint64_t room_bytes = z.host_budget_bytes > z.host_home_bytes ? z.host_budget_bytes - z.host_home_bytes : 0;
   const double slack = static_cast<double>(host_plan_margin(room_bytes, 12ull * std::min(z.sub_group_elems, largest_module)));
   const double room = static_cast<double>(room_bytes);
   const double param_nvme = static_cast<double>(z.nvme_param_bytes), opt_nvme = static_cast<double>(z.nvme_optimizer_bytes);
-  const double pool_param = params_on_device ? 0.0 : param_nvme;
+  // The overlapped optimizer step (below) on memory the CPU addresses writes each module's new
+  // working shard where its gather reads it, the device (UpdateScheduler: gather_tier). The
+  // parameters then live at the device: its cache keeps those it has room for, and writes each one
+  // it evicts, updated, straight to NVMe (TensorStore: no host copy is resident by then). Their
+  // host copies are transient: a parameter has no host-tier access in the step's trace, so the
+  // host plan (Prefetcher, Belady's MIN over the host-tier accesses) counts it as never used again
+  // and evicts it first. So the parameters take no pool room, and the whole pool caches optimizer
+  // state and gradient partitions; each parameter the device misses is read from NVMe (the
+  // simulator below, with no host room for them) and written back. (Until December 2026 the
+  // planner counted every NVMe-homed parameter as held in the pool and streamed all the optimizer
+  // state: gpt2-medium --offload nvme --seq-len 64 --batch 1 read 3.95 GB a step planned against
+  // 2.96-3.38 measured; docs/notes/2026-12-05-planner-second-step-and-torch-runs.md.)
+  const bool overlap = defers_optimizer_step(z, cfg, params_on_device || host_addressable, /*norm_folded=*/!cfg.fp16.enabled);
+  const bool params_at_device = params_on_device || (overlap && host_addressable && z.uses_device);
+  const double pool_param = params_at_device ? 0.0 : param_nvme;
   const double opt_miss =
       pool_param + opt_nvme > room ? std::min(opt_nvme, pool_param + opt_nvme - std::max(0.0, room - slack)) : 0.0;
   const double param_room = std::max(0.0, room - (opt_nvme - opt_miss));
@@ -387,11 +364,13 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   double nvme_read = 0, nvme_write = 0, h2d = 0;
   if (z.uses_device && z.param_home != Tier::kDevice) {
     const ShardLayout layout = make_shard_layout(numels, W, kAlignment);
-    const std::vector<Access> trace = step_trace(numels, layout, cfg, wsize, run.grad_accum);
+    const std::vector<Access> trace = step_trace(numels, layout, cfg, wsize, run.grad_accum, run.modules.head_tied);
     if (!trace.empty()) {
       TierModel tm;
       tm.device_budget_bytes = store_device_budget(z);
-      tm.host_budget_bytes = z.param_home == Tier::kNvme ? static_cast<std::uint64_t>(param_room) : z.host_budget_bytes;
+      tm.host_budget_bytes = z.param_home != Tier::kNvme ? z.host_budget_bytes
+                             : params_at_device       ? 0
+                                                      : static_cast<std::uint64_t>(param_room);
       // A shard larger than the pool's room goes NVMe -> bounce buffers -> device without a host
       // slot of its own (TensorStore's streamed path): simulated as the room holding that one shard.
       for (const Access& a : trace) tm.host_budget_bytes = std::max<std::uint64_t>(tm.host_budget_bytes, a.bytes);
@@ -415,12 +394,12 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   // Gradients: world 1 hands each micro-batch's fp32 gradients to the engine (a host copy);
   // several ranks reduce-scatter them (stages 2-3) or all-reduce them (0-1), and stage 3
   // all-gathers each module forward and backward.
-  const double grad_bytes = 4.0 * P * run.grad_accum;
+  const double grad_bytes = 4.0 * static_cast<double>(param_count(trained)) * run.grad_accum;
   if (W == 1) {
     // The measured hand-off (what the copies into the partitions add to the backward pass), else
     // one copy at the device->host rate.
     double exposed_s = 0;
-    t.d2h_s = grad_handoff_seconds(m, run.model, grad_bytes, run.grad_accum, &t.handoff_from, &exposed_s);
+    t.d2h_s = grad_handoff_seconds(m, run, grad_bytes, run.grad_accum, &t.handoff_from, &exposed_s);
     // No collective: tiermem-train's communication is the time inside its gather and reduce calls
     // that is no wait (train_engine_zero.cc: the driving thread's waits, for the store and for the
     // engine's helper threads, are I/O wait), next to nothing at one rank. The hand-off adds its
@@ -451,7 +430,10 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   if (z.uses_device) {
     const double b = static_cast<double>(z.param_store_bytes);
     if (z.param_home == Tier::kNvme && !params_on_device) {
-      const double evicted = std::max(0.0, param_nvme - param_room);  // written back, dirty
+      // Written back, dirty: what the pool cannot keep, or, with the parameters at the device (the
+      // overlapped step's updates write there), each one the device evicts and reads again, as
+      // often as the simulator reads it (an updated shard is dirty when evicted).
+      const double evicted = params_at_device ? nvme_read : std::max(0.0, param_nvme - param_room);
       nvme_write += evicted;
       publish_s = evicted / (m.nvme_write_gbps * 1e9) +
                   (step_measured ? 0.0 : (b - std::min(b, evicted)) / (m.d2h_gbps > 0 ? m.d2h_gbps : m.h2d_gbps) / 1e9);
@@ -469,7 +451,6 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   // state that does not stay cached if longer; the write-backs run beside the backward pass.
   // tiermem-train times the updates inside those gathers as optimizer time, the rest of the
   // gathers as communication (their waits also as I/O wait).
-  const bool overlap = defers_optimizer_step(z, cfg, params_on_device || host_addressable, /*norm_folded=*/!cfg.fp16.enabled);
   double overlap_step_s = 0;
   if (overlap) {
     // The forward's reads share the drive with the write-backs of updated state. A profile that
@@ -496,7 +477,7 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
     const double fwd = fwd_compute + (ahead ? 0.0 : t.adam_s), bwd = 2.0 * t.compute_s / 3.0 + (W == 1 ? t.d2h_s : t.comm_s);
     const double pool_grads = stage >= 2 && z.gradient_home == Tier::kNvme ? 4.0 * R : 0.0;
     auto gated = [&](double miss) {
-      return gated_read_wait(numels, run.model.n_layer, miss, opt_nvme, pool_grads, slack,
+      return gated_read_wait(trained, forward_compute_shares(numels), miss, opt_nvme, pool_grads, slack,
                              fwd_compute / std::max(1, run.grad_accum), t.adam_s, stream_read_gbps,
                              beside ? 0.0 : m.nvme_write_gbps,
                              opt_nvme > 0 ? (opt_nvme - std::min(opt_nvme, pool_grads)) / opt_nvme : 1.0, ahead);
@@ -568,20 +549,24 @@ double compute_gflops(const MachineProfile& m, int d_model, double tokens) {
   return at128 + f * (at512 - at128);
 }
 
-double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes,
+double grad_handoff_seconds(const MachineProfile& m, const RunShape& run, double grad_bytes, int passes,
                             std::string* from, double* exposed_s) {
   auto said = [from](const char* what) {
     if (from) *from = what;
   };
   if (exposed_s) *exposed_s = 0;
-  const std::vector<std::size_t> numels = module_numels(model);
+  const gpt::GptConfig& model = run.model;
+  const std::vector<std::size_t> numels = trained_numels(run, run_numels(run));
   if (!m.grad_handoff_gbps_by_width.empty()) {
     said(m.grad_handoff_pass_gbps_by_width.empty() ? "grad_handoff_gbps_by_width"
                                                    : "grad_handoff_gbps_by_width + grad_handoff_pass_gbps_by_width");
     const double per_byte = by_size(m.grad_handoff_gbps_by_width, model.d_model, m.grad_handoff_gbps);
     const double per_pass = by_size(m.grad_handoff_pass_gbps_by_width, model.d_model, 0.0);
-    // The last block's and the embedding's hand-offs, exposed at the end of each backward pass.
-    const double pass_bytes = 4.0 * static_cast<double>(numels[0] + (model.n_layer > 0 ? numels[1] : 0));
+    // The last layer's and the first module's (the embedding's) hand-offs, exposed at the end of
+    // each backward pass; a layer is the modules between the first and the last over n_layer
+    // (tiermem-train's GPT: one block).
+    const double between = numels.size() > 2 ? static_cast<double>(param_count(numels) - numels.front() - numels.back()) : 0.0;
+    const double pass_bytes = 4.0 * (static_cast<double>(numels[0]) + (model.n_layer > 0 ? between / model.n_layer : 0.0));
     const double exposed = per_pass > 0 ? std::min(grad_bytes, std::max(1, passes) * pass_bytes) : 0.0;
     if (exposed_s && exposed > 0) *exposed_s = exposed / (per_pass * 1e9);
     return (grad_bytes - exposed) / (per_byte * 1e9) + (exposed > 0 ? exposed / (per_pass * 1e9) : 0.0);

@@ -8,7 +8,7 @@
 // buffers, activations, SimDevice memory), each from the same formulas the code uses.
 //
 // Time (one rank, one optimizer step), from the profile's measured rates:
-//   compute    model FLOPs of the step (gpt::flops_per_token) / compute_gflops
+//   compute    model FLOPs of the step (gpt::flops_per_token, or a given model's) / compute_gflops
 //   params     stage 3 with offloaded parameters: the step's module accesses replayed by the tier
 //              simulator (tiermem/tier_simulator.h, Belady policy, the engine's budgets) give the
 //              NVMe->host and host->device bytes and the stall not hidden behind compute
@@ -19,6 +19,8 @@
 //   optimizer  sub-groups pipelined: max(the step at optimizer_params_per_s — else Adam at
 //              cpu_adam_params_per_s plus the new working parameters' copy —, the optimizer
 //              state's NVMe read + write) + what the working parameters' home adds (NVMe writes)
+//              (the overlapped step: each module's update at its gather, or at one rank on a SimDevice
+//              running ahead beside the previous module's compute: update_replay.h)
 // step = forward/backward (compute + stall) + gradients + gather + optimizer. The bottleneck is
 // the largest of compute, the NVMe link, the host->device link, communication and Adam.
 //
@@ -51,6 +53,21 @@ struct RunShape {
   int seq_len = 0;       // tokens per sequence
   int world_size = 1;    // ranks
   Config config;         // the effective config (budgets 0: resolved for the machine)
+  // A model tiermem-train does not build (a PyTorch model trained through tiermem.torch), as the
+  // engine and the step see it: its engine modules (units) in registration order, which of them
+  // are frozen, its FLOPs per token and whether its output head gathers the first module again
+  // (a tied embedding). numels empty: tiermem-train's GPT of `model` (embedding, blocks, final
+  // norm). Given, `model` keeps only the width the profile's rates are read at (d_model) and the
+  // layers (n_layer: one layer's bytes are the total's less the first and last modules', over
+  // it); the model's activations and gradients are its framework's memory, not the engine's or a
+  // trainer's, so no host or device peak counts them.
+  struct Modules {
+    std::vector<std::size_t> numels;
+    std::vector<bool> frozen;     // empty: none
+    double flops_per_token = 0;   // forward + backward, multiply-add = 2 (0: gpt::flops_per_token)
+    bool head_tied = true;
+    bool given() const { return !numels.empty(); }
+  } modules;
 };
 
 // What a machine can do, measured (tiermem-bench profile --json) or written from published
@@ -116,9 +133,9 @@ double compute_gflops(const MachineProfile& m, int d_model, double tokens = 512)
 // 0: not in the profile).
 double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems);
 
-// Seconds one rank's gradient hand-off adds to a step of `model` at world 1 on `m`: `grad_bytes`
+// Seconds one rank's gradient hand-off adds to a step of `run` at world 1 on `m`: `grad_bytes`
 // of fp32 gradient (all micro-batches) over `passes` backward passes (micro-batches). With the
-// profile's _by_width figures: passes x (one block's and the embedding's bytes) at the per-pass
+// profile's _by_width figures: passes x (one layer's and the first module's bytes) at the per-pass
 // rate (exposed at each backward's end) and the rest at the per-byte rate (a per-pass rate of 0:
 // all per byte); else grad_bytes at the by-module-size rate of the largest module; else one copy
 // at d2h_gbps (h2d_gbps when absent).
@@ -126,7 +143,7 @@ double optimizer_params_per_s(const MachineProfile& m, std::size_t module_elems)
 // ("gradient_handoff_from"), a fallback to one copy said as such. `exposed_s` (optional): the
 // part priced at the per-pass rate (the last hand-offs, which backward's end waits for; 0 without
 // a per-pass figure).
-double grad_handoff_seconds(const MachineProfile& m, const gpt::GptConfig& model, double grad_bytes, int passes,
+double grad_handoff_seconds(const MachineProfile& m, const RunShape& run, double grad_bytes, int passes,
                             std::string* from = nullptr, double* exposed_s = nullptr);
 
 // The host and device budgets a run gets when the config leaves them 0, on `m` (as the engine

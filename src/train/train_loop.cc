@@ -280,12 +280,10 @@ struct LoopState {
   Timers timers;
   Clock::time_point t_loop;
   EngineStats prev;  // the engine's counters at the end of the previous step
-  // The time split at the end of the first step (which records the prefetch trace): the
-  // summary's shares are of the steps after it, the steady state the planner predicts.
-  TimeSplit first_split;
   TimeSplit start_split;  // the counters before step 1 (registration waits too): not in the split
   double first_seconds = 0;
   std::vector<double> step_seconds;  // wall time of each step run (summary: step_seconds)
+  std::vector<TimeSplit> step_splits;  // each step's own split (eval between steps not in it)
 };
 
 // 4. Resume from --resume (the engine's state, the sampler's position, the first step and the
@@ -431,6 +429,8 @@ void train_steps(const TrainOptions& opts, const TrainPlan& plan, RunData& data,
   for (int t = loop.first_step; t <= loop.last_step && loop.stopped_by == 0; ++t) {
     kill_point("step");  // TEST-ONLY (kill_point.h)
     const auto t0 = Clock::now();
+    // The counters as the step starts (an eval since the last step is not this step's).
+    const TimeSplit at_start = time_split(loop.timers.compute, engine.stats(), 0);
     engine.begin_step();
     engine.zero_grad();
     double loss_sum = 0;
@@ -457,16 +457,14 @@ void train_steps(const TrainOptions& opts, const TrainPlan& plan, RunData& data,
     rep.tokens = tokens_per_step;
     rep.seconds = seconds_since(t0);
     loop.step_seconds.push_back(rep.seconds);
+    loop.step_splits.push_back(time_split(loop.timers.compute, now, rep.seconds, at_start));
     rep.flops = flops_per_step;
     rep.moved = now.moved - prev.moved;
     rep.stall_seconds = now.stall_seconds - prev.stall_seconds;
     const double per_step = seconds_since(loop.t_loop) / loop.steps_run;
     rep.eta_seconds = per_step * (plan.steps - t);
     prev = now;
-    if (loop.steps_run == 1) {
-      loop.first_seconds = seconds_since(loop.t_loop);
-      loop.first_split = time_split(loop.timers.compute, now, loop.first_seconds);
-    }
+    if (loop.steps_run == 1) loop.first_seconds = seconds_since(loop.t_loop);
     const bool eval_now = plan.eval_every > 0 && (t % plan.eval_every == 0 || t == plan.steps);
     reporter.step(rep, eval_now || t == loop.last_step || t == loop.first_step);
     if (!std::isfinite(loss)) {
@@ -564,13 +562,26 @@ Summary make_summary(const TrainPlan& plan, const gpt::ModelBackend& model, Trai
   s.last_step_io = st.last_step_io;
   s.flops = flops_per_step * loop.steps_run;
   s.split = time_split(loop.timers.compute, st, s.seconds, loop.start_split);
-  if (loop.steps_run > 1) {
-    s.steady_seconds = s.seconds - loop.first_seconds;
-    s.steady_split = time_split(loop.timers.compute, st, s.steady_seconds, loop.first_split);
-  } else {
-    s.steady_seconds = s.seconds;
-    s.steady_split = s.split;
-  }
+  s.steady_seconds = loop.steps_run > 1 ? s.seconds - loop.first_seconds : s.seconds;
+  // Each share the median over the steps after the first (all of them for a one-step run) of that
+  // step's share, as step_seconds is their median: one step unlike the others (with the overlapped
+  // optimizer step, the second applies the first's deferred updates reading their state on
+  // demand, before the prefetcher's plan holds it) moves neither.
+  const std::size_t skip = loop.step_splits.size() > 1 ? 1 : 0;
+  auto median_share = [&](double TimeSplit::*part) {
+    std::vector<double> v;
+    for (std::size_t i = skip; i < loop.step_splits.size(); ++i) {
+      const double wall = loop.step_seconds.at(i);
+      v.push_back(wall > 0 ? std::clamp(loop.step_splits[i].*part / wall, 0.0, 1.0) : 0.0);
+    }
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const std::size_t h = v.size() / 2;
+    return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+  };
+  s.steady_shares = {median_share(&TimeSplit::compute), median_share(&TimeSplit::io_wait),
+                     median_share(&TimeSplit::comm), median_share(&TimeSplit::optimizer),
+                     median_share(&TimeSplit::other)};
   return s;
 }
 

@@ -218,13 +218,12 @@ void Reporter::summary(const Summary& s) {
     // tiermem-plan --check (plan.h): fields the planner predicts, and the inputs it plans from.
     j["step_seconds"] = s.step_seconds;
     j["step_seconds_mean"] = s.step_seconds_mean;
-    // Shares of the steps after the first: the first records the prefetch trace, which the
-    // planner leaves out as it leaves it out of step_seconds.
-    auto share = [&](double x) { return s.steady_seconds > 0 ? x / s.steady_seconds : 0.0; };
-    j["compute_share"] = share(s.steady_split.compute);
-    j["io_wait_share"] = share(s.steady_split.io_wait);
-    j["communication_share"] = share(s.steady_split.comm);
-    j["optimizer_share"] = share(s.steady_split.optimizer);
+    // Shares of the steps after the first (each the median of the steps' own): the first records
+    // the prefetch trace, which the planner leaves out as it leaves it out of step_seconds.
+    j["compute_share"] = s.steady_shares.compute;
+    j["io_wait_share"] = s.steady_shares.io_wait;
+    j["communication_share"] = s.steady_shares.comm;
+    j["optimizer_share"] = s.steady_shares.optimizer;
     j["shares_of_steps"] = s.steps > 1 ? "after the first" : "all";
     j["steady_seconds"] = s.steady_seconds;
     j["plan_inputs"] = {{"batch", s.batch}, {"grad_accum", s.grad_accum}, {"seq_len", s.seq_len},

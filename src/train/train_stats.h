@@ -100,13 +100,13 @@ struct Summary {
   std::string param_offload, optimizer_offload, device_kind;
   int zero_stage = 0;
   // What tiermem-plan --check compares (plan.h): the steady step time (the median step after
-  // the first; step_seconds_mean: their mean), the time split of those steps as shares of their
-  // wall time (steady_split, steady_seconds below), and the
-  // run's inputs under "plan_inputs".
+  // the first; step_seconds_mean: their mean), the time split of those steps as shares (each the
+  // median over those steps of the step's own share: steady_shares), and the run's inputs under
+  // "plan_inputs".
   double step_seconds = 0, step_seconds_mean = 0;
-  // The split of the steps after the first (all of them for a one-step run) and their wall time:
-  // the shares are steady_split over steady_seconds (`split` is the whole run's, first step too).
-  TimeSplit steady_split;
+  // Each part's share of a step, the median over the steps after the first (all of them for a
+  // one-step run); steady_seconds their wall time (`split` is the whole run's, first step too).
+  TimeSplit steady_shares;
   double steady_seconds = 0;
   StepIo last_step_io;  // the bound line (text) and "last_step_io" (JSON)
   int batch = 0, grad_accum = 0, seq_len = 0;

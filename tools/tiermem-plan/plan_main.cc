@@ -8,6 +8,10 @@
 //   build/default/bin/tiermem-train --model gpt2 --offload nvme --json > run.jsonl
 //   build/default/bin/tiermem-plan --check run.jsonl --profile me.json [--json]
 //
+// A summary whose plan_inputs give the model's modules (a tiermem.torch run's, written by
+// bench/compare_torch.py --plan-check) is planned with those modules instead of tiermem-train's
+// GPT (plan::RunShape::modules).
+//
 // The run is described with tiermem-train's own flags (--model, --batch, --seq-len, --config,
 // --offload, budgets ...) and resolved by the same code (effective_config, make_train_plan), so
 // the plan is that of the run tiermem-train would make. The machine profile is --profile's, else
@@ -18,6 +22,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fmt/format.h>
@@ -48,6 +54,7 @@ struct PlanArgs {
   int world_size = 1;
   int vocab = 0;
   int context = 0;  // --check: the model's context (rows of wpe) from the summary
+  plan::RunShape::Modules modules;  // --check of a model given by its modules (a tiermem.torch run)
   bool json = false;
 };
 
@@ -160,6 +167,39 @@ void apply_summary(const json& s, const std::string& path, PlanArgs& a) {
   if (a.run.seq_len > a.context) {
     throw ConfigError(path + ": " + pi + "seq_len", std::to_string(a.run.seq_len),
                       fmt::format("exceeds the model's context ({}): tiermem-train runs no such model", a.context));
+  }
+  // A model tiermem-train does not build (a tiermem.torch run: bench/compare_torch.py --plan-check):
+  // its engine modules, which are frozen, its FLOPs per token and whether its head is tied.
+  if (in.contains("modules")) {
+    const json& mods = in["modules"];
+    if (!mods.is_array() || mods.empty()) {
+      throw ConfigError(path + ": " + pi + "modules", mods.dump(), "expected a non-empty array of module sizes");
+    }
+    for (std::size_t i = 0; i < mods.size(); ++i) {
+      if (!mods[i].is_number_integer() || mods[i].get<long long>() < 1) {
+        throw ConfigError(fmt::format("{}: {}modules[{}]", path, pi, i), mods[i].dump(),
+                          "expected a module's element count, a whole number >= 1");
+      }
+      a.modules.numels.push_back(mods[i].get<std::size_t>());
+    }
+    if (in.contains("frozen")) {
+      const json& fr = in["frozen"];
+      if (!fr.is_array() || fr.size() != mods.size() ||
+          !std::all_of(fr.begin(), fr.end(), [](const json& x) { return x.is_boolean(); })) {
+        throw ConfigError(path + ": " + pi + "frozen", fr.dump(),
+                          fmt::format("expected {} booleans, one per module", mods.size()));
+      }
+      for (const json& x : fr) a.modules.frozen.push_back(x.get<bool>());
+    }
+    const json f = in.value("flops_per_token", json());
+    if (!f.is_number() || !std::isfinite(f.get<double>()) || f.get<double>() <= 0) {
+      throw ConfigError(path + ": " + pi + "flops_per_token", in.contains("flops_per_token") ? f.dump() : "(missing)",
+                        "a summary that gives its modules gives its model's FLOPs per token, a number > 0");
+    }
+    a.modules.flops_per_token = f.get<double>();
+    const json tied = in.value("head_tied", json(true));
+    if (!tied.is_boolean()) throw ConfigError(path + ": " + pi + "head_tied", tied.dump(), "expected true or false");
+    a.modules.head_tied = tied.get<bool>();
   }
   // Where the state lived (stage 3): the --offload shortcut that puts it there.
   const std::string ph = s.value("param_offload", ""), oh = s.value("optimizer_offload", "");
@@ -343,7 +383,8 @@ int main(int argc, char** argv) {
   app.add_option("--host-budget", host_budget, "host pool budget, e.g. 2GiB");
   app.add_option("--swap-dir", a.run.swap_dir, "NVMe swap directory (its free space bounds the NVMe state)");
   app.add_option("--profile", a.profile_path, "machine profile JSON (tiermem-bench profile --json, or profiles/*.json) [the --config's tiermem.machine_profile]");
-  app.add_option("--check", a.check_path, "a tiermem-train --json output: print predicted vs measured per field");
+  app.add_option("--check", a.check_path, "a tiermem-train --json output (or a tiermem.torch run's summary, "
+                                          "bench/compare_torch.py --plan-check): print predicted vs measured per field");
   app.add_flag("--json", a.json, "one JSON object (the last line printed)");
   try {
     app.parse(argc, argv);
@@ -434,7 +475,7 @@ int main(int argc, char** argv) {
     }
     if (!summary.is_null()) run.model_name = summary.value("model", run.model_name);
     run.model.validate();
-    const plan::RunShape shape{run.model, run.batch, run.grad_accum, run.seq_len, run.world_size, run.config};
+    const plan::RunShape shape{run.model, run.batch, run.grad_accum, run.seq_len, run.world_size, run.config, a.modules};
     const plan::Prediction p = plan::predict(shape, m);
     const bool timed = !a.profile_path.empty();
     if (!a.check_path.empty()) {
