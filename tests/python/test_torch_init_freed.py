@@ -51,10 +51,12 @@ def _run(how: str, trim: str) -> dict:
 @pytest.mark.parametrize("how", ["init", "plain"])
 def test_initialize_returns_the_models_freed_values(torch_or_skip, how):
     """RssAnon after initialize, against the same run with the freed values left in glibc's heap:
-    at least half the model's fp32 bytes lower (the engine's fixed costs, pools and threads, are the
-    same in both)."""
+    at least 0.4 of the model's fp32 bytes lower (the engine's fixed costs, pools and threads, are the
+    same in both). What glibc keeps of the freed values varies from run to run (0.50-1.0 of the base
+    over 8 runs under zero.Init, at 91f96e7 and after; "return" at 556 MiB every time), so the bound
+    is below the least it kept; without the return, the difference is about 0."""
     pytest.importorskip("transformers")
     kept, returned = _run(how, "keep"), _run(how, "return")
     saved = kept["initialized"] - returned["initialized"]
-    assert saved >= 0.5 * returned["base"], (f"initialize returned {saved / returned['base']:.2f} of the base "
+    assert saved >= 0.4 * returned["base"], (f"initialize returned {saved / returned['base']:.2f} of the base "
                                              f"({returned['base'] >> 20} MiB): {kept} vs {returned}")
