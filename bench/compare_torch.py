@@ -285,6 +285,18 @@ def run_worker(a):
         shutil.rmtree(nvme_dir, ignore_errors=True)
 
 
+def llama_flags(a):
+    """A worker's command-line flags for the Llama shape a run asked for (none for GPT-2)."""
+    if not a.llama:
+        return []
+    flags = ["--llama", a.llama]
+    for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
+                    ("--llama-intermediate", a.llama_intermediate)):
+        if v:
+            flags += [flag, str(v)]
+    return flags
+
+
 def run_rate_worker(a):
     """--plan-check: the run's model alone (no engine, no optimizer; the LoRA-wrapped Llama with
     --lora), its forward + backward rate in model FLOP/s (common.model_rate) printed as JSON."""
@@ -334,12 +346,7 @@ def plan_rate(a, summary, profile):
            "--batch", str(a.batch)]
     if a.lora:
         cmd.append("--lora")
-    if a.llama:
-        cmd += ["--llama", a.llama]
-    for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
-                    ("--llama-intermediate", a.llama_intermediate)):
-        if v:
-            cmd += [flag, str(v)]
+    cmd += llama_flags(a)
     r = subprocess.run(cmd, capture_output=True, text=True, env=common.worker_env(a.threads), timeout=a.timeout)
     if r.returncode != 0:
         print(f"--plan-check: the model's own rate was not measured: {(r.stderr or r.stdout).strip()[-300:]}", flush=True)
@@ -528,12 +535,7 @@ def spawn(a, who, profile=False):
            str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget,
            "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget, "--build", a.build,
            "--ds-variant", a.ds_variant, "--clip", str(a.clip)] + extra
-    if a.llama:
-        cmd += ["--llama", a.llama]
-        for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
-                        ("--llama-intermediate", a.llama_intermediate)):
-            if v:
-                cmd += [flag, str(v)]
+    cmd += llama_flags(a)
     if profile:
         cmd.append("--profile")
     summary = plan_summary_path(a, who)

@@ -183,6 +183,12 @@ std::uint64_t ZeroEngine::Impl::driving_stall_ns() const {
 }
 
 namespace {
+
+// Whether any module trains (is not in ZeroEngineOptions::frozen_modules).
+bool any_trainable(const std::vector<detail::ZeroModule>& mods) {
+  return std::any_of(mods.begin(), mods.end(), [](const detail::ZeroModule& m) { return !m.frozen; });
+}
+
 // The step window's counters: the store's NVMe bytes (none without a store) and the driving
 // thread's waits.
 detail::StepIoMeter::Counters step_counters(const TensorStore* store, std::uint64_t waits) {
@@ -398,7 +404,7 @@ double ZeroEngine::loss_scale() const { return impl_->scaler ? impl_->scaler->sc
 
 ZeroEngine::StepResult ZeroEngine::step() {
   const auto& mods = impl_->mods;
-  if (!mods.empty() && std::all_of(mods.begin(), mods.end(), [](const detail::ZeroModule& m) { return m.frozen; })) {
+  if (!mods.empty() && !any_trainable(mods)) {
     throw Error("ZeroEngine::step: every module is frozen (ZeroEngineOptions::frozen_modules): this engine runs "
                 "forward only and has nothing to step");
   }
@@ -411,7 +417,7 @@ ZeroEngine::StepResult ZeroEngine::step() {
 
 void ZeroEngine::end_forward_pass() {
   Impl& I = *impl_;
-  if (std::any_of(I.mods.begin(), I.mods.end(), [](const detail::ZeroModule& m) { return !m.frozen; })) {
+  if (any_trainable(I.mods)) {
     throw Error("ZeroEngine::end_forward_pass: a module is trainable (not in ZeroEngineOptions::frozen_modules): "
                 "this engine's steps end at step(); end_forward_pass is for forward-only engines");
   }
