@@ -298,9 +298,15 @@ std::uint64_t PinnedHostPool::move_warm_pages_locked(int k, std::uint32_t i, cha
         src.cuda_registered = false;
       }
 #endif
-      if (mremap(from, take, take, MREMAP_MAYMOVE | MREMAP_FIXED, dst + moved) == MAP_FAILED) {
+      // MREMAP_DONTUNMAP: the source range stays mapped, with its flags (reserved, NORESERVE, no
+      // memory behind it; VM_LOCKED dropped there), so it is never a hole. A plain move unmaps it
+      // until the range is mapped again, and another thread's mmap (a large malloc, a sanitizer's
+      // own mappings) could land in that hole, to be overwritten by the MAP_FIXED that re-reserves
+      // it: test MovingPagesNeverUnmapsAWarmSlotsRangeUnderAnotherThread crashed that way.
+      if (mremap(from, take, take, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, dst + moved) == MAP_FAILED) {
         // A kernel before 6.17 cannot move a range that earlier moves made of several mappings
-        // (EFAULT): the caller releases and faults in instead.
+        // (EFAULT), nor one before 5.7 with MREMAP_DONTUNMAP (EINVAL): the caller releases and
+        // faults in instead.
         TM_LOG_DEBUG("HOST", "moving {} of a warm slot's pages failed ({}); faulting in fresh pages",
                      format_bytes(take), std::strerror(errno));
         notify_map_locked(c, j);
@@ -311,25 +317,6 @@ std::uint64_t PinnedHostPool::move_warm_pages_locked(int k, std::uint32_t i, cha
       src.committed -= take;
       src.huge_bytes = 0;
       src.contiguous_bytes = kAlignment;
-      // The range the pages left is the class's reserved address space again (no memory behind it).
-      if (mmap(from, take, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) ==
-          MAP_FAILED) {
-        // Another mapping could land in the hole: the slot is never used again (it stays out of
-        // the warm and cold lists, marked live).
-        TM_LOG_ERROR("HOST", "host pool: re-reserving {} at {} failed ({}); one {} slot retired",
-                     format_bytes(take), static_cast<void*>(from), std::strerror(errno), format_bytes(sc.slot_bytes));
-        if (src.committed > 0) {
-          if (src.locked) munlock(slot_base(c, j), src.committed);
-          madvise(slot_base(c, j), src.committed, MADV_DONTNEED);
-        }
-        committed_ -= src.committed;
-        src.committed = 0;
-        src.locked = false;
-        src.live = true;
-        sc.warm.erase(sc.warm.begin() + static_cast<std::ptrdiff_t>(w));
-        continue;
-      }
-      if (thp_ && sc.slot_bytes >= kHuge) madvise(from, take, MADV_HUGEPAGE);
       if (src.committed == 0) {
         src.locked = false;
         sc.warm.erase(sc.warm.begin() + static_cast<std::ptrdiff_t>(w));

@@ -3,8 +3,11 @@
 #include "tiermem/pinned_host_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -180,6 +183,58 @@ TEST(PinnedHostPool, WarmSlotsPagesMoveToTheCommitThatNeedsThemInsteadOfBeingZer
   EXPECT_LE(pool.mapped_bytes(), 16 * kMiB);
   pool.free(d);
   pool.free(e);
+}
+
+// A move leaves no moment where the warm slot's range is unmapped: another thread's mmap could
+// land in such a hole and be overwritten when the pool reserved the range again (glibc's large
+// mallocs, a sanitizer's own mappings). One thread makes the pool move pages back and forth
+// between two size classes while another maps blocks of the moved size, fills them and checks
+// them: every block keeps its bytes.
+TEST(PinnedHostPool, MovingPagesNeverUnmapsAWarmSlotsRangeUnderAnotherThread) {
+  constexpr std::uint64_t kMiB = 1 << 20;
+  PinnedHostPool pool(small(16 * kMiB));
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> bad{0}, checked{0};
+  std::thread mapper([&] {
+    std::uint64_t round = 0;
+    while (!stop.load()) {
+      const std::uint64_t len = (round % 2 ? 6 : 2) * kMiB;
+      auto* p = static_cast<unsigned char*>(
+          mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      if (p == MAP_FAILED) continue;
+      const auto v = static_cast<unsigned char>(round % 251 + 1);
+      std::memset(p, v, len);
+      std::this_thread::yield();
+      for (std::uint64_t o = 0; o < len; o += 4096) {
+        if (p[o] != v) {
+          ++bad;
+          break;
+        }
+      }
+      ++checked;
+      munmap(p, len);
+      ++round;
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  std::uint64_t moves = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    void* a = pool.allocate(12 * kMiB);
+    void* b = pool.allocate(4 * kMiB);
+    pool.free(a);
+    void* c = pool.allocate(6 * kMiB);  // 6 MiB of the warm 12 move
+    pool.free(c);
+    pool.free(b);
+    void* d = pool.allocate(2 * kMiB);
+    pool.free(d);
+    ++moves;
+  }
+  stop = true;
+  mapper.join();
+  EXPECT_GT(pool.moved_bytes(), 0u);
+  EXPECT_GT(checked.load(), 0u);
+  EXPECT_EQ(bad.load(), 0u) << "another thread's mapping was overwritten by the pool (" << moves << " rounds, "
+                            << checked.load() << " blocks checked)";
 }
 
 // Registration follows the slots: the listener sees each committed slot mapped, and unmapped
