@@ -15,6 +15,7 @@
 #include "gpu/caching_allocator.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
+#include "core/thread_name.h"
 
 namespace tiermem {
 namespace {
@@ -83,6 +84,7 @@ class SimDevice::Engine {
   };
 
   void run() {
+    detail::name_this_thread(std::string("tm-sim-").append(name_).c_str());
     while (true) {
       Task t;
       {

@@ -3,6 +3,8 @@
 
 #include <utility>
 
+#include "core/thread_name.h"
+
 namespace tiermem::detail {
 
 HashWorker::~HashWorker() {
@@ -24,6 +26,7 @@ void HashWorker::post(std::function<void()> job) {
 }
 
 void HashWorker::run() {
+  detail::name_this_thread("tm-hash");
   std::unique_lock lock(mu_);
   while (true) {
     cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });

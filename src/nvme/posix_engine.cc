@@ -11,6 +11,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "core/thread_name.h"
 #include "nvme/engine_internal.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
@@ -35,6 +36,7 @@ class PosixEngine final : public EngineBase {
  private:
   // Issues piece p until it is done (on_result retries short transfers and EAGAIN/EINTR).
   void run(Piece* p) {
+    detail::name_pool_thread("tm-posix-io");
     for (;;) {
       std::uint64_t len = 0;
       std::int64_t res;

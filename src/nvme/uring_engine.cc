@@ -9,6 +9,7 @@
 #include <deque>
 #include <thread>
 
+#include "core/thread_name.h"
 #include "nvme/engine_internal.h"
 #include "tiermem/error.h"
 #include "tiermem/log.h"
@@ -231,6 +232,7 @@ class UringEngine final : public EngineBase {
   }
 
   void reap(Ring& r) {
+    detail::name_this_thread("tm-uring-reap");
     std::vector<Result> results;
     for (;;) {
       io_uring_cqe* cqe = nullptr;

@@ -2,6 +2,7 @@
 // NVMe<->device pipelines through pinned bounce buffers, and the worker pool.
 // See tensor_store_impl.h.
 #include "runtime/tensor_store_impl.h"
+#include "core/thread_name.h"
 
 namespace tiermem {
 
@@ -164,6 +165,7 @@ void TensorStore::Impl::submit(std::function<void()> fn) {
     ++pending_;
   }
   boost::asio::post(*pool_, [this, fn = std::move(fn), phase = access_phase()] {
+    detail::name_pool_thread("tm-store");
     {
       const AccessPhase access(phase);
       fn();  // never throws: tasks catch their own errors

@@ -10,6 +10,7 @@
 
 #include "tiermem/log.h"
 #include "tiermem/tensor_store.h"
+#include "core/thread_name.h"
 
 namespace tiermem::detail {
 
@@ -27,6 +28,7 @@ HelperTask::~HelperTask() {
 void HelperTask::start(std::function<void()> work) {
   if (!pool_) pool_ = std::make_unique<boost::asio::thread_pool>(1);
   auto task = std::make_shared<std::packaged_task<void()>>([w = std::move(work)] {
+    detail::name_pool_thread("tm-helper");
     const TensorStore::HelperThread helper;  // its waits overlap the driving thread's work
     w();
   });

@@ -4,8 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -44,6 +49,36 @@ TEST(SimDevice, RoundTripThroughDevice) {
 // A block freed to make room is not unmapped: its pages become the next allocation's (moved, not
 // faulted in and zeroed anew), which shows as its bytes at the new block's start; the rest of the
 // new block is mapped and writable, and empty_cache() lets the kept pages go.
+// The names of this process's threads (/proc/self/task/*/comm).
+std::multiset<std::string> thread_names() {
+  std::multiset<std::string> names;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream f(t.path() / "comm");
+    std::string name;
+    if (std::getline(f, name)) names.insert(name);
+  }
+  return names;
+}
+
+// Each copy engine's thread says what it is (top -H, perf, /proc), and is gone with the device.
+TEST(SimDevice, CopyEngineThreadsAreNamed) {
+  const auto before = thread_names();
+  ASSERT_EQ(before.count("tm-sim-h2d"), 0u);
+  {
+    SimDevice dev({.budget_bytes = 1 << 20});
+    // The names are set by the threads themselves, as they start.
+    std::multiset<std::string> now;
+    for (int i = 0; i < 200; ++i) {
+      now = thread_names();
+      if (now.count("tm-sim-h2d") == 1 && now.count("tm-sim-d2h") == 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(now.count("tm-sim-h2d"), 1u);
+    EXPECT_EQ(now.count("tm-sim-d2h"), 1u);
+  }
+  EXPECT_EQ(thread_names().count("tm-sim-h2d"), 0u);
+}
+
 TEST(SimDevice, FreedPagesBecomeTheNextAllocationsInsteadOfFreshOnes) {
   SimDevice dev({.budget_bytes = 8 << 20});
   auto* a = static_cast<std::uint8_t*>(dev.allocate(4 << 20));
