@@ -10,6 +10,9 @@ Tier DeviceStaging::gather_tier(const ZeroModule& m) const {
   // A frozen module at rest in fewer bytes is read by the CPU where it is cached and dequantized
   // into its gather buffer (Gatherer::start): its smaller bytes never take device room.
   if (m.quantized() && m.home != Tier::kDevice) return Tier::kHost;
+  // Frozen, homed in host memory the device addresses: read in place. Never written while
+  // gathered (no update); a device copy would only hold the same bytes twice.
+  if (m.frozen && m.home == Tier::kHost && !shape_.opaque) return Tier::kHost;
   if (shape_.opaque && shape_.world > 1 && !comm_.device_buffers() && m.home != Tier::kDevice) return Tier::kHost;
   return shape_.compute_tier;
 }

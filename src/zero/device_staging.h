@@ -47,6 +47,9 @@ class DeviceStaging {
   // device's all-gather is staged through host memory anyway (several ranks, a host
   // communicator) and the shard is not homed on the device: then the host tier (no copy down).
   // (The host tier for a quantized frozen module not homed on the device: ZeroModule::quantized.)
+  // The host tier too for a frozen module homed on the host tier of a device the CPU addresses
+  // (SimDevice): its home copy is read in place, where a device copy would be the same bytes
+  // again (a LoRA base with offload_param cpu held twice: host home + device cache).
   Tier gather_tier(const ZeroModule& m) const;
   // Copies `bytes` host bytes to offset `offset` of a pin (synchronously; through the device's
   // copy when the pin is opaque device memory).

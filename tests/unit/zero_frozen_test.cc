@@ -194,6 +194,46 @@ TEST(ZeroFrozen, EveryModuleFrozenRunsForwardOnly) {
   std::filesystem::remove_all(dir);
 }
 
+// A frozen module homed in host memory (offload_param cpu) on a device the CPU addresses is
+// gathered in place from its home: no device copy of the same bytes (a LoRA base would be held
+// twice, once at home and once in the device cache).
+TEST(ZeroFrozen, AFrozenModuleHomedOnTheHostIsReadInPlaceNotCopiedToTheDevice) {
+  auto comm = make_single_communicator();
+  const std::string dir = nvme_dir();
+  Config cfg = testing::with_param_offload(mlp_config(3, "cpu", dir, 1), "cpu", dir);
+  cfg.zero.stage3_param_persistence_threshold_elems = 0;  // every module stored at its home
+  constexpr std::size_t kNumel = 1 << 16;
+  std::vector<std::vector<float>> init(2, std::vector<float>(kNumel));
+  for (std::size_t i = 0; i < kNumel; ++i) {
+    init[0][i] = static_cast<float>(i % 251) * 0.25f;
+    init[1][i] = -static_cast<float>(i % 127) * 0.5f;
+  }
+  const std::size_t numels[] = {kNumel, kNumel};
+  for (const bool frozen : {false, true}) {
+    ZeroEngineOptions o;
+    o.frozen_modules = {frozen, frozen};
+    auto owned = std::make_unique<ZeroEngine>(cfg, *comm, numels, o);
+    ZeroEngine& engine = *owned;
+    engine.register_module("a", init[0]);
+    engine.register_module("b", init[1]);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int m = 0; m < 2; ++m) {
+        auto x = engine.gather(m, Phase::kForward);
+        EXPECT_EQ(testing::to_f32_host(engine, x), init[static_cast<std::size_t>(m)]) << "module " << m;
+      }
+      if (frozen) engine.end_forward_pass();
+    }
+    const std::uint64_t module_bytes = kNumel * 2;  // at least: a bf16 working copy
+    if (frozen) {
+      EXPECT_LT(engine.stats().device_peak_bytes, module_bytes) << "a device copy of a frozen module was made";
+    } else {
+      EXPECT_GE(engine.stats().device_peak_bytes, module_bytes) << "trainable modules are gathered to the device";
+    }
+    owned.reset();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ZeroFrozen, EndForwardPassIsRefusedOnAnEngineThatTrains) {
   auto comm = make_single_communicator();
   const std::string dir = nvme_dir();
