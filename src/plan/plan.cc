@@ -108,6 +108,15 @@ Config engine_config(const RunShape& run, const MachineProfile& m, std::uint64_t
   return cfg;
 }
 
+// Per module: frozen and read in place from its host home, never copied to the device
+// (DeviceStaging::gather_tier: offload_param cpu on a device the CPU addresses).
+std::vector<bool> frozen_in_place(const RunShape& run, const Config& cfg, const MachineProfile& m, const ZeroPlan& z) {
+  std::vector<bool> out(run.modules.frozen.size(), false);
+  if (z.param_home != Tier::kHost || !device_is_sim(cfg, m) || !cfg.tiermem.sim_host_addressable) return out;
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = run.modules.frozen[i];
+  return out;
+}
+
 // Memory of a run (no time): fills the plan and the peaks of `p`.
 void predict_memory(const RunShape& run, const Config& cfg, const MachineProfile& m,
                     Prediction& p) {
@@ -125,11 +134,13 @@ void predict_memory(const RunShape& run, const Config& cfg, const MachineProfile
   // The pool caches the NVMe-homed working shards, but a frozen module's only while it is written
   // at registration (the engine evicts it then: zero_setup.cc), so of those the largest counts.
   const ShardLayout layout = make_shard_layout(numels, stage == 0 ? 1 : run.world_size, kAlignment);
+  const std::vector<bool> in_place = frozen_in_place(run, cfg, m, z);
   std::uint64_t dev_all = 0, host_cache = 0, frozen_cache = 0;
   for (std::size_t i = 0; i < numels.size(); ++i) {
     const bool persistent = stage == 3 && numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
     const bool stored = stage == 3 && layout.modules[i].shard > 0 && (!persistent || run.world_size == 1);
     if (!stored) continue;
+    if (!persistent && i < in_place.size() && in_place[i]) continue;  // read at its host home
     dev_all += dev_round(layout.modules[i].shard * wsize);
     if (persistent || z.param_home != Tier::kNvme) continue;
     const std::uint64_t bytes = host_round(layout.modules[i].shard * wsize);
@@ -283,11 +294,12 @@ void check_fit(const RunShape& run, const Config& cfg, const MachineProfile& m, 
 // micro-batch, forward 0..n-1 then (`head_tied`) the tied head (module 0), backward head,
 // n-1..0.
 std::vector<Access> step_trace(const std::vector<std::size_t>& numels, const ShardLayout& layout,
-                               const Config& cfg, std::uint64_t wsize, int micro_batches, bool head_tied) {
+                               const Config& cfg, std::uint64_t wsize, int micro_batches, bool head_tied,
+                               const std::vector<bool>& in_place) {
   std::vector<bool> offloaded(numels.size());
   for (std::size_t i = 0; i < numels.size(); ++i) {
     const bool persistent = numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
-    offloaded[i] = layout.modules[i].shard > 0 && !persistent;
+    offloaded[i] = layout.modules[i].shard > 0 && !persistent && !(i < in_place.size() && in_place[i]);
   }
   std::vector<Access> t;
   auto add = [&](std::size_t i, Phase ph) {
@@ -364,7 +376,15 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   double nvme_read = 0, nvme_write = 0, h2d = 0;
   if (z.uses_device && z.param_home != Tier::kDevice) {
     const ShardLayout layout = make_shard_layout(numels, W, kAlignment);
-    const std::vector<Access> trace = step_trace(numels, layout, cfg, wsize, run.grad_accum, run.modules.head_tied);
+    // Frozen modules read in place at their host home move nowhere: not in the trace.
+    const std::vector<bool> in_place = frozen_in_place(run, cfg, m, z);
+    std::uint64_t in_place_bytes = 0;
+    for (std::size_t i = 0; i < in_place.size() && i < numels.size(); ++i) {
+      const bool persistent = numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
+      if (in_place[i] && !persistent) in_place_bytes += layout.modules[i].shard * wsize;
+    }
+    const std::vector<Access> trace =
+        step_trace(numels, layout, cfg, wsize, run.grad_accum, run.modules.head_tied, in_place);
     if (!trace.empty()) {
       TierModel tm;
       tm.device_budget_bytes = store_device_budget(z);
@@ -387,7 +407,8 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
                                    PrefetcherOptions::from_config(cfg, wsize == 2 ? DType::kBF16 : DType::kF32));
       nvme_read += static_cast<double>(s.bytes_nvme_to_host);
       // Each step publishes new working shards, so the device's copies are fetched again.
-      h2d += std::max(static_cast<double>(s.bytes_host_to_device), static_cast<double>(z.param_store_bytes));
+      h2d += std::max(static_cast<double>(s.bytes_host_to_device),
+                      static_cast<double>(z.param_store_bytes - std::min(z.param_store_bytes, in_place_bytes)));
       t.stall_s = s.stall_seconds;
     }
   }

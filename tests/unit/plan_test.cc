@@ -471,6 +471,33 @@ TEST_F(PlanTest, AModelGivenByItsModulesIsPricedAsTheSameGpt) {
 // before them), and that wait is the optimizer time; the compute beside it takes no longer (a
 // traced gpt2 run's forward blocks did not). gpt2's blocks at two AdamW rates: below and above a
 // block's forward compute.
+// offload_param cpu on the simulated device (the CPU addresses it): a frozen module is read in
+// place at its host home (DeviceStaging::gather_tier), so the plan gives it no device room and no
+// host->device traffic; the same modules trained do take both.
+TEST(PlanFrozen, AFrozenModuleHomedOnTheHostOfTheSimulatedDeviceTakesNoDeviceRoomAndMovesNothing) {
+  using tiermem::plan::Prediction;
+  const tiermem::plan::MachineProfile m = tiermem::plan::parse_profile(json::parse(kProfile), "test");
+  constexpr std::size_t kNumel = 1 << 20;  // 4 MiB of fp32 working params each
+  auto predict = [&](bool frozen) {
+    tiermem::plan::RunShape run;
+    run.model = tiermem::gpt::GptConfig::named("tiny");
+    run.batch = 1;
+    run.seq_len = 16;
+    run.modules.numels = {kNumel, kNumel, kNumel};
+    run.modules.frozen = {frozen, frozen, false};
+    run.modules.head_tied = false;
+    run.config = tiermem::parse_config(R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+        "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+      "tiermem": {"host_budget_bytes": "1GiB", "device_budget_bytes": "256MiB"}})");
+    return tiermem::plan::predict(run, m);
+  };
+  const Prediction trained = predict(false), lora = predict(true);
+  const std::uint64_t two = 2 * 4 * kNumel;
+  EXPECT_EQ(trained.device_peak_bytes - lora.device_peak_bytes, two) << "the frozen modules' device copies";
+  EXPECT_GE(trained.h2d_bytes, lora.h2d_bytes + two) << "the frozen modules' copies to the device";
+}
+
 TEST_F(PlanTest, TheUpdateAheadWaitsOnlyForWhatTheComputeBesideItLeaves) {
   tiermem::gpt::GptConfig gpt2 = tiermem::gpt::GptConfig::named("gpt2");
   gpt2.vocab_size = 256;
