@@ -86,6 +86,9 @@ the traced first step): --ds-variants lists configurations (DS_VARIANTS: buffer_
 stage3_prefetch_bucket_size 0, max_live_parameters, offload_param on cpu) tried in order until one
 runs (--ds-try-all: every one); each attempt (configuration, error, steps done) goes to the output
 and to "ds_attempts" in --json; later rounds use the one that ran.
+--offload cpu: every offloading contender's offload_param and offload_optimizer on cpu (host RAM,
+pin_memory false) instead of nvme: DeepSpeed's param_cpu; tiermem at its default budgets
+(tiermem_init's 256 MiB host budget cannot hold a base's host homes).
 --cgroup-limit half|SIZE (with --lora, root, cgroup v1): each contender (default tiermem_init,
 deepspeed,torch) once, --steps (default 3) steps, in a fresh memory cgroup (largest_llama.
 run_in_cgroup: no swap) of SIZE bytes or, with 'half', half the frozen base's fp32 bytes; per
@@ -176,6 +179,9 @@ def ds_config(a, nvme_dir, offload=True):
         buffer_size = max(buffer_size, (largest + (1 << 20) - 1) // (1 << 20) * (1 << 20))
     cfg = common.ds_config(hidden=hidden, batch=a.batch, nvme_dir=nvme_dir, sub_group_size=a.sub_group_size,
                            buffer_size=buffer_size, offload=offload, tiermem=tiermem)
+    if offload and a.offload == "cpu":  # --offload cpu: host RAM instead of NVMe
+        for key in ("offload_param", "offload_optimizer"):
+            cfg["zero_optimization"][key] = {"device": "cpu", "pin_memory": False}
     if a.worker == "deepspeed" and offload:
         cfg["zero_optimization"] = ds_variant(cfg["zero_optimization"], a.ds_variant)
     cfg["gradient_clipping"] = a.clip
@@ -400,6 +406,9 @@ def lora_ds_config(a, nvme_dir):
     cfg = common.ds_config(hidden=shape["hidden_size"], batch=a.batch, nvme_dir=nvme_dir,
                            sub_group_size=a.sub_group_size,
                            buffer_size=(largest + (1 << 20) - 1) // (1 << 20) * (1 << 20), tiermem=tiermem)
+    if a.offload == "cpu":  # --offload cpu: host RAM instead of NVMe
+        for key in ("offload_param", "offload_optimizer"):
+            cfg["zero_optimization"][key] = {"device": "cpu", "pin_memory": False}
     if a.worker == "deepspeed":
         cfg["zero_optimization"] = ds_variant(cfg["zero_optimization"], a.ds_variant)
     return cfg
@@ -534,7 +543,7 @@ def spawn(a, who, profile=False):
            "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir, "--ds-buffer-size",
            str(a.ds_buffer_size), "--sub-group-size", str(a.sub_group_size), "--none-host-budget", a.none_host_budget,
            "--init-host-budget", a.init_host_budget, "--init-device-budget", a.init_device_budget, "--build", a.build,
-           "--ds-variant", a.ds_variant, "--clip", str(a.clip)] + extra
+           "--ds-variant", a.ds_variant, "--clip", str(a.clip), "--offload", a.offload] + extra
     cmd += llama_flags(a)
     if profile:
         cmd.append("--profile")
@@ -587,7 +596,7 @@ def spawn_lora(a, who, variant="base", limit=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--lora", "--llama", a.llama,
            "--seq", str(a.seq), "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir,
            "--sub-group-size", str(a.sub_group_size), "--init-host-budget", a.init_host_budget,
-           "--init-device-budget", a.init_device_budget, "--ds-variant", variant]
+           "--init-device-budget", a.init_device_budget, "--ds-variant", variant, "--offload", a.offload]
     if at_rest:
         cmd += ["--frozen-dtype", at_rest]
     for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
@@ -732,7 +741,8 @@ def lora_main(a):
           f"OMP_NUM_THREADS={a.threads} OMP_WAIT_POLICY=PASSIVE for every contender", flush=True)
     print(f"LoRA: LlamaForCausalLM {a.llama} {shape} ({n_base:,} base parameters, frozen base "
           f"{base_fp32 / 2**30:.2f} GiB fp32), peft LoraConfig {common.LORA}, batch {a.batch} x seq {a.seq}, fp32, "
-          f"{a.steps} steps, params and optimizer on nvme under {a.dir}", flush=True)
+          f"{a.steps} steps, params and optimizer on {a.offload}" + (f" under {a.dir}" if a.offload == "nvme" else ""),
+          flush=True)
     if limit:
         rule = "" if limit * 2 <= base_fp32 else " (ABOVE half the frozen base's fp32 bytes: not the issue's case)"
         print(f"memory cgroup: limit {limit / 2**30:.3f} GiB = {limit / base_fp32:.3f} x the frozen base's "
@@ -853,6 +863,9 @@ def lora_main(a):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--offload", choices=("nvme", "cpu"), default="nvme",
+                   help="where the offloading contenders' offload_param and offload_optimizer go (default nvme; "
+                        "cpu: host RAM, pin_memory false; give tiermem_init budgets that hold the model's homes)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--dir", default="/tmp", help="where each run's nvme directory is made (default /tmp)")
     p.add_argument("--model", choices=sorted(SHAPES), default="small")
