@@ -98,8 +98,11 @@ TEST_P(IoEngineTest, ConcurrentRandomRequestsReadBackExactly) {
   EXPECT_EQ(s.read_requests, sizes.size());
   EXPECT_EQ(s.errors, 0u);
   EXPECT_GT(s.bounced_pieces, 0u);  // the unaligned ones
-  if (registered) EXPECT_GT(s.fixed_buffer_pieces, 0u);
-  else EXPECT_EQ(s.fixed_buffer_pieces, 0u);
+  if (registered) {
+    EXPECT_GT(s.fixed_buffer_pieces, 0u);
+  } else {
+    EXPECT_EQ(s.fixed_buffer_pieces, 0u);
+  }
   EXPECT_EQ(engine_->sqpoll_active() || !GetParam().sqpoll, true);  // SQPOLL fallback logs, no error
   engine_->close_file(f);
 }

@@ -26,7 +26,9 @@ TEST(Version, BuildInfoIsTheLibrarysVersion) {
   EXPECT_EQ(b.patch, TIERMEM_VERSION_PATCH);
   EXPECT_STREQ(b.version, TIERMEM_VERSION_STRING);
   EXPECT_NE(std::string(b.isa).find("x86-64"), std::string::npos) << b.isa;
-  if (b.nccl) EXPECT_TRUE(b.cuda && b.mpi) << "NCCL is built only with CUDA and MPI";
+  if (b.nccl) {
+    EXPECT_TRUE(b.cuda && b.mpi) << "NCCL is built only with CUDA and MPI";
+  }
 }
 
 TEST(Version, VersionStringSaysTheBuildOptions) {

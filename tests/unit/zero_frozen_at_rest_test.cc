@@ -80,7 +80,9 @@ TEST_P(ZeroFrozenAtRest, StoresFewerBytesAndGathersWithinTheFormatsBound) {
   EXPECT_EQ(st0.frozen_at_rest, d);
   EXPECT_EQ(st0.frozen_param_bytes, at_rest_bytes(d, shard, 4));
   EXPECT_EQ(engine.plan().frozen_param_bytes, st0.frozen_param_bytes);  // the plan counts what is stored
-  if (d == FrozenDtype::kInt8) EXPECT_LT(st0.frozen_param_bytes, shard * 4 / 3);
+  if (d == FrozenDtype::kInt8) {
+    EXPECT_LT(st0.frozen_param_bytes, shard * 4 / 3);
+  }
 
   std::vector<float> first;
   for (int s = 0; s < 3; ++s) {
