@@ -111,10 +111,8 @@ Config engine_config(const RunShape& run, const MachineProfile& m, std::uint64_t
 // Per module: frozen and read in place from its host home, never copied to the device
 // (DeviceStaging::gather_tier: offload_param cpu on a device the CPU addresses).
 std::vector<bool> frozen_in_place(const RunShape& run, const Config& cfg, const MachineProfile& m, const ZeroPlan& z) {
-  std::vector<bool> out(run.modules.frozen.size(), false);
-  if (z.param_home != Tier::kHost || !device_is_sim(cfg, m) || !cfg.tiermem.sim_host_addressable) return out;
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = run.modules.frozen[i];
-  return out;
+  const bool in_place = z.param_home == Tier::kHost && device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable;
+  return in_place ? run.modules.frozen : std::vector<bool>(run.modules.frozen.size(), false);
 }
 
 // Memory of a run (no time): fills the plan and the peaks of `p`.
@@ -295,11 +293,13 @@ void check_fit(const RunShape& run, const Config& cfg, const MachineProfile& m, 
 // n-1..0.
 std::vector<Access> step_trace(const std::vector<std::size_t>& numels, const ShardLayout& layout,
                                const Config& cfg, std::uint64_t wsize, int micro_batches, bool head_tied,
-                               const std::vector<bool>& in_place) {
+                               const std::vector<bool>& in_place, std::uint64_t& in_place_bytes) {
   std::vector<bool> offloaded(numels.size());
   for (std::size_t i = 0; i < numels.size(); ++i) {
     const bool persistent = numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
-    offloaded[i] = layout.modules[i].shard > 0 && !persistent && !(i < in_place.size() && in_place[i]);
+    const bool read_in_place = i < in_place.size() && in_place[i];  // moves nowhere: not in the trace
+    offloaded[i] = layout.modules[i].shard > 0 && !persistent && !read_in_place;
+    if (read_in_place && !persistent) in_place_bytes += layout.modules[i].shard * wsize;
   }
   std::vector<Access> t;
   auto add = [&](std::size_t i, Phase ph) {
@@ -376,15 +376,9 @@ void predict_time(const RunShape& run, const Config& cfg, const MachineProfile& 
   double nvme_read = 0, nvme_write = 0, h2d = 0;
   if (z.uses_device && z.param_home != Tier::kDevice) {
     const ShardLayout layout = make_shard_layout(numels, W, kAlignment);
-    // Frozen modules read in place at their host home move nowhere: not in the trace.
-    const std::vector<bool> in_place = frozen_in_place(run, cfg, m, z);
-    std::uint64_t in_place_bytes = 0;
-    for (std::size_t i = 0; i < in_place.size() && i < numels.size(); ++i) {
-      const bool persistent = numels[i] < cfg.zero.stage3_param_persistence_threshold_elems;
-      if (in_place[i] && !persistent) in_place_bytes += layout.modules[i].shard * wsize;
-    }
-    const std::vector<Access> trace =
-        step_trace(numels, layout, cfg, wsize, run.grad_accum, run.modules.head_tied, in_place);
+    std::uint64_t in_place_bytes = 0;  // frozen modules read at their host home
+    const std::vector<Access> trace = step_trace(numels, layout, cfg, wsize, run.grad_accum, run.modules.head_tied,
+                                                 frozen_in_place(run, cfg, m, z), in_place_bytes);
     if (!trace.empty()) {
       TierModel tm;
       tm.device_budget_bytes = store_device_budget(z);
