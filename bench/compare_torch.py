@@ -178,10 +178,7 @@ def ds_config(a, nvme_dir, offload=True):
         largest = llama["vocab_size"] * hidden
         buffer_size = max(buffer_size, (largest + (1 << 20) - 1) // (1 << 20) * (1 << 20))
     cfg = common.ds_config(hidden=hidden, batch=a.batch, nvme_dir=nvme_dir, sub_group_size=a.sub_group_size,
-                           buffer_size=buffer_size, offload=offload, tiermem=tiermem)
-    if offload and a.offload == "cpu":  # --offload cpu: host RAM instead of NVMe
-        for key in ("offload_param", "offload_optimizer"):
-            cfg["zero_optimization"][key] = {"device": "cpu", "pin_memory": False}
+                           buffer_size=buffer_size, offload=offload, offload_device=a.offload, tiermem=tiermem)
     if a.worker == "deepspeed" and offload:
         cfg["zero_optimization"] = ds_variant(cfg["zero_optimization"], a.ds_variant)
     cfg["gradient_clipping"] = a.clip
@@ -405,10 +402,8 @@ def lora_ds_config(a, nvme_dir):
         tiermem = dict(tiermem or {}, frozen_dtype=a.frozen_dtype)
     cfg = common.ds_config(hidden=shape["hidden_size"], batch=a.batch, nvme_dir=nvme_dir,
                            sub_group_size=a.sub_group_size,
-                           buffer_size=(largest + (1 << 20) - 1) // (1 << 20) * (1 << 20), tiermem=tiermem)
-    if a.offload == "cpu":  # --offload cpu: host RAM instead of NVMe
-        for key in ("offload_param", "offload_optimizer"):
-            cfg["zero_optimization"][key] = {"device": "cpu", "pin_memory": False}
+                           buffer_size=(largest + (1 << 20) - 1) // (1 << 20) * (1 << 20),
+                           offload_device=a.offload, tiermem=tiermem)
     if a.worker == "deepspeed":
         cfg["zero_optimization"] = ds_variant(cfg["zero_optimization"], a.ds_variant)
     return cfg
@@ -593,16 +588,13 @@ def spawn_lora(a, who, variant="base", limit=None):
     and the last progress line it printed."""
     env = common.worker_env(a.threads)
     who, _, at_rest = who.partition(":")  # tiermem...:DTYPE: the frozen base at rest in DTYPE
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--lora", "--llama", a.llama,
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", who, "--lora",
            "--seq", str(a.seq), "--batch", str(a.batch), "--steps", str(a.steps), "--dir", a.dir,
            "--sub-group-size", str(a.sub_group_size), "--init-host-budget", a.init_host_budget,
            "--init-device-budget", a.init_device_budget, "--ds-variant", variant, "--offload", a.offload]
+    cmd += llama_flags(a)  # --lora always has --llama
     if at_rest:
         cmd += ["--frozen-dtype", at_rest]
-    for flag, v in (("--llama-layers", a.llama_layers), ("--llama-hidden", a.llama_hidden),
-                    ("--llama-intermediate", a.llama_intermediate)):
-        if v:
-            cmd += [flag, str(v)]
     summary = None if limit else plan_summary_path(a, who + (f"_{at_rest}" if at_rest else ""))
     profile = model_profile = None
     if summary:

@@ -99,18 +99,23 @@ def lora_wrap(model):
 
 # ---------------------------------------------------------------- configuration
 
-def ds_config(*, hidden, batch, nvme_dir, sub_group_size, buffer_size, offload=True, tiermem=None):
+def ds_config(*, hidden, batch, nvme_dir, sub_group_size, buffer_size, offload=True, offload_device="nvme",
+              tiermem=None):
     """The ds_config of every offloading contender: stage 3; bucket sizes as HF's "auto" derives
     them from the hidden size (reduce_bucket_size H*H, stage3_prefetch_bucket_size 0.9*H*H,
     stage3_param_persistence_threshold 10*H); with `offload`, offload_param {nvme, buffer_count 5,
     buffer_size (elements), max_in_cpu 1e9} and offload_optimizer {nvme, buffer_count 4} in
-    nvme_dir, pin_memory false (the CPU accelerator has none); AdamW lr 1e-4, betas (0.9, 0.999),
+    nvme_dir, pin_memory false (the CPU accelerator has none); with `offload_device` "cpu" both in
+    host RAM instead (pin_memory false); AdamW lr 1e-4, betas (0.9, 0.999),
     eps 1e-8, weight decay 0.01; clipping 1.0; aio block 1 MiB, queue depth 8. `tiermem`: the
     config's tiermem section, when given."""
     zero = {"stage": 3, "sub_group_size": int(sub_group_size),
             "reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
             "stage3_param_persistence_threshold": 10 * hidden}
-    if offload:
+    if offload and offload_device == "cpu":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    elif offload:
         zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False, "buffer_count": 5,
                                  "buffer_size": int(buffer_size), "max_in_cpu": int(1e9)}
         zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": False,
