@@ -209,6 +209,7 @@ struct TIERMEM_API TensorStoreStats {
   std::uint64_t host_pool_allocated_bytes = 0;
   // Pinned bounce chunks held by NVMe<->device transfers now; 0 when no transfer runs.
   std::uint64_t bounce_chunks_in_use = 0;
+  std::uint64_t bounce_chunks_committed = 0;  // committed at first use; none without NVMe transfers
 };
 
 class TIERMEM_API TensorStore {

@@ -97,7 +97,8 @@ struct TIERMEM_API ZeroStats {
   // plus all-gathered modules. Peaks are maxima since construction.
   std::uint64_t host_budget_bytes = 0;
   std::uint64_t host_pool_peak_bytes = 0;   // <= host_budget_bytes
-  std::uint64_t host_bounce_bytes = 0;      // pipeline_chunks x pipeline_chunk_bytes
+  std::uint64_t host_bounce_bytes = 0;      // bounce chunks committed (at their first NVMe transfer,
+                                            // up to pipeline_chunks) x pipeline_chunk_bytes
   std::uint64_t host_engine_bytes = 0;      // now
   std::uint64_t host_engine_peak_bytes = 0;
   std::uint64_t device_budget_bytes = 0;    // 0: no device tier (stages 0-2, all persistent)

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
+#include <numeric>
 #include <string_view>
 
 #include "gpt/backend.h"
@@ -29,8 +30,7 @@ constexpr std::size_t kAlignment = 1024;  // ZeroEngineOptions::alignment_elems 
 constexpr int kMaxInflightBuckets = 4;    // ZeroEngineOptions::max_inflight_buckets
 
 std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
-std::uint64_t host_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }
-std::uint64_t dev_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }
+std::uint64_t page_round(std::uint64_t b) { return round_up(std::max<std::uint64_t>(b, 1), 4096); }  // host and device blocks
 
 // Every module's element count, in registration order: embed, block.0 .. block.{L-1}, ln_f. The
 // blocks are alike, so the layouts of a one-layer model give them all (the largest-model search
@@ -48,9 +48,7 @@ std::vector<std::size_t> module_numels(const gpt::GptConfig& g) {
 }
 
 std::uint64_t param_count(const std::vector<std::size_t>& numels) {
-  std::uint64_t s = 0;
-  for (std::size_t x : numels) s += x;
-  return s;
+  return std::accumulate(numels.begin(), numels.end(), std::uint64_t{0});
 }
 
 // The run's engine modules: a model given by its modules (RunShape::modules), else tiermem-train's GPT.
@@ -61,9 +59,7 @@ std::vector<std::size_t> run_numels(const RunShape& run) {
 // The trained modules' element counts (a frozen module's 0): what gradients and AdamW see.
 std::vector<std::size_t> trained_numels(const RunShape& run, std::vector<std::size_t> numels) {
   const std::vector<bool>& frozen = run.modules.frozen;
-  for (std::size_t i = 0; i < numels.size() && i < frozen.size(); ++i) {
-    if (frozen[i]) numels[i] = 0;
-  }
+  for (std::size_t i = 0; i < numels.size() && i < frozen.size(); ++i) numels[i] = frozen[i] ? 0 : numels[i];
   return numels;
 }
 
@@ -139,9 +135,9 @@ void predict_memory(const RunShape& run, const Config& cfg, const MachineProfile
     const bool stored = stage == 3 && layout.modules[i].shard > 0 && (!persistent || run.world_size == 1);
     if (!stored) continue;
     if (!persistent && i < in_place.size() && in_place[i]) continue;  // read at its host home
-    dev_all += dev_round(layout.modules[i].shard * wsize);
+    dev_all += page_round(layout.modules[i].shard * wsize);
     if (persistent || z.param_home != Tier::kNvme) continue;
-    const std::uint64_t bytes = host_round(layout.modules[i].shard * wsize);
+    const std::uint64_t bytes = page_round(layout.modules[i].shard * wsize);
     const bool frozen = i < run.modules.frozen.size() && run.modules.frozen[i];
     if (frozen) {
       frozen_cache = std::max(frozen_cache, bytes);
@@ -180,7 +176,10 @@ void predict_memory(const RunShape& run, const Config& cfg, const MachineProfile
                                   ? 4 * (z.device_optimizer_grads ? offloaded : z.rank_flat_elems)
                                   : 0);
   p.host_pool_peak_bytes = std::min(pool, z.host_budget_bytes);
-  p.host_bounce_bytes = cfg.tiermem.pipeline_chunk_bytes * static_cast<std::uint64_t>(cfg.tiermem.pipeline_chunks);
+  // Bounce chunks are committed at the first NVMe<->device copy: none without NVMe homes or a copy.
+  const bool nvme = z.param_home == Tier::kNvme || z.optimizer_home == Tier::kNvme || (stage >= 2 && z.gradient_home == Tier::kNvme);
+  const bool direct = device_is_sim(cfg, m) && cfg.tiermem.sim_host_addressable && cfg.tiermem.sim_h2d_gbps == 0 && cfg.tiermem.sim_d2h_gbps == 0;
+  p.host_bounce_bytes = nvme && !direct ? cfg.tiermem.pipeline_chunk_bytes * static_cast<std::uint64_t>(cfg.tiermem.pipeline_chunks) : 0;
   p.host_engine_bytes = z.host_engine_bytes;
   // Reduce-scatter buckets (several ranks, stages 2-3): plan_zero counts the most that can be in
   // flight, max_inflight_buckets + 1 of the largest, for the minimum budget. Without overlap_comm

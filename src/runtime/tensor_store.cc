@@ -560,6 +560,7 @@ TensorStoreStats TensorStore::stats() const {
   for (int p = 0; p < kNumPhases; ++p) s.phases[p].io_busy_ns = m.io_clock_.busy_ns(static_cast<Phase>(p), now);
   s.host_pool_allocated_bytes = m.host_pool ? m.host_pool->allocated_bytes() : 0;
   s.bounce_chunks_in_use = m.bounce ? m.bounce->in_use() : 0;
+  s.bounce_chunks_committed = m.bounce ? m.bounce->committed() : 0;
   return s;
 }
 

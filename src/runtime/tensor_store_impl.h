@@ -103,12 +103,13 @@ inline std::string track(Tier from, Tier to) {
 // Fixed set of pinned bounce chunks shared by all pipelines.
 class BouncePool {
  public:
-  BouncePool(PinnedHostPool& pool, int count, std::uint64_t chunk_bytes) {
-    for (int i = 0; i < count; ++i) free_.push_back(pool.allocate(chunk_bytes));
-    count_ = free_.size();
-  }
+  // Chunks are committed at their first use, one at a time up to `count`, then kept: a store that
+  // never moves a byte to or from NVMe (every home in host or device memory) commits none.
+  BouncePool(PinnedHostPool& pool, int count, std::uint64_t chunk_bytes)
+      : pool_(pool), count_(static_cast<std::size_t>(count)), chunk_bytes_(chunk_bytes) {}
   void* acquire() {
     std::unique_lock lock(mu_);
+    if (free_.empty() && made_ < count_) return make_locked();
     cv_.wait(lock, [&] { return !free_.empty(); });
     void* p = free_.back();
     free_.pop_back();
@@ -116,6 +117,7 @@ class BouncePool {
   }
   void* try_acquire() {
     std::lock_guard lock(mu_);
+    if (free_.empty() && made_ < count_) return make_locked();
     if (free_.empty()) return nullptr;
     void* p = free_.back();
     free_.pop_back();
@@ -131,14 +133,27 @@ class BouncePool {
   // Chunks acquired and not yet released.
   std::uint64_t in_use() {
     std::lock_guard lock(mu_);
-    return count_ - free_.size();
+    return made_ - free_.size();
+  }
+  // Chunks committed so far.
+  std::uint64_t committed() {
+    std::lock_guard lock(mu_);
+    return made_;
   }
 
  private:
+  void* make_locked() {  // a new chunk (the pool's budget holds `count_` of them)
+    void* p = pool_.allocate(chunk_bytes_);
+    ++made_;
+    return p;
+  }
+  PinnedHostPool& pool_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<void*> free_;  // guarded by mu_
-  std::size_t count_ = 0;    // const after construction
+  std::size_t made_ = 0;     // guarded by mu_
+  const std::size_t count_;
+  const std::uint64_t chunk_bytes_;
 };
 
 }  // namespace tiermem::store_detail

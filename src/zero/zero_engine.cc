@@ -478,8 +478,7 @@ ZeroStats ZeroEngine::stats() const {
               n = static_cast<int>(Tier::kNvme);
     s.host_budget_bytes = t.budget_bytes[h];
     s.host_pool_peak_bytes = t.peak_resident_bytes[h];
-    s.host_bounce_bytes = I.store->options().pipeline_chunk_bytes *
-                          static_cast<std::uint64_t>(I.store->options().pipeline_chunks);
+    s.host_bounce_bytes = I.store->options().pipeline_chunk_bytes * t.bounce_chunks_committed;
     if (I.device) {
       s.device_budget_bytes = I.device->budget_bytes();
       s.device_peak_bytes = t.peak_resident_bytes[d] + s.gathered_bytes_peak + I.staging.device_scratch_bytes();

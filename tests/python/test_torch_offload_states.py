@@ -62,8 +62,8 @@ def test_offload_states_returns_memory_and_training_goes_on(torch_or_skip, tmp_p
     print(f"RSS before initialize {r['rss_before_init'] / MIB:.0f} MiB, training {r['rss_peak'] / MIB:.0f} MiB, "
           f"after offload_states {r['rss_offloaded'] / MIB:.0f} MiB ({r['dropped'] / MIB:.0f} MiB of copies dropped)")
     assert r["offloaded"] == r["straight"]  # bit for bit
-    assert r["dropped"] > 0
-    assert r["rss_peak"] > r["rss_before_init"] + 64 * MIB  # there was memory to give back
+    assert r["dropped"] >= 16 * MIB  # there was memory to give back ...
+    assert r["rss_peak"] - r["rss_offloaded"] >= r["dropped"] // 2  # ... and the process's RSS fell with it
     assert r["rss_offloaded"] <= r["rss_before_init"] + 64 * MIB
     # What the engine made under the user's directory went with it; the user's directory stayed.
     assert r["straight_left"] == [] and r["offloaded_left"] == []

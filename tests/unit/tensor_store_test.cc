@@ -132,6 +132,7 @@ TEST_F(StoreTest, DeviceCopyWrittenBackToHostHomeOnEvict) {
   EXPECT_EQ(st.moves[0][1], 1u);
   EXPECT_EQ(st.writebacks[0], 1u);
   EXPECT_EQ(st.resident_bytes[0], 0u);
+  EXPECT_EQ(st.bounce_chunks_committed, 0u) << "nothing moved to or from NVMe: no bounce chunk committed";
 }
 
 // Both ways between NVMe and the device: through the bounce chunks when the device's memory is
@@ -145,11 +146,14 @@ TEST_F(StoreTest, NvmeHomeThroughPipelineBothWays) {
     check_nvme_device_round_trip();
     const DeviceStats ds = device_->stats();
     EXPECT_EQ(device_->storage_direct(), gbps == 0);
+    const std::uint64_t committed = store_->stats().bounce_chunks_committed;
+    EXPECT_LE(committed, 3u) << "at most pipeline_chunks";
     if (gbps == 0) {
       EXPECT_EQ(ds.h2d_copies + ds.d2h_copies, 0u);
     } else {
       EXPECT_GE(ds.h2d_copies, 16u);  // one per 64 KiB chunk each way
       EXPECT_GE(ds.d2h_copies, 16u);
+      EXPECT_GE(committed, 1u) << "the copies went through bounce chunks, committed at their first use";
     }
   }
 }
