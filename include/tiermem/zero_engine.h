@@ -423,7 +423,11 @@ class TIERMEM_API ZeroEngine {
   void set_module_params(int module, std::span<const float> values);
 
   // The module's full fp32 master weights (numel elements), all-gathered — every rank gets them,
-  // rank 0 typically saves them. Reads NVMe-resident state as needed.
+  // rank 0 typically saves them. Reads NVMe-resident state as needed. A frozen module: its working
+  // (or dequantized at-rest) values as fp32. Called before every module is registered, on an
+  // engine constructed with the modules' sizes, it reads a registered module as written and leaves
+  // registration open (initialize gives a model its values back this way when a later
+  // registration fails); otherwise it ends registration (the first training call).
   std::vector<float> export_master(int module);
 
   // One module's full fp32 optimizer state of `kind` (numel elements): kMaster is export_master;

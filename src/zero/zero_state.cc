@@ -12,8 +12,12 @@ namespace tiermem {
 
 std::vector<float> ZeroEngine::export_master(int module) {
   Impl& I = *impl_;
-  I.finalize();
   if (module < 0 || module >= num_modules()) throw Error("ZeroEngine::export_master: unknown module " + std::to_string(module));
+  if (I.plan_in.planned && !I.plan_in.finalized) {  // registration still open: each module was written when registered
+    const bool frozen = I.mods[static_cast<std::size_t>(module)].frozen;
+    return frozen ? I.frozen_params(module) : I.gather_state(module, 0);
+  }
+  I.finalize();
   I.updates.refuse_half_step("export_master");
   I.sync();
   I.updates.apply(module, Phase::kOutsideStep);

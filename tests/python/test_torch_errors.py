@@ -268,6 +268,45 @@ def test_failed_initialize_leaves_the_model_as_it_was(torch_or_skip, tmp_path):
         assert torch.equal(p.detach(), before[n]), n
 
 
+def test_failed_initialize_gives_a_host_memory_init_store_its_values_back(torch_or_skip, tmp_path, monkeypatch):
+    """Built under zero.Init with nothing on NVMe, each unit's values are freed once registered
+    (issue 57); a later unit that fails gives every freed value back from the engine, bit for bit,
+    and the model then initializes and trains as one that never failed."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    from tiermem.torch import _init_store
+    cfg = ds_config(tmp_path / "swap", "cpu")
+    given_back = []
+    give_back = _init_store.InitStore.give_back
+    monkeypatch.setattr(_init_store.InitStore, "give_back",
+                        lambda self, p, values: (given_back.append(tuple(p.shape)), give_back(self, p, values)))
+
+    def build_stored():
+        torch.manual_seed(0)
+        with tt.zero.Init(config=cfg):
+            m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        m[1].requires_grad_(False)  # a frozen unit and a trained one
+        return m
+    m = build_stored()
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    m[3].weight.data = torch.zeros(3)  # the last unit fails to register, the first two are in the engine
+    with pytest.raises(ValueError, match=r"was given \.data of \(3,\)"):
+        tt.initialize(model=m, config=cfg)
+    assert sorted(given_back) == [(8,), (8,), (8, 8), (8, 8)], given_back
+    for n, p in m.named_parameters():
+        if not n.startswith("3."):
+            assert p.dtype == before[n].dtype and torch.equal(p.detach(), before[n]), n
+    m[3].weight.data = before["3.weight"].clone()
+    engine, *_ = tt.initialize(model=m, config=cfg)
+    x = torch.ones(4, 8)
+    got = engine(x).detach()
+    engine.close()
+    ref = build_stored()
+    ref_engine, *_ = tt.initialize(model=ref, config=cfg)
+    assert torch.equal(got, ref_engine(x).detach())
+    ref_engine.close()
+
+
 def test_the_banner_says_where_the_parameters_are_at_each_stage(torch_or_skip, tmp_path, capfd):
     """Below stage 3 the parameters are not partitioned: the banner said "params -> device" on a
     CPU run whose parameters stay the model's own tensors in host memory."""

@@ -234,6 +234,42 @@ TEST(ZeroFrozen, AFrozenModuleHomedOnTheHostIsReadInPlaceNotCopiedToTheDevice) {
   std::filesystem::remove_all(dir);
 }
 
+// While registration is open (sizes announced at construction), export_master reads back a
+// registered module, frozen or trained, as it was written, and registration stays open: how
+// tiermem.torch's initialize gives a model the values it dropped as it went when a later
+// registration fails.
+TEST(ZeroFrozen, ExportMasterReadsARegisteredModuleWhileRegistrationIsOpen) {
+  auto comm = make_single_communicator();
+  const std::string dir = nvme_dir();
+  constexpr std::size_t kNumel = 3000;
+  std::vector<std::vector<float>> init(3, std::vector<float>(kNumel));
+  for (std::size_t i = 0; i < kNumel; ++i) {  // exact in bf16, the frozen module's working dtype
+    init[0][i] = static_cast<float>(i % 251) * 0.25f;
+    init[1][i] = -static_cast<float>(i % 127) * 0.5f;
+    init[2][i] = static_cast<float>(i % 61) - 30.0f;
+  }
+  const std::size_t numels[] = {kNumel, kNumel, kNumel};
+  for (const char* offload : {"cpu", "nvme"}) {
+    Config cfg = testing::with_param_offload(mlp_config(3, offload, dir, 1), offload, dir);
+    ZeroEngineOptions o;
+    o.frozen_modules = {true, false, false};
+    auto owned = std::make_unique<ZeroEngine>(cfg, *comm, numels, o);
+    ZeroEngine& engine = *owned;
+    engine.register_module("frozen", init[0]);
+    engine.register_module("trained", init[1]);
+    EXPECT_EQ(engine.export_master(0), init[0]) << offload;
+    EXPECT_EQ(engine.export_master(1), init[1]) << offload;
+    EXPECT_THROW(engine.export_master(2), Error) << "not registered yet";
+    engine.register_module("last", init[2]);  // still open
+    for (int m = 0; m < 3; ++m) {
+      EXPECT_EQ(engine.export_master(m), init[static_cast<std::size_t>(m)]) << offload << " module " << m;
+    }
+    EXPECT_THROW(engine.register_module("extra", init[2]), Error) << "registration ended at the first read after it";
+    owned.reset();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ZeroFrozen, EndForwardPassIsRefusedOnAnEngineThatTrains) {
   auto comm = make_single_communicator();
   const std::string dir = nvme_dir();

@@ -41,8 +41,8 @@ from ._params import is_data_set as _is_data_set
 from ._params import is_view_call as _is_view_call
 from ._params import raw_data as _raw_data
 
-__all__ = ["InitStore", "FLUSH_BYTES", "store_param", "take_stored", "drop_stored", "release_init_store", "guard_stored_module", "make_marked_dirs",
-           "remove_if_unused", "MADE_MARKER"]
+__all__ = ["InitStore", "FLUSH_BYTES", "store_param", "take_stored", "lend_stored", "give_back_stored", "drop_stored",
+           "release_init_store", "guard_stored_module", "make_marked_dirs", "remove_if_unused", "MADE_MARKER"]
 
 
 # Bytes of the Init store file written, or read, between two drops of its pages from the page
@@ -121,6 +121,7 @@ class InitStore:
     def __init__(self, directory: Optional[str]) -> None:
         self.slots: dict[int, tuple[int, int, torch.dtype, torch.Size]] = {}  # id(p) -> (offset, bytes, dtype, shape)
         self.mem: dict[int, torch.Tensor] = {}
+        self.lent: set[int] = set()  # id(p) of values freed while initialize registers (lend)
         self.fd = -1
         self.path = None
         self.end = 0
@@ -162,11 +163,13 @@ class InitStore:
         for d in dirs:
             remove_if_unused(d)
 
-    def store(self, p: torch.Tensor, values: torch.Tensor) -> None:
-        """Keeps a copy of `values` as `p`'s (a slot of the file, reused while its size holds)."""
+    def store(self, p: torch.Tensor, values: torch.Tensor, take: bool = False) -> None:
+        """Keeps a copy of `values` as `p`'s (a slot of the file, reused while its size holds).
+        `take`: in host memory, `values` itself is kept, not a copy (store_param: `p` gives its
+        tensor up, so the build never holds a parameter twice)."""
         values = values.detach().contiguous()
         if self.fd < 0:
-            self.mem[id(p)] = values.clone() if values.data_ptr() == p.data_ptr() else values
+            self.mem[id(p)] = values.clone() if values.data_ptr() == p.data_ptr() and not take else values
             self.slots[id(p)] = (0, 0, values.dtype, values.shape)
             return
         nbytes = values.numel() * values.element_size()
@@ -212,6 +215,9 @@ class InitStore:
             raise ValueError(f"InitStore.load: out must be a contiguous tensor of {shape.numel()} elements, got "
                              f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})")
         if self.fd < 0:
+            if id(p) in self.lent:
+                raise RuntimeError(f"tiermem.torch: a parameter {tuple(shape)} {dtype} stored by zero.Init was read while "
+                                   "initialize holds its values (registered in the engine); read it after initialize")
             if out is None:
                 return self.mem[id(p)]
             return out.copy_(self.mem[id(p)].reshape(out.shape))
@@ -237,6 +243,25 @@ class InitStore:
     def drop(self, p: torch.Tensor) -> None:
         self.slots.pop(id(p), None)
         self.mem.pop(id(p), None)
+        self.lent.discard(id(p))
+
+    def lend(self, p: torch.Tensor) -> bool:
+        """initialize registered `p`'s values in an engine that gives them back exactly: a host
+        memory Init store frees its copy now, not when every unit is registered (the model's
+        values and the engine's homes were both held at the end, 1.5x a base that fits in RAM,
+        issue 57). True when freed; give_back puts values back if initialize fails later."""
+        if self.fd >= 0 or id(p) not in self.mem:
+            return False
+        del self.mem[id(p)]
+        self.lent.add(id(p))
+        return True
+
+    def give_back(self, p: torch.Tensor, values: torch.Tensor) -> None:
+        """Puts back the values of a parameter lent to a failed initialize (`values`: fp32, read
+        back from the engine; cast to the parameter's stored dtype, exact for what lend took)."""
+        _, _, dtype, shape = self.slots[id(p)]
+        self.mem[id(p)] = values.detach().reshape(shape).to(dtype).clone()
+        self.lent.discard(id(p))
 
 
 def _current_values(p: torch.nn.Parameter) -> torch.Tensor:
@@ -429,7 +454,7 @@ def _init_param_class(cls: type) -> type:
 def store_param(p: torch.nn.Parameter, store: InitStore) -> None:
     """Moves `p`'s values into `store`: its class becomes the stored subclass of its own and its
     ``.data`` a placeholder of the right shape."""
-    store.store(p, p.data)
+    store.store(p, p.data, take=True)
     p._tm_init_store = store
     p._tm_init_class = type(p)
     p.__class__ = _init_param_class(type(p))
@@ -456,6 +481,22 @@ def take_stored(p: torch.nn.Parameter, out: Optional[torch.Tensor] = None) -> Op
                              "dtype (or build the module with the shape it should have)")
         return held if out is None else out.copy_(held.reshape(out.shape))
     return st.load(p, out)
+
+
+def lend_stored(p: torch.nn.Parameter) -> bool:
+    """For initialize(), once `p`'s unit is registered in an engine that gives its values back
+    exactly: a host memory Init store frees `p`'s copy (InitStore.lend). True when it did; a
+    parameter given `.data = t`, or stored in a file, keeps what it has."""
+    st = p.__dict__.get("_tm_init_store")
+    if st is None or not _holds_placeholder(_raw_data(p)):
+        return False
+    return st.lend(p)
+
+
+def give_back_stored(p: torch.nn.Parameter, values: torch.Tensor) -> None:
+    """For a failed initialize(): `p`'s values (fp32, read back from the engine) go back to its Init
+    store, as they were before lend_stored."""
+    p._tm_init_store.give_back(p, values)
 
 
 def drop_stored(p: torch.nn.Parameter) -> None:
