@@ -307,6 +307,49 @@ def test_failed_initialize_gives_a_host_memory_init_store_its_values_back(torch_
     ref_engine.close()
 
 
+def test_an_interrupted_initialize_gives_the_models_own_tensors_back(torch_or_skip, tmp_path, monkeypatch):
+    """With every home in memory (offload cpu), a model built without zero.Init gives each unit's
+    tensors up once the unit is registered (issue 57: the model and the engine's homes were held
+    whole at once, 1.4x the steps' RSS). An initialize interrupted part-way (Ctrl-C while the last
+    unit registers) gives them back from the engine, bit for bit, in their dtype; the model then
+    initializes and computes as one never interrupted."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    from tiermem.torch import _unit
+    from tiermem.torch._params import holds_placeholder, raw_data
+    cfg = ds_config(tmp_path / "swap", "cpu")
+
+    def build():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        m[1].requires_grad_(False)  # a frozen unit and trained ones
+        return m
+    m = build()
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    flat_values = _unit.Unit.flat_values
+    lent = []
+
+    def interrupted(self, out=None):
+        if self.name.startswith("3"):
+            lent.extend(n for n, p in m.named_parameters() if holds_placeholder(raw_data(p)))
+            raise KeyboardInterrupt
+        return flat_values(self, out)
+    monkeypatch.setattr(_unit.Unit, "flat_values", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tt.initialize(model=m, config=cfg)
+    assert sorted(lent) == ["0.bias", "0.weight", "1.bias", "1.weight"], f"not freed before the last unit: {lent}"
+    for n, p in m.named_parameters():
+        assert p.dtype == before[n].dtype and torch.equal(p.detach(), before[n]), n
+    monkeypatch.setattr(_unit.Unit, "flat_values", flat_values)
+    engine, *_ = tt.initialize(model=m, config=cfg)
+    x = torch.ones(4, 8)
+    got = engine(x).detach()
+    engine.close()
+    ref_engine, *_ = tt.initialize(model=build(), config=cfg)
+    assert torch.equal(got, ref_engine(x).detach())
+    ref_engine.close()
+
+
 def test_the_banner_says_where_the_parameters_are_at_each_stage(torch_or_skip, tmp_path, capfd):
     """Below stage 3 the parameters are not partitioned: the banner said "params -> device" on a
     CPU run whose parameters stay the model's own tensors in host memory."""

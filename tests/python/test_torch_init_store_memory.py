@@ -175,15 +175,19 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
-if sys.argv[1] == "old":  # every value kept by zero.Init until the last unit is registered
-    E._exact_dtypes = lambda config, zero: (set(), set())
+if sys.argv[1] == "old":  # every value kept until the last unit is registered
+    E._exact_dtypes = lambda config, zero: (set(), set(), False)
 cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
        "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
        "tiermem": {"host_budget_bytes": "512MiB", "device_budget_bytes": "48MiB"}}
 torch.manual_seed(0)
-with tt.zero.Init(config=cfg):  # in host memory (nothing on NVMe): 24 frozen units of 16 MiB, a head trained
-    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(24)],
-                                torch.nn.Linear(2048, 8, bias=False))
+build = lambda: torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(24)],
+                                    torch.nn.Linear(2048, 8, bias=False))
+if sys.argv[2] == "init":
+    with tt.zero.Init(config=cfg):  # in host memory (nothing on NVMe): 24 frozen units of 16 MiB, a head trained
+        model = build()
+else:  # the model's own tensors
+    model = build()
 for p in list(model.parameters())[:-1]:
     p.requires_grad_(False)
 torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)  # torch.optim's first use imports ~150 MiB
@@ -199,20 +203,22 @@ engine.close()
 '''
 
 
-def test_initialize_frees_a_host_memory_init_store_unit_by_unit():
-    """zero.Init with nothing on NVMe keeps the built values in host memory. initialize held them
-    all until the last unit was registered, beside the engine's homes filled meanwhile: the model
-    twice (a 246 M LoRA base at offload cpu: max RSS 1.5x the plain loop's, issue 57). Each unit's
-    values are now freed once it is registered (the engine gives them back if a later one fails):
-    VmHWM grows across initialize by at most one unit, the bytes freed between two returns of
-    glibc's heap to the system, no bounce chunk (nothing moves to NVMe) and 16 MiB of fixed costs;
-    keeping every value to the end (as before) grows by the whole 384 MiB base."""
+@pytest.mark.parametrize("built", ["init", "own"])
+def test_initialize_frees_the_models_values_unit_by_unit(built):
+    """With nothing on NVMe, zero.Init keeps the built values in host memory, and a model built
+    without it holds its own tensors. initialize held either until the last unit was registered,
+    beside the engine's homes filled meanwhile: the model twice (a 246 M LoRA base at offload cpu:
+    max RSS 1.5x the plain loop's, issue 57). Each unit's values are now freed once it is
+    registered (the engine gives them back if a later one fails): VmHWM grows across initialize by
+    at most one unit, the bytes freed between two returns of glibc's heap to the system, no bounce
+    chunk (nothing moves to NVMe) and 16 MiB of fixed costs; keeping every value to the end (as
+    before) grows by the whole 384 MiB base."""
     env = {k: v for k, v in os.environ.items() if k not in ("TIERMEM_MMAP_THRESHOLD", "RANK", "WORLD_SIZE")}
     env["TIERMEM_LOG_LEVEL"] = "warn"
     runs = {}
     for how in ("new", "old"):
-        p = subprocess.run([sys.executable, "-c", HOST_WORKER, how], capture_output=True, text=True, timeout=300,
-                           env=env)
+        p = subprocess.run([sys.executable, "-c", HOST_WORKER, how, built], capture_output=True, text=True,
+                           timeout=300, env=env)
         assert p.returncode == 0, p.stderr[-3000:]
         runs[how] = json.loads(p.stdout.strip().splitlines()[-1])
     new, old = runs["new"], runs["old"]

@@ -294,6 +294,21 @@ class Unit:
         for (p, _, _), shape in zip(self.params, self.shapes):
             set_raw_data(p, placeholder(shape, link.working_dtype, link.compute_device))
 
+    def lend(self) -> list:
+        """Once registered in an engine that gives its values back exactly (initialize): the model's
+        own parameters give their tensors up now (release), not when every unit is registered, so
+        the model and the engine's homes are never both held whole. Returns what give_back needs."""
+        kept = [(p.dtype, p.device) for p, _, _ in self.params]
+        self.release()
+        return kept
+
+    def give_back(self, values: torch.Tensor, kept: list) -> None:
+        """A failed initialize: the parameters lend released get their values back (`values`: the
+        unit's fp32 values read back from the engine), in the dtype and on the device they had."""
+        for (p, off, n), shape, (dtype, device) in zip(self.params, self.shapes, kept):
+            set_raw_data(p, values[off:off + n].view(shape).to(device=device, dtype=dtype, copy=True))
+        self.released = False
+
     def backward_flat(self) -> torch.Tensor:
         """The gathered unit for a tensor autograd saved: the unit in use, else the last backward
         gather while something holds it, else a new one (phase "backward")."""
