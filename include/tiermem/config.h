@@ -52,6 +52,7 @@ struct TIERMEM_API OffloadConfig {
   std::string nvme_path_from;
   bool pin_memory = false;             // DeepSpeed default false; tiermem falls back with a warning
   int buffer_count = 5;                // pinned staging buffers (param default 5, optimizer 4)
+  bool buffer_count_given = false;     // the config set buffer_count (tiermem says it is not used)
   std::uint64_t buffer_size_elems = 100'000'000;  // offload_param.buffer_size (elements)
   std::uint64_t max_in_cpu_elems = 1'000'000'000; // offload_param.max_in_cpu (elements)
   bool pipeline_read = false;   // offload_optimizer.pipeline_read

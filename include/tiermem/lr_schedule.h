@@ -37,7 +37,15 @@ struct TIERMEM_API LrSchedule {
 TIERMEM_API LrSchedule make_lr_schedule(const SchedulerConfig& scheduler, double lr, int warmup,
                                         int steps);
 
-// The learning rate of 1-based optimizer step t.
+// The learning rate of the schedule at 1-based step t: DeepSpeed's last_batch_iteration t - 1
+// (clamped at 0) for its kinds, the trainer's own step t for kTrainer.
 TIERMEM_API double lr_at(const LrSchedule& schedule, long long t);
+
+// The learning rate 1-based optimizer step t runs at, as DeepSpeed's engine steps its schedulers:
+// the scheduler's constructor sets iteration -1's lr (the warm-up's start, iteration 0's) and it is
+// stepped after each optimizer step, so step t runs at iteration t - 2 (steps 1 and 2 both at the
+// warm-up's start; deepspeed/runtime/lr_schedules.py, engine.py _take_model_step). The trainer's own
+// schedule is lr_at. What tiermem-train and tiermem.torch (_tiermem.lr_at) both use.
+TIERMEM_API double lr_at_optimizer_step(const LrSchedule& schedule, long long t);
 
 }  // namespace tiermem

@@ -155,11 +155,7 @@ double lr_at_step(const Config& c, double optimizer_lr, long long t) {
   // warmup_max_lr = 0.001 over warmup_num_steps = 1000; WarmupCosineLR peaks at the optimizer's lr.
   const double peak = sc.type == "WarmupCosineLR" ? optimizer_lr : 0.001;
   LrSchedule s = make_lr_schedule(sc, peak, 1000, static_cast<int>(sc.total_num_steps.value_or(0)));
-  // DeepSpeed's engine: the scheduler's constructor sets the lr of iteration -1 (warmup_min_lr, as
-  // iteration 0's) and it is stepped after each optimizer step, so optimizer step t runs at
-  // iteration t - 2 (steps 1 and 2 both at the start of the warm-up). lr_at(s, u) gives iteration
-  // u - 1 (tiermem-train's convention), hence u = t - 1, clamped at iteration 0.
-  return lr_at(s, std::max<long long>(1, t - 1));
+  return lr_at_optimizer_step(s, t);  // as DeepSpeed's engine steps the scheduler (lr_schedule.h)
 }
 
 void bind_train_state(nb::module_& m) {

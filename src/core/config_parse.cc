@@ -274,6 +274,7 @@ void read_offload(Section& s, OffloadConfig& o) {
                              : OffloadDevice::kNone;
   s.get_paths("nvme_path", o.nvme_path);
   s.get("pin_memory", o.pin_memory);
+  o.buffer_count_given = s.find("buffer_count") != nullptr;
   s.get_int("buffer_count", o.buffer_count, 1, 1 << 20);
   s.get_size("buffer_size", o.buffer_size_elems, 1);
   s.get_size("max_in_cpu", o.max_in_cpu_elems);

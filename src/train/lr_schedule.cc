@@ -69,4 +69,8 @@ double lr_at(const LrSchedule& s, long long t) {
   return s.min_lr + (s.peak_lr - s.min_lr) * gamma;
 }
 
+double lr_at_optimizer_step(const LrSchedule& s, long long t) {
+  return s.kind == LrSchedule::Kind::kTrainer ? lr_at(s, t) : lr_at(s, std::max<long long>(1, t - 1));
+}
+
 }  // namespace tiermem

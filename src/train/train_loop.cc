@@ -604,7 +604,7 @@ TrainPlan make_train_plan(const TrainOptions& opts, const Config& cfg, int rank,
 double learning_rate(const TrainPlan& plan, int t) {
   // The config's scheduler section (WarmupLR, WarmupDecayLR, WarmupCosineLR), else the trainer's
   // own warm-up + cosine decay (lr_schedule.h; the same values as before, bit for bit).
-  return lr_at(make_lr_schedule(plan.config.scheduler, plan.lr, plan.warmup, plan.steps), t);
+  return lr_at_optimizer_step(make_lr_schedule(plan.config.scheduler, plan.lr, plan.warmup, plan.steps), t);
 }
 
 int run_training(const TrainOptions& opts) {

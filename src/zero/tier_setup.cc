@@ -42,7 +42,9 @@ void check_free_space(const std::vector<std::string>& paths, std::uint64_t need,
     std::filesystem::path probe(p);
     while (!probe.empty() && !std::filesystem::exists(probe)) probe = probe.parent_path();
     if (probe.empty()) probe = ".";
-    if (statvfs(probe.c_str(), &sv) != 0) continue;  // the swap space reports its own errors
+    // The swap space reports its own errors; a pseudo filesystem (proc, sys: no blocks at all)
+    // is one the directory cannot be made on, which making it says, not a lack of free space.
+    if (statvfs(probe.c_str(), &sv) != 0 || sv.f_blocks == 0) continue;
     auto& e = by_fs[sv.f_fsid];
     e.first = p;
     e.second += per_path;

@@ -96,7 +96,7 @@ ZeroEngine::ZeroEngine(const Config& config, Communicator& comm, ZeroEngineOptio
   if (config_.fp16.enabled) I.scaler = std::make_unique<DynamicLossScaler>(config_.fp16);
   I.shape.loss_scaled = I.scaler != nullptr;
   // DeepSpeed keys whose meaning the store's budgets and the sub-group plan replace.
-  if (z.offload_param.device != OffloadDevice::kNone && I.shape.rank == 0) {
+  if (z.offload_param.device != OffloadDevice::kNone && z.offload_param.buffer_count_given && I.shape.rank == 0) {
     TM_LOG_INFO("ZERO",
                 "offload_param.buffer_count is not used: parameters are paged through the host tier under "
                 "tiermem.host_budget_bytes (DeepSpeed's fixed parameter buffers are replaced by it)");

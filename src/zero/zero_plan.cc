@@ -278,6 +278,9 @@ void plan_single_copy(const Sizing& s, ZeroPlan& p) {
   if (p.optimizer_home == Tier::kHost) {
     p.host_home_bytes -= std::min(p.host_home_bytes, saved);
     p.host_min_bytes -= std::min(p.host_min_bytes, saved);
+    // The minimum's words were written with the masters counted apart (plan_host_pool).
+    p.host_min_why += fmt::format(" - {} of fp32 master weights kept once, in the working shards (tiermem.fp32_single_copy)",
+                                  format_bytes(saved));
   }
 }
 

@@ -520,3 +520,42 @@ def test_a_loss_that_reaches_no_parameter_is_named_at_backward(torch_or_skip, tm
         engine.step()
     assert engine.global_steps == 1 and engine.micro_steps == 2
     engine.close()
+
+
+def test_the_host_minimum_says_what_it_adds_up(torch_or_skip, tmp_path):
+    """The host budget's minimum lists its parts; with one fp32 copy (the masters kept in the
+    working shards) it named the homes before that saving, so its parts added up to more than its
+    total (found by a helper trying the README as a new user). The saving is named now, and the
+    minimum it names trains."""
+    torch = torch_or_skip
+    import re
+    import tiermem.torch as tt
+    m = _small(torch)
+    cfg = ds_config(tmp_path, "cpu", tiermem={"host_budget_bytes": "4KiB"})
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0  # every module stored: one fp32 copy
+    with pytest.raises(ValueError, match=r"of fp32 master weights kept once, in the working shards") as err:
+        tt.initialize(model=m, config=cfg)
+    need = int(re.search(r"\((\d+) bytes\) this model needs", str(err.value)).group(1))
+    cfg["tiermem"]["host_budget_bytes"] = need
+    engine, *_ = tt.initialize(model=m, config=cfg)
+    engine.backward(engine(torch.ones(4, 8)).sum())
+    engine.step()
+    engine.close()
+
+
+def test_a_swap_directory_that_cannot_be_made_is_named_as_such(torch_or_skip, tmp_path):
+    """An nvme_path on a filesystem where no directory can be made (/proc) was refused as "its
+    filesystem has 0 B free" by initialize, and zero.Init raised os.mkdir's bare FileNotFoundError:
+    both now say the directory cannot be made, and zero.Init names the key that gave it."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    cfg = ds_config(tmp_path, "nvme")
+    for key in ("offload_param", "offload_optimizer"):
+        cfg["zero_optimization"][key]["nvme_path"] = "/proc/tiermem-no-such-dir"
+    with pytest.raises(OSError) as err:
+        tt.initialize(model=_small(torch), config=cfg)
+    assert "free" not in str(err.value) and "/proc/tiermem-no-such-dir" in str(err.value), str(err.value)
+    with pytest.raises(OSError, match=r"zero\.Init: cannot make the Init store under "
+                                      r"zero_optimization\.offload_param\.nvme_path '/proc/tiermem-no-such-dir'"):
+        with tt.zero.Init(config=cfg):
+            torch.nn.Linear(4, 4)

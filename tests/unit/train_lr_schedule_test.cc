@@ -92,6 +92,26 @@ TEST(LrSchedule, WarmupCosineLRScalesTheOptimizerLr) {
                                                      {500, 1e-5}});
 }
 
+// tiermem-train runs a DeepSpeed scheduler section as DeepSpeed's engine does (and tiermem.torch):
+// optimizer steps 1 and 2 at the warm-up's start, step t at iteration t - 2. It ran one step ahead
+// (1e-5, 1.09e-4, 2.08e-4 here) while tiermem.torch and DeepSpeed 0.19.8's WarmupLR gave 1e-5,
+// 1e-5, 1.09e-4 (found by a helper trying the README as a new user).
+TEST(LrSchedule, TheTrainerStepsADeepSpeedSchedulerAsDeepSpeedsEngineDoes) {
+  TrainPlan plan;
+  plan.lr = 1e-3;
+  plan.warmup = 5;
+  plan.steps = 30;
+  plan.config.scheduler = sched("WarmupLR");
+  plan.config.scheduler.warmup_min_lr = 1e-5;
+  plan.config.scheduler.warmup_max_lr = 1e-3;
+  plan.config.scheduler.warmup_num_steps = 10;
+  plan.config.scheduler.warmup_type = "linear";
+  const std::vector<std::pair<int, double>> want = {{1, 1e-5}, {2, 1e-5}, {3, 1.09e-4}, {4, 2.08e-4}, {12, 1e-3}};
+  for (const auto& [t, lr] : want) EXPECT_NEAR(learning_rate(plan, t), lr, 1e-12) << "step " << t;
+  const LrSchedule s = make_lr_schedule(plan.config.scheduler, plan.lr, plan.warmup, plan.steps);
+  for (int t = 1; t <= 20; ++t) EXPECT_EQ(learning_rate(plan, t), lr_at_optimizer_step(s, t)) << t;
+}
+
 TEST(LrSchedule, UnsetParametersComeFromTheTrainer) {
   // Nothing but the type: peak = the trainer's lr, warm-up = its warm-up, total = its steps.
   const LrSchedule s = make_lr_schedule(sched("WarmupDecayLR"), 2e-3, 20, 200);

@@ -148,8 +148,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
 class DeepSpeedLR(torch.optim.lr_scheduler.LRScheduler):
     """The config's ``scheduler`` section (WarmupLR, WarmupDecayLR, WarmupCosineLR) as a torch LR
-    scheduler over ``ZeroOptimizer``: optimizer step t (1-based) runs at DeepSpeed's lr of
-    iteration t - 1, computed by tiermem's schedule functions (the ones tiermem-train uses)."""
+    scheduler over ``ZeroOptimizer``: optimizer step t (1-based) runs at the lr DeepSpeed's engine
+    gives it (iteration t - 2, clamped at 0), computed by tiermem's schedule functions (the ones
+    tiermem-train uses: lr_schedule.h's lr_at_optimizer_step)."""
 
     def __init__(self, optimizer: ZeroOptimizer, config, peak_lr: float) -> None:
         self._config = config

@@ -121,6 +121,7 @@ class Init:
         self._depth: dict[int, int] = {}
         self._saved_init_subclass = None
         self._host_budget = 0  # tiermem.host_budget_bytes of the config (0: none given)
+        self._store_key = ""  # the config key that gave the Init store its directory
 
     def _store_dir(self) -> Optional[str]:
         if self.config is None:
@@ -134,13 +135,20 @@ class Init:
                 path = o["nvme_path"][0]
                 if os.path.exists(path) and not os.path.isdir(path):
                     raise ValueError(f"zero.Init: zero_optimization.{key}.nvme_path '{path}' is not a directory")
+                self._store_key = f"zero_optimization.{key}.nvme_path"
                 return path
         return None
 
     def __enter__(self):
         if not self.enabled:
             return self
-        self.store = InitStore(self._store_dir())
+        directory = self._store_dir()
+        try:
+            self.store = InitStore(directory)
+        except OSError as e:  # a directory that cannot be made or written: say which key gave it
+            raise OSError(e.errno, f"zero.Init: cannot make the Init store under {self._store_key} '{directory}': "
+                                   f"{e.strerror or e}; give a directory this user can create and write",
+                          directory) from e
         fix_malloc_threshold(self._host_budget)  # with a small budget, the build's freed blocks go back too
         for cls in _all_module_classes():
             self._patch(cls)
