@@ -170,13 +170,13 @@ def test_initialize_peak_is_one_unit_beyond_the_budgets(tmp_path):
 HOST_WORKER = r'''
 import json, sys, torch
 import tiermem.torch as tt
-import tiermem.torch.engine as E
+import tiermem.torch._register as R
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
 if sys.argv[1] == "old":  # every value kept until the last unit is registered
-    E._exact_dtypes = lambda config, zero: (set(), set(), False)
+    R.exact_dtypes = lambda config, zero: (set(), set(), False)
 cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
        "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
        "tiermem": {"host_budget_bytes": "512MiB", "device_budget_bytes": "48MiB"}}
@@ -197,7 +197,7 @@ with open("/proc/self/clear_refs", "w") as f:
 engine, *_ = tt.initialize(model=model, config=cfg)
 growth = status("VmHWM") - before
 x = torch.ones(1, 2048)
-print(json.dumps({"growth": growth, "unit": 2048 * 2048 * 4, "trim": E._TRIM_BYTES,
+print(json.dumps({"growth": growth, "unit": 2048 * 2048 * 4, "trim": R.TRIM_BYTES,
                   "bounce": engine.stats()["host_bounce_bytes"], "out": engine(x).double().sum().item()}))
 engine.close()
 '''

@@ -121,7 +121,6 @@ class InitStore:
     def __init__(self, directory: Optional[str]) -> None:
         self.slots: dict[int, tuple[int, int, torch.dtype, torch.Size]] = {}  # id(p) -> (offset, bytes, dtype, shape)
         self.mem: dict[int, torch.Tensor] = {}
-        self.lent: set[int] = set()  # id(p) of values freed while initialize registers (lend)
         self.fd = -1
         self.path = None
         self.end = 0
@@ -215,7 +214,7 @@ class InitStore:
             raise ValueError(f"InitStore.load: out must be a contiguous tensor of {shape.numel()} elements, got "
                              f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})")
         if self.fd < 0:
-            if id(p) in self.lent:
+            if id(p) not in self.mem:  # lent (InitStore.lend)
                 raise RuntimeError(f"tiermem.torch: a parameter {tuple(shape)} {dtype} stored by zero.Init was read while "
                                    "initialize holds its values (registered in the engine); read it after initialize")
             if out is None:
@@ -243,25 +242,19 @@ class InitStore:
     def drop(self, p: torch.Tensor) -> None:
         self.slots.pop(id(p), None)
         self.mem.pop(id(p), None)
-        self.lent.discard(id(p))
 
     def lend(self, p: torch.Tensor) -> bool:
         """initialize registered `p`'s values in an engine that gives them back exactly: a host
         memory Init store frees its copy now, not when every unit is registered (the model's
         values and the engine's homes were both held at the end, 1.5x a base that fits in RAM,
         issue 57). True when freed; give_back puts values back if initialize fails later."""
-        if self.fd >= 0 or id(p) not in self.mem:
-            return False
-        del self.mem[id(p)]
-        self.lent.add(id(p))
-        return True
+        return self.fd < 0 and self.mem.pop(id(p), None) is not None
 
     def give_back(self, p: torch.Tensor, values: torch.Tensor) -> None:
         """Puts back the values of a parameter lent to a failed initialize (`values`: fp32, read
         back from the engine; cast to the parameter's stored dtype, exact for what lend took)."""
         _, _, dtype, shape = self.slots[id(p)]
         self.mem[id(p)] = values.detach().reshape(shape).to(dtype).clone()
-        self.lent.discard(id(p))
 
 
 def _current_values(p: torch.nn.Parameter) -> torch.Tensor:

@@ -53,7 +53,7 @@ from typing import Optional
 import torch
 
 from ._params import holds_placeholder, placeholder, raw_data, set_raw_data
-from ._init_store import take_stored
+from ._init_store import give_back_stored, lend_stored, take_stored
 
 __all__ = ["Unit", "EngineLink", "UnitMap", "build_units", "in_backward", "unit_of", "NOT_PICKLABLE"]
 
@@ -294,20 +294,34 @@ class Unit:
         for (p, _, _), shape in zip(self.params, self.shapes):
             set_raw_data(p, placeholder(shape, link.working_dtype, link.compute_device))
 
-    def lend(self) -> list:
-        """Once registered in an engine that gives its values back exactly (initialize): the model's
-        own parameters give their tensors up now (release), not when every unit is registered, so
-        the model and the engine's homes are never both held whole. Returns what give_back needs."""
-        kept = [(p.dtype, p.device) for p, _, _ in self.params]
-        self.release()
-        return kept
+    def lend(self, own: bool) -> tuple[list, int]:
+        """Once registered in an engine that gives its values back exactly (initialize,
+        _register.py): each parameter's values are freed now, not when every unit is registered,
+        so the model and the engine's homes are never both held whole: zero.Init's copy in host
+        memory (lend_stored), or, with `own`, the model's own tensor (a placeholder in its place).
+        Returns what give_back needs per parameter ("stored", (dtype, device), or None: kept) and
+        the bytes freed."""
+        kept, nbytes = [], 0
+        for (p, _, n), shape in zip(self.params, self.shapes):
+            if p.__dict__.get("_tm_init_store") is not None:
+                kept.append("stored" if lend_stored(p) else None)
+            elif own:
+                kept.append((p.dtype, p.device))
+                set_raw_data(p, placeholder(shape, self.link.working_dtype, self.link.compute_device))
+            else:
+                kept.append(None)
+            nbytes += n * p.element_size() if kept[-1] is not None else 0
+        return kept, nbytes
 
     def give_back(self, values: torch.Tensor, kept: list) -> None:
-        """A failed initialize: the parameters lend released get their values back (`values`: the
-        unit's fp32 values read back from the engine), in the dtype and on the device they had."""
-        for (p, off, n), shape, (dtype, device) in zip(self.params, self.shapes, kept):
-            set_raw_data(p, values[off:off + n].view(shape).to(device=device, dtype=dtype, copy=True))
-        self.released = False
+        """A failed initialize: what lend freed gets its values back (`values`: the unit's fp32
+        values read back from the engine), into zero.Init's store or as the parameter's own tensor
+        in the dtype and on the device it had."""
+        for (p, off, n), shape, k in zip(self.params, self.shapes, kept):
+            if k == "stored":
+                give_back_stored(p, values[off:off + n])
+            elif k is not None:
+                set_raw_data(p, values[off:off + n].view(shape).to(device=k[1], dtype=k[0], copy=True))
 
     def backward_flat(self) -> torch.Tensor:
         """The gathered unit for a tensor autograd saved: the unit in use, else the last backward

@@ -41,8 +41,9 @@ from . import _optim_state, checkpoint
 from ._config import load_config
 from ._dist import DistOps, ensure_process_group, keep_frozen_out_of_ddp, launched_world_size
 from ._hooks import CLOSED, ParamHooks
-from ._malloc import fix_malloc_threshold, mapped_empty, return_freed_memory
-from ._init_store import give_back_stored, lend_stored, release_init_store
+from ._register import register_units
+from ._malloc import fix_malloc_threshold, return_freed_memory
+from ._init_store import release_init_store
 
 __all__ = ["initialize", "TiermemEngine", "ZeroOptimizer", "set_z3_leaf_modules"]
 
@@ -179,49 +180,6 @@ def _frozen_at_rest(st: dict, n_frozen: int) -> str:
     return f"; frozen base at rest: {words}{size}"
 
 
-# Bytes of zero.Init's host memory copies freed during registration between two returns of glibc's
-# free heap to the system (return_freed_memory): the most the freed copies add to RSS meanwhile.
-_TRIM_BYTES = 64 << 20
-
-
-def _exact_dtypes(config: dict, zero) -> tuple:
-    """What the engine gives back exactly (export_master) once registered, so that a unit's values
-    may be freed as soon as it is registered: the parameter dtypes (for a trained unit, for a frozen
-    one), and whether the model's own tensors may go too (every home in memory: reading back is a
-    copy, not NVMe I/O that could fail as registration did). A trained unit's fp32 master weights
-    hold any fp32, bf16 or fp16 value; a frozen unit's working values, at rest in the working dtype,
-    hold that dtype or a narrower one. Nothing below stage 3 (the parameters stay the model's own)
-    or with several ranks (reading back is a collective)."""
-    halves = {torch.bfloat16, torch.float16}
-    if config["zero_optimization"]["stage"] < 3 or zero.world_size() > 1:
-        return set(), set(), False
-    st = zero.stats()
-    working = zero.working_dtype()
-    frozen = (set() if st["frozen_dtype"] != "working" else {torch.float32, *halves} if working == "f32"
-              else {torch.bfloat16} if working == "bf16" else {torch.float16})
-    return {torch.float32, *halves}, frozen, "nvme" not in (st["param_home"], st["optimizer_home"])
-
-
-def _give_back(lent: list, zero, error: BaseException) -> None:
-    """A failed initialize: the values lent to the engine go back, to zero.Init's store or to the
-    model's parameters (`lent`: (unit, what Unit.lend kept, None for the Init store)). Raises
-    RuntimeError naming what is lost when the engine cannot give them."""
-    for u, kept in lent:
-        try:
-            values = zero.export_master(u.index)
-        except Exception as e:
-            raise RuntimeError(f"tiermem.torch.initialize failed ({error}), and reading unit {u.name}'s values back "
-                               f"from the engine failed too ({e}): its parameters hold no values now; build the "
-                               "model again") from error
-        if kept is not None:  # the model's own tensors (Unit.lend)
-            u.give_back(values, kept)
-            continue
-        for p, off, n in u.params:
-            st = p.__dict__.get("_tm_init_store")
-            if st is not None and id(p) in st.lent:
-                give_back_stored(p, values[off:off + n])
-
-
 class TiermemEngine:
     """What ``initialize`` returns first: the model with DeepSpeed's engine calls.
 
@@ -286,34 +244,9 @@ class TiermemEngine:
         _open_engines.add(self)
         if ops is not None:
             ops.unit_names = [u.name for u in units.units]
-        # Each unit's values go in through a vector of their own mapping (zero.Init's values read
-        # straight into it), unmapped once registered: registration holds one unit's values at a
-        # time. Vectors from torch.empty stayed in glibc's heap (+0.8 GiB of a 1.1 B Llama's 16 MiB
-        # units at initialize, issue 57).
-        # The model's values (zero.Init's copies in host memory, or the model's own tensors where
-        # every home is in memory) are freed unit by unit as each is registered, where the engine
-        # gives them back exactly (_exact_dtypes); a registration that fails gives them back. Held
-        # to the end, they and the engine's homes were the model twice (issue 57).
-        exact = _exact_dtypes(config, self._zero)
-        lent, freed = [], 0
-        try:
-            for u in units.units:
-                self._zero.register_module(u.name, u.flat_values(mapped_empty(u.numel)), u.numel)
-                if {p.dtype for p, _, _ in u.params} <= exact[u.frozen]:
-                    if any(p.__dict__.get("_tm_init_store") is not None for p, _, _ in u.params):
-                        given = [p for p, _, _ in u.params if lend_stored(p)]
-                        if given:
-                            lent.append((u, None))
-                            freed += sum(p.numel() * p.element_size() for p in given)
-                    elif exact[2]:
-                        freed += sum(p.numel() * p.element_size() for p, _, _ in u.params)
-                        lent.append((u, u.lend()))
-                if freed >= _TRIM_BYTES:  # glibc keeps freed mid-size blocks in its heap until trimmed
-                    return_freed_memory()
-                    freed = 0
-        except BaseException as e:
-            _give_back(lent, self._zero, e)
-            raise
+        # One unit at a time, each unit's values freed once it is in the engine where that is exact;
+        # a failed registration gives them back (_register.py).
+        register_units(self._zero, units.units, config)
         # Only now, with every unit in the engine, does the model give up its own copies: an
         # initialize that fails above leaves the model as it was.
         for u in units.units:
