@@ -129,6 +129,12 @@ struct TIERMEM_API TensorSpec {
   // [0, kNumGroups): ZeroEngine splits trainable params, frozen params, optimizer state and
   // gradient partitions.
   std::uint8_t group = 0;
+  // Read in place: the caller never writes it through a Pin at the device tier (a frozen weight,
+  // filled once). On a device whose memory is the CPU's (Device::storage_direct: an unthrottled,
+  // host-addressable SimDevice), acquire(id, kDevice) pins a current host copy where it is instead
+  // of copying it to the device (the Pin's tier() is then kHost), and a prefetch to kDevice finds
+  // such a copy enough: host and device then cache it as one, never both. Elsewhere: no effect.
+  bool read_in_place = false;
 };
 
 // Labels of TensorSpec::group: 0 .. kNumGroups - 1 (0: unlabelled; ZeroEngine uses 1-4).

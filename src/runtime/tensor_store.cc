@@ -209,6 +209,7 @@ TensorId TensorStore::register_tensor(const TensorSpec& spec) {
   auto e = std::make_unique<Entry>();
   e->info = TensorInfo{spec.name, spec.dtype, spec.shape, bytes, spec.home, spec.group};
   if (spec.home == Tier::kNvme) e->swap = spec.swap ? spec.swap : m.swap.get();
+  e->read_in_place = spec.read_in_place && m.device && m.device->storage_direct();
   {
     std::lock_guard lock(m.mu_);
     if (m.by_name_.count(spec.name)) throw Error("TensorStore: duplicate tensor name '" + spec.name + "'");
@@ -316,6 +317,7 @@ TensorStore::Pin TensorStore::acquire(TensorId id, Tier tier, Phase phase) {
   m.issue_hints(m.policy_->on_access(id, e.info.bytes, tier, phase, m.view()));
   bool hit = false;
   void* p = m.ensure(lock, id, tier, Mode::kAcquire, deadline, &hit);
+  if (tier == Tier::kDevice && p == e.copy[idx(Tier::kHost)].ptr) tier = Tier::kHost;  // read in place
   if (hit) {
     ++m.stats_.hits;
   } else {

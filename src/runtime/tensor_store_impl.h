@@ -86,6 +86,7 @@ struct Entry {
   std::vector<SwapExtent> extents;  // home kNvme: one extent per pipeline chunk
   SwapSpace* swap = nullptr;        // home kNvme: the swap space holding `extents`
   std::uint64_t latest = 1;
+  bool read_in_place = false;  // TensorSpec::read_in_place, on a storage_direct device
   bool undefined = false;  // discard(): the newest contents are undefined (nothing worth loading)
   // Accesses so far (acquire, acquire_for_overwrite, fetch, touch): a queued prefetch is for the
   // next one, and is stale once another access happened.

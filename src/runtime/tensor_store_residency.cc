@@ -339,6 +339,14 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
       if (mode == Mode::kAcquire) ++c.pins;
       return c.ptr;
     }
+    if (t == Tier::kDevice && e.read_in_place) {
+      // Its current host copy is read where it is (the device's memory is the CPU's).
+      Copy& h = e.copy[idx(Tier::kHost)];
+      if (h.state == State::kResident && h.version == e.latest && !h.writing && !h.user_writing) {
+        if (mode == Mode::kAcquire) ++h.pins;
+        return h.ptr;
+      }
+    }
     *hit = false;
     if (c.state == State::kLoading || c.state == State::kEvicting || c.writing ||
         (c.state == State::kResident && (c.pins > 0 || c.readers > 0))) {

@@ -342,6 +342,7 @@ void ZeroEngine::Impl::write_working(int i, std::span<const float> init) {
       ps.swap = swaps.param_swap.get();
       ps.zero_fill = false;
       ps.group = m.frozen ? detail::kGroupFrozen : detail::kGroupTrainable;
+      ps.read_in_place = m.frozen && !m.quantized();  // never written through a gather
       m.param = store->register_tensor(ps);
     }
     TensorStore::Pin pin = store->acquire_for_overwrite(m.param, fill_tier_of(m.home));

@@ -158,6 +158,47 @@ TEST_F(StoreTest, NvmeHomeThroughPipelineBothWays) {
   }
 }
 
+// A read-in-place tensor (a frozen weight) with a current host copy is pinned there by an acquire
+// at the device tier when the device's memory is the CPU's: no device copy, host and device never
+// both hold it. Through a device reached by copies (throttled) it is copied as any other tensor.
+TEST_F(StoreTest, AReadInPlaceTensorIsPinnedWhereItsHostCopyIsWhenTheDeviceIsTheCpusMemory) {
+  for (double gbps : {0.0, 1000.0}) {
+    SCOPED_TRACE(gbps);
+    store_.reset();
+    sim_gbps_ = gbps;
+    TensorStore& s = make(1 << 20, 1 << 20);
+    const auto init = make_bytes(7, 0, 100000);
+    const TensorId w = s.register_tensor(
+        {.name = "w", .bytes = 100000, .home = Tier::kNvme, .initial = init, .read_in_place = true});
+    const TensorId t = s.register_tensor({.name = "t", .bytes = 100000, .home = Tier::kNvme, .initial = init});
+    s.fetch(w, Tier::kHost).get();
+    s.fetch(t, Tier::kHost).get();
+    const std::uint64_t h2d_before = device_->stats().h2d_copies;
+    {
+      TensorStore::Pin pw = s.acquire(w, Tier::kDevice);
+      TensorStore::Pin pt = s.acquire(t, Tier::kDevice);
+      ASSERT_TRUE(matches(pw.data(), 7, 0, 100000));
+      ASSERT_TRUE(matches(pt.data(), 7, 0, 100000));
+      EXPECT_EQ(pt.tier(), Tier::kDevice) << "not read in place: copied to the device";
+      EXPECT_EQ(pw.tier(), gbps == 0 ? Tier::kHost : Tier::kDevice);
+      if (gbps == 0) EXPECT_FALSE(s.evict(w, Tier::kHost)) << "the pinned host copy stays while it is read";
+    }
+    const TensorStoreStats st = s.stats();
+    if (gbps == 0) {
+      EXPECT_LT(st.resident_bytes[0], 150000u) << "device: t's copy only";
+    } else {
+      EXPECT_GE(st.resident_bytes[0], 200000u) << "device: t's copy and w's";
+    }
+    EXPECT_EQ(st.moves[1][0], gbps == 0 ? 1u : 2u) << "host -> device moves";
+    if (gbps != 0) EXPECT_GT(device_->stats().h2d_copies, h2d_before);
+    // Not in host memory: loaded from NVMe to where it is asked for, as before.
+    ASSERT_TRUE(s.evict(w, Tier::kHost));
+    TensorStore::Pin pw = s.acquire(w, Tier::kDevice);
+    EXPECT_EQ(pw.tier(), Tier::kDevice);
+    EXPECT_TRUE(matches(pw.data(), 7, 0, 100000));
+  }
+}
+
 void StoreTest::check_nvme_device_round_trip() {
   TensorStore& s = make(4 << 20, 1 << 20, 64 << 10);
   const std::uint64_t n = 1'000'003;  // 15.3 chunks, odd size
