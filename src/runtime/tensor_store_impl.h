@@ -267,6 +267,8 @@ struct TensorStore::Impl {
 
   // Where to load tier t of e from: a current, resident copy not being written; nearest slower
   // tier first, then faster ones. -1 when none is available right now.
+  // The copy at tier index s holds the newest bytes and may be read now (a source, or read in place).
+  static bool readable(const Entry& e, int s);
   int find_source(const Entry& e, Tier t) const;
 
   // Waits on cv_ until notified or `deadline`; records the wait in the trace. Returns false on

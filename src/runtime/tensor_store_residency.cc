@@ -81,12 +81,13 @@ void TensorStore::Impl::make_newest(Entry& e, TensorId id, Tier tier) {
   cv_.notify_all();
 }
 
+bool TensorStore::Impl::readable(const Entry& e, int s) {
+  const Copy& c = e.copy[s];
+  return c.state == State::kResident && c.version == e.latest && !c.writing && !c.user_writing;
+}
+
 int TensorStore::Impl::find_source(const Entry& e, Tier t) const {
-  auto ok = [&](int s) {
-    const Copy& c = e.copy[s];
-    return s != idx(t) && c.state == State::kResident && c.version == e.latest && !c.writing &&
-           !c.user_writing;
-  };
+  auto ok = [&](int s) { return s != idx(t) && readable(e, s); };
   for (int s = idx(t) + 1; s < kNumTiers && s <= idx(e.info.home); ++s) {
     if (ok(s)) return s;
   }
@@ -339,13 +340,11 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
       if (mode == Mode::kAcquire) ++c.pins;
       return c.ptr;
     }
-    if (t == Tier::kDevice && e.read_in_place) {
+    if (t == Tier::kDevice && e.read_in_place && readable(e, idx(Tier::kHost))) {
       // Its current host copy is read where it is (the device's memory is the CPU's).
       Copy& h = e.copy[idx(Tier::kHost)];
-      if (h.state == State::kResident && h.version == e.latest && !h.writing && !h.user_writing) {
-        if (mode == Mode::kAcquire) ++h.pins;
-        return h.ptr;
-      }
+      if (mode == Mode::kAcquire) ++h.pins;
+      return h.ptr;
     }
     *hit = false;
     if (c.state == State::kLoading || c.state == State::kEvicting || c.writing ||
