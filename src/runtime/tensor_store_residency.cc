@@ -347,7 +347,13 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
       return h.ptr;
     }
     *hit = false;
-    if (c.state == State::kLoading || c.state == State::kEvicting || c.writing ||
+    // A read-in-place tensor's host copy is its device copy to its reader: while one is being
+    // loaded, the device waits for it, and a host prefetch leaves a device load alone, rather than
+    // read NVMe a second time (the look-ahead's host read and the device hint of the same weight).
+    const auto loading = [&](Tier o) { return e.copy[idx(o)].state == State::kLoading; };
+    const bool other_loading = e.read_in_place && ((t == Tier::kDevice && loading(Tier::kHost)) ||
+                                                   (t == Tier::kHost && mode == Mode::kPrefetch && loading(Tier::kDevice)));
+    if (c.state == State::kLoading || c.state == State::kEvicting || c.writing || other_loading ||
         (c.state == State::kResident && (c.pins > 0 || c.readers > 0))) {
       if (mode == Mode::kPrefetch) return nullptr;
       if (!wait(lock, deadline)) throw timeout();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -181,7 +182,9 @@ TEST_F(StoreTest, AReadInPlaceTensorIsPinnedWhereItsHostCopyIsWhenTheDeviceIsThe
       ASSERT_TRUE(matches(pt.data(), 7, 0, 100000));
       EXPECT_EQ(pt.tier(), Tier::kDevice) << "not read in place: copied to the device";
       EXPECT_EQ(pw.tier(), gbps == 0 ? Tier::kHost : Tier::kDevice);
-      if (gbps == 0) EXPECT_FALSE(s.evict(w, Tier::kHost)) << "the pinned host copy stays while it is read";
+      if (gbps == 0) {
+        EXPECT_FALSE(s.evict(w, Tier::kHost)) << "the pinned host copy stays while it is read";
+      }
     }
     const TensorStoreStats st = s.stats();
     if (gbps == 0) {
@@ -190,13 +193,79 @@ TEST_F(StoreTest, AReadInPlaceTensorIsPinnedWhereItsHostCopyIsWhenTheDeviceIsThe
       EXPECT_GE(st.resident_bytes[0], 200000u) << "device: t's copy and w's";
     }
     EXPECT_EQ(st.moves[1][0], gbps == 0 ? 1u : 2u) << "host -> device moves";
-    if (gbps != 0) EXPECT_GT(device_->stats().h2d_copies, h2d_before);
+    if (gbps != 0) {
+      EXPECT_GT(device_->stats().h2d_copies, h2d_before);
+    }
     // Not in host memory: loaded from NVMe to where it is asked for, as before.
     ASSERT_TRUE(s.evict(w, Tier::kHost));
     TensorStore::Pin pw = s.acquire(w, Tier::kDevice);
     EXPECT_EQ(pw.tier(), Tier::kDevice);
     EXPECT_TRUE(matches(pw.data(), 7, 0, 100000));
   }
+}
+
+// The look-ahead's host read of a read-in-place weight and the device's ask for the same weight
+// (a prefetch hint, the gather) meet while that read is in flight: the one NVMe read serves both,
+// the device pin is the host copy. Reads are held at a gate so the meeting is certain.
+TEST_F(StoreTest, AReadInPlaceTensorIsReadFromNvmeOnceWhenItsHostLoadIsInFlight) {
+  struct Gate : IoInterceptor {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = true;
+    std::atomic<std::uint64_t> read_bytes{0};
+    std::atomic<int> held{0};
+    Decision before_io(IoOpKind kind, const std::string&, std::uint64_t, std::uint64_t bytes) override {
+      if (kind != IoOpKind::kRead) return {};
+      read_bytes += bytes;
+      std::unique_lock l(mu);
+      ++held;
+      cv.wait(l, [&] { return open; });
+      return {};
+    }
+    void set(bool o) {
+      {
+        std::lock_guard l(mu);
+        open = o;
+      }
+      cv.notify_all();
+    }
+  };
+  auto gate = std::make_shared<Gate>();
+  store_.reset();
+  swap_.reset();
+  IoEngineOptions io;
+  io.o_direct = false;
+  io.block_size_bytes = 256 << 10;
+  io.interceptor = gate;
+  engine_ = make_io_engine(io);
+  SwapSpaceOptions so;
+  so.initial_bytes_per_path = 4 << 20;
+  swap_ = std::make_shared<SwapSpace>(so, std::vector<std::string>{dir_.string()}, *engine_);
+  TensorStore& s = make(1 << 20, 1 << 20);
+  const std::uint64_t n = 100000;
+  const TensorId w = s.register_tensor(
+      {.name = "w", .bytes = n, .home = Tier::kNvme, .initial = make_bytes(7, 0, n), .read_in_place = true});
+  gate->set(false);
+  auto host = s.fetch(w, Tier::kHost);
+  for (int i = 0; i < 1000 && gate->held == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GT(gate->held, 0) << "the host load never reached the disk";
+  s.prefetch({{w}}, Tier::kDevice);  // the device hint: the host load serves it
+  Tier pinned_at = Tier::kNvme;
+  bool ok = false;
+  std::thread reader([&] {
+    TensorStore::Pin p = s.acquire(w, Tier::kDevice);
+    pinned_at = p.tier();
+    ok = matches(p.data(), 7, 0, n);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  gate->set(true);
+  reader.join();
+  host.get();
+  s.drain();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(pinned_at, Tier::kHost) << "the device pin is the host copy, read in place";
+  EXPECT_LT(gate->read_bytes.load(), 2 * n) << "w was read from NVMe " << gate->read_bytes << " bytes (" << n << " each)";
+  EXPECT_EQ(s.stats().moves[2][0], 0u) << "no NVMe -> device read";
 }
 
 void StoreTest::check_nvme_device_round_trip() {
