@@ -203,6 +203,9 @@ struct TIERMEM_API Config {
   ActivationCheckpointingConfig activation_checkpointing;
 
   std::vector<std::string> unknown_keys;  // full key paths, for the one warning
+  // Per unknown key (same order): the known key of its section it is nearest to in spelling, as a
+  // full path ("tiermem.host_budget_bytes" for "tiermem.host_budget"), or "" when none is near.
+  std::vector<std::string> unknown_key_suggestions;
   std::vector<std::string> auto_keys;     // keys given as "auto" and resolved to defaults
   std::vector<std::string> given_keys;    // keys written with a value (not absent, not "auto")
   std::vector<InertKey> inert_keys;       // keys read but not acted on (one warning each)

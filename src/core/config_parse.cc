@@ -471,7 +471,11 @@ void resolve_frozen_dtype(Config& cfg) {
 void warn_about_keys(const Config& cfg, std::string_view source) {
   if (!cfg.unknown_keys.empty()) {
     std::string list;
-    for (const auto& k : cfg.unknown_keys) list += (list.empty() ? "" : ", ") + k;
+    for (std::size_t i = 0; i < cfg.unknown_keys.size(); ++i) {
+      list += (list.empty() ? "" : ", ") + cfg.unknown_keys[i];
+      const std::string& near = i < cfg.unknown_key_suggestions.size() ? cfg.unknown_key_suggestions[i] : "";
+      if (!near.empty()) list += " (did you mean '" + near + "'?)";
+    }
     // Every rank reads the same document: rank 0 says it, once per document and key.
     TM_LOG_WARN_ONCE_RANK0("CONFIG", "config-unknown:" + std::string(source) + ":" + list,
                            "{}: ignoring unknown keys: {}", source, list);

@@ -5,6 +5,7 @@
 // Thread-safety: a Section writes into the Config it was given; one thread per document.
 #pragma once
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <initializer_list>
@@ -48,6 +49,7 @@ class Section {
   ~Section() = default;
 
   const json* find(const char* key) {
+    asked_.push_back(key);
     auto it = obj_.find(key);
     if (it == obj_.end()) return nullptr;
     seen_.push_back(key);
@@ -156,20 +158,20 @@ class Section {
         out.push_back(v->get<std::string>());
       } else if (v->is_array()) {
         for (const auto& e : *v) {
-          if (!e.is_string() || e.get<std::string>().empty())
-            bad(key, *v, "a path or a list of paths");
+          if (!e.is_string()) bad(key, *v, "a path or a list of paths");
           out.push_back(e.get<std::string>());
         }
       } else {
         bad(key, *v, "a path or a list of paths");
       }
       for (const auto& p : out) {
-        if (p.empty()) bad(key, *v, "a non-empty path");
+        if (p.empty()) broken(key, show(*v), "a path is empty: name a directory (on the NVMe drive to swap to)");
       }
     }
   }
 
   std::optional<Section> sub(const char* key) {
+    asked_.push_back(key);
     auto it = obj_.find(key);
     if (it == obj_.end()) return std::nullopt;
     seen_.push_back(key);
@@ -179,6 +181,7 @@ class Section {
 
   // A key tiermem reads but does not act on: accepted with any value, one warning saying why.
   void inert(const char* key, const std::string& why) {
+    asked_.push_back(key);
     if (!obj_.contains(key)) return;
     seen_.push_back(key);
     cfg_.inert_keys.push_back({path(key), why});
@@ -189,11 +192,27 @@ class Section {
     throw ConfigError(path(key), value, "config key '" + path(key) + "' = " + value + ": " + rule);
   }
 
+  // Each key left over is unknown; the key this section reads that is nearest to it (edit
+  // distance at most a third of its length, at least 2, case ignored; a key that begins with the
+  // other, as "host_budget" and "host_budget_bytes", counts as 1) is offered as the one meant.
   void finish() {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
       bool used = false;
       for (const auto& s : seen_) used = used || s == it.key();
-      if (!used) cfg_.unknown_keys.push_back(path(it.key().c_str()));
+      if (used) continue;
+      cfg_.unknown_keys.push_back(path(it.key().c_str()));
+      std::string best;
+      std::size_t best_d = std::max<std::size_t>(2, it.key().size() / 3) + 1;
+      for (const auto& a : asked_) {
+        const std::string_view k = it.key();
+        const bool prefix = std::min(k.size(), a.size()) >= 4 && (a.starts_with(k) || k.starts_with(a));
+        const std::size_t d = prefix ? std::min<std::size_t>(1, edit_distance(k, a)) : edit_distance(k, a);
+        if (d < best_d) {
+          best_d = d;
+          best = a;
+        }
+      }
+      cfg_.unknown_key_suggestions.push_back(best.empty() ? std::string() : path(best.c_str()));
     }
   }
 
@@ -240,10 +259,29 @@ class Section {
     bad(key, v, "an integer");
   }
 
+  // Levenshtein distance, letters compared without case.
+  static std::size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diag = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const std::size_t up = row[j];
+        const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                          std::tolower(static_cast<unsigned char>(b[j - 1]));
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (same ? 0 : 1)});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  }
+
   const json& obj_;
   std::string path_;
   Config& cfg_;
   std::vector<std::string> seen_;
+  std::vector<std::string> asked_;  // every key this section looked for, given or not
 };
 
 }  // namespace tiermem::detail

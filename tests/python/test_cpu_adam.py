@@ -143,11 +143,15 @@ def test_bad_arguments(torch_or_skip):
         CPUAdamW([p], betas=(1.0, 0.999))
     with pytest.raises(ValueError, match="lr"):
         CPUAdamW([p], lr=-1.0)
-    h = torch.zeros(10, dtype=torch.float16, requires_grad=True)
-    opt = CPUAdamW([h])
-    h.grad = torch.ones(10, dtype=torch.float16)
-    with pytest.raises(ValueError, match="dtype torch.float16"):
-        opt.step()
+    # A parameter the kernel cannot step is refused when it is given, not at the first step().
+    for bad in (torch.zeros(10, dtype=torch.float16, requires_grad=True),
+                torch.zeros(10, dtype=torch.float64, requires_grad=True)):
+        with pytest.raises(ValueError, match=rf"param_groups\[0\]\['params'\]\[1\]: parameter dtype {bad.dtype}"):
+            CPUAdamW([p, bad])
+    opt = CPUAdamW([p])
+    with pytest.raises(ValueError, match=r"param_groups\[1\]\['params'\]\[0\]: parameter is not contiguous"):
+        opt.add_param_group({"params": [torch.zeros(4, 4).t().requires_grad_()]})
+    assert len(opt.param_groups) == 1, "a refused group is not kept"
     opt = CPUAdamW([p])
     p.grad = torch.ones(10)
     with pytest.raises(ValueError, match="fp16_param_groups"):

@@ -110,6 +110,23 @@ def _forward_only_config(tmp_path):
     return cfg
 
 
+def test_a_trained_model_without_an_optimizer_section_says_the_defaults_it_trains_with(torch_or_skip, tmp_path, capfd):
+    torch_or_skip
+    hf_or_skip()
+    import tiermem.torch as tt
+    cfg = ds_config(tmp_path, "cpu")
+    del cfg["optimizer"]
+    engine, optimizer, _, _ = tt.initialize(model=build("llama"), config=cfg)
+    banner = capfd.readouterr().err
+    assert optimizer is not None
+    assert "AdamW lr 0.001, betas (0.9, 0.999), eps 1e-08, weight_decay 0.01: the defaults, the config has no " \
+           "'optimizer' section" in banner, banner
+    engine.close()
+    engine, _, _, _ = tt.initialize(model=build("llama"), config=ds_config(tmp_path, "cpu"))
+    assert "the defaults" not in capfd.readouterr().err, "a config with the section says nothing of defaults"
+    engine.close()
+
+
 def test_reference_model_forward_only(torch_or_skip, tmp_path, capfd):
     torch = torch_or_skip
     hf_or_skip()

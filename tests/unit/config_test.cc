@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -99,6 +100,23 @@ TEST(Config, UnknownKeysAreCollectedNotFatal) {
   ASSERT_EQ(c.unknown_keys.size(), 2u);
   EXPECT_EQ(c.unknown_keys[0], "aio.bogus");
   EXPECT_EQ(c.unknown_keys[1], "nonsense");
+  ASSERT_EQ(c.unknown_key_suggestions.size(), 2u);
+  EXPECT_EQ(c.unknown_key_suggestions[0], "") << "nothing is spelt near 'bogus'";
+  EXPECT_EQ(c.unknown_key_suggestions[1], "");
+}
+
+// A slip of spelling is answered with the key meant, from the same section, given or not.
+TEST(Config, AnUnknownKeyNamesTheKnownKeyItIsNearest) {
+  Config c = parse_config(R"({"tiermem": {"host_budget": "1GiB"},
+                              "zero_optimisation": {"stage": 3},
+                              "aio": {"Queue_Depth": 8, "block_size": 1048576}})");
+  ASSERT_EQ(c.unknown_keys.size(), 3u);
+  std::map<std::string, std::string> near;
+  for (std::size_t i = 0; i < c.unknown_keys.size(); ++i) near[c.unknown_keys[i]] = c.unknown_key_suggestions.at(i);
+  EXPECT_EQ(near["tiermem.host_budget"], "tiermem.host_budget_bytes");
+  EXPECT_EQ(near["zero_optimisation"], "zero_optimization");
+  EXPECT_EQ(near["aio.Queue_Depth"], "aio.queue_depth");
+  EXPECT_EQ(c.tiermem.host_budget_bytes, 0u) << "an unknown key sets nothing";
 }
 
 TEST(Config, BadValuesNameTheKey) {
@@ -146,6 +164,21 @@ TEST(Config, ANegativeSizeIsOutOfRangeNotTheWrongType) {
     } catch (const ConfigError& e) {
       const std::string m = e.what();
       EXPECT_NE(m.find("is out of range: allowed 0 or more"), std::string::npos) << m;
+      EXPECT_EQ(m.find("wrong type"), std::string::npos) << m;
+    }
+  }
+}
+
+TEST(Config, AnEmptyNvmePathIsSaidToBeEmptyNotTheWrongType) {
+  for (const char* text : {R"({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": ""}}})",
+                           R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ["/a", ""]}}})"}) {
+    try {
+      parse_config(text);
+      ADD_FAILURE() << "no ConfigError for " << text;
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("nvme_path"), std::string::npos) << m;
+      EXPECT_NE(m.find("a path is empty: name a directory"), std::string::npos) << m;
       EXPECT_EQ(m.find("wrong type"), std::string::npos) << m;
     }
   }

@@ -285,6 +285,10 @@ class TiermemEngine:
                           else "the model's own (not partitioned below stage 3)")
                 homes = (f"params -> {params}, optimizer -> {st['optimizer_home']}, gradients -> "
                          f"{st['gradient_home']} ({self._zero.working_dtype()} working params, fp32 master weights)")
+                if not has_optimizer:  # trained with hyper-parameters the user never wrote: say which
+                    homes += (f"; AdamW lr {hparams['lr']:g}, betas {hparams['betas']}, eps {hparams['eps']:g}, "
+                              f"weight_decay {hparams['weight_decay']:g}: the defaults, the config has no "
+                              f"'optimizer' section")
             print(f"tiermem.torch: {len(numels)} engine modules, {sum(numels)} parameters ({n_frozen} frozen), stage "
                   f"{config['zero_optimization']['stage']}: {homes}{_frozen_at_rest(st, n_frozen)}", file=sys.stderr)
 

@@ -123,6 +123,18 @@ class CPUAdamW(torch.optim.Optimizer):
                         bias_correction=bias_correction, adamw_mode=adamw_mode)
         super().__init__(params, defaults)
 
+    def add_param_group(self, param_group: dict) -> None:
+        """torch.optim.Optimizer's; a parameter the kernel cannot step (not float32, not on the CPU,
+        not contiguous) is refused here, when it is given, rather than at the first step()."""
+        gi = len(self.param_groups)
+        super().add_param_group(param_group)
+        for pi, p in enumerate(self.param_groups[-1]["params"]):
+            try:
+                _check_param(p, f"CPUAdamW: param_groups[{gi}]['params'][{pi}]", (torch.float32,))
+            except ValueError:
+                self.param_groups.pop()
+                raise
+
     @torch.no_grad()
     def step(self, closure=None, fp16_param_groups=None):
         loss = None
