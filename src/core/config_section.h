@@ -201,12 +201,13 @@ class Section {
       for (const auto& s : seen_) used = used || s == it.key();
       if (used) continue;
       cfg_.unknown_keys.push_back(path(it.key().c_str()));
+      const std::string_view k = it.key();
       std::string best;
-      std::size_t best_d = std::max<std::size_t>(2, it.key().size() / 3) + 1;
+      std::size_t best_d = std::max<std::size_t>(2, k.size() / 3) + 1;
       for (const auto& a : asked_) {
-        const std::string_view k = it.key();
+        // k is not a itself (it would have been seen), so a prefix of either is one edit away.
         const bool prefix = std::min(k.size(), a.size()) >= 4 && (a.starts_with(k) || k.starts_with(a));
-        const std::size_t d = prefix ? std::min<std::size_t>(1, edit_distance(k, a)) : edit_distance(k, a);
+        const std::size_t d = prefix ? 1 : edit_distance(k, a);
         if (d < best_d) {
           best_d = d;
           best = a;

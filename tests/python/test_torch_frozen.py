@@ -111,7 +111,6 @@ def _forward_only_config(tmp_path):
 
 
 def test_a_trained_model_without_an_optimizer_section_says_the_defaults_it_trains_with(torch_or_skip, tmp_path, capfd):
-    torch_or_skip
     hf_or_skip()
     import tiermem.torch as tt
     cfg = ds_config(tmp_path, "cpu")
