@@ -135,6 +135,10 @@ struct TIERMEM_API TiermemConfig {
   // not two) when the parameters and the optimizer state share a home tier
   bool fp32_single_copy = true;
   bool host_eviction_plan = true;           // Prefetcher: Belady plan of the host tier (write-behind, read-ahead room)
+  // What a prefetch may evict (PrefetcherOptions::aggressive_prefetch): "min" (what Belady's MIN
+  // evicts before the prefetched tensor's use), "aggressive" (anything used after it), "auto" (=
+  // "aggressive" on a forward-only engine, "min" otherwise)
+  std::string prefetch_eviction = "auto";
   std::string device_optimizer = "auto";    // auto | on | off: offload_optimizer none on the device
   // How frozen modules' stage-3 working shards are stored on their tier (tiermem/quantize.h):
   // "auto" = the working dtype, "bf16", or "int8" (per-128 absmax; also set by

@@ -86,6 +86,15 @@ struct TIERMEM_API PrefetcherOptions {
   // host-tier accesses with the pool's room, write behind at release what the plan evicts before
   // its next use, and read ahead from NVMe only into room the plan has free until the use.
   bool host_eviction_plan = true;
+  // A prefetch may evict a cached tensor whose next use comes after the prefetched tensor's, even
+  // where Belady's MIN would keep it ("aggressive" prefetching: Cao, Felten, Karlin and Li, "A
+  // Study of Integrated Prefetching and Caching Strategies", SIGMETRICS 1995). false (MIN, the
+  // default): a prefetch evicts only what MIN would evict before the prefetched tensor's use, so it
+  // never adds a miss; on a pass that loops over more than the cache holds, nothing qualifies and
+  // every read waits for its use. true: reads go ahead (up to the look-ahead budgets) and overlap
+  // the compute and each other, for some more bytes read. tiermem.prefetch_eviction: ZeroEngine
+  // turns it on for a forward-only engine ("auto").
+  bool aggressive_prefetch = false;
 
   // From zero_optimization.stage3_* (elements × dtype size) and tiermem.nvme_prefetch_bytes.
   static PrefetcherOptions from_config(const Config& config, DType param_dtype);
@@ -124,6 +133,7 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
     std::uint64_t belady_victims = 0, lru_victims = 0;
     std::uint64_t evictions = 0;                      // on_evicted calls
     std::uint64_t prefetches_refused = 0;             // evict_for_prefetch said no
+    std::uint64_t aggressive_evictions = 0;           // ... said yes where MIN would have said no
     std::uint64_t write_behinds = 0;                  // keep_on_release said no: the host plan evicts it
     std::uint64_t host_hints_deferred = 0;            // a host read-ahead waiting for planned room
   };

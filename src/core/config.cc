@@ -387,6 +387,7 @@ std::string config_to_json(const Config& c, int indent) {
         {"overlap_optimizer_step", t.overlap_optimizer_step ? json(*t.overlap_optimizer_step) : json("auto")},
         {"update_in_backward", t.update_in_backward},
         {"host_eviction_plan", t.host_eviction_plan},
+        {"prefetch_eviction", t.prefetch_eviction},
         {"device_optimizer", t.device_optimizer},
         {"acquire_timeout_s", t.acquire_timeout_s},
         {"nvme_read_gbps", t.nvme_read_gbps},

@@ -417,6 +417,7 @@ void read_tiermem(Section& s, Config& cfg) {
   s.get("update_in_backward", t.update_in_backward);
   s.get("fp32_single_copy", t.fp32_single_copy);
   s.get("host_eviction_plan", t.host_eviction_plan);
+  s.get_choice("prefetch_eviction", t.prefetch_eviction, {"auto", "min", "aggressive"});
   s.get_choice("device_optimizer", t.device_optimizer, {"auto", "on", "off"});
   s.get_choice("frozen_dtype", t.frozen_dtype, {"auto", "bf16", "int8"});
   s.get_double("acquire_timeout_s", t.acquire_timeout_s, 0, 1e6);

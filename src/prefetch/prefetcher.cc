@@ -29,6 +29,7 @@ PrefetcherOptions PrefetcherOptions::from_config(const Config& config, DType par
   o.max_reuse_distance_bytes = saturating_mul(config.zero.stage3_max_reuse_distance_elems, size);
   o.nvme_prefetch_bytes = config.tiermem.nvme_prefetch_bytes;
   o.host_eviction_plan = config.tiermem.host_eviction_plan;
+  o.aggressive_prefetch = config.tiermem.prefetch_eviction == "aggressive";  // "auto": ZeroEngine decides
   return o;
 }
 
@@ -464,6 +465,12 @@ bool Prefetcher::evict_for_prefetch(Tier /*tier*/, TensorId incoming, TensorId v
     horizon = std::max(horizon, q - q % n + next_[q % n]);
   }
   if (next_use_abs(victim) > horizon) return true;
+  // Aggressive (PrefetcherOptions::aggressive_prefetch): the victim is still used after incoming,
+  // so incoming is not read at the cost of something needed before it.
+  if (options_.aggressive_prefetch && next_use_abs(victim) > in_use) {
+    ++stats_.aggressive_evictions;
+    return true;
+  }
   ++stats_.prefetches_refused;
   return false;
 }

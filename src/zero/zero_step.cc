@@ -146,7 +146,7 @@ void ZeroEngine::Impl::end_step(bool defer) {
   const bool first_deferring = defer && updates.first_deferring_step();
   const bool first_in_backward = updates.first_step_with_backward_updates();
   if (first_deferring || first_in_backward) {
-    store->set_policy(std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype)));
+    store->set_policy(std::make_unique<Prefetcher>(prefetcher_options()));
   }
   store->begin_step();
   ++st.steps;

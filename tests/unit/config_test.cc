@@ -130,6 +130,7 @@ TEST(Config, BadValuesNameTheKey) {
   expect_key_error(R"({"aio": {"single_submit": "yes"}})", "aio.single_submit");
   expect_key_error(R"({"aio": 7})", "aio");
   expect_key_error(R"({"tiermem": {"device": "tpu"}})", "tiermem.device");
+  expect_key_error(R"({"tiermem": {"prefetch_eviction": "belady"}})", "tiermem.prefetch_eviction");
   expect_key_error(R"({"tiermem": {"device_budget_bytes": -5}})", "tiermem.device_budget_bytes");
   expect_key_error(R"({"tiermem": {"device_budget_bytes": "-5MiB"}})", "tiermem.device_budget_bytes");
   expect_key_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})",
@@ -211,10 +212,12 @@ TEST(Config, FuzzFoundNumberOverflowIsConfigError) {
 }
 
 TEST(Config, RoundTripsThroughJson) {
-  Config c = parse_config(R"({"zero_optimization": {"stage": 2}, "tiermem": {"checksum": false}})");
+  Config c = parse_config(
+      R"({"zero_optimization": {"stage": 2}, "tiermem": {"checksum": false, "prefetch_eviction": "min"}})");
   Config d = parse_config(config_to_json(c));
   EXPECT_EQ(d.zero.stage, 2);
   EXPECT_FALSE(d.tiermem.checksum);
+  EXPECT_EQ(d.tiermem.prefetch_eviction, "min");
   EXPECT_TRUE(d.unknown_keys.empty());
 }
 

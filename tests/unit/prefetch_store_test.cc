@@ -17,8 +17,9 @@ struct StepCounts {
   std::uint64_t h2d_bytes = 0, misses = 0, peak_device = 0, budget = 0;
 };
 
-// Runs 3 steps of a 16-layer forward+backward over `store`, returns the third step's counters.
-StepCounts run_gpt_like(std::unique_ptr<ResidencyPolicy> policy, bool drain_each) {
+// Runs 3 steps of a 16-layer forward+backward (forward only: generate()'s passes) over `store`,
+// returns the third step's counters.
+StepCounts run_gpt_like(std::unique_ptr<ResidencyPolicy> policy, bool drain_each, bool backward = true) {
   constexpr std::uint64_t kLayerBytes = 64 << 10;
   constexpr int kLayers = 16;
   auto device = std::make_shared<SimDevice>(SimDeviceOptions{.budget_bytes = 4 * kLayerBytes + 4096});
@@ -46,7 +47,7 @@ StepCounts run_gpt_like(std::unique_ptr<ResidencyPolicy> policy, bool drain_each
       auto pin = store.acquire(ids[l], Tier::kDevice, Phase::kForward);
       if (drain_each) store.drain();
     }
-    for (int l = kLayers; l-- > 0;) {
+    for (int l = kLayers; backward && l-- > 0;) {
       auto pin = store.acquire(ids[l], Tier::kDevice, Phase::kBackward);
       if (drain_each) store.drain();
     }
@@ -74,6 +75,21 @@ TEST(PrefetchStore, PrefetcherMovesFewerBytesAndMissesLessThanLru) {
   EXPECT_LE(lru.peak_device, lru.budget);
   EXPECT_LE(pf.peak_device, pf.budget);
   EXPECT_GT(lru.h2d_bytes, 0u);  // the budget really forces traffic
+}
+
+// A forward-only loop over four times the layers the device holds: under MIN a prefetch may evict
+// nothing (every cached layer is used again before the loop comes back round), so every layer
+// but those MIN keeps is read at its use; aggressive prefetching reads each next layer while the
+// current one computes, for more bytes moved.
+TEST(PrefetchStore, AggressivePrefetchReadsALoopAheadWhereMinWaitsForEachUse) {
+  PrefetcherOptions aggressive = one_layer_ahead();
+  aggressive.aggressive_prefetch = true;
+  const StepCounts min = run_gpt_like(std::make_unique<Prefetcher>(one_layer_ahead()), true, /*backward=*/false);
+  const StepCounts ahead = run_gpt_like(std::make_unique<Prefetcher>(aggressive), true, /*backward=*/false);
+  EXPECT_GE(min.misses, 12u);  // 16 layers, MIN keeps at most 4
+  EXPECT_EQ(ahead.misses, 0u);
+  EXPECT_GE(ahead.h2d_bytes, min.h2d_bytes);
+  EXPECT_LE(ahead.peak_device, ahead.budget);
 }
 
 // Free-running workers: which victims a late prefetch picks depends on timing, so only what must

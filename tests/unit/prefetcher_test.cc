@@ -341,6 +341,36 @@ TEST(Prefetcher, VictimIsFurthestNextUseAndUnknownTensorsGoFirst) {
   p.end_step();
 }
 
+// A loop over more tensors than the cache holds: under MIN a prefetch may evict nothing that is used
+// again before the loop comes back round, so here it evicts nothing; the aggressive rule lets it
+// evict a tensor used after the prefetched one, never one used before it.
+TEST(Prefetcher, AggressivePrefetchEvictsOnlyWhatIsUsedAfterThePrefetchedTensor) {
+  for (bool aggressive : {false, true}) {
+    SCOPED_TRACE(aggressive ? "aggressive" : "min");
+    PrefetcherOptions o;
+    o.aggressive_prefetch = aggressive;
+    EXPECT_EQ(PrefetcherOptions{}.aggressive_prefetch, false);  // MIN unless asked
+    Prefetcher p(o);
+    step(p, {0, 1, 2, 3, 4, 5});  // records
+    p.begin_step();
+    p.on_access(0, 10, Tier::kDevice, Phase::kForward, empty_view());
+    p.on_access(1, 10, Tier::kDevice, Phase::kForward, empty_view());
+    // At position 1, prefetching 3 (used at 3): 0 is used next at 6, 4 at 4, 2 at 2; 1 and 2,
+    // accessed before 3, are used again at 7 and 8, so MIN's horizon is 8.
+    EXPECT_EQ(p.evict_for_prefetch(Tier::kDevice, 3, 0), aggressive);
+    EXPECT_EQ(p.evict_for_prefetch(Tier::kDevice, 3, 4), aggressive);
+    EXPECT_FALSE(p.evict_for_prefetch(Tier::kDevice, 3, 2));  // needed before 3
+    EXPECT_FALSE(p.evict_for_prefetch(Tier::kDevice, 42, 0));  // not in the trace: never prefetched
+    EXPECT_EQ(p.stats().aggressive_evictions, aggressive ? 2u : 0u);
+    EXPECT_EQ(p.stats().prefetches_refused, aggressive ? 1u : 3u);
+    p.end_step();
+  }
+  Config c;
+  EXPECT_FALSE(PrefetcherOptions::from_config(c, DType::kBF16).aggressive_prefetch);  // "auto": the engine's
+  c.tiermem.prefetch_eviction = "aggressive";
+  EXPECT_TRUE(PrefetcherOptions::from_config(c, DType::kBF16).aggressive_prefetch);
+}
+
 // ---- Belady against a brute-force optimum -----------------------------------------------------
 
 // Minimum misses of demand paging `t` from position i with cache `cache` of `cap` equal-sized
