@@ -38,7 +38,6 @@
 #include "tiermem/error.h"
 #include "tiermem/io_engine.h"
 #include "tiermem/loss_scaler.h"
-#include "tiermem/prefetcher.h"
 #include "tiermem/shard.h"
 #include "tiermem/swap_space.h"
 #include "tiermem/tensor_store.h"
@@ -148,9 +147,6 @@ struct ZeroEngine::Impl {
   // zero_setup.cc
   void make_plan(std::span<const std::size_t> numels);
   void make_tiers();
-  // The config's PrefetcherOptions, tiermem.prefetch_eviction "auto" resolved: aggressive on a
-  // forward-only engine (every module frozen), MIN otherwise.
-  PrefetcherOptions prefetcher_options() const;
   void fall_back_to_host_optimizer();  // re-plans with the optimizer state in the host pool (logged)
   void add_module(const std::string& name, std::size_t numel);
   void write_module(int i, std::span<const float> init_shard);

@@ -98,22 +98,20 @@ void ZeroEngine::Impl::fall_back_to_host_optimizer() {
   plan = plan_zero(cfg, plan_in.numels, plan_in.opts);
 }
 
+namespace {
+
 // A forward-only engine's passes loop over weights that are only read: under MIN, with more of them
 // than the budgets hold, no prefetch may evict anything, and each weight is read from NVMe only
 // when its module needs it, the compute and the reads taking turns (a 6-layer Llama-7B slice at 1 +
 // 0.5 GiB budgets: every read a demand miss). Aggressive prefetching reads ahead at the cost of
 // some cached weights read again.
-PrefetcherOptions ZeroEngine::Impl::prefetcher_options() const {
-  PrefetcherOptions o = PrefetcherOptions::from_config(cfg, shape.wdtype);
-  if (cfg.tiermem.prefetch_eviction == "auto") {
-    const std::size_t n = plan_in.numels.size();
-    const auto& frozen = opts.frozen_modules;
-    o.aggressive_prefetch = n > 0 && frozen.size() >= n &&
-                            std::all_of(frozen.begin(), frozen.begin() + static_cast<std::ptrdiff_t>(n),
-                                        [](bool f) { return f; });
-  }
-  return o;
+bool aggressive_prefetch(const Config& cfg, const std::vector<bool>& frozen, std::size_t modules) {
+  if (cfg.tiermem.prefetch_eviction != "auto") return cfg.tiermem.prefetch_eviction == "aggressive";
+  return modules > 0 && frozen.size() >= modules &&
+         std::all_of(frozen.begin(), frozen.begin() + static_cast<std::ptrdiff_t>(modules), [](bool f) { return f; });
 }
+
+}  // namespace
 
 void ZeroEngine::Impl::make_tiers() {
   const ZeroConfig& z = cfg.zero;
@@ -177,7 +175,10 @@ void ZeroEngine::Impl::make_tiers() {
     }
   }
   so.pin_memory = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
-  std::unique_ptr<ResidencyPolicy> policy = std::make_unique<Prefetcher>(prefetcher_options());
+  shape.aggressive_prefetch = aggressive_prefetch(cfg, opts.frozen_modules, plan_in.numels.size());
+  PrefetcherOptions po = PrefetcherOptions::from_config(cfg, shape.wdtype);
+  po.aggressive_prefetch = shape.aggressive_prefetch;
+  std::unique_ptr<ResidencyPolicy> policy = std::make_unique<Prefetcher>(po);
   store = std::make_unique<TensorStore>(so, device, swaps.optim_swap ? swaps.optim_swap : swaps.param_swap, std::move(policy));
   shape.grad_tier = plan.gradient_home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
   if (ratio_auto && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {
