@@ -156,11 +156,12 @@ def main():
     same = all(r[k]["tokens"] == ref for rs in runs.values() for r in rs for k in ("warm", "timed"))
     if a.json:
         print(json.dumps({"layers": a.layers, "budgets": a.budgets, "new_tokens": a.new_tokens, "batch": a.batch,
-                          "rounds": a.rounds, "cpu": common.cpu_name(), "summary": summary, "tokens_equal": same,
+                          "rounds": a.rounds, "cpu": common.cpu_name()[0], "avx512": common.cpu_name()[1], "summary": summary, "tokens_equal": same,
                           "runs": runs}))
         return 0
+    cpu, avx512 = common.cpu_name()
     print(f"Llama-2-7B layer shape, {a.layers} layers, bf16; budgets {a.budgets}; {a.new_tokens} tokens at batch "
-          f"{a.batch}; medians of {a.rounds} interleaved rounds; {common.cpu_name()}")
+          f"{a.batch}; medians of {a.rounds} interleaved rounds; {cpu}, {'AVX-512' if avx512 else 'no AVX-512'}")
     print("| contender | seconds | tokens/s | NVMe read (GB) | waits (s) | x min | max RSS (GiB) |")
     print("|---|---|---|---|---|---|---|")
     for c, s in summary.items():
