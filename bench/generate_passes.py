@@ -33,17 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_bench_common as common  # noqa: E402
 
 
-def shape(a):
-    return dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=a.layers, num_attention_heads=32,
-                num_key_value_heads=32, vocab_size=32000)
-
-
 def worker(a):
-    import resource
     import torch
     torch.set_num_threads(a.threads)
     transformers = common.import_transformers("LlamaForCausalLM")
-    config = common.llama_config(shape(a), 64)
+    config = common.llama_config(dict(common.LLAMA_7B, num_hidden_layers=a.layers), 64)
     engine = None
     torch.manual_seed(0)
     if a.worker == "plain":
@@ -99,10 +93,7 @@ def main():
     p.add_argument("--contenders", default="plain,min,auto",
                    help="plain and tiermem.prefetch_eviction values (default plain,min,auto)")
     p.add_argument("--dir", default="/tmp", help="where the swap directories are made (default /tmp)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--work", help=argparse.SUPPRESS)
+    common.add_worker_flags(p)
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -113,9 +104,7 @@ def main():
     if bad:
         raise SystemExit(f"generate_passes: unknown contender {bad[0]!r}: plain, min, auto or aggressive")
     work = os.path.join(os.path.abspath(a.dir), "generate_passes")
-    env = common.worker_env(a.threads)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = common.worker_env(a.threads, single_rank=True)
     runs = {c: [] for c in contenders}
     try:
         for rnd in range(a.rounds):
@@ -154,12 +143,12 @@ def main():
         summary[c] = s
     ref = runs.get("plain", next(iter(runs.values())))[0]["timed"]["tokens"]
     same = all(r[k]["tokens"] == ref for rs in runs.values() for r in rs for k in ("warm", "timed"))
+    cpu, avx512 = common.cpu_name()
     if a.json:
         print(json.dumps({"layers": a.layers, "budgets": a.budgets, "new_tokens": a.new_tokens, "batch": a.batch,
-                          "rounds": a.rounds, "cpu": common.cpu_name()[0], "avx512": common.cpu_name()[1], "summary": summary, "tokens_equal": same,
+                          "rounds": a.rounds, "cpu": cpu, "avx512": avx512, "summary": summary, "tokens_equal": same,
                           "runs": runs}))
         return 0
-    cpu, avx512 = common.cpu_name()
     print(f"Llama-2-7B layer shape, {a.layers} layers, bf16; budgets {a.budgets}; {a.new_tokens} tokens at batch "
           f"{a.batch}; medians of {a.rounds} interleaved rounds; {cpu}, {'AVX-512' if avx512 else 'no AVX-512'}")
     print("| contender | seconds | tokens/s | NVMe read (GB) | waits (s) | x min | max RSS (GiB) |")

@@ -85,8 +85,7 @@ import compare_torch  # noqa: E402  (DeepSpeed's configurations: DS_VARIANTS, ds
 import largest_llama  # noqa: E402  (the memory cgroup: run_in_cgroup, parse_bytes)
 import torch_bench_common as common  # noqa: E402
 
-LLAMA_7B = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
-                num_key_value_heads=32, vocab_size=32000)
+LLAMA_7B = common.LLAMA_7B
 SMALL = dict(LLAMA_7B, num_hidden_layers=2, hidden_size=512, intermediate_size=1376, num_attention_heads=8,
              num_key_value_heads=8)
 # offload_optimizer on cpu: the one DeepSpeed knob this script adds to compare_torch's list (in this
@@ -537,10 +536,7 @@ def main():
     p.add_argument("--seed", type=int, default=0, help="the checkpoint's seed (default 0)")
     p.add_argument("--shard-bytes", type=float, default=2e9, help="checkpoint shard size (default 2e9)")
     p.add_argument("--keep-checkpoint", action="store_true", help="keep the checkpoint (and reuse a matching one)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--work", help=argparse.SUPPRESS)
+    common.add_worker_flags(p)
     a = p.parse_args()
     if a.worker:
         a.ckpt = os.path.join(a.work, "ckpt")
@@ -576,9 +572,7 @@ def main():
             a.passthrough += [flag, str(v)]
     if a.small:
         a.passthrough.append("--small")
-    env = common.worker_env(a.threads)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    env = common.worker_env(a.threads, single_rank=True)
 
     n = common.llama_param_count(shape)
     cpu, avx512 = common.cpu_name()

@@ -10,6 +10,7 @@ top: the drivers read --help, spawn workers and print tables without them (only 
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import socket
@@ -27,6 +28,9 @@ LLAMA_SHAPES = {
     "1b": dict(num_hidden_layers=22, hidden_size=2048, intermediate_size=5632, num_attention_heads=32,
                num_key_value_heads=4, vocab_size=32000),
 }
+# Llama-2-7B's shape (llama7b_demo.py, generate_passes.py; not a compare_torch.py preset).
+LLAMA_7B = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                num_key_value_heads=32, vocab_size=32000)
 # The LoRA of compare_torch.py --lora: peft.LoraConfig's keywords.
 LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
 
@@ -137,11 +141,25 @@ def ds_config(*, hidden, batch, nvme_dir, sub_group_size, buffer_size, offload=T
     return cfg
 
 
-def worker_env(threads):
+def worker_env(threads, single_rank=False):
     """The environment of a worker process: OMP_NUM_THREADS=threads, OMP_WAIT_POLICY=PASSIVE,
-    DS_ACCELERATOR=cpu, TOKENIZERS_PARALLELISM=false, over this process's."""
-    return dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE", DS_ACCELERATOR="cpu",
-                TOKENIZERS_PARALLELISM="false")
+    DS_ACCELERATOR=cpu, TOKENIZERS_PARALLELISM=false, over this process's; `single_rank`: without a
+    launcher's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE", DS_ACCELERATOR="cpu",
+               TOKENIZERS_PARALLELISM="false")
+    if single_rank:
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(k, None)
+    return env
+
+
+def add_worker_flags(p):
+    """The flags of a script that runs its contenders as workers of itself: --threads, --json and
+    the hidden --worker NAME and --work DIR."""
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
 
 
 def free_port():

@@ -92,12 +92,14 @@ struct TIERMEM_API PrefetcherOptions {
   // default): a prefetch evicts only what MIN would evict before the prefetched tensor's use, so it
   // never adds a miss; on a pass that loops over more than the cache holds, nothing qualifies and
   // every read waits for its use. true: reads go ahead (up to the look-ahead budgets) and overlap
-  // the compute and each other, for some more bytes read. tiermem.prefetch_eviction: ZeroEngine
-  // turns it on for a forward-only engine ("auto").
+  // the compute and each other, for some more bytes read. tiermem.prefetch_eviction ("auto": on
+  // for a forward-only engine).
   bool aggressive_prefetch = false;
 
-  // From zero_optimization.stage3_* (elements × dtype size) and tiermem.nvme_prefetch_bytes.
-  static PrefetcherOptions from_config(const Config& config, DType param_dtype);
+  // From zero_optimization.stage3_* (elements × dtype size), tiermem.nvme_prefetch_bytes and
+  // tiermem.prefetch_eviction, whose "auto" is aggressive when `forward_only` (every module the
+  // store pages is frozen: its passes only read).
+  static PrefetcherOptions from_config(const Config& config, DType param_dtype, bool forward_only = false);
 };
 
 class TIERMEM_API Prefetcher final : public ResidencyPolicy {

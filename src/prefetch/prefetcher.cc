@@ -21,7 +21,7 @@ std::uint64_t saturating_mul(std::uint64_t a, std::uint64_t b) {
 
 }  // namespace
 
-PrefetcherOptions PrefetcherOptions::from_config(const Config& config, DType param_dtype) {
+PrefetcherOptions PrefetcherOptions::from_config(const Config& config, DType param_dtype, bool forward_only) {
   const std::uint64_t size = dtype_size(param_dtype);
   PrefetcherOptions o;
   o.prefetch_bucket_bytes = saturating_mul(config.zero.stage3_prefetch_bucket_size_elems, size);
@@ -29,7 +29,8 @@ PrefetcherOptions PrefetcherOptions::from_config(const Config& config, DType par
   o.max_reuse_distance_bytes = saturating_mul(config.zero.stage3_max_reuse_distance_elems, size);
   o.nvme_prefetch_bytes = config.tiermem.nvme_prefetch_bytes;
   o.host_eviction_plan = config.tiermem.host_eviction_plan;
-  o.aggressive_prefetch = config.tiermem.prefetch_eviction == "aggressive";  // "auto": ZeroEngine decides
+  const std::string& eviction = config.tiermem.prefetch_eviction;
+  o.aggressive_prefetch = eviction == "aggressive" || (eviction == "auto" && forward_only);
   return o;
 }
 
@@ -464,10 +465,11 @@ bool Prefetcher::evict_for_prefetch(Tier /*tier*/, TensorId incoming, TensorId v
   for (auto q = static_cast<std::uint64_t>(std::max<std::int64_t>(cur_, 0)); q < in_use; ++q) {
     horizon = std::max(horizon, q - q % n + next_[q % n]);
   }
-  if (next_use_abs(victim) > horizon) return true;
+  const std::uint64_t victim_use = next_use_abs(victim);
+  if (victim_use > horizon) return true;
   // Aggressive (PrefetcherOptions::aggressive_prefetch): the victim is still used after incoming,
   // so incoming is not read at the cost of something needed before it.
-  if (options_.aggressive_prefetch && next_use_abs(victim) > in_use) {
+  if (options_.aggressive_prefetch && victim_use > in_use) {
     ++stats_.aggressive_evictions;
     return true;
   }

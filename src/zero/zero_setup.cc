@@ -100,13 +100,12 @@ void ZeroEngine::Impl::fall_back_to_host_optimizer() {
 
 namespace {
 
-// A forward-only engine's passes loop over weights that are only read: under MIN, with more of them
-// than the budgets hold, no prefetch may evict anything, and each weight is read from NVMe only
-// when its module needs it, the compute and the reads taking turns (a 6-layer Llama-7B slice at 1 +
-// 0.5 GiB budgets: every read a demand miss). Aggressive prefetching reads ahead at the cost of
-// some cached weights read again.
-bool aggressive_prefetch(const Config& cfg, const std::vector<bool>& frozen, std::size_t modules) {
-  if (cfg.tiermem.prefetch_eviction != "auto") return cfg.tiermem.prefetch_eviction == "aggressive";
+// Whether all of `modules` modules are frozen (past the end of `frozen`, a module trains). A
+// forward-only engine's passes loop over weights that are only read: under MIN, with more of them
+// than the budgets hold, no prefetch may evict anything and each weight is read when its module
+// needs it (a 6-layer Llama-7B slice at 1 + 0.5 GiB budgets: every read a demand miss), so its
+// Prefetcher prefetches aggressively by default (tiermem.prefetch_eviction "auto").
+bool all_frozen(const std::vector<bool>& frozen, std::size_t modules) {
   return modules > 0 && frozen.size() >= modules &&
          std::all_of(frozen.begin(), frozen.begin() + static_cast<std::ptrdiff_t>(modules), [](bool f) { return f; });
 }
@@ -175,10 +174,9 @@ void ZeroEngine::Impl::make_tiers() {
     }
   }
   so.pin_memory = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
-  shape.aggressive_prefetch = aggressive_prefetch(cfg, opts.frozen_modules, plan_in.numels.size());
-  PrefetcherOptions po = PrefetcherOptions::from_config(cfg, shape.wdtype);
-  po.aggressive_prefetch = shape.aggressive_prefetch;
-  std::unique_ptr<ResidencyPolicy> policy = std::make_unique<Prefetcher>(po);
+  shape.forward_only = all_frozen(opts.frozen_modules, plan_in.numels.size());
+  std::unique_ptr<ResidencyPolicy> policy =
+      std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype, shape.forward_only));
   store = std::make_unique<TensorStore>(so, device, swaps.optim_swap ? swaps.optim_swap : swaps.param_swap, std::move(policy));
   shape.grad_tier = plan.gradient_home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
   if (ratio_auto && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {

@@ -146,9 +146,8 @@ void ZeroEngine::Impl::end_step(bool defer) {
   const bool first_deferring = defer && updates.first_deferring_step();
   const bool first_in_backward = updates.first_step_with_backward_updates();
   if (first_deferring || first_in_backward) {
-    PrefetcherOptions po = PrefetcherOptions::from_config(cfg, shape.wdtype);
-    po.aggressive_prefetch = shape.aggressive_prefetch;
-    store->set_policy(std::make_unique<Prefetcher>(po));
+    store->set_policy(
+        std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype, shape.forward_only)));
   }
   store->begin_step();
   ++st.steps;

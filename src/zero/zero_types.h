@@ -54,9 +54,9 @@ struct EngineShape {
   // How frozen modules' stored working shards sit on their tier (tiermem.frozen_dtype resolved
   // against the working dtype: tiermem/quantize.h).
   FrozenDtype frozen_at_rest = FrozenDtype::kWorking;
-  // The store's Prefetcher prefetches aggressively (PrefetcherOptions::aggressive_prefetch):
-  // tiermem.prefetch_eviction resolved, "auto" = a forward-only engine (every module frozen).
-  bool aggressive_prefetch = false;
+  // Every module is frozen (ZeroEngineOptions::frozen_modules): the engine's passes only read
+  // (PrefetcherOptions::from_config's forward_only).
+  bool forward_only = false;
 };
 
 // Called by a part right after its host memory grew, so that the engine samples its whole host

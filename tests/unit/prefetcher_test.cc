@@ -366,7 +366,7 @@ TEST(Prefetcher, AggressivePrefetchEvictsOnlyWhatIsUsedAfterThePrefetchedTensor)
     p.end_step();
   }
   Config c;
-  EXPECT_FALSE(PrefetcherOptions::from_config(c, DType::kBF16).aggressive_prefetch);  // "auto": the engine's
+  EXPECT_FALSE(PrefetcherOptions::from_config(c, DType::kBF16).aggressive_prefetch);  // "auto", training
   c.tiermem.prefetch_eviction = "aggressive";
   EXPECT_TRUE(PrefetcherOptions::from_config(c, DType::kBF16).aggressive_prefetch);
 }
