@@ -20,6 +20,9 @@
 //   * refuses to evict, for a prefetch, a tensor that a demand load at the prefetched tensor's use
 //     might not evict: its next use must come after that use and after the next uses of every
 //     access in between (evict_for_prefetch; Cao et al.'s "do no harm" rule, adapted to pinning).
+//     With `aggressive_prefetch` it may also evict one used after the prefetched tensor, for a
+//     tensor used within a quarter of the tier's budget (bytes of the pass) from now; the device
+//     look-ahead then stops there too;
 //   * plans the host tier (host_eviction_plan): once per trace it replays Belady's MIN over the
 //     step's host-tier accesses, three times round the cycle, with the host pool's room for caches
 //     (budget less home copies, less 1/32 of it or two of the largest host-tier tensors, whichever is
@@ -91,10 +94,14 @@ struct TIERMEM_API PrefetcherOptions {
   // Study of Integrated Prefetching and Caching Strategies", SIGMETRICS 1995). false (MIN, the
   // default): a prefetch evicts only what MIN would evict before the prefetched tensor's use, so it
   // never adds a miss; on a pass that loops over more than the cache holds, nothing qualifies and
-  // every read waits for its use. true: reads go ahead (up to the look-ahead budgets) and overlap
-  // the compute and each other, for some more bytes read. tiermem.prefetch_eviction ("auto": on
-  // for a forward-only engine).
+  // every read waits for its use. true: reads go ahead and overlap the compute and each other, for
+  // some more bytes read — but only for a prefetched tensor whose use is within a quarter of the
+  // tier's budget (kAggressiveWindowDivisor) of bytes accessed from now: further ahead, the victims
+  // by next use would be the tensors MIN keeps for the next pass, and a pass that loops over more
+  // than the cache holds would read every tensor every pass (a sliding window) instead of MIN's
+  // misses plus the window. tiermem.prefetch_eviction ("auto": on for a forward-only engine).
   bool aggressive_prefetch = false;
+  static constexpr std::uint64_t kAggressiveWindowDivisor = 4;
 
   // From zero_optimization.stage3_* (elements × dtype size), tiermem.nvme_prefetch_bytes and
   // tiermem.prefetch_eviction, whose "auto" is aggressive when `forward_only` (every module the
@@ -145,6 +152,7 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   void reset_derived();
   void ensure_derived();
   std::uint64_t next_use_abs(TensorId id) const;  // absolute index of the next use after cur_
+  std::uint64_t bytes_until(std::uint64_t abs) const;  // trace bytes after cur_ up to and including abs
   void ensure_host_plan(const ResidencyView& view);
   // Host read-ahead of the access at absolute index `q` (not in memory): true when the plan's room
   // holds it from now until its use (reserving that room), or it was granted before.
@@ -159,6 +167,7 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   std::uint64_t derived_gen_ = ~0ull;
   std::vector<ReuseDistance> reuse_;
   std::vector<std::uint64_t> next_;  // next_uses(trace, kCyclic)
+  std::vector<std::uint64_t> bytes_before_;  // trace bytes before each position (n + 1 sums)
   std::unordered_map<TensorId, std::vector<std::uint32_t>> positions_;  // sorted trace positions
 
   // Absolute indices into the endlessly repeated trace: step k position p is k*n + p.
@@ -190,6 +199,8 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   std::vector<std::uint64_t> reserved_;
   std::vector<std::uint8_t> granted_;
   std::int64_t swept_ = -1;  // absolute index up to which reservations were cleared
+
+  std::uint64_t budget_seen_[kNumTiers] = {};  // each tier's budget, from the latest ResidencyView
 
   // LRU fallback: access tick per tensor (0 = never accessed).
   std::uint64_t tick_ = 0;

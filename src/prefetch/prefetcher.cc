@@ -40,6 +40,7 @@ void Prefetcher::reset_derived() {
   derived_gen_ = ~0ull;
   reuse_.clear();
   next_.clear();
+  bytes_before_.clear();
   positions_.clear();
   base_ = 0;
   cur_ = -1;
@@ -54,6 +55,8 @@ void Prefetcher::ensure_derived() {
   auto t = trace_.accesses();
   reuse_ = reuse_distances(t, ReuseMode::kCyclic);
   next_ = next_uses(t, ReuseMode::kCyclic);
+  bytes_before_.assign(t.size() + 1, 0);
+  for (std::size_t i = 0; i < t.size(); ++i) bytes_before_[i + 1] = bytes_before_[i] + t[i].bytes;
   for (std::size_t i = 0; i < t.size(); ++i) {
     positions_[t[i].id].push_back(static_cast<std::uint32_t>(i));
   }
@@ -113,6 +116,7 @@ void Prefetcher::end_step() {
 std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes, Tier tier,
                                                 Phase phase, const ResidencyView& view) {
   last_tick_[id] = ++tick_;
+  std::copy(std::begin(view.budget_bytes), std::end(view.budget_bytes), std::begin(budget_seen_));
   if (phase == Phase::kOutsideStep) return {};  // not part of the step: the trace never sees it
   const bool matched = trace_.on_access(Access{id, bytes, phase, tier});
   if (trace_.state() == AccessTrace::State::kRecording) {
@@ -143,10 +147,16 @@ std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes
     // Live = in use now + fetched ahead for use. Tensors merely cached (kept on release, evictable
     // at any time) are not live, or a well-used cache would switch prefetching off.
     const std::uint64_t live = bytes;
+    // Aggressive: no further than evict_for_prefetch's window, or the hints beyond it would be
+    // refused once and not asked again (each position is hinted once a step).
+    const std::uint64_t aggressive_window = budget_seen_[static_cast<int>(Tier::kDevice)] / PrefetcherOptions::kAggressiveWindowDivisor;
+    const std::uint64_t bucket = options_.aggressive_prefetch && aggressive_window > 0
+                                     ? std::min(options_.prefetch_bucket_bytes, aggressive_window)
+                                     : options_.prefetch_bucket_bytes;
     for (; c + 1 <= end; ++c) {
       const Access& x = at(c + 1);
       if (x.tier != Tier::kDevice) continue;
-      if (window > 0 && window + x.bytes > options_.prefetch_bucket_bytes) break;
+      if (window > 0 && window + x.bytes > bucket) break;
       if (live + window + x.bytes > options_.max_live_bytes) break;
       if (x.id != id) hints.push_back({x.id, Tier::kDevice});
       window += x.bytes;
@@ -248,6 +258,14 @@ std::uint64_t Prefetcher::next_use_abs(TensorId id) const {
   const auto n = static_cast<std::int64_t>(trace_.accesses().size());
   const std::int64_t abs = up != pos.end() ? base_ + *up : base_ + n + pos.front();
   return static_cast<std::uint64_t>(abs);
+}
+
+std::uint64_t Prefetcher::bytes_until(std::uint64_t abs) const {
+  const auto n = static_cast<std::uint64_t>(bytes_before_.size() - 1);
+  if (n == 0) return 0;
+  auto sum_before = [&](std::uint64_t a) { return (a / n) * bytes_before_[n] + bytes_before_[a % n]; };
+  const auto from = static_cast<std::uint64_t>(std::max<std::int64_t>(cur_, -1) + 1);
+  return abs + 1 > from ? sum_before(abs + 1) - sum_before(from) : 0;
 }
 
 std::uint64_t Prefetcher::accesses_until_next_use(TensorId id) {
@@ -451,7 +469,7 @@ bool Prefetcher::grant_host_room(std::int64_t q, std::uint64_t bytes) {
   return true;
 }
 
-bool Prefetcher::evict_for_prefetch(Tier /*tier*/, TensorId incoming, TensorId victim) {
+bool Prefetcher::evict_for_prefetch(Tier tier, TensorId incoming, TensorId victim) {
   if (!trace_.replaying()) return true;
   ensure_derived();
   // Demand-loading `incoming` at its use would pick the victim among everything resident then,
@@ -468,8 +486,11 @@ bool Prefetcher::evict_for_prefetch(Tier /*tier*/, TensorId incoming, TensorId v
   const std::uint64_t victim_use = next_use_abs(victim);
   if (victim_use > horizon) return true;
   // Aggressive (PrefetcherOptions::aggressive_prefetch): the victim is still used after incoming,
-  // so incoming is not read at the cost of something needed before it.
-  if (options_.aggressive_prefetch && victim_use > in_use) {
+  // so incoming is not read at the cost of something needed before it; and incoming's use is
+  // within the window (a quarter of the tier's budget in bytes accessed until then), so the
+  // read-ahead takes that much of the cache from what MIN keeps, not all of it.
+  const std::uint64_t window = budget_seen_[static_cast<int>(tier)] / PrefetcherOptions::kAggressiveWindowDivisor;
+  if (options_.aggressive_prefetch && victim_use > in_use && (window == 0 || bytes_until(in_use) <= window)) {
     ++stats_.aggressive_evictions;
     return true;
   }

@@ -161,7 +161,7 @@ def test_reference_model_forward_only(torch_or_skip, tmp_path, capfd):
     engine.close()
 
 
-@pytest.mark.parametrize("eviction,most", [("min", 0.8), ("auto", 1.0)])
+@pytest.mark.parametrize("eviction,most", [("min", 0.8), ("auto", 0.65)])
 def test_forward_only_generate_reads_less_than_the_model_per_token(torch_or_skip, tmp_path, eviction, most):
     """generate() runs the model's forward once per token over the same modules. On a forward-only
     engine each forward is one traced pass (ZeroEngine.end_forward_pass): with host and device
@@ -170,7 +170,9 @@ def test_forward_only_generate_reads_less_than_the_model_per_token(torch_or_skip
     were untraced, and LRU over the cycle kept nothing: every token read the whole base). The
     tokens equal the plain model's. tiermem.prefetch_eviction "min" reads least; "auto" (aggressive
     on a forward-only engine) reads ahead of each use, evicting cached weights used later, so reads
-    more, still less than the base a token."""
+    more: what MIN reads and a window of a quarter of each budget a token (0.35 + 2 x 0.0875 of the
+    base at most). Without that window the cache slid ahead of the compute and every token read the
+    whole base (1.04-1.12 of it, measured)."""
     torch = torch_or_skip
     hf_or_skip()
     import tiermem.torch as tt

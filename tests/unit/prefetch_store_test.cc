@@ -92,6 +92,23 @@ TEST(PrefetchStore, AggressivePrefetchReadsALoopAheadWhereMinWaitsForEachUse) {
   EXPECT_LE(ahead.peak_device, ahead.budget);
 }
 
+// The same loop with the look-ahead budgets at their defaults (the whole loop ahead): aggressive
+// evictions stop at a quarter of the device budget ahead (one layer here), so MIN's kept layers
+// survive the pass. Without that bound the victims by next use were the layers kept for the next
+// pass, the cache became a window sliding ahead of the compute, and every layer was read every
+// pass (16 of 16, against MIN's 13).
+TEST(PrefetchStore, AggressivePrefetchKeepsWhatMinKeepsBeyondItsWindow) {
+  PrefetcherOptions aggressive;
+  aggressive.aggressive_prefetch = true;
+  const StepCounts min = run_gpt_like(std::make_unique<Prefetcher>(PrefetcherOptions{}), true, /*backward=*/false);
+  const StepCounts ahead = run_gpt_like(std::make_unique<Prefetcher>(aggressive), true, /*backward=*/false);
+  constexpr std::uint64_t kLayer = 64 << 10;  // run_gpt_like's layer
+  EXPECT_LE(ahead.h2d_bytes, min.h2d_bytes + kLayer);  // MIN's reads, and the one layer read ahead
+  EXPECT_LT(ahead.h2d_bytes, 16 * kLayer);             // not the whole loop
+  EXPECT_LT(ahead.misses, min.misses);
+  EXPECT_LE(ahead.peak_device, ahead.budget);
+}
+
 // Free-running workers: which victims a late prefetch picks depends on timing, so only what must
 // hold under any schedule is checked (budget respected, every step completes, traffic happens).
 TEST(PrefetchStore, FreeRunningPrefetchStaysWithinBudget) {
