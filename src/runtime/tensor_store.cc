@@ -27,9 +27,11 @@ TensorStoreOptions TensorStoreOptions::from_config(const Config& config) {
     throw ConfigError("tiermem.pipeline_chunk_bytes", std::to_string(o.pipeline_chunk_bytes),
                       "must be a multiple of 4096");
   }
-  if (t.acquire_timeout_s < 0) {
+  if (!(t.acquire_timeout_s > 0)) {
     throw ConfigError("tiermem.acquire_timeout_s", std::to_string(t.acquire_timeout_s),
-                      "must be >= 0 seconds");
+                      "must be > 0 seconds: an access waits up to this long for its tensor's read in "
+                      "flight and for a full tier to free up, so 0 fails accesses that would succeed "
+                      "(the default is 30)");
   }
   return o;
 }
@@ -365,7 +367,8 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
       stalled = true;
       if (!m.wait(lock, deadline)) {
         throw OutOfMemoryError(tier, e.info.bytes, 0,
-                               fmt::format("timed out after {:.1f} s waiting for tensor '{}' on {} (in transfer)",
+                               fmt::format("timed out after {:.1f} s (tiermem.acquire_timeout_s) waiting for "
+                                           "tensor '{}' on {} (in transfer)",
                                            m.opts.acquire_timeout.count(), e.info.name, tier_name(tier)));
       }
       continue;

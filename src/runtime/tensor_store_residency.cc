@@ -329,8 +329,9 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
     int n = 0;
     std::uint64_t pinned = pinned_bytes(t, &n);
     return OutOfMemoryError(t, e.info.bytes, budget_[idx(t)] - used_[idx(t)],
-                            fmt::format("timed out after {:.1f} s waiting for tensor '{}' on {} "
-                                        "(busy: pinned elsewhere or in transfer); pinned {} in {} tensors",
+                            fmt::format("timed out after {:.1f} s (tiermem.acquire_timeout_s) waiting for "
+                                        "tensor '{}' on {} (busy: pinned elsewhere or in transfer); pinned {} in "
+                                        "{} tensors",
                                         opts.acquire_timeout.count(), e.info.name, tier_name(t),
                                         format_bytes(pinned), n));
   };

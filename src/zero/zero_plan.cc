@@ -509,8 +509,10 @@ void check_budgets(ZeroPlan& p) {
   const bool device_short = needs_device(p) && p.device_budget_bytes != 0 && p.device_budget_bytes < p.device_min_bytes;
   p.device_budget_short = device_short;
   const std::string device_why =
-      device_short ? fmt::format("device budget {} (tiermem.device_budget_bytes) is below the {} this model needs: {}",
-                                 format_bytes(p.device_budget_bytes), format_bytes(p.device_min_bytes), p.device_min_why)
+      device_short ? fmt::format("device budget {} (tiermem.device_budget_bytes) is below the {} this model needs: {}; "
+                                 "raise tiermem.device_budget_bytes (tiermem-train --device-budget) to at least {}",
+                                 format_bytes(p.device_budget_bytes), format_bytes(p.device_min_bytes), p.device_min_why,
+                                 p.device_min_bytes)
                    : std::string();
   if (p.host_budget_bytes < p.host_min_bytes) {
     p.fits = false;

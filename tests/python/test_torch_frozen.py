@@ -137,7 +137,8 @@ def test_reference_model_forward_only(torch_or_skip, tmp_path, capfd):
     engine, optimizer, _, sched = tt.initialize(model=model, config=_forward_only_config(tmp_path))
     assert optimizer is None and sched is None
     banner = capfd.readouterr().err
-    assert "forward only: no optimizer" in banner and "master weights" not in banner, banner
+    assert "forward only: no optimizer; prefetch_eviction auto = aggressive" in banner, banner
+    assert "master weights" not in banner, banner
     with pytest.raises(RuntimeError, match="forward-only .* no optimizer state to checkpoint"):
         engine.save_checkpoint(str(tmp_path / "ck"))
     assert not (tmp_path / "ck").exists()  # nothing written

@@ -410,6 +410,10 @@ TEST(Config, EveryRuleErrorNamesKeyValueAndRule) {
                  {"tiermem.stripe_bytes", "5000", "multiple of 4096"});
   expect_message([] { parse_config(R"({"aio": {"block_size": 5000}})"); },
                  {"aio.block_size", "5000", "multiple of 4096"});
+  // 0 s would fail every access that waits for a read in flight (a new user's finding: generate()
+  // failed on and off with budgets that work).
+  expect_message([] { parse_config(R"({"tiermem": {"acquire_timeout_s": 0}})"); },
+                 {"tiermem.acquire_timeout_s", "0", "must be > 0"});
 }
 
 TEST(Config, SwapMaxBelowTheInitialSize) {

@@ -550,6 +550,7 @@ TEST_F(PlanTest, BothBudgetsBelowTheirMinimumsAreSaidTogether) {
   const std::string why = p.summary["why"].get<std::string>(), fix = p.summary["fix"].get<std::string>();
   EXPECT_NE(why.find("host budget 64.0 MiB"), std::string::npos) << why;
   EXPECT_NE(why.find("; and the device budget 1.0 KiB (tiermem.device_budget_bytes) is below"), std::string::npos) << why;
+  EXPECT_NE(why.find("raise tiermem.device_budget_bytes (tiermem-train --device-budget) to at least"), std::string::npos) << why;
   EXPECT_NE(fix.find("raise the host budget"), std::string::npos) << fix;
   EXPECT_NE(fix.find("; and raise the device budget"), std::string::npos) << fix;
   const RunResult text = plan("--model gpt2 --offload none --host-budget 64MiB --device-budget 1KiB");

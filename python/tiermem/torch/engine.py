@@ -278,7 +278,11 @@ class TiermemEngine:
             st = self._zero.stats()
             n_frozen = sum(n for n, f in zip(numels, frozen) if f)
             if self.forward_only:  # no optimizer state, gradients or master weights to place
-                homes = f"params -> {st['param_home']} ({self._zero.working_dtype()}, forward only: no optimizer)"
+                # tiermem.prefetch_eviction's "auto" is aggressive on a forward-only engine (said, not guessed).
+                eviction = str(config.get("tiermem", {}).get("prefetch_eviction", "auto")).lower()
+                resolved = "min" if eviction == "min" else "aggressive"
+                homes = (f"params -> {st['param_home']} ({self._zero.working_dtype()}, forward only: no optimizer; "
+                         f"prefetch_eviction {eviction}" + (f" = {resolved}" if eviction == "auto" else "") + ")")
             else:
                 # Below stage 3 the parameters are not partitioned: they stay the model's own tensors.
                 params = (st['param_home'] if config['zero_optimization']['stage'] >= 3
