@@ -34,6 +34,14 @@ PrefetcherOptions PrefetcherOptions::from_config(const Config& config, DType par
   return o;
 }
 
+namespace {
+// How far ahead (bytes of the trace) an aggressive prefetch may evict on `tier`: a quarter of its
+// budget; 0 (no budget seen) leaves it unbounded.
+std::uint64_t aggressive_window(const std::uint64_t (&budgets)[kNumTiers], Tier tier) {
+  return budgets[static_cast<int>(tier)] / PrefetcherOptions::kAggressiveWindowDivisor;
+}
+}  // namespace
+
 Prefetcher::Prefetcher(PrefetcherOptions options) : options_(options) {}
 
 void Prefetcher::reset_derived() {
@@ -149,9 +157,9 @@ std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes
     const std::uint64_t live = bytes;
     // Aggressive: no further than evict_for_prefetch's window, or the hints beyond it would be
     // refused once and not asked again (each position is hinted once a step).
-    const std::uint64_t aggressive_window = budget_seen_[static_cast<int>(Tier::kDevice)] / PrefetcherOptions::kAggressiveWindowDivisor;
-    const std::uint64_t bucket = options_.aggressive_prefetch && aggressive_window > 0
-                                     ? std::min(options_.prefetch_bucket_bytes, aggressive_window)
+    const std::uint64_t device_window = aggressive_window(budget_seen_, Tier::kDevice);
+    const std::uint64_t bucket = options_.aggressive_prefetch && device_window > 0
+                                     ? std::min(options_.prefetch_bucket_bytes, device_window)
                                      : options_.prefetch_bucket_bytes;
     for (; c + 1 <= end; ++c) {
       const Access& x = at(c + 1);
@@ -489,7 +497,7 @@ bool Prefetcher::evict_for_prefetch(Tier tier, TensorId incoming, TensorId victi
   // so incoming is not read at the cost of something needed before it; and incoming's use is
   // within the window (a quarter of the tier's budget in bytes accessed until then), so the
   // read-ahead takes that much of the cache from what MIN keeps, not all of it.
-  const std::uint64_t window = budget_seen_[static_cast<int>(tier)] / PrefetcherOptions::kAggressiveWindowDivisor;
+  const std::uint64_t window = aggressive_window(budget_seen_, tier);
   if (options_.aggressive_prefetch && victim_use > in_use && (window == 0 || bytes_until(in_use) <= window)) {
     ++stats_.aggressive_evictions;
     return true;
