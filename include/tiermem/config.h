@@ -144,7 +144,12 @@ struct TIERMEM_API TiermemConfig {
   // "auto" = the working dtype, "bf16", or "int8" (per-128 absmax; also set by
   // zero_optimization.zero_quantized_nontrainable_weights); dequantized at every gather
   std::string frozen_dtype = "auto";
-  double acquire_timeout_s = 30;            // wait for a release before OutOfMemoryError
+  double acquire_timeout_s = 30;            // wait for a release before OutOfMemoryError; > 0
+  // The rule a value of acquire_timeout_s <= 0 breaks, as its ConfigError says it (parse time, and
+  // TensorStoreOptions::from_config for a Config built in code).
+  static constexpr const char* kAcquireTimeoutRule =
+      "must be > 0 seconds: an access waits up to this long for its tensor's read in flight and for a "
+      "full tier to free up, so 0 fails accesses that would succeed (the default is 30)";
   // The NVMe's rates, for ZeroStats' I/O bound of a step (nothing else reads them); 0 = unknown:
   // machine_profile's, when given. resolve_nvme_rates says which apply.
   double nvme_read_gbps = 0;

@@ -87,6 +87,9 @@ struct TIERMEM_API ZeroStats {
   // How frozen modules' stored shards sit on their tier (tiermem.frozen_dtype, tiermem/quantize.h):
   // kWorking = the working dtype; else bf16 or int8, dequantized at every gather.
   FrozenDtype frozen_at_rest = FrozenDtype::kWorking;
+  // Whether the parameter Prefetcher prefetches aggressively (tiermem.prefetch_eviction as
+  // resolved: "aggressive", or "auto" on an engine whose every module is frozen); false: MIN.
+  bool aggressive_prefetch = false;
   // Homes (ZeroPlan): where each kind of state lives between uses.
   Tier param_home = Tier::kHost, optimizer_home = Tier::kHost, gradient_home = Tier::kHost;
   std::size_t sub_group_elems = 0;          // optimizer sub-group size used

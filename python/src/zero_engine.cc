@@ -389,6 +389,8 @@ class PyZeroEngine {
     d["frozen_param_bytes"] = s.frozen_param_bytes;
     // "working" (the working dtype), "bf16" or "int8": how frozen shards sit on their tier
     d["frozen_dtype"] = std::string(frozen_dtype_name(s.frozen_at_rest));
+    // tiermem.prefetch_eviction as this engine resolved it: "aggressive" or "min"
+    d["prefetch_eviction"] = std::string(s.aggressive_prefetch ? "aggressive" : "min");
     d["param_home"] = std::string(tier_name(s.param_home));
     d["optimizer_home"] = std::string(tier_name(s.optimizer_home));
     d["gradient_home"] = std::string(tier_name(s.gradient_home));

@@ -422,9 +422,7 @@ void read_tiermem(Section& s, Config& cfg) {
   s.get_choice("frozen_dtype", t.frozen_dtype, {"auto", "bf16", "int8"});
   s.get_double("acquire_timeout_s", t.acquire_timeout_s, 0, 1e6);
   if (!(t.acquire_timeout_s > 0)) {
-    s.broken("acquire_timeout_s", fmt::format("{}", t.acquire_timeout_s),
-             "must be > 0 seconds: an access waits up to this long for its tensor's read in flight and "
-             "for a full tier to free up, so 0 fails accesses that would succeed (the default is 30)");
+    s.broken("acquire_timeout_s", fmt::format("{}", t.acquire_timeout_s), TiermemConfig::kAcquireTimeoutRule);
   }
   s.get_double("nvme_read_gbps", t.nvme_read_gbps, 0, 1e6, "a number of GB/s");
   s.get_double("nvme_write_gbps", t.nvme_write_gbps, 0, 1e6, "a number of GB/s");

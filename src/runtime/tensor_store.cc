@@ -28,10 +28,8 @@ TensorStoreOptions TensorStoreOptions::from_config(const Config& config) {
                       "must be a multiple of 4096");
   }
   if (!(t.acquire_timeout_s > 0)) {
-    throw ConfigError("tiermem.acquire_timeout_s", std::to_string(t.acquire_timeout_s),
-                      "must be > 0 seconds: an access waits up to this long for its tensor's read in "
-                      "flight and for a full tier to free up, so 0 fails accesses that would succeed "
-                      "(the default is 30)");
+    throw ConfigError("tiermem.acquire_timeout_s", fmt::format("{}", t.acquire_timeout_s),
+                      TiermemConfig::kAcquireTimeoutRule);
   }
   return o;
 }

@@ -524,7 +524,17 @@ void check_budgets(ZeroPlan& p) {
                         same ? fmt::format(" ({} bytes)", p.host_budget_bytes) : std::string(),
                         format_bytes(p.host_min_bytes), p.host_min_bytes, p.host_min_why);
     p.why += fmt::format("; raise tiermem.host_budget_bytes (tiermem-train --host-budget) to at least {}", p.host_min_bytes);
-    if (p.host_home_bytes > 0) p.why += ", or home parameters or optimizer state on NVMe (offload_param / offload_optimizer device \"nvme\"; --offload nvme)";
+    // Only what is homed on the host can move to NVMe (small persistent modules stay: not said).
+    const bool params_on_host = p.param_home == Tier::kHost, optimizer_on_host = p.optimizer_home == Tier::kHost;
+    if (params_on_host || optimizer_on_host) {
+      p.why += fmt::format(", or home {} on NVMe ({} device \"nvme\"; --offload nvme)",
+                           params_on_host && optimizer_on_host ? "parameters and optimizer state"
+                           : params_on_host                    ? "parameters"
+                                                               : "optimizer state",
+                           params_on_host && optimizer_on_host ? "offload_param and offload_optimizer"
+                           : params_on_host                    ? "offload_param"
+                                                               : "offload_optimizer");
+    }
     if (device_short) p.why += "; and the " + device_why;  // both said at once, not one per try
   } else if (device_short) {
     p.fits = false;

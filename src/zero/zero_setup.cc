@@ -175,8 +175,9 @@ void ZeroEngine::Impl::make_tiers() {
   }
   so.pin_memory = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
   shape.forward_only = all_frozen(opts.frozen_modules, plan_in.numels.size());
-  std::unique_ptr<ResidencyPolicy> policy =
-      std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype, shape.forward_only));
+  const PrefetcherOptions prefetch = PrefetcherOptions::from_config(cfg, shape.wdtype, shape.forward_only);
+  st.aggressive_prefetch = prefetch.aggressive_prefetch;  // ZeroStats: the resolved prefetch_eviction
+  std::unique_ptr<ResidencyPolicy> policy = std::make_unique<Prefetcher>(prefetch);
   store = std::make_unique<TensorStore>(so, device, swaps.optim_swap ? swaps.optim_swap : swaps.param_swap, std::move(policy));
   shape.grad_tier = plan.gradient_home == Tier::kDevice ? Tier::kDevice : Tier::kHost;
   if (ratio_auto && plan.device_optimizer_elems == 0 && !plan.optimizer_on_device) {

@@ -118,6 +118,7 @@ def test_a_trained_model_without_an_optimizer_section_says_the_defaults_it_train
     engine, optimizer, _, _ = tt.initialize(model=build("llama"), config=cfg)
     banner = capfd.readouterr().err
     assert optimizer is not None
+    assert engine.stats()["prefetch_eviction"] == "min"  # "auto" on an engine that trains
     assert "AdamW lr 0.001, betas (0.9, 0.999), eps 1e-08, weight_decay 0.01: the defaults, the config has no " \
            "'optimizer' section" in banner, banner
     engine.close()
@@ -146,6 +147,7 @@ def test_reference_model_forward_only(torch_or_skip, tmp_path, capfd):
         engine.get_lr()
     st = engine.stats()
     assert st["optimizer_state_bytes"] == 0 and st["frozen_param_bytes"] > 0
+    assert st["prefetch_eviction"] == "aggressive"  # "auto", resolved by the engine, as the banner says
     b = batches(2)[0]
     with torch.no_grad():
         assert torch.equal(engine(input_ids=b).logits, plain(input_ids=b).logits)
@@ -187,6 +189,7 @@ def test_forward_only_generate_reads_less_than_the_model_per_token(torch_or_skip
     cfg["tiermem"] = dict(cfg.get("tiermem", {}), host_budget_bytes=budget, device_budget_bytes=budget,
                           prefetch_eviction=eviction)
     engine, *_ = tt.initialize(model=model, config=cfg)
+    assert engine.stats()["prefetch_eviction"] == ("min" if eviction == "min" else "aggressive")
     prompt = batches(1)[0][:, :4]
     new = 6
     want = plain.generate(prompt, max_new_tokens=new, do_sample=False, pad_token_id=0)

@@ -541,6 +541,26 @@ TEST_F(PlanTest, SmallestFixWhenEverythingIsOnNvmeAlready) {
   EXPECT_NE(fix.find("nothing more can move to NVMe"), std::string::npos) << fix;
 }
 
+// A host budget below its minimum: the error names the move to NVMe only for what the host
+// homes (with both on NVMe already, raising the budget is the fix; small persistent modules stay).
+TEST_F(PlanTest, HostBudgetErrorSuggestsNvmeOnlyForWhatTheHostHomes) {
+  const RunResult nvme = plan("--model gpt2 --offload nvme --host-budget 1MiB --json");
+  EXPECT_EQ(nvme.exit_code, 1) << nvme.out << nvme.err;
+  ASSERT_TRUE(nvme.summary.is_object()) << nvme.out;
+  const std::string why_nvme = nvme.summary["why"].get<std::string>();
+  EXPECT_NE(why_nvme.find("raise tiermem.host_budget_bytes (tiermem-train --host-budget) to at least"), std::string::npos)
+      << why_nvme;
+  EXPECT_EQ(why_nvme.find("on NVMe ("), std::string::npos) << why_nvme;
+  const RunResult cpu = plan("--model gpt2 --offload cpu --host-budget 1MiB --json");
+  EXPECT_EQ(cpu.exit_code, 1) << cpu.out << cpu.err;
+  ASSERT_TRUE(cpu.summary.is_object()) << cpu.out;
+  const std::string why_cpu = cpu.summary["why"].get<std::string>();
+  EXPECT_NE(why_cpu.find("or home parameters and optimizer state on NVMe (offload_param and offload_optimizer "
+                         "device \"nvme\"; --offload nvme)"),
+            std::string::npos)
+      << why_cpu;
+}
+
 // Both budgets too small: both said at once (the device's showed only after the host's was fixed),
 // and the largest model says it raised them.
 TEST_F(PlanTest, BothBudgetsBelowTheirMinimumsAreSaidTogether) {

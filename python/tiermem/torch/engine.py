@@ -278,9 +278,9 @@ class TiermemEngine:
             st = self._zero.stats()
             n_frozen = sum(n for n, f in zip(numels, frozen) if f)
             if self.forward_only:  # no optimizer state, gradients or master weights to place
-                # tiermem.prefetch_eviction's "auto" is aggressive on a forward-only engine (said, not guessed).
+                # tiermem.prefetch_eviction as written, and what the engine resolved it to (stats()).
                 eviction = str(config.get("tiermem", {}).get("prefetch_eviction", "auto")).lower()
-                resolved = "min" if eviction == "min" else "aggressive"
+                resolved = st["prefetch_eviction"]
                 homes = (f"params -> {st['param_home']} ({self._zero.working_dtype()}, forward only: no optimizer; "
                          f"prefetch_eviction {eviction}" + (f" = {resolved}" if eviction == "auto" else "") + ")")
             else:
