@@ -12,7 +12,7 @@ if ! command -v clang++ >/dev/null; then
   echo "fuzz: SKIPPED: clang++ not found (libFuzzer needs clang)"; exit 0
 fi
 cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DTIERMEM_BUILD_FUZZ=ON \
-  -DTIERMEM_WITH_CUDA=OFF -DTIERMEM_BUILD_TESTS=OFF -DTIERMEM_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  -DTIERMEM_WITH_CUDA=OFF -DTIERMEM_BUILD_TESTS=OFF -DTIERMEM_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
 targets=("$@")
 if ((${#targets[@]} == 0)); then
   targets=()

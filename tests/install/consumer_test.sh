@@ -48,7 +48,7 @@ build_library() {
   local kind=$1 dir=$2
   shift 2
   step "$kind: configure and build the library in $dir"
-  cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIERMEM_BUILD_TESTS=OFF \
+  cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DTIERMEM_BUILD_TESTS=OFF \
     -DTIERMEM_BUILD_BENCH=OFF -DTIERMEM_BUILD_EXAMPLES=OFF "$@" >"$dir.configure.log" ||
     { cat "$dir.configure.log"; fail "$kind: configure"; }
   cmake --build "$dir" -j "$JOBS" >"$dir.build.log" 2>&1 || { tail -50 "$dir.build.log"; fail "$kind: build"; }
