@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <vector>
 
 #include "tiermem/dtype.h"
@@ -525,15 +526,12 @@ void check_budgets(ZeroPlan& p) {
                         format_bytes(p.host_min_bytes), p.host_min_bytes, p.host_min_why);
     p.why += fmt::format("; raise tiermem.host_budget_bytes (tiermem-train --host-budget) to at least {}", p.host_min_bytes);
     // Only what is homed on the host can move to NVMe (small persistent modules stay: not said).
-    const bool params_on_host = p.param_home == Tier::kHost, optimizer_on_host = p.optimizer_home == Tier::kHost;
-    if (params_on_host || optimizer_on_host) {
-      p.why += fmt::format(", or home {} on NVMe ({} device \"nvme\"; --offload nvme)",
-                           params_on_host && optimizer_on_host ? "parameters and optimizer state"
-                           : params_on_host                    ? "parameters"
-                                                               : "optimizer state",
-                           params_on_host && optimizer_on_host ? "offload_param and offload_optimizer"
-                           : params_on_host                    ? "offload_param"
-                                                               : "offload_optimizer");
+    std::vector<std::string> what, keys;
+    if (p.param_home == Tier::kHost) what.push_back("parameters"), keys.push_back("offload_param");
+    if (p.optimizer_home == Tier::kHost) what.push_back("optimizer state"), keys.push_back("offload_optimizer");
+    if (!what.empty()) {
+      p.why += fmt::format(", or home {} on NVMe ({} device \"nvme\"; --offload nvme)", fmt::join(what, " and "),
+                           fmt::join(keys, " and "));
     }
     if (device_short) p.why += "; and the " + device_why;  // both said at once, not one per try
   } else if (device_short) {
