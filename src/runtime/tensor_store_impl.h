@@ -92,6 +92,9 @@ struct Entry {
   // next one, and is stale once another access happened.
   std::uint64_t uses = 0;
   bool prefetch_queued[kNumTiers] = {};  // a prefetch to that tier waits on a worker
+  // Acquires in ensure() now: their copies are no one's victims (make_room) while they wait for
+  // a load, as if pinned already, or a prefetch's room would drop the copy the acquire waits for.
+  int acquiring = 0;
 };
 
 constexpr int idx(Tier t) { return static_cast<int>(t); }

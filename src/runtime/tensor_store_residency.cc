@@ -220,7 +220,8 @@ void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, s
     for (TensorId i = 0; i < entries_.size(); ++i) {
       const Entry& e = *entries_[i];
       const Copy& c = e.copy[idx(t)];
-      if (c.state == State::kResident && c.pins == 0 && c.readers == 0 && !c.writing && e.info.home != t) {
+      if (c.state == State::kResident && c.pins == 0 && c.readers == 0 && !c.writing && e.info.home != t &&
+          e.acquiring == 0) {
         candidates.push_back(i);
       }
     }
@@ -324,6 +325,17 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
                             "' cannot go to the device tier");
   }
   *hit = true;
+  // An acquire's tensor is nobody's victim until it returns (Entry::acquiring): while it waits
+  // (for its copy in transfer, the look-ahead's read of it, or for room), a prefetch for a later
+  // access must not take the copy it waits for or reads from, or it would read the tensor again.
+  struct Acquiring {
+    Entry& e;
+    bool on;
+    ~Acquiring() {
+      if (on) --e.acquiring;
+    }
+  } acquiring{e, mode == Mode::kAcquire};
+  if (acquiring.on) ++e.acquiring;
   auto timeout = [&] {
     ++stats_.oom_errors;
     int n = 0;
