@@ -44,7 +44,10 @@
 // Pinning: with pin_memory true the constructor refuses a budget above a finite RLIMIT_MEMLOCK
 // (unless root, who may lock past it), and a commit whose mlock fails throws Error naming the
 // limit and how to raise it (`ulimit -l unlimited`, memlock in /etc/security/limits.conf,
-// LimitMEMLOCK= for systemd); with pin_memory false the memory is unlocked and one warning says so.
+// LimitMEMLOCK= for systemd). With pin_memory false the memory is not mlock'ed and nothing warns:
+// O_DIRECT requests and io_uring fixed buffers lock the pages they use themselves, and with a GPU
+// visible each committed slot is registered with CUDA (page-locked by that) either way; unlocked
+// pages may only be swapped out under memory pressure (DEBUG log line).
 //
 // Limits: reserved address space is about 2 x budget per size class used (a 1 GiB budget: at most
 // 38 GiB of address space, no memory); budgets beyond ~2 TiB may not find the address space.

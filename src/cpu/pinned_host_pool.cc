@@ -146,11 +146,11 @@ PinnedHostPool::PinnedHostPool(PinnedHostPoolOptions options) : options_(options
       throw Error(memlock_advice(options_.budget_bytes) + " (the host budget may be locked in full)");
     }
   } else {
-    // Every pool of the process (the store's, the bounce chunks', ...) and every rank would say
-    // the same: once per job.
-    TM_LOG_WARN_ONCE_RANK0("HOST", "host-pool-unpinned",
-                           "host pool memory is not page-locked (pin_memory: false); NVMe and "
-                           "device copies from it may be slower");
+    // Nothing to warn of: O_DIRECT requests and io_uring's fixed buffers lock the pages they use
+    // themselves, a SimDevice reads host memory where it is, and with a GPU visible each slot is
+    // registered with CUDA (page-locked by the registration) whatever pin_memory says. Unlocked,
+    // the pages may only be swapped out under memory pressure, as any other memory of the process.
+    TM_LOG_DEBUG("HOST", "host pool memory is not mlock'ed (pin_memory: false)");
   }
 }
 
