@@ -246,7 +246,13 @@ def test_misuse_after_initialize_is_named(torch_or_skip, tmp_path):
     # Reading a closed model's values gave zeros without a word (a state_dict saved after close,
     # a second initialize training from zeros); its shapes still answer.
     assert m[0].weight.shape == (8, 8) and m[0].weight.dtype == torch.float32
-    for read in (m.state_dict, lambda: m[0].weight.sum(), lambda: tt.initialize(model=m, config=ds_config(tmp_path / "s2", "nvme"))):
+    # p.data too (an EMA or export reading p.data after close computed NaN without a word).
+    assert m[0].weight.data.shape == (8, 8) and m[0].weight.data.dtype == torch.float32
+    reads = (m.state_dict, lambda: m[0].weight.sum(), lambda: tt.initialize(model=m, config=ds_config(tmp_path / "s2", "nvme")),
+             lambda: m[0].weight.data.sum(), lambda: m[0].weight.data.clone(), lambda: m[0].weight.data.tolist(),
+             lambda: m[0].weight.data.numpy(), lambda: m[0].weight.data + 0, lambda: m[0].weight.data.detach().sum(),
+             lambda: torch.equal(m[0].weight.data, m[0].weight.data), lambda: m[0].weight.data.data.mean())
+    for read in reads:
         with pytest.raises(RuntimeError, match="engine that has been closed, and their values went with it"):
             read()
     with pytest.raises(RuntimeError, match="the engine was closed"):

@@ -196,7 +196,17 @@ def _closed_param_torch_function(cls, func, types, args=(), kwargs=None):
     if not is_metadata(func):
         raise RuntimeError(f"tiermem.torch: {CLOSED}")
     with torch._C.DisableTorchFunctionSubclass():
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        # .data is the placeholder: as a plain tensor every read of it (EMA code reading p.data,
+        # an export) would compute NaN without a word; it refuses them as the parameter does.
+        return out.as_subclass(ClosedData) if is_data_get(func) else out
+
+
+class ClosedData(torch.Tensor):
+    """``p.data`` of a parameter whose engine was closed: its shape and dtype answer, every call
+    that reads its values raises RuntimeError (CLOSED), as the parameter itself does."""
+
+    __torch_function__ = classmethod(_closed_param_torch_function)
 
 
 def _zero_param_class(cls: type) -> type:
