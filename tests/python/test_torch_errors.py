@@ -261,6 +261,29 @@ def test_misuse_after_initialize_is_named(torch_or_skip, tmp_path):
         engine.get_lr()
 
 
+@pytest.mark.parametrize("env, named", [
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' in the environment is not an integer"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 in the environment: a world size is at least 1"),
+    ({"WORLD_SIZE": "-1"}, "WORLD_SIZE=-1"),
+    ({"WORLD_SIZE": "1", "RANK": "1"}, r"RANK=1 in the environment is no rank of WORLD_SIZE=1 \(ranks 0 .. 0\)"),
+    ({"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}, "RANK=5 .* WORLD_SIZE=2"),
+    ({"WORLD_SIZE": "1", "RANK": "abc"}, "RANK='abc' in the environment is not an integer"),
+])
+def test_launcher_variables_that_name_no_rank_are_refused_at_once(torch_or_skip, tmp_path, monkeypatch, env, named):
+    # RANK 5 of 2 waited for peers that never came (a TCPStore timeout minutes later); RANK 1 of 1,
+    # WORLD_SIZE 0 or -1 ran silently as one rank; WORLD_SIZE=abc said only "invalid literal".
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    m = _small(torch)
+    with pytest.raises(ValueError, match=named):
+        tt.initialize(model=m, config=ds_config(tmp_path / "swap", "nvme"))
+    assert not (tmp_path / "swap").exists() or not any((tmp_path / "swap").iterdir())
+
+
 def test_failed_initialize_leaves_the_model_as_it_was(torch_or_skip, tmp_path):
     torch = torch_or_skip
     import tiermem.torch as tt

@@ -25,12 +25,40 @@ import torch
 import torch.distributed as dist
 
 
+# The launchers' variables: (world size, this rank), torchrun's first, then Open MPI's and PMI's.
+LAUNCH_VARIABLES = (("WORLD_SIZE", "RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"), ("PMI_SIZE", "PMI_RANK"))
+
+
+def _launch_int(key: str) -> int:
+    text = os.environ[key]
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"tiermem.torch: {key}={text!r} in the environment is not an integer. A launcher (torchrun, "
+                         "mpirun) sets it; start the ranks with one, or unset it to run one process") from None
+
+
 def launched_world_size() -> int:
+    """The world size: torch.distributed's when it is initialised, else the launcher's variables'
+    (1 without them). Raises ValueError for a world size below 1, a rank outside 0 .. world size - 1
+    or a value that is no integer, naming the variable: a rank given a wrong RANK would otherwise
+    wait for peers that never come, or run alone as if it were the whole job."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
-    for key in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        if os.environ.get(key):
-            return int(os.environ[key])
+    for size_key, rank_key in LAUNCH_VARIABLES:
+        if not os.environ.get(size_key):
+            continue
+        size = _launch_int(size_key)
+        if size < 1:
+            raise ValueError(f"tiermem.torch: {size_key}={size} in the environment: a world size is at least 1; "
+                             "start the ranks with a launcher (torchrun, mpirun), or unset it to run one process")
+        if os.environ.get(rank_key):
+            rank = _launch_int(rank_key)
+            if not 0 <= rank < size:
+                raise ValueError(f"tiermem.torch: {rank_key}={rank} in the environment is no rank of {size_key}={size} "
+                                 f"(ranks 0 .. {size - 1}); start the ranks with a launcher (torchrun, mpirun), which "
+                                 "sets both, or unset them to run one process")
+        return size
     return 1
 
 
