@@ -97,6 +97,22 @@ struct Entry {
   int acquiring = 0;
 };
 
+// Counts an acquire in `entry`'s Entry::acquiring for its scope (none for nullptr); mu_ held at both ends.
+class AcquiringScope {
+ public:
+  explicit AcquiringScope(Entry* entry) : e_(entry) {
+    if (e_ != nullptr) ++e_->acquiring;
+  }
+  ~AcquiringScope() {
+    if (e_ != nullptr) --e_->acquiring;
+  }
+  AcquiringScope(const AcquiringScope&) = delete;
+  AcquiringScope& operator=(const AcquiringScope&) = delete;
+
+ private:
+  Entry* e_;
+};
+
 constexpr int idx(Tier t) { return static_cast<int>(t); }
 constexpr Tier tier_at(int i) { return static_cast<Tier>(i); }
 

@@ -328,14 +328,7 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
   // An acquire's tensor is nobody's victim until it returns (Entry::acquiring): while it waits
   // (for its copy in transfer, the look-ahead's read of it, or for room), a prefetch for a later
   // access must not take the copy it waits for or reads from, or it would read the tensor again.
-  struct Acquiring {
-    Entry& e;
-    bool on;
-    ~Acquiring() {
-      if (on) --e.acquiring;
-    }
-  } acquiring{e, mode == Mode::kAcquire};
-  if (acquiring.on) ++e.acquiring;
+  const AcquiringScope acquiring(mode == Mode::kAcquire ? &e : nullptr);
   auto timeout = [&] {
     ++stats_.oom_errors;
     int n = 0;
