@@ -278,6 +278,9 @@ def test_launcher_variables_that_name_no_rank_are_refused_at_once(torch_or_skip,
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    # The variables count only without a process group; one an earlier test of this process made
+    # (the HF Trainer's, DeepSpeed's) would answer instead.
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     m = _small(torch)
     with pytest.raises(ValueError, match=named):
         tt.initialize(model=m, config=ds_config(tmp_path / "swap", "nvme"))
