@@ -5,17 +5,18 @@
     ~/.cache/tiermem/venv/bin/python bench/generate_passes.py                        # 6 layers, 2 rounds
     ~/.cache/tiermem/venv/bin/python bench/generate_passes.py --layers 8 --budgets 2GiB,512MiB --rounds 3 --json
 
-Model: transformers.LlamaForCausalLM with Llama-2-7B's layer shape (hidden 4096, intermediate
-11008, 32 heads, vocab 32000, untied head) and --layers layers (6: 1.48 B parameters, 2.95 GB in
-bf16), bf16, initialised under torch.manual_seed(0) (the same weights in every contender). The
-tiermem contenders build it under tiermem.torch.zero.Init with parameters on NVMe in a fresh
-directory under --dir, every parameter frozen and no optimizer section (a forward-only engine),
-host and device budgets --budgets, and tiermem.prefetch_eviction set to the contender's value.
-Each contender runs in its own process: generate() of --new-tokens greedy tokens after a 16-token
-seeded random prompt at batch --batch, twice; the first records the engine's trace and warms the
-caches, the second is timed (seconds, tokens/s, the NVMe bytes it read, the time the engine's
-acquires waited). Rounds interleave the contenders; the table gives medians, the ratio against
-"min" in the same round, and whether every contender's tokens equal the plain model's.
+Model: transformers.LlamaForCausalLM with Llama-2-7B's layer shape (hidden 4096, intermediate 11008,
+32 heads, vocab 32000, untied head) and --layers layers (6: 1.48 B parameters, 2.95 GB in bf16);
+--hidden and --vocab scale it (heads of 128, intermediate 11008 / 4096 of the hidden size). bf16,
+initialised under torch.manual_seed(0) (the same weights in every contender). The tiermem contenders
+build it under tiermem.torch.zero.Init with parameters on NVMe in a fresh directory under --dir,
+every parameter frozen and no optimizer section (a forward-only engine), host and device budgets
+--budgets, and tiermem.prefetch_eviction set to the contender's value. Each contender runs in its
+own process: generate() of --new-tokens greedy tokens after a 16-token seeded random prompt at batch
+--batch, twice; the first records the engine's trace and warms the caches, the second is timed
+(seconds, tokens/s, the NVMe bytes it read, the time the engine's acquires waited). Rounds
+interleave the contenders; the table gives medians, the ratio against "min" in the same round, and
+whether every contender's tokens equal the plain model's.
 """
 
 from __future__ import annotations
@@ -33,11 +34,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_bench_common as common  # noqa: E402
 
 
+def shape(a):
+    """Llama-2-7B's layer shape scaled to --hidden (intermediate 11008 / 4096 of it, heads of 128),
+    --layers layers and --vocab rows (common.LLAMA_7B at the defaults)."""
+    return dict(common.LLAMA_7B, num_hidden_layers=a.layers, hidden_size=a.hidden,
+                intermediate_size=a.hidden * common.LLAMA_7B["intermediate_size"] // common.LLAMA_7B["hidden_size"],
+                num_attention_heads=a.hidden // 128, num_key_value_heads=a.hidden // 128, vocab_size=a.vocab)
+
+
 def worker(a):
     import torch
     torch.set_num_threads(a.threads)
     transformers = common.import_transformers("LlamaForCausalLM")
-    config = common.llama_config(dict(common.LLAMA_7B, num_hidden_layers=a.layers), 64)
+    config = common.llama_config(shape(a), 64)
     engine = None
     torch.manual_seed(0)
     if a.worker == "plain":
@@ -47,8 +56,8 @@ def worker(a):
         swap = os.path.join(a.work, a.worker)
         os.makedirs(swap, exist_ok=True)
         host, device = a.budgets.split(",")
-        cfg = common.ds_config(hidden=4096, batch=a.batch, nvme_dir=swap, sub_group_size=int(1e8),
-                               buffer_size=32000 * 4096,
+        cfg = common.ds_config(hidden=a.hidden, batch=a.batch, nvme_dir=swap, sub_group_size=int(1e8),
+                               buffer_size=a.vocab * a.hidden,
                                tiermem={"host_budget_bytes": host, "device_budget_bytes": device,
                                         "prefetch_eviction": a.worker})
         cfg["bf16"] = {"enabled": True}
@@ -61,7 +70,7 @@ def worker(a):
     model.requires_grad_(False)
     model.eval()
     g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, 32000, (a.batch, 16), generator=g)
+    x = torch.randint(0, a.vocab, (a.batch, 16), generator=g)
     out = {"contender": a.worker}
     for run in ("warm", "timed"):
         before = engine.stats() if engine is not None else {}
@@ -86,6 +95,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--layers", type=int, default=6, help="decoder layers of Llama-2-7B's shape (default 6)")
+    p.add_argument("--hidden", type=int, default=4096,
+                   help="hidden size, a multiple of 128 (default 4096, Llama-2-7B's); the MLP scales with it")
+    p.add_argument("--vocab", type=int, default=32000, help="embedding and head rows (default 32000)")
     p.add_argument("--budgets", default="1GiB,512MiB", help="tiermem host,device budgets (default 1GiB,512MiB)")
     p.add_argument("--new-tokens", type=int, default=8, help="tokens generated (default 8)")
     p.add_argument("--batch", type=int, default=1, help="prompts (default 1)")
@@ -97,8 +109,10 @@ def main():
     a = p.parse_args()
     if a.worker:
         return worker(a)
-    if a.layers < 1 or a.new_tokens < 1 or a.batch < 1 or a.rounds < 1:
-        raise SystemExit("generate_passes: --layers, --new-tokens, --batch and --rounds must be at least 1")
+    if a.layers < 1 or a.new_tokens < 1 or a.batch < 1 or a.rounds < 1 or a.vocab < 1:
+        raise SystemExit("generate_passes: --layers, --new-tokens, --batch, --rounds and --vocab must be at least 1")
+    if a.hidden < 128 or a.hidden % 128:
+        raise SystemExit(f"generate_passes: --hidden {a.hidden} is not a positive multiple of 128 (heads of 128)")
     contenders = [c for c in a.contenders.split(",") if c]
     bad = [c for c in contenders if c not in ("plain", "min", "auto", "aggressive")]
     if bad:
@@ -112,7 +126,7 @@ def main():
                 shutil.rmtree(work, ignore_errors=True)
                 os.makedirs(work)
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", c, "--work", work, "--layers",
-                       str(a.layers), "--budgets", a.budgets, "--new-tokens", str(a.new_tokens), "--batch",
+                       str(a.layers), "--hidden", str(a.hidden), "--vocab", str(a.vocab), "--budgets", a.budgets, "--new-tokens", str(a.new_tokens), "--batch",
                        str(a.batch), "--threads", str(a.threads)]
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -145,11 +159,11 @@ def main():
     same = all(r[k]["tokens"] == ref for rs in runs.values() for r in rs for k in ("warm", "timed"))
     cpu, avx512 = common.cpu_name()
     if a.json:
-        print(json.dumps({"layers": a.layers, "budgets": a.budgets, "new_tokens": a.new_tokens, "batch": a.batch,
+        print(json.dumps({"layers": a.layers, "hidden": a.hidden, "vocab": a.vocab, "budgets": a.budgets, "new_tokens": a.new_tokens, "batch": a.batch,
                           "rounds": a.rounds, "cpu": cpu, "avx512": avx512, "summary": summary, "tokens_equal": same,
                           "runs": runs}))
         return 0
-    print(f"Llama-2-7B layer shape, {a.layers} layers, bf16; budgets {a.budgets}; {a.new_tokens} tokens at batch "
+    print(f"Llama-2-7B layer shape at hidden {a.hidden}, vocab {a.vocab}, {a.layers} layers, bf16; budgets {a.budgets}; {a.new_tokens} tokens at batch "
           f"{a.batch}; medians of {a.rounds} interleaved rounds; {cpu}, {'AVX-512' if avx512 else 'no AVX-512'}")
     print("| contender | seconds | tokens/s | NVMe read (GB) | waits (s) | x min | max RSS (GiB) |")
     print("|---|---|---|---|---|---|---|")
