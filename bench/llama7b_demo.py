@@ -313,15 +313,27 @@ def prompts(a):
 
 
 def generate_runs(a, model, engine=None):
-    """generate() of --new-tokens tokens, greedy, at batch 1 and 8; tokens, seconds, tokens/s (and,
-    for tiermem, the NVMe bytes read and their time at the read rate)."""
+    """generate() of --new-tokens tokens, greedy, at batch 1 and 8; tokens, seconds, tokens/s, each
+    forward pass's seconds (and, for tiermem, the NVMe bytes read, in all and by pass, and their
+    time at the read rate); a progress line per pass."""
     import torch
     ids = prompts(a)
     out = {}
+    passes = []  # per forward pass (one a new token): seconds and, for tiermem, NVMe GB read
+
+    def pass_done(module, args, output):
+        t, read = time.perf_counter(), engine.stats()["nvme_read_bytes"] if engine is not None else 0
+        passes.append((t, read))
+        if len(passes) > 1:
+            progress(a, "pass", index=len(passes) - 1, seconds=t - passes[-2][0],
+                     nvme_read_bytes=read - passes[-2][1])
+
+    hook = model.register_forward_hook(pass_done)
     for b in (1, 8):
         x = ids[:b]
         before = engine.stats()["nvme_read_bytes"] if engine is not None else 0
         t0 = time.perf_counter()
+        passes[:] = [(t0, before)]
         with torch.no_grad():
             y = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=a.new_tokens,
                                min_new_tokens=a.new_tokens, do_sample=False, pad_token_id=0)
@@ -333,8 +345,11 @@ def generate_runs(a, model, engine=None):
             st = engine.stats()
             r["nvme_read_bytes"] = st["nvme_read_bytes"] - before
             r["io_bound_s"] = r["nvme_read_bytes"] / (float(a.nvme_gbps.split(",")[0]) * 1e9)
+            r["pass_read_bytes"] = [q[1] - p[1] for p, q in zip(passes, passes[1:])]
+        r["pass_seconds"] = [q[0] - p[0] for p, q in zip(passes, passes[1:])]
         out[f"batch{b}"] = r
         progress(a, "generate", **r)
+    hook.remove()
     return out
 
 
@@ -423,6 +438,8 @@ def how_it_died(rc_info, stderr, last):
         at = f" after step {last.get('step')}"
     if last and last["progress"] == "generate":
         at = f" after generate at batch {last.get('batch')}"
+    if last and last["progress"] == "pass":
+        at = f" in generate, after forward pass {last.get('index')}"
     if rc_info.get("oom_kills"):
         return f"OOM-killed (memory cgroup oom_kill {rc_info['oom_kills']}){at}"
     if rc_info.get("timed_out"):
