@@ -57,9 +57,9 @@ for the same step: max(compute_s, io_bound_s), where compute_s = step_wall_s - s
 engine's step window minus the waits of the calling thread) and io_bound_s = the step's NVMe bytes
 at the --nvme-gbps rates. Per generate: wall seconds, new tokens per second (batch x new tokens /
 wall), the tokens, each forward pass's seconds; for tiermem, the NVMe bytes read (in all and by
-pass) and their time at the read rate. A contender
-that dies is reported with how: OOM-killed (the group's oom_kill count), timed out, or the exit
-code and the exception's last line, with the last phase it reached and its max RSS there.
+pass) and their time at the read rate. A contender that dies is reported with how: OOM-killed (the
+group's oom_kill count), timed out, or the exit code and the exception's last line, with the last
+phase it reached and its max RSS there.
 
 Disk: everything goes under --dir/llama7b_demo/ (default /tmp): the checkpoint and one folder per
 contender, removed when the contender ends (also when it fails or is killed); what a killed run of
