@@ -126,8 +126,8 @@ def main():
                 shutil.rmtree(work, ignore_errors=True)
                 os.makedirs(work)
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", c, "--work", work, "--layers",
-                       str(a.layers), "--hidden", str(a.hidden), "--vocab", str(a.vocab), "--budgets", a.budgets, "--new-tokens", str(a.new_tokens), "--batch",
-                       str(a.batch), "--threads", str(a.threads)]
+                       str(a.layers), "--hidden", str(a.hidden), "--vocab", str(a.vocab), "--budgets", a.budgets,
+                       "--new-tokens", str(a.new_tokens), "--batch", str(a.batch), "--threads", str(a.threads)]
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
                 if proc.returncode != 0 or not lines:
@@ -159,12 +159,13 @@ def main():
     same = all(r[k]["tokens"] == ref for rs in runs.values() for r in rs for k in ("warm", "timed"))
     cpu, avx512 = common.cpu_name()
     if a.json:
-        print(json.dumps({"layers": a.layers, "hidden": a.hidden, "vocab": a.vocab, "budgets": a.budgets, "new_tokens": a.new_tokens, "batch": a.batch,
-                          "rounds": a.rounds, "cpu": cpu, "avx512": avx512, "summary": summary, "tokens_equal": same,
-                          "runs": runs}))
+        print(json.dumps({"layers": a.layers, "hidden": a.hidden, "vocab": a.vocab, "budgets": a.budgets,
+                          "new_tokens": a.new_tokens, "batch": a.batch, "rounds": a.rounds, "cpu": cpu,
+                          "avx512": avx512, "summary": summary, "tokens_equal": same, "runs": runs}))
         return 0
-    print(f"Llama-2-7B layer shape at hidden {a.hidden}, vocab {a.vocab}, {a.layers} layers, bf16; budgets {a.budgets}; {a.new_tokens} tokens at batch "
-          f"{a.batch}; medians of {a.rounds} interleaved rounds; {cpu}, {'AVX-512' if avx512 else 'no AVX-512'}")
+    print(f"Llama-2-7B layer shape at hidden {a.hidden}, vocab {a.vocab}, {a.layers} layers, bf16; budgets "
+          f"{a.budgets}; {a.new_tokens} tokens at batch {a.batch}; medians of {a.rounds} interleaved rounds; {cpu}, "
+          f"{'AVX-512' if avx512 else 'no AVX-512'}")
     print("| contender | seconds | tokens/s | NVMe read (GB) | waits (s) | x min | max RSS (GiB) |")
     print("|---|---|---|---|---|---|---|")
     for c, s in summary.items():

@@ -320,7 +320,7 @@ def generate_runs(a, model, engine=None):
     import torch
     ids = prompts(a)
     out = {}
-    passes = []  # per forward pass (one a new token): seconds and, for tiermem, NVMe GB read
+    passes = []  # (perf_counter, NVMe bytes read so far) at the start and after each forward pass
 
     def pass_done(module, args, output):
         t, read = time.perf_counter(), engine.stats()["nvme_read_bytes"] if engine is not None else 0
