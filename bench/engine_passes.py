@@ -7,14 +7,14 @@ tiermem.prefetch_eviction, against Belady's MIN estimate.
 
 A tiermem._tiermem.ZeroEngine (the C++ engine through its binding) over Llama-2-7B's weight list
 (embed_tokens; per layer q, k, v, o, gate, up, down and two norms; norm; lm_head) at --hidden, with
-intermediate 11008 / 4096 of it (torch_bench_common.LLAMA_7B), --layers layers and --vocab rows,
-bf16, every weight frozen and homed on NVMe in a fresh directory under --dir (removed after), host
-and device budgets the fractions --host-fraction and --device-fraction of the base (default: the 7 B
-demo's 2 GiB and 1 GiB of 13.48 GB). Each pass gathers every weight in order, sleeps its bytes /
---compute-gbps as its compute, releases it, and ends with end_forward_pass; the first pass records
-the trace. Per pass: MB read, seconds, misses (acquires that waited for a read). MIN's estimate: the
-base less both budgets (each pass must read what the caches cannot hold); aggressive prefetching may
-add its window, a quarter of each budget.
+intermediate 11008 / 4096 of it (torch_bench_common.llama_7b_scaled), --layers layers and --vocab
+rows, bf16, every weight frozen and homed on NVMe in a fresh directory under --dir (removed after),
+host and device budgets the fractions --host-fraction and --device-fraction of the base (default:
+the 7 B demo's 2 GiB and 1 GiB of 13.48 GB). Each pass gathers every weight in order, sleeps its
+bytes / --compute-gbps as its compute, releases it, and ends with end_forward_pass; the first pass
+records the trace. Per pass: MB read, seconds, misses (acquires that waited for a read). MIN's
+estimate: the base less both budgets (each pass must read what the caches cannot hold); aggressive
+prefetching may add its window, a quarter of each budget.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_bench_common import LLAMA_7B  # noqa: E402  (a dict; importing it imports no torch)
+from torch_bench_common import llama_7b_scaled  # noqa: E402  (importing it imports no torch)
 
 
 def weights(hidden, layers, vocab):
-    inter = hidden * LLAMA_7B["intermediate_size"] // LLAMA_7B["hidden_size"]
+    inter = llama_7b_scaled(hidden)["intermediate_size"]
     out = [("embed_tokens", vocab * hidden)]
     for i in range(layers):
         out += [(f"layers.{i}.{n}", hidden * hidden) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]

@@ -34,19 +34,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_bench_common as common  # noqa: E402
 
 
-def shape(a):
-    """Llama-2-7B's layer shape scaled to --hidden (intermediate 11008 / 4096 of it, heads of 128),
-    --layers layers and --vocab rows (common.LLAMA_7B at the defaults)."""
-    return dict(common.LLAMA_7B, num_hidden_layers=a.layers, hidden_size=a.hidden,
-                intermediate_size=a.hidden * common.LLAMA_7B["intermediate_size"] // common.LLAMA_7B["hidden_size"],
-                num_attention_heads=a.hidden // 128, num_key_value_heads=a.hidden // 128, vocab_size=a.vocab)
-
-
 def worker(a):
     import torch
     torch.set_num_threads(a.threads)
     transformers = common.import_transformers("LlamaForCausalLM")
-    config = common.llama_config(shape(a), 64)
+    config = common.llama_config(common.llama_7b_scaled(a.hidden, a.layers, a.vocab), 64)
     engine = None
     torch.manual_seed(0)
     if a.worker == "plain":

@@ -78,6 +78,14 @@ def llama_shape(preset, layers=None, hidden=None, intermediate=None):
     return shape
 
 
+def llama_7b_scaled(hidden=4096, layers=32, vocab=32000):
+    """LLAMA_7B at `hidden` (its MLP 11008 / 4096 of it, heads of 128), `layers` and `vocab` rows:
+    the shape generate_passes.py builds and engine_passes.py lists (LLAMA_7B at the defaults)."""
+    return dict(LLAMA_7B, num_hidden_layers=layers, hidden_size=hidden,
+                intermediate_size=hidden * LLAMA_7B["intermediate_size"] // LLAMA_7B["hidden_size"],
+                num_attention_heads=hidden // 128, num_key_value_heads=hidden // 128, vocab_size=vocab)
+
+
 def llama_config(shape, seq):
     """transformers.LlamaConfig of `shape` (a LLAMA_SHAPES value), untied head, positions for seq."""
     transformers = import_transformers()

@@ -54,8 +54,9 @@ def test_initialize_returns_the_models_freed_values(torch_or_skip, how):
     at least 0.3 of the model's fp32 bytes lower (the engine's fixed costs, pools and threads, are the
     same in both). What glibc keeps of the freed values varies from run to run (0.50-1.0 of the base
     over 8 runs under zero.Init, at 91f96e7 and after; "return" at 525-556 MiB; a CI run at 8b0a5f7
-    kept 0.3999, failing a bound of 0.4 by 3 KB), so the bound is below the least it kept. Without the return both runs are the baseline, and the difference
-    is only that spread: this check catches a lost return most of the time, not every time."""
+    kept 0.3999, failing a bound of 0.4 by 3 KB), so the bound is below the least it kept. Without
+    the return both runs are the baseline, and the difference is only that spread: this check
+    catches a lost return most of the time, not every time."""
     pytest.importorskip("transformers")
     kept, returned = _run(how, "keep"), _run(how, "return")
     saved = kept["initialized"] - returned["initialized"]
