@@ -227,3 +227,56 @@ def test_initialize_frees_the_models_values_unit_by_unit(built):
     bound = new["unit"] + new["trim"] + (16 << 20)
     assert new["growth"] <= bound, f"initialize grew VmHWM by {new['growth'] >> 20} MiB, bound {bound >> 20} MiB: {new}"
     assert old["growth"] > bound + (128 << 20), f"keeping every value to the end stays within the bound: {old}"
+
+
+@pytest.mark.parametrize("built", ["init", "own", "init_nvme"])
+def test_a_unit_of_one_tensor_in_memory_is_registered_where_it_is(built, tmp_path, monkeypatch):
+    """A unit of one fp32 tensor already in host memory (the model's own, or zero.Init's host
+    memory copy) is registered from that tensor: the vector of its own mapping beside it was a
+    second copy of the unit at initialize's peak (the 246 M Llama's 125 MiB embedding and head at
+    offload cpu: VmHWM 0.29 GiB above what initialize left, then 0.13, issue 57). A unit of
+    several tensors, or one whose values are in an Init store file, still goes through a vector.
+    The engine then computes what the model built without tiermem computes."""
+    import tiermem.torch as tt
+    from tiermem.torch import _register
+    made = []
+    mapped_empty = _register.mapped_empty
+    monkeypatch.setattr(_register, "mapped_empty", lambda n, *a: made.append(n) or mapped_empty(n, *a))
+    swap = str(tmp_path / "swap")
+    device = "nvme" if built == "init_nvme" else "cpu"
+    off = {"device": device, "nvme_path": swap} if device == "nvme" else {"device": "cpu"}
+    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": 3, "offload_param": off, "offload_optimizer": dict(off)},
+           "tiermem": {"log_level": "warn"}}
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(3)], torch.nn.Linear(64, 4))
+    ref = build()
+    if built == "own":
+        model = build()
+    else:
+        with tt.zero.Init(config=cfg):
+            model = build()
+    for p in list(model.parameters())[:3]:  # a frozen base of three one-tensor units, a head of two trained
+        p.requires_grad_(False)
+    engine, *_ = tt.initialize(model=model, config=cfg)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    got = engine(x).detach()
+    engine.close()
+    assert torch.equal(got, ref(x).detach())
+    assert made == ([64 * 64] * 3 + [64 * 4 + 4] if built == "init_nvme" else [64 * 4 + 4]), made
+
+
+def test_held_values_is_the_tensor_itself_or_none():
+    """Unit.held_values: the one parameter's own fp32 contiguous storage (no copy); None for a
+    unit of two tensors, another dtype, or a non-contiguous tensor."""
+    from tiermem.torch._predictor import NextUnitPredictor
+    from tiermem.torch._unit import EngineLink, build_units
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4),
+                                torch.nn.Linear(4, 4, bias=False).double(), torch.nn.Linear(6, 4, bias=False))
+    model[3].weight = torch.nn.Parameter(torch.randn(6, 4).t())  # a transposed view: not contiguous
+    units = build_units(model, (), EngineLink(model, [], NextUnitPredictor())).units
+    held = [u.held_values() for u in units]
+    assert held[0] is not None and held[0].data_ptr() == model[0].weight.data_ptr() and held[0].shape == (16,)
+    assert held[1:] == [None, None, None], held

@@ -476,6 +476,24 @@ def take_stored(p: torch.nn.Parameter, out: Optional[torch.Tensor] = None) -> Op
     return st.load(p, out)
 
 
+def held_in_memory(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
+    """For initialize(): `p`'s values where they are already a tensor in memory, not a copy: the
+    tensor the parameter holds (built without Init, or given ``.data = t`` of its own shape and
+    dtype after), or a host memory Init store's copy. None where they would have to be read (an
+    Init store file), or were lent, or where take_stored would refuse them (it says why)."""
+    held = _raw_data(p)
+    st = p.__dict__.get("_tm_init_store")
+    if not _holds_placeholder(held):
+        if st is not None:
+            _, _, dtype, shape = st.slots[id(p)]
+            if held.shape != shape or held.dtype != dtype:
+                return None
+        return held
+    if st is None or st.fd >= 0:
+        return None
+    return st.mem.get(id(p))
+
+
 def lend_stored(p: torch.nn.Parameter) -> bool:
     """For initialize(), once `p`'s unit is registered in an engine that gives its values back
     exactly: a host memory Init store frees `p`'s copy (InitStore.lend). True when it did; a

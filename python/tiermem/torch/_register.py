@@ -3,7 +3,8 @@
 Each unit's values go in through a vector of their own mapping (zero.Init's values read straight
 into it), unmapped once registered: registration holds one unit's values at a time. Vectors from
 torch.empty stayed in glibc's heap (+0.8 GiB of a 1.1 B Llama's 16 MiB units at initialize,
-issue 57).
+issue 57). A unit of one fp32 tensor already in memory (``Unit.held_values``) is read where it
+is, with no vector beside it.
 
 The model's values of a unit (zero.Init's copy in host memory, or the model's own tensors where
 every home is in memory) are freed as soon as the unit is registered, where the engine gives them
@@ -56,7 +57,11 @@ def register_units(zero, units, config: dict) -> None:
     lent, freed = [], 0
     try:
         for u in units:
-            zero.register_module(u.name, u.flat_values(mapped_empty(u.numel)), u.numel)
+            values = u.held_values()  # one tensor in memory: read where it is
+            if values is None:
+                values = u.flat_values(mapped_empty(u.numel))
+            zero.register_module(u.name, values, u.numel)
+            values = None  # lend below frees the model's copy: nothing here may hold it
             if {p.dtype for p, _, _ in u.params} <= exact[u.frozen]:
                 kept, nbytes = u.lend(own=exact[2])
                 if nbytes:

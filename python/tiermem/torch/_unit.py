@@ -53,7 +53,7 @@ from typing import Optional
 import torch
 
 from ._params import holds_placeholder, placeholder, raw_data, set_raw_data
-from ._init_store import give_back_stored, lend_stored, take_stored
+from ._init_store import give_back_stored, held_in_memory, lend_stored, take_stored
 
 __all__ = ["Unit", "EngineLink", "UnitMap", "build_units", "in_backward", "unit_of", "NOT_PICKLABLE"]
 
@@ -192,6 +192,20 @@ class Unit:
             if take_stored(p, out[off:off + n]) is None:
                 out[off:off + n].copy_(p.detach().reshape(-1))
         return out
+
+    def held_values(self) -> Optional[torch.Tensor]:
+        """A unit of one parameter whose values are a contiguous fp32 CPU tensor in memory already
+        (the model's own, or zero.Init's host memory copy): that tensor, flattened, not a copy, for
+        registration to read from where it is (flat_values' vector beside it was a second copy of
+        the largest units: +0.13 GiB at the 246 M Llama's embedding, issue 57). The caller must
+        not write it. Else None."""
+        if len(self.params) != 1:
+            return None
+        t = held_in_memory(self.params[0][0])
+        if (t is None or t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
+                or t.numel() != self.numel):
+            return None
+        return t.detach().reshape(-1)
 
     def set_values(self, values: torch.Tensor) -> None:
         """Replaces the unit's parameters in the engine with `values` (fp32, numel elements): the
