@@ -97,6 +97,9 @@ the last progress line it printed: config / built / initialized / step n), the g
 (memory.max_usage_in_bytes, page cache included) and its memory.stat sampled every 0.1 s: anonymous
 memory, page cache and dirty + writeback pages at the highest usage sampled and at the last sample
 (for a killed worker: how the group stood when it died).
+--gradient-checkpointing (with --lora): every contender calls model.gradient_checkpointing_enable()
+after the LoRA wrap, with transformers' default arguments (5.23: non-reentrant), as a LoRA user
+short of memory does: each decoder layer's activations are recomputed in its backward.
 
 --plan-check PROFILE (PROFILE: tiermem-bench profile --json's output, best measured just before; or
 "each": one measured before each tiermem run by the tiermem-bench beside --plan-bin, ~40 s):
@@ -127,6 +130,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -448,6 +452,11 @@ def run_lora_worker(a):
         else:
             raise SystemExit(f"contender {a.worker} has no LoRA run (deepspeed, tiermem, tiermem_init, torch)")
         model = common.lora_wrap(base)
+        if a.gradient_checkpointing:  # transformers' default (5.23: non-reentrant), as a LoRA user turns it on
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # 5.23: a deprecated alias, still the documented call
+                model.gradient_checkpointing_enable()
+            out["gradient_checkpointing"] = True
         numel = [(getattr(q, "ds_numel", None) or q.numel(), q.requires_grad) for q in model.parameters()]
         out["trainable_params"] = sum(n for n, t in numel if t)
         out["frozen_params"] = sum(n for n, t in numel if not t)
@@ -595,6 +604,8 @@ def spawn_lora(a, who, variant="base", limit=None):
     cmd += llama_flags(a)  # --lora always has --llama
     if at_rest:
         cmd += ["--frozen-dtype", at_rest]
+    if a.gradient_checkpointing:
+        cmd += ["--gradient-checkpointing"]
     summary = None if limit else plan_summary_path(a, who + (f"_{at_rest}" if at_rest else ""))
     profile = model_profile = None
     if summary:
@@ -733,7 +744,8 @@ def lora_main(a):
           f"OMP_NUM_THREADS={a.threads} OMP_WAIT_POLICY=PASSIVE for every contender", flush=True)
     print(f"LoRA: LlamaForCausalLM {a.llama} {shape} ({n_base:,} base parameters, frozen base "
           f"{base_fp32 / 2**30:.2f} GiB fp32), peft LoraConfig {common.LORA}, batch {a.batch} x seq {a.seq}, fp32, "
-          f"{a.steps} steps, params and optimizer on {a.offload}" + (f" under {a.dir}" if a.offload == "nvme" else ""),
+          f"{a.steps} steps, params and optimizer on {a.offload}" + (f" under {a.dir}" if a.offload == "nvme" else "")
+          + (", gradient checkpointing (transformers' default)" if a.gradient_checkpointing else ""),
           flush=True)
     if limit:
         rule = "" if limit * 2 <= base_fp32 else " (ABOVE half the frozen base's fp32 bytes: not the issue's case)"
@@ -849,7 +861,7 @@ def lora_main(a):
                           "frozen_base_fp32_bytes": base_fp32, "lora": common.LORA, "cgroup_limit_bytes": limit,
                           "results": results, "ratios": ratios, "at_rest_vs_base": at_rest, "ds_attempts": ds["attempts"], "loadavg": loads,
                           "cpu": cpu, "avx512": avx512, "threads": a.threads, "seq": a.seq, "batch": a.batch,
-                          "steps": a.steps, "rounds": rounds}))
+                          "steps": a.steps, "rounds": rounds, "gradient_checkpointing": a.gradient_checkpointing}))
 
 
 def main():
@@ -899,6 +911,9 @@ def main():
     p.add_argument("--ds-variant", default="base",
                    help=f"without --lora: DeepSpeed's configuration ({', '.join(DS_VARIANTS)}; 'a+b' both; default base)")
     p.add_argument("--clip", type=float, default=1.0, help="gradient_clipping of every contender (0: none)")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="--lora: every contender's model.gradient_checkpointing_enable() (transformers' default "
+                        "kwargs) after the LoRA wrap: each decoder layer's activations recomputed in backward")
     p.add_argument("--frozen-dtype", choices=("bf16", "int8"), default=None,
                    help="--lora worker: tiermem.frozen_dtype (give it as a contender suffix, tiermem_init:int8)")
     p.add_argument("--plan-check", metavar="PROFILE", default=None,
