@@ -454,44 +454,51 @@ def store_param(p: torch.nn.Parameter, store: InitStore) -> None:
     p.data = placeholder(p.shape, p.dtype)
 
 
+def _replaced_value(p: torch.nn.Parameter, st: InitStore) -> Optional[torch.Tensor]:
+    """The tensor a ``p.data = t`` after the build put in place of the stored parameter `p`'s
+    placeholder: t is the parameter's value now (the stored one would silently win); None while the
+    placeholder is there. Raises ValueError for a t of another shape or dtype than the stored one,
+    which cannot be the module's."""
+    held = _raw_data(p)
+    if _holds_placeholder(held):
+        return None
+    _, _, dtype, shape = st.slots[id(p)]
+    if held.shape != shape or held.dtype != dtype:
+        raise ValueError(f"tiermem.torch.initialize: a parameter built under zero.Init as {tuple(shape)} {dtype} "
+                         f"was given .data of {tuple(held.shape)} {held.dtype}: give it values of its own shape and "
+                         "dtype (or build the module with the shape it should have)")
+    return held
+
+
 def take_stored(p: torch.nn.Parameter, out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """For initialize(): the value Init stored for `p` (None if it was not built under Init). The
     Init store keeps it until drop_stored (an initialize that fails leaves the model as it was).
     With `out` (a contiguous tensor of p.numel() elements, any floating dtype) the value is written
     into `out` (cast to its dtype) and `out` returned: a parameter of out's dtype is read straight
-    from the Init store file into it, with no copy of its size beside it."""
+    from the Init store file into it, with no copy of its size beside it. Raises ValueError as
+    _replaced_value does."""
     st = p.__dict__.get("_tm_init_store")
     if st is None:
         return None
-    # `p.data = t` after the build replaced the placeholder: t is the parameter's value now (the
-    # stored one would silently win). Of another shape or dtype it cannot be the module's.
-    _, _, dtype, shape = st.slots[id(p)]
-    held = _raw_data(p)
-    if not _holds_placeholder(held):
-        if held.shape != shape or held.dtype != dtype:
-            raise ValueError(f"tiermem.torch.initialize: a parameter built under zero.Init as {tuple(shape)} {dtype} "
-                             f"was given .data of {tuple(held.shape)} {held.dtype}: give it values of its own shape and "
-                             "dtype (or build the module with the shape it should have)")
+    held = _replaced_value(p, st)
+    if held is not None:
         return held if out is None else out.copy_(held.reshape(out.shape))
     return st.load(p, out)
 
 
 def held_in_memory(p: torch.nn.Parameter) -> Optional[torch.Tensor]:
     """For initialize(): `p`'s values where they are already a tensor in memory, not a copy: the
-    tensor the parameter holds (built without Init, or given ``.data = t`` of its own shape and
-    dtype after), or a host memory Init store's copy. None where they would have to be read (an
-    Init store file), or were lent, or where take_stored would refuse them (it says why)."""
-    held = _raw_data(p)
+    tensor the parameter holds (built without Init, or given ``.data = t`` after), or a host memory
+    Init store's copy. None where they would have to be read (an Init store file) or were lent.
+    Raises ValueError as take_stored does."""
     st = p.__dict__.get("_tm_init_store")
-    if not _holds_placeholder(held):
-        if st is not None:
-            _, _, dtype, shape = st.slots[id(p)]
-            if held.shape != shape or held.dtype != dtype:
-                return None
+    if st is None:
+        held = _raw_data(p)
+        return None if _holds_placeholder(held) else held
+    held = _replaced_value(p, st)
+    if held is not None:
         return held
-    if st is None or st.fd >= 0:
-        return None
-    return st.mem.get(id(p))
+    return st.mem.get(id(p)) if st.fd < 0 else None
 
 
 def lend_stored(p: torch.nn.Parameter) -> bool:

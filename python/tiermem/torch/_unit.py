@@ -202,8 +202,7 @@ class Unit:
         if len(self.params) != 1:
             return None
         t = held_in_memory(self.params[0][0])
-        if (t is None or t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
-                or t.numel() != self.numel):
+        if t is None or t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
             return None
         return t.detach().reshape(-1)
 
