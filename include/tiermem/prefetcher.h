@@ -41,6 +41,14 @@
 // re-records) it is plain LRU: no hints, keep everything on release, evict the least recently
 // accessed. Every derived decision (next uses, reuse distances, look-ahead cursors) is tied to
 // the trace's generation and dropped the moment the trace is invalidated.
+// One exception: a step re-recorded on purpose (rerecord(): the engine's first step with updates
+// moved into forward or backward, where only the optimizer's accesses move) follows the old
+// trace's forward and backward accesses as a hint while it records. Its position in the hint moves
+// with each forward/backward access found within kHintResync positions ahead (others are skipped);
+// from there it reads ahead to the device and from NVMe as a replay would (the same byte budgets,
+// no host plan), and its victims are the tensors whose next use in the hint is furthest (Belady's
+// MIN on the hint; tensors absent from it first). After kHintResync forward/backward accesses in a
+// row that the hint does not have, the hint is dropped (plain LRU for the rest of the step).
 //
 // Units: every field of PrefetcherOptions is in BYTES. DeepSpeed's keys are in ELEMENTS
 // (stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance; Config
@@ -116,6 +124,9 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   void begin_step() override;
   void end_step() override;
   void forget_trace() override;
+  // Between steps: drops the trace, keeping its forward and backward accesses as the next
+  // recording step's hint (see above). Without a trace, the next step records without a hint.
+  void rerecord() override;
   // Records/checks the access (kOutsideStep ones only update recency: no trace, no hints); while
   // replaying returns device hints (nearest first) followed by host hints for the NVMe
   // look-ahead. Each trace position is hinted at most once per step.
@@ -129,6 +140,11 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
 
   // True when decisions come from a valid trace right now (replaying, no divergence this step).
   bool using_trace() const { return trace_.replaying(); }
+  // True while a re-recording step follows the previous order as a hint (rerecord()).
+  bool using_hint() const { return hint_active(); }
+  // How far ahead of the hint's position (in hint accesses) an access may be found and move it; as
+  // many forward/backward accesses in a row not found drop the hint.
+  static constexpr std::size_t kHintResync = 64;
   const AccessTrace& trace() const { return trace_; }
   const PrefetcherOptions& options() const { return options_; }
 
@@ -145,6 +161,8 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
     std::uint64_t aggressive_evictions = 0;           // ... said yes where MIN would have said no
     std::uint64_t write_behinds = 0;                  // keep_on_release said no: the host plan evicts it
     std::uint64_t host_hints_deferred = 0;            // a host read-ahead waiting for planned room
+    std::uint64_t hinted_reads = 0;                   // device + host hints from a rerecord()'s hint
+    std::uint64_t hints_dropped = 0;                  // hints dropped: the order did not follow them
   };
   const Stats& stats() const { return stats_; }
 
@@ -158,6 +176,12 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   // holds it from now until its use (reserving that room), or it was granted before.
   bool grant_host_room(std::int64_t q, std::uint64_t bytes);
   void sweep_reservations();
+  // The re-recording step's hint (rerecord()).
+  bool hint_active() const { return !hint_.empty() && trace_.state() == AccessTrace::State::kRecording; }
+  void follow_hint(TensorId id, Phase phase);
+  std::vector<PrefetchHint> hint_look_ahead(TensorId id, std::uint64_t bytes, const ResidencyView& view);
+  std::uint64_t hint_next_use(TensorId id) const;  // hint index of id's next use at or after hint_pos_
+  void drop_hint();
 
   PrefetcherOptions options_;
   AccessTrace trace_;
@@ -201,6 +225,17 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   std::int64_t swept_ = -1;  // absolute index up to which reservations were cleared
 
   std::uint64_t budget_seen_[kNumTiers] = {};  // each tier's budget, from the latest ResidencyView
+
+  // The hint: the previous trace's forward and backward accesses (hint_read_: 0 where the access
+  // overwrote without reading, never read ahead), their positions per tensor, the next expected
+  // one, the look-ahead cursors (last hint index hinted) and the misses in a row.
+  std::vector<Access> hint_;
+  std::vector<std::uint8_t> hint_read_;
+  std::vector<std::uint8_t> hint_moves_;  // per hint index: counted in the NVMe look-ahead
+  std::unordered_map<TensorId, std::vector<std::uint32_t>> hint_positions_;
+  std::size_t hint_pos_ = 0;
+  std::int64_t hint_dev_cursor_ = -1, hint_host_cursor_ = -1;
+  std::size_t hint_misses_ = 0;
 
   // LRU fallback: access tick per tensor (0 = never accessed).
   std::uint64_t tick_ = 0;

@@ -82,6 +82,11 @@ class TIERMEM_API ResidencyPolicy {
   // replaced the updates the next forward would have applied): a recorded order is dropped
   // without being called a divergence; the step in progress is not recorded, the next one is.
   virtual void forget_trace() {}
+  // Between steps: the next step's order will differ from the recorded one only where the
+  // optimizer's accesses fall (the first step that defers updates into the next forward, or steps
+  // them in backward), for good. The trace-based policy records that step afresh and, while it
+  // records, reads ahead along the old order's forward and backward accesses (Prefetcher::rerecord).
+  virtual void rerecord() {}
 
   // `id` (of `bytes` bytes) is being acquired at `tier` by the caller now. Returns the tensors to
   // bring up ahead of need (possibly none). TensorStore issues them asynchronously, best-effort:

@@ -359,10 +359,11 @@ class TIERMEM_API TensorStore {
   void read(TensorId id, std::span<std::byte> out);
   void write(TensorId id, std::span<const std::byte> in);
 
-  // Training step boundaries, forwarded to the policy; forget_trace: ResidencyPolicy's.
+  // Training step boundaries, forwarded to the policy; forget_trace, rerecord: ResidencyPolicy's.
   void begin_step();
   void end_step();
   void forget_trace();
+  void rerecord();
 
   TensorStoreStats stats() const;
   // stats().stall_ns alone (nanoseconds callers have waited, summed over callers), without the

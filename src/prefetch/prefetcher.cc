@@ -77,12 +77,52 @@ void Prefetcher::forget_trace() {
   rec_overwrite_.clear();
   rec_discard_.clear();
   rec_last_.clear();
+  drop_hint();
+}
+
+void Prefetcher::drop_hint() {
+  hint_.clear();
+  hint_read_.clear();
+  hint_moves_.clear();
+  hint_positions_.clear();
+  hint_pos_ = 0;
+  hint_dev_cursor_ = -1;
+  hint_host_cursor_ = -1;
+  hint_misses_ = 0;
+}
+
+void Prefetcher::rerecord() {
+  std::vector<Access> hint;
+  std::vector<std::uint8_t> read;
+  const auto t = trace_.accesses();
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    if (t[i].phase != Phase::kForward && t[i].phase != Phase::kBackward) continue;  // those move
+    hint.push_back(t[i]);
+    read.push_back(i < overwrite_.size() && overwrite_[i] != 0 ? 0 : 1);
+  }
+  forget_trace();  // drops the trace (and any older hint)
+  hint_ = std::move(hint);
+  hint_read_ = std::move(read);
+  for (std::size_t i = 0; i < hint_.size(); ++i) hint_positions_[hint_[i].id].push_back(static_cast<std::uint32_t>(i));
+  if (!hint_.empty()) {
+    TM_LOG_DEBUG("PREFETCH",
+                 "re-recording the step's order (the optimizer's accesses move); reading ahead along the "
+                 "previous order's {} forward and backward accesses meanwhile",
+                 hint_.size());
+  }
 }
 
 void Prefetcher::begin_step() {
   const bool continuing = continuing_;
   continuing_ = false;
   trace_.begin_step();
+  // A hint serves the one recording step right after rerecord().
+  if (trace_.state() != AccessTrace::State::kRecording) drop_hint();
+  hint_pos_ = 0;
+  hint_dev_cursor_ = -1;
+  hint_host_cursor_ = -1;
+  hint_misses_ = 0;
+  hint_moves_.clear();
   if (trace_.state() == AccessTrace::State::kRecording) {
     rec_overwrite_.clear();
     rec_discard_.clear();
@@ -108,6 +148,7 @@ void Prefetcher::end_step() {
   const bool was_replaying = trace_.replaying();
   const bool was_recording = trace_.state() == AccessTrace::State::kRecording;
   trace_.end_step();
+  drop_hint();  // the step it served is over
   if (was_recording && trace_.has_trace()) {  // the recording is the trace now
     overwrite_ = std::move(rec_overwrite_);
     discard_after_ = std::move(rec_discard_);
@@ -135,7 +176,9 @@ std::vector<PrefetchHint> Prefetcher::on_access(TensorId id, std::uint64_t bytes
   if (!matched) {
     // Recording, or the trace just diverged: drop everything derived from a stale trace.
     if (derived_gen_ != ~0ull && derived_gen_ != trace_.generation()) reset_derived();
-    return {};
+    if (!hint_active()) return {};
+    follow_hint(id, phase);
+    return hint_active() ? hint_look_ahead(id, bytes, view) : std::vector<PrefetchHint>{};
   }
   ensure_derived();
   auto t = trace_.accesses();
@@ -300,6 +343,16 @@ TensorId Prefetcher::choose_victim(Tier tier, std::span<const TensorId> candidat
     std::uint64_t best_next = next_use_abs(best);
     for (TensorId c : candidates.subspan(1)) {
       const std::uint64_t nu = next_use_abs(c);
+      if (nu > best_next || (nu == best_next && tick(c) < tick(best))) {
+        best = c;
+        best_next = nu;
+      }
+    }
+    ++stats_.belady_victims;
+  } else if (hint_active()) {  // Belady's MIN on the hint
+    std::uint64_t best_next = hint_next_use(best);
+    for (TensorId c : candidates.subspan(1)) {
+      const std::uint64_t nu = hint_next_use(c);
       if (nu > best_next || (nu == best_next && tick(c) < tick(best))) {
         best = c;
         best_next = nu;
@@ -478,7 +531,13 @@ bool Prefetcher::grant_host_room(std::int64_t q, std::uint64_t bytes) {
 }
 
 bool Prefetcher::evict_for_prefetch(Tier tier, TensorId incoming, TensorId victim) {
-  if (!trace_.replaying()) return true;
+  if (!trace_.replaying()) {
+    if (!hint_active()) return true;
+    // A read-ahead along the hint evicts only what the hint uses after the tensor it reads.
+    if (hint_next_use(victim) > hint_next_use(incoming)) return true;
+    ++stats_.prefetches_refused;
+    return false;
+  }
   ensure_derived();
   // Demand-loading `incoming` at its use would pick the victim among everything resident then,
   // including the tensors accessed from now until that use (pinned or still to come now). Evicting
@@ -504,6 +563,93 @@ bool Prefetcher::evict_for_prefetch(Tier tier, TensorId incoming, TensorId victi
   }
   ++stats_.prefetches_refused;
   return false;
+}
+
+// --------------------------------------------------------------------- the re-recording step's hint
+
+void Prefetcher::follow_hint(TensorId id, Phase phase) {
+  if (phase != Phase::kForward && phase != Phase::kBackward) return;  // the optimizer's: they moved
+  auto it = hint_positions_.find(id);
+  if (it != hint_positions_.end()) {
+    const auto& pos = it->second;
+    for (auto p = std::lower_bound(pos.begin(), pos.end(), hint_pos_); p != pos.end() && *p < hint_pos_ + kHintResync;
+         ++p) {
+      if (hint_[*p].phase != phase) continue;
+      hint_pos_ = *p + std::size_t{1};
+      hint_misses_ = 0;
+      return;
+    }
+  }
+  if (++hint_misses_ >= kHintResync) {
+    ++stats_.hints_dropped;
+    TM_LOG_DEBUG("PREFETCH",
+                 "{} forward/backward accesses in a row are not in the previous order near position {} of {}; "
+                 "the read-ahead along it stops for this step",
+                 hint_misses_, hint_pos_, hint_.size());
+    drop_hint();
+  }
+}
+
+std::uint64_t Prefetcher::hint_next_use(TensorId id) const {
+  auto it = hint_positions_.find(id);
+  if (it == hint_positions_.end()) return kNoNextUse;
+  const auto& pos = it->second;
+  auto p = std::lower_bound(pos.begin(), pos.end(), hint_pos_);
+  return p != pos.end() ? *p : hint_.size() + pos.front();  // else: the next step's
+}
+
+// As the replay's look-ahead (on_access), over the hint from its position to its end: device hints
+// within the bucket and max_live, NVMe->host hints within nvme_prefetch_bytes of bytes that move.
+std::vector<PrefetchHint> Prefetcher::hint_look_ahead(TensorId id, std::uint64_t bytes, const ResidencyView& view) {
+  std::vector<PrefetchHint> hints;
+  const auto n = static_cast<std::int64_t>(hint_.size());
+  const auto from = static_cast<std::int64_t>(hint_pos_);  // the next expected access
+  auto read = [&](std::int64_t a) { return hint_read_[static_cast<std::size_t>(a)] != 0; };
+  auto at = [&](std::int64_t a) -> const Access& { return hint_[static_cast<std::size_t>(a)]; };
+  {
+    std::int64_t c = std::max(hint_dev_cursor_, from - 1);
+    std::uint64_t window = 0;
+    for (std::int64_t a = from; a <= c; ++a) {
+      if (at(a).tier == Tier::kDevice) window += at(a).bytes;
+    }
+    for (; c + 1 < n; ++c) {
+      const Access& x = at(c + 1);
+      if (x.tier != Tier::kDevice) continue;
+      if (window > 0 && window + x.bytes > options_.prefetch_bucket_bytes) break;
+      if (bytes + window + x.bytes > options_.max_live_bytes) break;
+      if (x.id != id && read(c + 1)) hints.push_back({x.id, Tier::kDevice});
+      window += x.bytes;
+    }
+    hint_dev_cursor_ = c;
+  }
+  if (options_.nvme_prefetch_bytes > 0) {
+    if (hint_moves_.size() != hint_.size()) hint_moves_.assign(hint_.size(), 0);
+    auto moves = [&](std::int64_t a) -> std::uint8_t& { return hint_moves_[static_cast<std::size_t>(a)]; };
+    std::int64_t c = std::max(hint_host_cursor_, from - 1);
+    std::uint64_t window = 0;
+    for (std::int64_t a = from; a <= c; ++a) {
+      // Passed before and not in memory now (dropped, or left again): asked again; counted while
+      // ahead, as the replay's look-ahead does.
+      const bool missing = read(a) && view.in_memory && !view.in_memory(at(a).id);
+      if (missing) moves(a) = 1;
+      if (!moves(a)) continue;
+      window += at(a).bytes;
+      if (missing && at(a).id != id) hints.push_back({at(a).id, Tier::kHost});
+    }
+    for (; c + 1 < n; ++c) {
+      const Access& x = at(c + 1);
+      const bool m = read(c + 1) && (!view.in_memory || !view.in_memory(x.id));
+      moves(c + 1) = m ? 1 : 0;
+      if (!m) continue;
+      if (window > 0 && window + x.bytes > options_.nvme_prefetch_bytes) break;
+      if (x.id != id) hints.push_back({x.id, Tier::kHost});
+      window += x.bytes;
+    }
+    hint_host_cursor_ = c;
+  }
+  for (const auto& h : hints) ++(h.tier == Tier::kDevice ? stats_.device_hints : stats_.host_hints);
+  stats_.hinted_reads += hints.size();
+  return hints;
 }
 
 }  // namespace tiermem

@@ -546,6 +546,11 @@ void TensorStore::forget_trace() {
   impl_->policy_->forget_trace();
 }
 
+void TensorStore::rerecord() {
+  std::lock_guard lock(impl_->mu_);
+  impl_->policy_->rerecord();
+}
+
 TensorStoreStats TensorStore::stats() const {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu_);

@@ -11,7 +11,6 @@
 
 #include "tiermem/adam.h"
 #include "tiermem/log.h"
-#include "tiermem/prefetcher.h"
 #include "zero/zero_impl.h"
 
 namespace tiermem {
@@ -142,13 +141,11 @@ void ZeroEngine::Impl::end_step(bool defer) {
   store->end_step();  // the step's trace ends here (the Prefetcher records the first, replays later)
   // The trace recorded so far has no updates inside the forward pass (the first deferring step),
   // or none inside backward (the first step with updates in backward); from now on every step
-  // has them: record the next step afresh (a new Prefetcher), instead of diverging on it.
+  // has them: record the next step afresh instead of diverging on it, reading ahead meanwhile
+  // along the old order's forward and backward accesses, which do not move (Prefetcher::rerecord).
   const bool first_deferring = defer && updates.first_deferring_step();
   const bool first_in_backward = updates.first_step_with_backward_updates();
-  if (first_deferring || first_in_backward) {
-    store->set_policy(
-        std::make_unique<Prefetcher>(PrefetcherOptions::from_config(cfg, shape.wdtype, shape.forward_only)));
-  }
+  if (first_deferring || first_in_backward) store->rerecord();
   store->begin_step();
   ++st.steps;
   updates.disarm_backward();

@@ -519,5 +519,102 @@ TEST(Prefetcher, ChangedOrderReRecordsAndNeverUsesAStaleTrace) {
   EXPECT_FALSE(p.trace().has_trace());
 }
 
+// rerecord(): the engine's first step with its updates moved into forward. That step records the
+// new order afresh, and meanwhile reads ahead along the old one's forward and backward accesses
+// (the parameters' order, which did not move), skipping the optimizer's accesses where they now
+// fall; the step after replays the new recording.
+TEST(Prefetcher, RerecordReadsAheadAlongTheOldOrderWhileItRecords) {
+  PrefetcherOptions o;
+  o.prefetch_bucket_bytes = 20;  // two tensors ahead to the device
+  o.nvme_prefetch_bytes = 30;    // three ahead from NVMe
+  o.prefetch_across_steps = false;
+  Prefetcher p(o);
+  auto access = [&](TensorId id, Phase phase) { return p.on_access(id, 10, Tier::kDevice, phase, empty_view()); };
+  // The first step: forward 0..3, backward 3..0, the optimizer's 100 and 101 at the end.
+  p.begin_step();
+  for (TensorId id : {0u, 1u, 2u, 3u}) access(id, Phase::kForward);
+  for (TensorId id : {3u, 2u, 1u, 0u}) access(id, Phase::kBackward);
+  for (TensorId id : {100u, 101u}) access(id, Phase::kOptimizer);
+  p.end_step();
+  p.rerecord();
+  EXPECT_FALSE(p.trace().has_trace());
+  // The second: the updates run in forward now (100 before 0, 101 before 2).
+  p.begin_step();
+  EXPECT_TRUE(p.using_hint());
+  auto h = access(100, Phase::kOptimizer);  // the hint's position stays at 0: forward's 0 is next
+  EXPECT_EQ(ids_of(h, Tier::kDevice), (Ids{0, 1}));
+  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{0, 1, 2}));
+  h = access(0, Phase::kForward);
+  EXPECT_EQ(ids_of(h, Tier::kDevice), (Ids{2}));
+  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{3}));
+  h = access(1, Phase::kForward);
+  EXPECT_EQ(ids_of(h, Tier::kDevice), (Ids{3}));
+  EXPECT_EQ(ids_of(h, Tier::kHost), (Ids{3})) << "forward's 3 then backward's 3: each position once";
+  EXPECT_TRUE(access(101, Phase::kOptimizer).empty());
+  h = access(2, Phase::kForward);
+  EXPECT_EQ(ids_of(h, Tier::kDevice), (Ids{3})) << "backward's 3";
+  EXPECT_FALSE(p.using_trace());
+  // Victims by the hint's next uses (from position 3, forward's 3): 0 is used last, 100 never.
+  const TensorId cand[] = {1, 0, 2};
+  EXPECT_EQ(p.choose_victim(Tier::kDevice, cand), 0u);
+  const TensorId cand2[] = {1, 100, 0};
+  EXPECT_EQ(p.choose_victim(Tier::kDevice, cand2), 100u);
+  EXPECT_TRUE(p.evict_for_prefetch(Tier::kDevice, 2, 0)) << "0 is used after backward's 2";
+  EXPECT_FALSE(p.evict_for_prefetch(Tier::kDevice, 0, 3)) << "3 is used before backward's 0";
+  for (TensorId id : {3u}) access(id, Phase::kForward);
+  for (TensorId id : {3u, 2u, 1u, 0u}) access(id, Phase::kBackward);
+  p.end_step();
+  EXPECT_FALSE(p.using_hint());
+  EXPECT_EQ(p.stats().hints_dropped, 0u);
+  EXPECT_GT(p.stats().hinted_reads, 0u);
+  // The third replays the second's recording (10 accesses), the updates in forward.
+  p.begin_step();
+  EXPECT_EQ(ids_of(access(100, Phase::kOptimizer), Tier::kDevice), (Ids{0, 1}));
+  EXPECT_TRUE(p.using_trace());
+  EXPECT_EQ(p.trace().accesses().size(), 10u);
+  EXPECT_FALSE(p.using_hint());
+}
+
+// The hint serves one step and only one that follows it: an order it does not have drops it after
+// kHintResync forward/backward accesses in a row (plain LRU again), forget_trace() drops it, and
+// the step after the re-recorded one records nothing it did not see.
+TEST(Prefetcher, HintIsDroppedWhenTheOrderDoesNotFollowIt) {
+  PrefetcherOptions o;
+  o.prefetch_bucket_bytes = 10;
+  o.nvme_prefetch_bytes = 0;
+  Prefetcher p(o);
+  step(p, {0, 1, 2, 3});
+  p.rerecord();
+  p.begin_step();
+  EXPECT_EQ(ids_of(p.on_access(0, 10, Tier::kDevice, Phase::kForward, empty_view()), Tier::kDevice), (Ids{1}));
+  for (std::size_t i = 0; i + 1 < Prefetcher::kHintResync; ++i) {
+    EXPECT_TRUE(p.on_access(static_cast<TensorId>(1000 + i), 10, Tier::kDevice, Phase::kForward, empty_view()).empty());
+  }
+  EXPECT_TRUE(p.using_hint());
+  EXPECT_TRUE(p.on_access(999, 10, Tier::kDevice, Phase::kForward, empty_view()).empty());
+  EXPECT_FALSE(p.using_hint());
+  EXPECT_EQ(p.stats().hints_dropped, 1u);
+  EXPECT_TRUE(p.on_access(1, 10, Tier::kDevice, Phase::kForward, empty_view()).empty()) << "no hint: no hints";
+  const TensorId cand[] = {1, 0};
+  const auto lru_before = p.stats().lru_victims;
+  EXPECT_EQ(p.choose_victim(Tier::kDevice, cand), 0u);  // least recently used
+  EXPECT_EQ(p.stats().lru_victims, lru_before + 1);
+  p.end_step();
+
+  Prefetcher q(o);
+  step(q, {0, 1, 2, 3});
+  q.rerecord();
+  q.forget_trace();  // e.g. a checkpoint's optimizer state replaced the pending updates
+  auto rec = step(q, {0, 1, 2, 3});
+  for (auto& x : rec) EXPECT_TRUE(x.empty());
+  EXPECT_EQ(q.stats().hinted_reads, 0u);
+
+  Prefetcher r(o);
+  r.rerecord();  // no trace yet: nothing to follow
+  auto first = step(r, {0, 1, 2, 3});
+  for (auto& x : first) EXPECT_TRUE(x.empty());
+  EXPECT_EQ(ids_of(step(r, {0, 1, 2, 3})[0], Tier::kDevice), (Ids{1}));  // replays
+}
+
 }  // namespace
 }  // namespace tiermem
