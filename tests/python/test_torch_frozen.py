@@ -81,6 +81,33 @@ def test_lora_under_init_equals_plain_peft(torch_or_skip, tmp_path, kind):
     engine.close()
 
 
+def test_the_step_that_records_the_order_again_reads_ahead(torch_or_skip, tmp_path):
+    """The first step's updates are deferred into the second's forward, so the second step's order
+    is recorded afresh. Meanwhile its reads go ahead along the first step's forward and backward order,
+    instead of loading each tensor when it is used: the second step issues prefetches where the first
+    issued none. Losses equal the plain PEFT loop's."""
+    hf_or_skip()
+    import tiermem.torch as tt
+    data = batches(4)
+    want = reference_losses(_lora(build("llama", hidden=128), "llama"), data, 4)
+    cfg = ds_config(tmp_path, "nvme", tiermem=TIGHT_128)
+    with tt.zero.Init(config=cfg):
+        base = build("llama", hidden=128)
+    engine, *_ = tt.initialize(model=_lora(base, "llama"), config=cfg)
+    issued, got = [engine.stats()["prefetches_issued"]], []
+    for b in data:
+        loss = engine(input_ids=b, labels=b).loss
+        engine.backward(loss)
+        engine.step()
+        got.append(loss.item())
+        issued.append(engine.stats()["prefetches_issued"])
+    per_step = [b - a for a, b in zip(issued, issued[1:])]
+    assert per_step[0] == 0, per_step  # the first step has no order to go by
+    assert per_step[1] > 0, per_step
+    assert_rel_close(got, want, 1e-5)
+    engine.close()
+
+
 def test_lora_bf16_within_tolerance(torch_or_skip, tmp_path):
     """bf16 against the same PEFT model in bf16 with fp32 master copies of the adapters (as in
     test_torch_errors' bf16 test): 2e-3 relative over 10 steps."""
