@@ -137,6 +137,7 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   void on_evicted(TensorId id, Tier tier) override;
   void on_discard(TensorId id) override;
   bool evict_for_prefetch(Tier tier, TensorId incoming, TensorId victim) override;
+  void add_stats(TensorStoreStats& out) const override;  // prefetch_hints, prefetch_hints_recording
 
   // True when decisions come from a valid trace right now (replaying, no divergence this step).
   bool using_trace() const { return trace_.replaying(); }

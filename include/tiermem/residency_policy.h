@@ -22,6 +22,8 @@
 
 namespace tiermem {
 
+struct TensorStoreStats;  // tensor_store.h
+
 // Dense id of a registered tensor (0, 1, 2, ... in registration order).
 using TensorId = std::uint32_t;
 inline constexpr TensorId kInvalidTensor = std::numeric_limits<TensorId>::max();
@@ -87,6 +89,8 @@ class TIERMEM_API ResidencyPolicy {
   // them in backward), for good. The trace-based policy records that step afresh and, while it
   // records, reads ahead along the old order's forward and backward accesses (Prefetcher::rerecord).
   virtual void rerecord() {}
+  // Its counters into a TensorStore::stats() snapshot (prefetch_hints*), under the store's lock.
+  virtual void add_stats(TensorStoreStats& /*out*/) const {}
 
   // `id` (of `bytes` bytes) is being acquired at `tier` by the caller now. Returns the tensors to
   // bring up ahead of need (possibly none). TensorStore issues them asynchronously, best-effort:

@@ -194,6 +194,11 @@ struct TIERMEM_API TensorStoreStats {
   std::uint64_t misses = 0;          // ... had to load it
   std::uint64_t prefetches_issued = 0;
   std::uint64_t prefetches_dropped = 0;  // did not fit without waiting, or failed
+  // The policy's look-ahead (ResidencyPolicy::add_stats): hints it gave (device and NVMe->host),
+  // and of those, the ones a step gave while it recorded, by the previous order
+  // (Prefetcher::rerecord). 0 for a policy without a look-ahead.
+  std::uint64_t prefetch_hints = 0;
+  std::uint64_t prefetch_hints_recording = 0;
   // Total time callers waited: acquire() calls that missed (waits + loads), and
   // acquire_for_overwrite() calls that had to wait for a transfer or make room (evictions and
   // their write-backs). fetch() and prefetch() wait on worker threads: never counted.

@@ -447,6 +447,8 @@ class PyZeroEngine {
     d["nvme_read_gbps"] = s.nvme_read_gbps;
     d["nvme_write_gbps"] = s.nvme_write_gbps;
     d["prefetches_issued"] = s.prefetches_issued;
+    d["prefetch_hints"] = s.prefetch_hints;
+    d["prefetch_hints_recording"] = s.prefetch_hints_recording;
     d["all_gather_calls"] = s.all_gather_calls;
     d["all_gathers_prefetched"] = s.all_gathers_prefetched;
     d["reduce_scatter_calls"] = s.reduce_scatter_calls;

@@ -8,6 +8,7 @@
 
 #include "tiermem/error.h"
 #include "tiermem/log.h"
+#include "tiermem/tensor_store.h"
 
 namespace tiermem {
 namespace {
@@ -366,6 +367,11 @@ TensorId Prefetcher::choose_victim(Tier tier, std::span<const TensorId> candidat
     ++stats_.lru_victims;
   }
   return best;
+}
+
+void Prefetcher::add_stats(TensorStoreStats& out) const {
+  out.prefetch_hints = stats_.device_hints + stats_.host_hints;
+  out.prefetch_hints_recording = stats_.hinted_reads;
 }
 
 void Prefetcher::on_evicted(TensorId /*id*/, Tier /*tier*/) { ++stats_.evictions; }

@@ -555,6 +555,7 @@ TensorStoreStats TensorStore::stats() const {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu_);
   TensorStoreStats s = m.stats_;
+  m.policy_->add_stats(s);
   for (int t = 0; t < kNumTiers; ++t) {
     s.resident_bytes[t] = m.used_[t];
     s.budget_bytes[t] = m.budget_[t];

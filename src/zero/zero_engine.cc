@@ -501,6 +501,8 @@ ZeroStats ZeroEngine::stats() const {
     s.driving_stall_ns = I.driving_stall_ns();
     std::copy(std::begin(t.phases), std::end(t.phases), std::begin(s.phases));
     s.prefetches_issued = t.prefetches_issued;
+    s.prefetch_hints = t.prefetch_hints;
+    s.prefetch_hints_recording = t.prefetch_hints_recording;
   }
   I.step_io.add_stats(s);
   I.staging.add_stats(s);  // its own copies, beside the store's

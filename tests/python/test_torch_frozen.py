@@ -83,9 +83,9 @@ def test_lora_under_init_equals_plain_peft(torch_or_skip, tmp_path, kind):
 
 def test_the_step_that_records_the_order_again_reads_ahead(torch_or_skip, tmp_path):
     """The first step's updates are deferred into the second's forward, so the second step's order
-    is recorded afresh. Meanwhile its reads go ahead along the first step's forward and backward order,
-    instead of loading each tensor when it is used: the second step issues prefetches where the first
-    issued none. Losses equal the plain PEFT loop's."""
+    is recorded afresh. Meanwhile its reads go ahead along the first step's forward and backward
+    order (engine.stats()'s prefetch_hints_recording), where the first step, with no order to go by,
+    asks for none; the steps after replay the second's recording. Losses equal the plain PEFT loop's."""
     hf_or_skip()
     import tiermem.torch as tt
     data = batches(4)
@@ -94,16 +94,18 @@ def test_the_step_that_records_the_order_again_reads_ahead(torch_or_skip, tmp_pa
     with tt.zero.Init(config=cfg):
         base = build("llama", hidden=128)
     engine, *_ = tt.initialize(model=_lora(base, "llama"), config=cfg)
-    issued, got = [engine.stats()["prefetches_issued"]], []
+    keys = ("prefetch_hints", "prefetch_hints_recording")
+    snaps, got = [{k: engine.stats()[k] for k in keys}], []
     for b in data:
         loss = engine(input_ids=b, labels=b).loss
         engine.backward(loss)
         engine.step()
         got.append(loss.item())
-        issued.append(engine.stats()["prefetches_issued"])
-    per_step = [b - a for a, b in zip(issued, issued[1:])]
-    assert per_step[0] == 0, per_step  # the first step has no order to go by
-    assert per_step[1] > 0, per_step
+        snaps.append({k: engine.stats()[k] for k in keys})
+    hints, recording = ([b[k] - a[k] for a, b in zip(snaps, snaps[1:])] for k in keys)
+    assert hints[0] == 0 and recording[0] == 0, (hints, recording)  # no order to go by
+    assert recording[1] > 0 and hints[1] == recording[1], (hints, recording)
+    assert recording[2:] == [0, 0] and all(h > 0 for h in hints[2:]), (hints, recording)  # replayed
     assert_rel_close(got, want, 1e-5)
     engine.close()
 

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tiermem/error.h"
+#include "tiermem/tensor_store.h"
 
 namespace tiermem {
 namespace {
@@ -566,7 +567,13 @@ TEST(Prefetcher, RerecordReadsAheadAlongTheOldOrderWhileItRecords) {
   p.end_step();
   EXPECT_FALSE(p.using_hint());
   EXPECT_EQ(p.stats().hints_dropped, 0u);
-  EXPECT_GT(p.stats().hinted_reads, 0u);
+  // Device + host hints per access: 100 2 + 3, 0 1 + 1, 1 1 + 1, 2 1 + 0, forward's 3 1 + 1,
+  // backward's 3 1 + 1, backward's 2 1 + 0.
+  EXPECT_EQ(p.stats().hinted_reads, 15u);
+  TensorStoreStats st;
+  p.add_stats(st);
+  EXPECT_EQ(st.prefetch_hints_recording, 15u);
+  EXPECT_EQ(st.prefetch_hints, p.stats().device_hints + p.stats().host_hints);
   // The third replays the second's recording (10 accesses), the updates in forward.
   p.begin_step();
   EXPECT_EQ(ids_of(access(100, Phase::kOptimizer), Tier::kDevice), (Ids{0, 1}));
