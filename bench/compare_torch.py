@@ -80,7 +80,11 @@ Contenders (default deepspeed,tiermem,torch; tiermem_init too): deepspeed.initia
 trainable parameters; tiermem.torch.initialize; the plain PEFT model with torch.optim.AdamW on its
 trainable parameters. Per contender: step time (median of steps 3..), max RSS, NVMe bytes per
 measured step from /proc/self/io (read_bytes / write_bytes: storage I/O of the whole process) and,
-for tiermem, engine.stats()'s nvme_{read,written}_{frozen,trainable,optimizer}_bytes, losses.
+for tiermem, engine.stats()'s nvme_{read,written}_{frozen,trainable,optimizer}_bytes, losses; and
+step by step (a "by step" line per tiermem round; --json: each_step_each, one list per round), each
+step's time and, for tiermem, its NVMe reads, the calling thread's waits (driving_stall_ns) and the
+Prefetcher's hints (prefetch_hints; prefetch_hints_recording: given while the step recorded its
+order, by the previous step's).
 DeepSpeed fails on this workload in 0.19.8 (a swap-buffer assertion in the forward that follows
 the traced first step): --ds-variants lists configurations (DS_VARIANTS: buffer_count, max_in_cpu,
 stage3_prefetch_bucket_size 0, max_live_parameters, offload_param on cpu) tried in order until one
@@ -155,6 +159,8 @@ DS_VARIANTS = {
 }
 NVME_STATS = ("nvme_read_bytes", "nvme_written_bytes") + tuple(
     f"nvme_{d}_{k}_bytes" for d in ("read", "written") for k in ("trainable", "frozen", "optimizer", "gradient"))
+# engine.stats() counters a --lora run also reports step by step (each_step), beside nvme_read_bytes.
+STEP_STATS = ("driving_stall_ns", "prefetch_hints", "prefetch_hints_recording")
 SHAPES = common.GPT2_SHAPES
 
 
@@ -486,7 +492,7 @@ def run_lora_worker(a):
             c = dict(zip(("proc_read_bytes", "proc_write_bytes"), common.proc_io()))
             if a.worker.startswith("tiermem"):
                 st = engine.stats()
-                c.update({k: st[k] for k in NVME_STATS if k in st})
+                c.update({k: st[k] for k in NVME_STATS + STEP_STATS if k in st})
             return c
 
         snaps = [counters()]
@@ -502,9 +508,13 @@ def run_lora_worker(a):
         times, losses = common.timed_steps(step, a.steps, after=after)
         first = 2 if len(times) > 2 else 0  # the measured steps: 3.. (all when there are 2 or fewer)
         per_step = {k: (snaps[-1][k] - snaps[first][k]) / (len(times) - first) for k in snaps[0]}
+        # Each step's own figures (tiermem: its NVMe reads, the calling thread's waits, the
+        # Prefetcher's hints given while the step recorded its order by the previous one's).
+        each = [{"step_s": t, **{k: snaps[i + 1][k] - snaps[i][k] for k in snaps[0] if k in ("nvme_read_bytes",) + STEP_STATS}}
+                for i, t in enumerate(times)]
         out.update(step_s=statistics.median(times[first:]), step_times=times, losses=losses,
                    max_rss_bytes=common.max_rss_bytes(), threads=torch.get_num_threads(), rss_marks=marks,
-                   io_per_step=per_step, measured_steps=[first + 1, len(times)])
+                   io_per_step=per_step, measured_steps=[first + 1, len(times)], each_step=each)
         if a.worker.startswith("tiermem"):
             out["stats"] = common.scalar_stats(engine)
             if a.plan_summary:
@@ -773,6 +783,12 @@ def lora_main(a):
                       f"  init {r['init_s']:5.1f} s  load {la:.2f}  io/step read {mb(io['proc_read_bytes'])} MB "
                       f"written {mb(io['proc_write_bytes'])} MB  losses {r['losses'][0]:.4f}..{r['losses'][-1]:.4f}",
                       flush=True)
+                if "nvme_read_bytes" in r["each_step"][0]:
+                    print("    by step: " + "; ".join(
+                        f"{i + 1}: {e['step_s']:.2f} s, read {e['nvme_read_bytes'] / 1e9:.2f} GB, waited "
+                        f"{e['driving_stall_ns'] / 1e9:.2f} s" + (f", {e['prefetch_hints_recording']} hints by the "
+                                                                  "previous order" if e['prefetch_hints_recording'] else "")
+                        for i, e in enumerate(r["each_step"])), flush=True)
                 if "plan_check" in r:
                     print(common.plan_check_line(c, r["plan_check"]), flush=True)
                 if "plan_check_model_rate" in r:
@@ -789,6 +805,7 @@ def lora_main(a):
                       "max_rss_bytes": statistics.median(r["max_rss_bytes"] for r in ok),
                       "init_s": statistics.median(r["init_s"] for r in ok),
                       "rounds": len(ok), "step_s_each": [r["step_s"] for r in ok], "losses": r0["losses"],
+                      "each_step_each": [r["each_step"] for r in ok],
                       "io_per_step": r0["io_per_step"], "init_io": r0["init_io"],
                       "measured_steps": r0["measured_steps"], "trainable_params": r0["trainable_params"],
                       "frozen_params": r0["frozen_params"], "rss_marks": r0["rss_marks"],
