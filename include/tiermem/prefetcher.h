@@ -162,7 +162,7 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
     std::uint64_t aggressive_evictions = 0;           // ... said yes where MIN would have said no
     std::uint64_t write_behinds = 0;                  // keep_on_release said no: the host plan evicts it
     std::uint64_t host_hints_deferred = 0;            // a host read-ahead waiting for planned room
-    std::uint64_t hinted_reads = 0;                   // device + host hints from a rerecord()'s hint
+    std::uint64_t hints_recording = 0;                // device + host hints given while recording (rerecord())
     std::uint64_t hints_dropped = 0;                  // hints dropped: the order did not follow them
   };
   const Stats& stats() const { return stats_; }

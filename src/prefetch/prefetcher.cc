@@ -371,7 +371,7 @@ TensorId Prefetcher::choose_victim(Tier tier, std::span<const TensorId> candidat
 
 void Prefetcher::add_stats(TensorStoreStats& out) const {
   out.prefetch_hints = stats_.device_hints + stats_.host_hints;
-  out.prefetch_hints_recording = stats_.hinted_reads;
+  out.prefetch_hints_recording = stats_.hints_recording;
 }
 
 void Prefetcher::on_evicted(TensorId /*id*/, Tier /*tier*/) { ++stats_.evictions; }
@@ -654,7 +654,7 @@ std::vector<PrefetchHint> Prefetcher::hint_look_ahead(TensorId id, std::uint64_t
     hint_host_cursor_ = c;
   }
   for (const auto& h : hints) ++(h.tier == Tier::kDevice ? stats_.device_hints : stats_.host_hints);
-  stats_.hinted_reads += hints.size();
+  stats_.hints_recording += hints.size();
   return hints;
 }
 

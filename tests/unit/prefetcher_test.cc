@@ -569,7 +569,7 @@ TEST(Prefetcher, RerecordReadsAheadAlongTheOldOrderWhileItRecords) {
   EXPECT_EQ(p.stats().hints_dropped, 0u);
   // Device + host hints per access: 100 2 + 3, 0 1 + 1, 1 1 + 1, 2 1 + 0, forward's 3 1 + 1,
   // backward's 3 1 + 1, backward's 2 1 + 0.
-  EXPECT_EQ(p.stats().hinted_reads, 15u);
+  EXPECT_EQ(p.stats().hints_recording, 15u);
   TensorStoreStats st;
   p.add_stats(st);
   EXPECT_EQ(st.prefetch_hints_recording, 15u);
@@ -614,7 +614,7 @@ TEST(Prefetcher, HintIsDroppedWhenTheOrderDoesNotFollowIt) {
   q.forget_trace();  // e.g. a checkpoint's optimizer state replaced the pending updates
   auto rec = step(q, {0, 1, 2, 3});
   for (auto& x : rec) EXPECT_TRUE(x.empty());
-  EXPECT_EQ(q.stats().hinted_reads, 0u);
+  EXPECT_EQ(q.stats().hints_recording, 0u);
 
   Prefetcher r(o);
   r.rerecord();  // no trace yet: nothing to follow
