@@ -61,8 +61,10 @@ def test_world_size_1_under_the_launcher_costs_what_no_launcher_costs(torch_or_s
     assert launched["wrapped"] == "DistributedDataParallel"
     assert launched["losses"] == plain["losses"]
     # The base not read again (it was, whole, under DDP's wrap). Not bit-equal: which copies the
-    # host keeps when the device evicts them (tiermem.demote_to_host) depends on when reads complete.
-    assert abs(launched["nvme_read_bytes"] - plain["nvme_read_bytes"]) < 0.05 * plain["frozen_bytes"]
+    # host keeps when the device evicts them (tiermem.demote_to_host), and what the second step's
+    # read-ahead along the first step's order evicts, depend on when reads complete (0-8 MiB apart
+    # here, against 53 MiB for one more read of the base).
+    assert abs(launched["nvme_read_bytes"] - plain["nvme_read_bytes"]) < 0.25 * plain["frozen_bytes"]
     tol = 24 * mib
     assert abs(launched["initialized"]["RssAnon"] - plain["initialized"]["RssAnon"]) < tol
     assert launched["trained"]["VmHWM"] - plain["trained"]["VmHWM"] < tol
