@@ -62,9 +62,10 @@ def test_world_size_1_under_the_launcher_costs_what_no_launcher_costs(torch_or_s
     assert launched["losses"] == plain["losses"]
     # The base not read again (it was, whole, under DDP's wrap). Not bit-equal: which copies the
     # host keeps when the device evicts them (tiermem.demote_to_host), and what the second step's
-    # read-ahead along the first step's order evicts, depend on when reads complete (0-8 MiB apart
-    # here, against 53 MiB for one more read of the base).
-    assert abs(launched["nvme_read_bytes"] - plain["nvme_read_bytes"]) < 0.25 * plain["frozen_bytes"]
+    # read-ahead along the first step's order evicts, depend on when reads complete: the two runs'
+    # totals (~175-190 MiB) were 0-11 MiB apart in 8 pairs, where one more read of the base adds
+    # its 53 MiB.
+    assert abs(launched["nvme_read_bytes"] - plain["nvme_read_bytes"]) < 0.5 * plain["frozen_bytes"]
     tol = 24 * mib
     assert abs(launched["initialized"]["RssAnon"] - plain["initialized"]["RssAnon"]) < tol
     assert launched["trained"]["VmHWM"] - plain["trained"]["VmHWM"] < tol
