@@ -117,13 +117,9 @@ void Prefetcher::begin_step() {
   const bool continuing = continuing_;
   continuing_ = false;
   trace_.begin_step();
-  // A hint serves the one recording step right after rerecord().
+  // A hint serves the one recording step right after rerecord() (its position is still at 0:
+  // nothing follows it outside a recording step).
   if (trace_.state() != AccessTrace::State::kRecording) drop_hint();
-  hint_pos_ = 0;
-  hint_dev_cursor_ = -1;
-  hint_host_cursor_ = -1;
-  hint_misses_ = 0;
-  hint_moves_.clear();
   if (trace_.state() == AccessTrace::State::kRecording) {
     rec_overwrite_.clear();
     rec_discard_.clear();
@@ -339,27 +335,23 @@ TensorId Prefetcher::choose_victim(Tier tier, std::span<const TensorId> candidat
     return it == last_tick_.end() ? 0 : it->second;
   };
   TensorId best = candidates.front();
+  // Belady's MIN: the furthest next use (by the trace, or the recording step's hint); ties by LRU.
+  auto furthest = [&](auto next_use) {
+    std::uint64_t best_next = next_use(best);
+    for (TensorId c : candidates.subspan(1)) {
+      const std::uint64_t nu = next_use(c);
+      if (nu > best_next || (nu == best_next && tick(c) < tick(best))) {
+        best = c;
+        best_next = nu;
+      }
+    }
+    ++stats_.belady_victims;
+  };
   if (trace_.replaying()) {
     ensure_derived();
-    std::uint64_t best_next = next_use_abs(best);
-    for (TensorId c : candidates.subspan(1)) {
-      const std::uint64_t nu = next_use_abs(c);
-      if (nu > best_next || (nu == best_next && tick(c) < tick(best))) {
-        best = c;
-        best_next = nu;
-      }
-    }
-    ++stats_.belady_victims;
-  } else if (hint_active()) {  // Belady's MIN on the hint
-    std::uint64_t best_next = hint_next_use(best);
-    for (TensorId c : candidates.subspan(1)) {
-      const std::uint64_t nu = hint_next_use(c);
-      if (nu > best_next || (nu == best_next && tick(c) < tick(best))) {
-        best = c;
-        best_next = nu;
-      }
-    }
-    ++stats_.belady_victims;
+    furthest([&](TensorId id) { return next_use_abs(id); });
+  } else if (hint_active()) {
+    furthest([&](TensorId id) { return hint_next_use(id); });
   } else {
     for (TensorId c : candidates.subspan(1)) {
       if (tick(c) < tick(best) || (tick(c) == tick(best) && c < best)) best = c;
