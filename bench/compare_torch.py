@@ -84,7 +84,7 @@ for tiermem, engine.stats()'s nvme_{read,written}_{frozen,trainable,optimizer}_b
 step by step (a "by step" line per tiermem round; --json: each_step_each, one list per round), each
 step's time and, for tiermem, its NVMe reads, the calling thread's waits (driving_stall_ns) and the
 Prefetcher's hints (prefetch_hints; prefetch_hints_recording: given while the step recorded its
-order, by the previous step's).
+order, by the modules' registration order or the previous step's).
 DeepSpeed fails on this workload in 0.19.8 (a swap-buffer assertion in the forward that follows
 the traced first step): --ds-variants lists configurations (DS_VARIANTS: buffer_count, max_in_cpu,
 stage3_prefetch_bucket_size 0, max_live_parameters, offload_param on cpu) tried in order until one
@@ -786,8 +786,8 @@ def lora_main(a):
                 if "nvme_read_bytes" in r["each_step"][0]:
                     print("    by step: " + "; ".join(
                         f"{i + 1}: {e['step_s']:.2f} s, read {e['nvme_read_bytes'] / 1e9:.2f} GB, waited "
-                        f"{e['driving_stall_ns'] / 1e9:.2f} s" + (f", {e['prefetch_hints_recording']} hints by the "
-                                                                  "previous order" if e['prefetch_hints_recording'] else "")
+                        f"{e['driving_stall_ns'] / 1e9:.2f} s" + (f", {e['prefetch_hints_recording']} hints while "
+                                                                  "recording" if e['prefetch_hints_recording'] else "")
                         for i, e in enumerate(r["each_step"])), flush=True)
                 if "plan_check" in r:
                     print(common.plan_check_line(c, r["plan_check"]), flush=True)

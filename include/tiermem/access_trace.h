@@ -30,16 +30,6 @@
 
 namespace tiermem {
 
-// One access: tensor `id` of `bytes` bytes used at `tier` during `phase`.
-struct TIERMEM_API Access {
-  TensorId id = kInvalidTensor;
-  std::uint64_t bytes = 0;
-  Phase phase = Phase::kOther;
-  Tier tier = Tier::kDevice;
-
-  bool operator==(const Access&) const = default;
-};
-
 class TIERMEM_API AccessTrace {
  public:
   enum class State {

@@ -41,14 +41,16 @@
 // re-records) it is plain LRU: no hints, keep everything on release, evict the least recently
 // accessed. Every derived decision (next uses, reuse distances, look-ahead cursors) is tied to
 // the trace's generation and dropped the moment the trace is invalidated.
-// One exception: a step re-recorded on purpose (rerecord(): the engine's first step with updates
-// moved into forward or backward, where only the optimizer's accesses move) follows the old
-// trace's forward and backward accesses as a hint while it records. Its position in the hint moves
-// with each forward/backward access found within kHintResync positions ahead (others are skipped);
-// from there it reads ahead to the device and from NVMe as a replay would (the same byte budgets,
-// no host plan), and its victims are the tensors whose next use in the hint is furthest (Belady's
-// MIN on the hint; tensors absent from it first). After kHintResync forward/backward accesses in a
-// row that the hint does not have, the hint is dropped (plain LRU for the rest of the step).
+// Two exceptions follow a hint while they record: a step re-recorded on purpose (rerecord(): the
+// engine's first step with updates moved into forward or backward, where only the optimizer's
+// accesses move) follows the old trace's forward and backward accesses, and the first step follows
+// the order its caller expects (expect_order(): an engine's modules forward, then in reverse).
+// The position in the hint moves with each forward/backward access found within kHintResync
+// positions ahead (others are skipped); from there it reads ahead to the device and from NVMe as
+// a replay would (the same byte budgets, no host plan), and its victims are the tensors whose next
+// use in the hint is furthest (Belady's MIN on the hint; tensors absent from it first). After
+// kHintResync forward/backward accesses in a row that the hint does not have, the hint is dropped
+// (plain LRU for the rest of the step).
 //
 // Units: every field of PrefetcherOptions is in BYTES. DeepSpeed's keys are in ELEMENTS
 // (stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance; Config
@@ -127,6 +129,9 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   // Between steps: drops the trace, keeping its forward and backward accesses as the next
   // recording step's hint (see above). Without a trace, the next step records without a hint.
   void rerecord() override;
+  // Before the first step's accesses (no trace yet): `order`'s forward and backward accesses are
+  // that step's hint, followed as rerecord()'s is. Ignored once a trace was recorded.
+  void expect_order(std::span<const Access> order) override;
   // Records/checks the access (kOutsideStep ones only update recency: no trace, no hints); while
   // replaying returns device hints (nearest first) followed by host hints for the NVMe
   // look-ahead. Each trace position is hinted at most once per step.
@@ -183,6 +188,7 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   std::vector<PrefetchHint> hint_look_ahead(TensorId id, std::uint64_t bytes, const ResidencyView& view);
   std::uint64_t hint_next_use(TensorId id) const;  // hint index of id's next use at or after hint_pos_
   void drop_hint();
+  void set_hint(std::vector<Access> hint, std::vector<std::uint8_t> read);
 
   PrefetcherOptions options_;
   AccessTrace trace_;

@@ -47,6 +47,16 @@ constexpr std::string_view phase_name(Phase p) {
   return "?";
 }
 
+// One access: tensor `id` of `bytes` bytes used at `tier` during `phase` (access_trace.h).
+struct TIERMEM_API Access {
+  TensorId id = kInvalidTensor;
+  std::uint64_t bytes = 0;
+  Phase phase = Phase::kOther;
+  Tier tier = Tier::kDevice;
+
+  bool operator==(const Access&) const = default;
+};
+
 // A request the policy makes: bring `id` up to `tier` ahead of use.
 struct TIERMEM_API PrefetchHint {
   TensorId id;
@@ -89,6 +99,11 @@ class TIERMEM_API ResidencyPolicy {
   // them in backward), for good. The trace-based policy records that step afresh and, while it
   // records, reads ahead along the old order's forward and backward accesses (Prefetcher::rerecord).
   virtual void rerecord() {}
+  // Before or at the start of the first step: the order its forward and backward accesses are
+  // expected in (an engine's modules in registration order, then in reverse), which the trace-based
+  // policy reads ahead along while that step records (Prefetcher::expect_order). Only a hint:
+  // accesses it does not have, or in another order, are served as without it.
+  virtual void expect_order(std::span<const Access> /*order*/) {}
   // Its counters into a TensorStore::stats() snapshot (prefetch_hints*), under the store's lock.
   virtual void add_stats(TensorStoreStats& /*out*/) const {}
 

@@ -188,6 +188,7 @@ struct TIERMEM_API TensorStoreStats {
   std::uint64_t evictions[kNumTiers] = {};               // copies dropped to make room / by evict()
   std::uint64_t writebacks[kNumTiers] = {};              // dirty copies written down from tier
   std::uint64_t demotions = 0;  // clean device copies kept in host memory on eviction (demote_to_host)
+  std::uint64_t promotions = 0;  // read-in-place host copies moved to free device room on eviction
   std::uint64_t nvme_read_by_group[kNumGroups] = {};     // bytes read from NVMe, by TensorSpec::group
   std::uint64_t nvme_written_by_group[kNumGroups] = {};  // bytes written to NVMe, by TensorSpec::group
   std::uint64_t hits = 0;            // acquire/fetch found the copy resident and current
@@ -195,8 +196,8 @@ struct TIERMEM_API TensorStoreStats {
   std::uint64_t prefetches_issued = 0;
   std::uint64_t prefetches_dropped = 0;  // did not fit without waiting, or failed
   // The policy's look-ahead (ResidencyPolicy::add_stats): hints it gave (device and NVMe->host),
-  // and of those, the ones a step gave while it recorded, by the previous order
-  // (Prefetcher::rerecord). 0 for a policy without a look-ahead.
+  // and of those, the ones a step gave while it recorded, by an expected or the previous order
+  // (Prefetcher::expect_order, rerecord). 0 for a policy without a look-ahead.
   std::uint64_t prefetch_hints = 0;
   std::uint64_t prefetch_hints_recording = 0;
   // Total time callers waited: acquire() calls that missed (waits + loads), and
@@ -364,11 +365,13 @@ class TIERMEM_API TensorStore {
   void read(TensorId id, std::span<std::byte> out);
   void write(TensorId id, std::span<const std::byte> in);
 
-  // Training step boundaries, forwarded to the policy; forget_trace, rerecord: ResidencyPolicy's.
+  // Training step boundaries, forwarded to the policy; forget_trace, rerecord, expect_order:
+  // ResidencyPolicy's.
   void begin_step();
   void end_step();
   void forget_trace();
   void rerecord();
+  void expect_order(std::span<const Access> order);
 
   TensorStoreStats stats() const;
   // stats().stall_ns alone (nanoseconds callers have waited, summed over callers), without the

@@ -154,7 +154,8 @@ struct TIERMEM_API ZeroStats {
   double nvme_read_gbps = 0, nvme_write_gbps = 0;
   std::uint64_t prefetches_issued = 0;
   // The Prefetcher's hints (TensorStoreStats::prefetch_hints), and of those the ones given while a
-  // step recorded its order afresh, by the previous one (Prefetcher::rerecord).
+  // step recorded its order: the first, by the modules' registration order (expect_order), and one
+  // recorded afresh, by the previous step's (Prefetcher::rerecord).
   std::uint64_t prefetch_hints = 0, prefetch_hints_recording = 0;
   std::uint64_t reduce_scatter_calls = 0;   // bucketed reduce-scatter collectives issued
   std::uint64_t all_gather_calls = 0;

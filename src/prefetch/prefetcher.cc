@@ -102,15 +102,34 @@ void Prefetcher::rerecord() {
     read.push_back(i < overwrite_.size() && overwrite_[i] != 0 ? 0 : 1);
   }
   forget_trace();  // drops the trace (and any older hint)
-  hint_ = std::move(hint);
-  hint_read_ = std::move(read);
-  for (std::size_t i = 0; i < hint_.size(); ++i) hint_positions_[hint_[i].id].push_back(static_cast<std::uint32_t>(i));
+  set_hint(std::move(hint), std::move(read));
   if (!hint_.empty()) {
     TM_LOG_DEBUG("PREFETCH",
                  "re-recording the step's order (the optimizer's accesses move); reading ahead along the "
                  "previous order's {} forward and backward accesses meanwhile",
                  hint_.size());
   }
+}
+
+void Prefetcher::expect_order(std::span<const Access> order) {
+  if (trace_.has_trace() || trace_.state() == AccessTrace::State::kDiverged) return;  // a recorded order is better
+  std::vector<Access> hint;
+  for (const Access& a : order) {
+    if (a.phase == Phase::kForward || a.phase == Phase::kBackward) hint.push_back(a);
+  }
+  std::vector<std::uint8_t> read(hint.size(), 1);
+  set_hint(std::move(hint), std::move(read));
+  if (!hint_.empty()) {
+    TM_LOG_DEBUG("PREFETCH", "the first step reads ahead along the expected order of {} accesses while it records",
+                 hint_.size());
+  }
+}
+
+void Prefetcher::set_hint(std::vector<Access> hint, std::vector<std::uint8_t> read) {
+  drop_hint();
+  hint_ = std::move(hint);
+  hint_read_ = std::move(read);
+  for (std::size_t i = 0; i < hint_.size(); ++i) hint_positions_[hint_[i].id].push_back(static_cast<std::uint32_t>(i));
 }
 
 void Prefetcher::begin_step() {

@@ -551,6 +551,11 @@ void TensorStore::rerecord() {
   impl_->policy_->rerecord();
 }
 
+void TensorStore::expect_order(std::span<const Access> order) {
+  std::lock_guard lock(impl_->mu_);
+  impl_->policy_->expect_order(order);
+}
+
 TensorStoreStats TensorStore::stats() const {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu_);

@@ -134,6 +134,8 @@ void TensorStore::Impl::evict_locked(std::unique_lock<std::mutex>& lock, TensorI
     ++stats_.writebacks[idx(t)];
   } else if (t == Tier::kDevice && to_make_room) {
     demote_locked(lock, id);
+  } else if (t == Tier::kHost && to_make_room) {
+    promote_locked(lock, id);
   }
   tier_free(t, c.ptr);
   account(t, -static_cast<std::int64_t>(c.alloc_bytes));
@@ -204,6 +206,54 @@ void TensorStore::Impl::demote_locked(std::unique_lock<std::mutex>& lock, Tensor
   cv_.notify_all();
 }
 
+void TensorStore::Impl::promote_locked(std::unique_lock<std::mutex>& lock, TensorId id) {
+  Entry& e = *entries_[id];
+  Copy& h = e.copy[idx(Tier::kHost)];
+  Copy& d = e.copy[idx(Tier::kDevice)];
+  if (!e.read_in_place || !device || e.info.home != Tier::kNvme || e.undefined || h.version != e.latest ||
+      d.state != State::kAbsent || d.writing) {
+    return;
+  }
+  const std::uint64_t size = alloc_size(Tier::kDevice, e.info.bytes);
+  if (device_room_wanted_ > 0 || used_[idx(Tier::kDevice)] + size > budget_[idx(Tier::kDevice)]) return;
+  void* p = tier_alloc(Tier::kDevice, size);
+  if (p == nullptr) return;
+  d.ptr = p;
+  d.alloc_bytes = size;
+  d.state = State::kLoading;
+  account(Tier::kDevice, static_cast<std::int64_t>(size));
+  ++h.readers;
+  const std::uint64_t version = h.version;
+  const Phase ph = access_phase();
+  lock.unlock();
+  std::exception_ptr err;
+  try {
+    transfer(e, Tier::kHost, h.ptr, Tier::kDevice, p);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  lock.lock();
+  --h.readers;
+  if (err) {
+    tier_free(Tier::kDevice, p);
+    account(Tier::kDevice, -static_cast<std::int64_t>(size));
+    d = Copy{};
+    cv_.notify_all();
+    try {
+      std::rethrow_exception(err);
+    } catch (const std::exception& ex) {
+      TM_LOG_WARN("RUNTIME", "moving tensor '{}' to the device on its eviction from host memory failed ({}); "
+                  "it is dropped and read from NVMe at its next use", e.info.name, ex.what());
+    }
+    return;
+  }
+  d.state = State::kResident;
+  d.version = version;
+  count_move(e, idx(Tier::kHost), idx(Tier::kDevice), ph);
+  ++stats_.promotions;
+  cv_.notify_all();
+}
+
 void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size, Mode mode,
                 std::chrono::steady_clock::time_point deadline,
                 TensorId incoming, bool home) {
@@ -211,6 +261,14 @@ void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, s
     throw OutOfMemoryError(t, size, budget_[idx(t)],
                            fmt::format("larger than the whole {} budget", tier_name(t)));
   }
+  // Held with mu_ (make_room returns and throws with it held).
+  struct Wanted {
+    int* n;
+    ~Wanted() {
+      if (n) --*n;
+    }
+  } wanted{t == Tier::kDevice ? &device_room_wanted_ : nullptr};
+  if (wanted.n) ++*wanted.n;
   std::vector<TensorId> candidates;
   while (true) {
     if (used_[idx(t)] + size <= budget_[idx(t)]) {

@@ -402,6 +402,18 @@ void ZeroEngine::Impl::finalize() {
   }
   plan_in.finalized = true;
   store->begin_step();  // the Prefetcher records the first step's accesses
+  // ... reading ahead meanwhile along the order the modules were registered in: each stored
+  // module's gather forward, then (an engine that trains) backward in reverse. A model registers
+  // its modules in about the order its forward runs them; where it does not, the Prefetcher skips
+  // what the order does not have, and drops it when nothing matches (Prefetcher::expect_order).
+  std::vector<Access> order;
+  for (const detail::ZeroModule& m : mods) {
+    if (m.stored) order.push_back({m.param, store->info(m.param).bytes, Phase::kForward, staging.gather_tier(m)});
+  }
+  if (!shape.forward_only) {
+    for (std::size_t i = order.size(); i-- > 0;) order.push_back({order[i].id, order[i].bytes, Phase::kBackward, order[i].tier});
+  }
+  store->expect_order(order);
 }
 
 std::uint64_t ZeroEngine::Impl::engine_host_bytes() const {

@@ -273,7 +273,7 @@ TEST(Prefetcher, OverwriteAccessesAreNeverReadAhead) {
   access(5, false);
   access(1, false);
   p.end_step();
-  EXPECT_TRUE(p.using_trace() || p.trace().has_trace());
+  EXPECT_TRUE(p.trace().has_trace());
   EXPECT_EQ(p.trace().invalidations(), 0u);
 }
 
@@ -621,6 +621,42 @@ TEST(Prefetcher, HintIsDroppedWhenTheOrderDoesNotFollowIt) {
   auto first = step(r, {0, 1, 2, 3});
   for (auto& x : first) EXPECT_TRUE(x.empty());
   EXPECT_EQ(ids_of(step(r, {0, 1, 2, 3})[0], Tier::kDevice), (Ids{1}));  // replays
+}
+
+// expect_order(): the first step, with no trace yet, reads ahead along the order its caller
+// expects (an engine's modules forward, then backward in reverse), skipping accesses the order
+// does not have (a gradient's); once a trace is recorded the expected order is ignored.
+TEST(Prefetcher, FirstStepReadsAheadAlongTheExpectedOrder) {
+  PrefetcherOptions o;
+  o.prefetch_bucket_bytes = 10;  // one tensor ahead to the device
+  o.nvme_prefetch_bytes = 0;
+  Prefetcher p(o);
+  std::vector<Access> order;
+  for (TensorId id : {0u, 1u, 2u}) order.push_back({id, 10, Phase::kForward, Tier::kDevice});
+  for (TensorId id : {2u, 1u, 0u}) order.push_back({id, 10, Phase::kBackward, Tier::kDevice});
+  p.begin_step();
+  p.expect_order(order);
+  EXPECT_TRUE(p.using_hint());
+  auto access = [&](TensorId id, Phase phase) {
+    return ids_of(p.on_access(id, 10, Tier::kDevice, phase, empty_view()), Tier::kDevice);
+  };
+  EXPECT_EQ(access(0, Phase::kForward), (Ids{1}));
+  EXPECT_EQ(access(1, Phase::kForward), (Ids{2}));
+  EXPECT_EQ(access(2, Phase::kForward), (Ids{})) << "backward's 2 is the one in use now";
+  EXPECT_EQ(access(50, Phase::kBackward), (Ids{})) << "a gradient: not in the order, the position stays";
+  EXPECT_EQ(access(2, Phase::kBackward), (Ids{1}));
+  EXPECT_EQ(access(1, Phase::kBackward), (Ids{0}));
+  EXPECT_EQ(access(0, Phase::kBackward), (Ids{}));
+  p.end_step();
+  EXPECT_FALSE(p.using_hint());
+  EXPECT_EQ(p.stats().hints_recording, 4u);
+  // Recorded now: the expected order is ignored, the step replays its recording.
+  p.expect_order(order);
+  p.begin_step();
+  EXPECT_FALSE(p.using_hint());
+  EXPECT_TRUE(p.trace().has_trace());
+  EXPECT_EQ(access(0, Phase::kForward), (Ids{1}));
+  p.end_step();
 }
 
 }  // namespace

@@ -205,6 +205,75 @@ TEST_F(StoreTest, AReadInPlaceTensorIsPinnedWhereItsHostCopyIsWhenTheDeviceIsThe
   }
 }
 
+// A read-in-place tensor's host copy pushed out of host memory for room moves to the device
+// when the device has free room (host and device cache it as one), instead of being dropped and
+// read from NVMe again. It never evicts a device copy to get there; an explicit evict() drops it;
+// other tensors are dropped as before.
+TEST_F(StoreTest, AReadInPlaceHostCopyPushedOutMovesToFreeDeviceRoom) {
+  const std::uint64_t n = 400000;  // the host budget holds two, the device one
+  TensorStore& s = make(600000, 1 << 20);
+  ASSERT_TRUE(device_->storage_direct());
+  auto reg = [&](const char* name, int seed, bool in_place) {
+    return s.register_tensor({.name = name, .bytes = n, .home = Tier::kNvme, .initial = make_bytes(seed, 0, n),
+                              .read_in_place = in_place});
+  };
+  const TensorId a = reg("a", 1, true), b = reg("b", 2, true), c = reg("c", 3, true), t = reg("t", 4, false);
+  s.fetch(a, Tier::kHost).get();
+  s.fetch(b, Tier::kHost).get();
+  s.fetch(c, Tier::kHost).get();  // pushes a (least recently used) out of host memory
+  TensorStoreStats st = s.stats();
+  EXPECT_EQ(st.promotions, 1u);
+  EXPECT_EQ(st.moves[1][0], 1u) << "a went host -> device";
+  EXPECT_EQ(st.moves[2][1], 3u) << "three NVMe reads";
+  {
+    TensorStore::Pin pa = s.acquire(a, Tier::kDevice);
+    EXPECT_EQ(pa.tier(), Tier::kDevice);
+    EXPECT_TRUE(matches(pa.data(), 1, 0, n));
+  }
+  EXPECT_EQ(s.stats().moves[2][0], 0u) << "a was not read from NVMe again";
+  // The device is full (a): b, pushed out next, is dropped; a stays.
+  s.fetch(t, Tier::kHost).get();
+  st = s.stats();
+  EXPECT_EQ(st.promotions, 1u);
+  EXPECT_EQ(st.evictions[0], 0u) << "nothing was evicted from the device for b";
+  EXPECT_GE(st.resident_bytes[0], n);
+  // An explicit evict drops; a tensor not read in place is dropped even with device room free.
+  ASSERT_TRUE(s.evict(a, Tier::kDevice));
+  ASSERT_TRUE(s.evict(c, Tier::kHost));
+  EXPECT_EQ(s.stats().promotions, 1u);
+  s.fetch(a, Tier::kHost).get();
+  s.fetch(b, Tier::kHost).get();  // pushes t out
+  st = s.stats();
+  EXPECT_EQ(st.promotions, 1u);
+  EXPECT_EQ(st.resident_bytes[0], 0u);
+  TensorStore::Pin pt = s.acquire(t, Tier::kDevice);
+  EXPECT_TRUE(matches(pt.data(), 4, 0, n));
+}
+
+// A device load that evicts demotes its victim to the host, whose own eviction must not move a
+// host copy up into the room that load is freeing: each would push the other out again, forever.
+TEST_F(StoreTest, AHostCopyIsNotMovedIntoDeviceRoomALoadIsFreeing) {
+  const std::uint64_t n = 400000;
+  TensorStore& s = make(1 << 20, 1 << 20);  // each holds two of n, or n and nothing beside y
+  auto reg = [&](const char* name, int seed, std::uint64_t bytes) {
+    return s.register_tensor({.name = name, .bytes = bytes, .home = Tier::kNvme,
+                              .initial = make_bytes(seed, 0, bytes), .read_in_place = true});
+  };
+  const TensorId x = reg("x", 1, n), a = reg("a", 2, n), b = reg("b", 3, n), y = reg("y", 4, 700000);
+  { TensorStore::Pin px = s.acquire(x, Tier::kDevice); }  // NVMe -> device
+  s.fetch(a, Tier::kHost).get();
+  s.fetch(b, Tier::kHost).get();
+  ASSERT_EQ(s.stats().promotions, 0u);
+  // y needs x's room: x goes down to the host, which pushes a (or b) out; that one stays out of
+  // the device's room y is waiting for.
+  TensorStore::Pin py = s.acquire(y, Tier::kDevice);
+  EXPECT_TRUE(matches(py.data(), 4, 0, 700000));
+  const TensorStoreStats st = s.stats();
+  EXPECT_EQ(st.promotions, 0u);
+  EXPECT_EQ(st.demotions, 1u);
+  EXPECT_LT(st.resident_bytes[0], 700000u + n) << "the device holds y alone";
+}
+
 // The look-ahead's host read of a read-in-place weight and the device's ask for the same weight
 // (a prefetch hint, the gather) meet while that read is in flight: the one NVMe read serves both,
 // the device pin is the host copy. Reads are held at a gate so the meeting is certain.
