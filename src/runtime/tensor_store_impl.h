@@ -408,6 +408,11 @@ struct TensorStore::Impl {
   // step (1.1 B LoRA: 0.3 of 1 GiB used, the base read 6.1 GB a step instead of 4.6). A failed copy
   // is logged and the copy dropped as without it. mu_ held; released during the copy.
   void promote_locked(std::unique_lock<std::mutex>& lock, TensorId id);
+  // demote_locked's and promote_locked's copy: `id`'s copy at `from` (being evicted, current) into
+  // `p` (`size` bytes, allocated at `to` and not yet accounted). True when it is resident there; a
+  // failed copy is logged and undone. mu_ held; released during the copy.
+  bool copy_evicted_locked(std::unique_lock<std::mutex>& lock, TensorId id, Tier from, Tier to, void* p,
+                           std::uint64_t size);
 
   // Allocates `size` accounted bytes at `t`, evicting per the policy; waits for releases until
   // `deadline`. Returns nullptr for a prefetch that would have to wait, or whose victims the

@@ -170,40 +170,7 @@ void TensorStore::Impl::demote_locked(std::unique_lock<std::mutex>& lock, Tensor
     tier_free(Tier::kHost, p);
     return;
   }
-  h.ptr = p;
-  h.alloc_bytes = size;
-  h.state = State::kLoading;
-  account(Tier::kHost, static_cast<std::int64_t>(size));
-  ++d.readers;
-  const std::uint64_t version = d.version;
-  const Phase ph = access_phase();
-  lock.unlock();
-  std::exception_ptr err;
-  try {
-    transfer(e, Tier::kDevice, d.ptr, Tier::kHost, p);
-  } catch (...) {
-    err = std::current_exception();
-  }
-  lock.lock();
-  --d.readers;
-  if (err) {
-    tier_free(Tier::kHost, p);
-    account(Tier::kHost, -static_cast<std::int64_t>(size));
-    h = Copy{};
-    cv_.notify_all();
-    try {
-      std::rethrow_exception(err);
-    } catch (const std::exception& ex) {
-      TM_LOG_WARN("RUNTIME", "keeping tensor '{}' in host memory on its eviction from the device failed ({}); "
-                  "it is dropped and read from NVMe at its next use", e.info.name, ex.what());
-    }
-    return;
-  }
-  h.state = State::kResident;
-  h.version = version;
-  count_move(e, idx(Tier::kDevice), idx(Tier::kHost), ph);
-  ++stats_.demotions;
-  cv_.notify_all();
+  if (copy_evicted_locked(lock, id, Tier::kDevice, Tier::kHost, p, size)) ++stats_.demotions;
 }
 
 void TensorStore::Impl::promote_locked(std::unique_lock<std::mutex>& lock, TensorId id) {
@@ -218,40 +185,48 @@ void TensorStore::Impl::promote_locked(std::unique_lock<std::mutex>& lock, Tenso
   if (device_room_wanted_ > 0 || used_[idx(Tier::kDevice)] + size > budget_[idx(Tier::kDevice)]) return;
   void* p = tier_alloc(Tier::kDevice, size);
   if (p == nullptr) return;
-  d.ptr = p;
-  d.alloc_bytes = size;
-  d.state = State::kLoading;
-  account(Tier::kDevice, static_cast<std::int64_t>(size));
-  ++h.readers;
-  const std::uint64_t version = h.version;
+  if (copy_evicted_locked(lock, id, Tier::kHost, Tier::kDevice, p, size)) ++stats_.promotions;
+}
+
+bool TensorStore::Impl::copy_evicted_locked(std::unique_lock<std::mutex>& lock, TensorId id, Tier from, Tier to,
+                                            void* p, std::uint64_t size) {
+  Entry& e = *entries_[id];
+  Copy& src = e.copy[idx(from)];
+  Copy& dst = e.copy[idx(to)];
+  dst.ptr = p;
+  dst.alloc_bytes = size;
+  dst.state = State::kLoading;
+  account(to, static_cast<std::int64_t>(size));
+  ++src.readers;
+  const std::uint64_t version = src.version;
   const Phase ph = access_phase();
   lock.unlock();
   std::exception_ptr err;
   try {
-    transfer(e, Tier::kHost, h.ptr, Tier::kDevice, p);
+    transfer(e, from, src.ptr, to, p);
   } catch (...) {
     err = std::current_exception();
   }
   lock.lock();
-  --h.readers;
+  --src.readers;
   if (err) {
-    tier_free(Tier::kDevice, p);
-    account(Tier::kDevice, -static_cast<std::int64_t>(size));
-    d = Copy{};
+    tier_free(to, p);
+    account(to, -static_cast<std::int64_t>(size));
+    dst = Copy{};
     cv_.notify_all();
     try {
       std::rethrow_exception(err);
     } catch (const std::exception& ex) {
-      TM_LOG_WARN("RUNTIME", "moving tensor '{}' to the device on its eviction from host memory failed ({}); "
-                  "it is dropped and read from NVMe at its next use", e.info.name, ex.what());
+      TM_LOG_WARN("RUNTIME", "keeping tensor '{}' in {} on its eviction from {} failed ({}); it is dropped and "
+                  "read from NVMe at its next use", e.info.name, tier_name(to), tier_name(from), ex.what());
     }
-    return;
+    return false;
   }
-  d.state = State::kResident;
-  d.version = version;
-  count_move(e, idx(Tier::kHost), idx(Tier::kDevice), ph);
-  ++stats_.promotions;
+  dst.state = State::kResident;
+  dst.version = version;
+  count_move(e, idx(from), idx(to), ph);
   cv_.notify_all();
+  return true;
 }
 
 void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size, Mode mode,

@@ -6,8 +6,8 @@ model that gathered the whole frozen base into host memory at once (VmHWM +1.5x 
 the base read once more from NVMe). launcher_rss_worker.py trains a PEFT LoRA over a Llama built
 under zero.Init (57 MB fp32 base, 8 MiB budgets) 2 steps with the Trainer, once without the
 launcher's variables and once with them, each in its own process: the same losses, the same NVMe
-reads, and RssAnon after initialize and VmHWM after training within 24 MiB (the budgets are
-8 MiB each; the unfixed run was 82 MiB above)."""
+reads up to the first step, and RssAnon after initialize and VmHWM after training within 24 MiB
+(the budgets are 8 MiB each; the unfixed run was 82 MiB above)."""
 
 import json
 import os
@@ -55,17 +55,18 @@ def test_world_size_1_under_the_launcher_costs_what_no_launcher_costs(torch_or_s
     for r, who in ((plain, "no launcher"), (launched, "launcher, world size 1")):
         print(f"{who:24s} {r['wrapped']:24s} RssAnon after initialize {r['initialized']['RssAnon'] / mib:6.1f} MiB, "
               f"VmHWM after training {r['trained']['VmHWM'] / mib:6.1f} MiB, NVMe read "
-              f"{r['nvme_read_bytes'] / mib:6.1f} MiB (frozen base {r['frozen_bytes'] / mib:.1f} MiB)")
+              f"{r['nvme_read_bytes'] / mib:6.1f} MiB, {r['read_before_step_1'] / mib:.1f} MiB of it before step 1 "
+              f"(frozen base {r['frozen_bytes'] / mib:.1f} MiB)")
     # The case this covers: the Trainer did wrap the model in DDP under the launcher's variables.
     assert plain["wrapped"] != "DistributedDataParallel"
     assert launched["wrapped"] == "DistributedDataParallel"
     assert launched["losses"] == plain["losses"]
-    # The base not read again (it was, whole, under DDP's wrap). Not bit-equal: which copies the
-    # host keeps when the device evicts them (tiermem.demote_to_host), and what the second step's
-    # read-ahead along the first step's order evicts, depend on when reads complete: the two runs'
-    # totals (~175-190 MiB) were 0-11 MiB apart in 8 pairs, where one more read of the base adds
-    # its 53 MiB.
-    assert abs(launched["nvme_read_bytes"] - plain["nvme_read_bytes"]) < 0.5 * plain["frozen_bytes"]
+    # The base not read again when the Trainer wraps the model (it was, whole, under DDP's wrap):
+    # the reads up to the first step's start, where the two runs differ by nothing but the wrap.
+    # (Not the whole run's reads: what the two steps' read-ahead reads again at 8 MiB budgets
+    # depends on when reads complete, 175-225 MiB a run, 0-34 MiB apart, where one more read of the
+    # base adds its 53 MiB.)
+    assert abs(launched["read_before_step_1"] - plain["read_before_step_1"]) < 0.5 * plain["frozen_bytes"]
     tol = 24 * mib
     assert abs(launched["initialized"]["RssAnon"] - plain["initialized"]["RssAnon"]) < tol
     assert launched["trained"]["VmHWM"] - plain["trained"]["VmHWM"] < tol
