@@ -401,12 +401,12 @@ struct TensorStore::Impl {
   // Before a clean, current host copy of `id` is freed for room: a read-in-place tensor
   // (TensorSpec::read_in_place: host and device cache it as one) homed on NVMe, with no device
   // copy, moves to the device tier when the device has free room for it now and nobody is making
-  // room there (no device copy is evicted for it, and it never takes room a device load is freeing:
-  // a device eviction demotes to the host, whose eviction would fill that room again, forever),
-  // rather than be dropped and read from NVMe again. Without it the host's
-  // look-ahead, which reads into the host tier, could leave the device tier nearly empty step after
-  // step (1.1 B LoRA: 0.3 of 1 GiB used, the base read 6.1 GB a step instead of 4.6). A failed copy
-  // is logged and the copy dropped as without it. mu_ held; released during the copy.
+  // room there, rather than be dropped and read from NVMe again. No device copy is evicted for it,
+  // and it never takes room a device load is freeing (that load's victim is demoted to the host,
+  // whose eviction would fill the room again, forever). Without the move, the host's look-ahead,
+  // which reads into the host tier, could leave the device tier nearly empty step after step
+  // (1.1 B LoRA: 0.3 of 1 GiB used, the base read 6.1 GB a step instead of 4.6). A failed copy is
+  // logged and the copy dropped as without it. mu_ held; released during the copy.
   void promote_locked(std::unique_lock<std::mutex>& lock, TensorId id);
   // demote_locked's and promote_locked's copy: `id`'s copy at `from` (being evicted, current) into
   // `p` (`size` bytes, allocated at `to` and not yet accounted). True when it is resident there; a
