@@ -97,20 +97,21 @@ struct Entry {
   int acquiring = 0;
 };
 
-// Counts an acquire in `entry`'s Entry::acquiring for its scope (none for nullptr); mu_ held at both ends.
-class AcquiringScope {
+// Counts one user in `*n` for its scope (none for nullptr): an acquire in its Entry::acquiring, a
+// make_room in Impl::device_room_wanted_. mu_ held at both ends.
+class CountScope {
  public:
-  explicit AcquiringScope(Entry* entry) : e_(entry) {
-    if (e_ != nullptr) ++e_->acquiring;
+  explicit CountScope(int* n) : n_(n) {
+    if (n_ != nullptr) ++*n_;
   }
-  ~AcquiringScope() {
-    if (e_ != nullptr) --e_->acquiring;
+  ~CountScope() {
+    if (n_ != nullptr) --*n_;
   }
-  AcquiringScope(const AcquiringScope&) = delete;
-  AcquiringScope& operator=(const AcquiringScope&) = delete;
+  CountScope(const CountScope&) = delete;
+  CountScope& operator=(const CountScope&) = delete;
 
  private:
-  Entry* e_;
+  int* n_;
 };
 
 constexpr int idx(Tier t) { return static_cast<int>(t); }

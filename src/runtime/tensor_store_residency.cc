@@ -236,14 +236,7 @@ void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, s
     throw OutOfMemoryError(t, size, budget_[idx(t)],
                            fmt::format("larger than the whole {} budget", tier_name(t)));
   }
-  // Held with mu_ (make_room returns and throws with it held).
-  struct Wanted {
-    int* n;
-    ~Wanted() {
-      if (n) --*n;
-    }
-  } wanted{t == Tier::kDevice ? &device_room_wanted_ : nullptr};
-  if (wanted.n) ++*wanted.n;
+  const CountScope wanted(t == Tier::kDevice ? &device_room_wanted_ : nullptr);  // promote_locked stays out
   std::vector<TensorId> candidates;
   while (true) {
     if (used_[idx(t)] + size <= budget_[idx(t)]) {
@@ -361,7 +354,7 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
   // An acquire's tensor is nobody's victim until it returns (Entry::acquiring): while it waits
   // (for its copy in transfer, the look-ahead's read of it, or for room), a prefetch for a later
   // access must not take the copy it waits for or reads from, or it would read the tensor again.
-  const AcquiringScope acquiring(mode == Mode::kAcquire ? &e : nullptr);
+  const CountScope acquiring(mode == Mode::kAcquire ? &e.acquiring : nullptr);
   auto timeout = [&] {
     ++stats_.oom_errors;
     int n = 0;
