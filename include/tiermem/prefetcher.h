@@ -48,7 +48,9 @@
 // The position in the hint moves with each forward/backward access found within kHintResync
 // positions ahead (others are skipped); from there it reads ahead to the device and from NVMe as
 // a replay would (the same byte budgets, no host plan), and its victims are the tensors whose next
-// use in the hint is furthest (Belady's MIN on the hint; tensors absent from it first). After
+// use in the hint is furthest (Belady's MIN on the hint; tensors absent from it first), and a
+// read-ahead may push out only what MIN would push out before its use, as in a replay
+// (evict_for_prefetch, on the hint's positions). After
 // kHintResync forward/backward accesses in a row that the hint does not have, the hint is dropped
 // (plain LRU for the rest of the step).
 //
@@ -187,6 +189,11 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   void follow_hint(TensorId id, Phase phase);
   std::vector<PrefetchHint> hint_look_ahead(TensorId id, std::uint64_t bytes, const ResidencyView& view);
   std::uint64_t hint_next_use(TensorId id) const;  // hint index of id's next use at or after hint_pos_
+  // evict_for_prefetch's answer once its positions are known: `victim_use` after `horizon` (the
+  // furthest next use of the accesses from now until incoming's use at `in_use`), or aggressive
+  // within the window (`bytes_to_use`: bytes accessed until then). Counts the answer.
+  bool may_evict_early(Tier tier, std::uint64_t in_use, std::uint64_t horizon, std::uint64_t victim_use,
+                       std::uint64_t bytes_to_use);
   void drop_hint();
   void set_hint(std::vector<Access> hint, std::vector<std::uint8_t> read);
 
@@ -239,6 +246,8 @@ class TIERMEM_API Prefetcher final : public ResidencyPolicy {
   std::vector<Access> hint_;
   std::vector<std::uint8_t> hint_read_;
   std::vector<std::uint8_t> hint_moves_;  // per hint index: counted in the NVMe look-ahead
+  std::vector<std::uint64_t> hint_next_;  // per hint index: the same tensor's next (n + first: the next step's)
+  std::vector<std::uint64_t> hint_bytes_before_;  // hint bytes before each index (n + 1 sums)
   std::unordered_map<TensorId, std::vector<std::uint32_t>> hint_positions_;
   std::size_t hint_pos_ = 0;
   std::int64_t hint_dev_cursor_ = -1, hint_host_cursor_ = -1;

@@ -85,6 +85,8 @@ void Prefetcher::drop_hint() {
   hint_.clear();
   hint_read_.clear();
   hint_moves_.clear();
+  hint_next_.clear();
+  hint_bytes_before_.clear();
   hint_positions_.clear();
   hint_pos_ = 0;
   hint_dev_cursor_ = -1;
@@ -129,7 +131,14 @@ void Prefetcher::set_hint(std::vector<Access> hint, std::vector<std::uint8_t> re
   drop_hint();
   hint_ = std::move(hint);
   hint_read_ = std::move(read);
-  for (std::size_t i = 0; i < hint_.size(); ++i) hint_positions_[hint_[i].id].push_back(static_cast<std::uint32_t>(i));
+  const std::size_t n = hint_.size();
+  for (std::size_t i = 0; i < n; ++i) hint_positions_[hint_[i].id].push_back(static_cast<std::uint32_t>(i));
+  hint_next_.assign(n, 0);
+  for (const auto& [id, pos] : hint_positions_) {
+    for (std::size_t k = 0; k < pos.size(); ++k) hint_next_[pos[k]] = k + 1 < pos.size() ? pos[k + 1] : n + pos.front();
+  }
+  hint_bytes_before_.assign(n + 1, 0);
+  for (std::size_t i = 0; i < n; ++i) hint_bytes_before_[i + 1] = hint_bytes_before_[i] + hint_[i].bytes;
 }
 
 void Prefetcher::begin_step() {
@@ -548,33 +557,42 @@ bool Prefetcher::grant_host_room(std::int64_t q, std::uint64_t bytes) {
 }
 
 bool Prefetcher::evict_for_prefetch(Tier tier, TensorId incoming, TensorId victim) {
-  if (!trace_.replaying()) {
-    if (!hint_active()) return true;
-    // A read-ahead along the hint evicts only what the hint uses after the tensor it reads.
-    if (hint_next_use(victim) > hint_next_use(incoming)) return true;
-    ++stats_.prefetches_refused;
-    return false;
-  }
-  ensure_derived();
   // Demand-loading `incoming` at its use would pick the victim among everything resident then,
   // including the tensors accessed from now until that use (pinned or still to come now). Evicting
   // `victim` early is harmless only if it would still be the furthest: its next use must come
-  // after incoming's use and after the next uses of every access in between.
-  const std::uint64_t in_use = next_use_abs(incoming);
-  if (in_use == kNoNextUse) return false;  // not in the trace: no reason to prefetch it
-  std::uint64_t horizon = in_use;
-  const auto n = static_cast<std::uint64_t>(next_.size());
-  for (auto q = static_cast<std::uint64_t>(std::max<std::int64_t>(cur_, 0)); q < in_use; ++q) {
-    horizon = std::max(horizon, q - q % n + next_[q % n]);
+  // after incoming's use and after the next uses of every access in between. The same rule over
+  // the trace (replaying) and over the hint (a recording step reading ahead along an order).
+  if (trace_.replaying()) {
+    ensure_derived();
+    const std::uint64_t in_use = next_use_abs(incoming);
+    if (in_use == kNoNextUse) return false;  // not in the trace: no reason to prefetch it
+    std::uint64_t horizon = in_use;
+    const auto n = static_cast<std::uint64_t>(next_.size());
+    for (auto q = static_cast<std::uint64_t>(std::max<std::int64_t>(cur_, 0)); q < in_use; ++q) {
+      horizon = std::max(horizon, q - q % n + next_[q % n]);
+    }
+    return may_evict_early(tier, in_use, horizon, next_use_abs(victim), bytes_until(in_use));
   }
-  const std::uint64_t victim_use = next_use_abs(victim);
+  if (!hint_active()) return true;
+  const std::uint64_t in_use = hint_next_use(incoming);
+  if (in_use == kNoNextUse) return false;
+  std::uint64_t horizon = in_use;
+  const std::uint64_t n = hint_.size();
+  const std::uint64_t now = hint_pos_ > 0 ? hint_pos_ - 1 : 0;  // the latest access (pinned now)
+  for (std::uint64_t q = now; q < std::min(in_use, n); ++q) horizon = std::max(horizon, hint_next_[q]);
+  const std::uint64_t to_use = hint_bytes_before_[std::min(in_use + 1, n)] - hint_bytes_before_[std::min(hint_pos_, n)];
+  return may_evict_early(tier, in_use, horizon, hint_next_use(victim), to_use);
+}
+
+bool Prefetcher::may_evict_early(Tier tier, std::uint64_t in_use, std::uint64_t horizon, std::uint64_t victim_use,
+                                 std::uint64_t bytes_to_use) {
   if (victim_use > horizon) return true;
   // Aggressive (PrefetcherOptions::aggressive_prefetch): the victim is still used after incoming,
   // so incoming is not read at the cost of something needed before it; and incoming's use is
   // within the window (a quarter of the tier's budget in bytes accessed until then), so the
   // read-ahead takes that much of the cache from what MIN keeps, not all of it.
   const std::uint64_t window = aggressive_window(budget_seen_, tier);
-  if (options_.aggressive_prefetch && victim_use > in_use && (window == 0 || bytes_until(in_use) <= window)) {
+  if (options_.aggressive_prefetch && victim_use > in_use && (window == 0 || bytes_to_use <= window)) {
     ++stats_.aggressive_evictions;
     return true;
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <random>
 #include <set>
 
@@ -560,7 +561,11 @@ TEST(Prefetcher, RerecordReadsAheadAlongTheOldOrderWhileItRecords) {
   EXPECT_EQ(p.choose_victim(Tier::kDevice, cand), 0u);
   const TensorId cand2[] = {1, 100, 0};
   EXPECT_EQ(p.choose_victim(Tier::kDevice, cand2), 100u);
-  EXPECT_TRUE(p.evict_for_prefetch(Tier::kDevice, 2, 0)) << "0 is used after backward's 2";
+  // A read-ahead pushes out only what MIN would push out before its use (as in a replay).
+  EXPECT_TRUE(p.evict_for_prefetch(Tier::kDevice, 3, 0)) << "0 is used after every next use until forward's 3";
+  EXPECT_FALSE(p.evict_for_prefetch(Tier::kDevice, 2, 0))
+      << "0 is used after backward's 2, but backward's 3 comes first and 3 is used again only next step: "
+         "MIN would push out 3";
   EXPECT_FALSE(p.evict_for_prefetch(Tier::kDevice, 0, 3)) << "3 is used before backward's 0";
   for (TensorId id : {3u}) access(id, Phase::kForward);
   for (TensorId id : {3u, 2u, 1u, 0u}) access(id, Phase::kBackward);
@@ -657,6 +662,41 @@ TEST(Prefetcher, FirstStepReadsAheadAlongTheExpectedOrder) {
   EXPECT_TRUE(p.trace().has_trace());
   EXPECT_EQ(access(0, Phase::kForward), (Ids{1}));
   p.end_step();
+}
+
+// While the first step reads ahead along the expected order, a prefetch may push out a cached
+// tensor only where MIN would before the prefetched one's use; aggressive prefetching (a
+// forward-only engine's default) also allows a victim used after it, within a quarter of the
+// tier's budget of bytes ahead, as a replay does.
+TEST(Prefetcher, FirstStepReadAheadEvictsAsAReplayWould) {
+  std::vector<Access> order;
+  for (TensorId id : {0u, 1u, 2u, 3u}) order.push_back({id, 10, Phase::kForward, Tier::kDevice});
+  for (TensorId id : {3u, 2u, 1u, 0u}) order.push_back({id, 10, Phase::kBackward, Tier::kDevice});
+  auto first_access = [&](bool aggressive, std::uint64_t device_budget) {
+    PrefetcherOptions o;
+    o.aggressive_prefetch = aggressive;
+    auto p = std::make_unique<Prefetcher>(o);
+    p->begin_step();
+    p->expect_order(order);
+    ResidencyView view;
+    view.budget_bytes[static_cast<int>(Tier::kDevice)] = device_budget;
+    p->on_access(0, 10, Tier::kDevice, Phase::kForward, view);
+    return p;
+  };
+  // After forward's 0: 0 is next used last (backward's 0), so MIN's horizon for any read-ahead is
+  // that use; 3 (used at forward's 3) falls before it.
+  auto min = first_access(false, 80);
+  EXPECT_TRUE(min->evict_for_prefetch(Tier::kDevice, 1, 4)) << "4 is not in the order: never used";
+  EXPECT_FALSE(min->evict_for_prefetch(Tier::kDevice, 1, 3));
+  EXPECT_EQ(min->stats().prefetches_refused, 1u);
+  auto wide = first_access(true, 80);  // window: 20 bytes ahead
+  EXPECT_TRUE(wide->evict_for_prefetch(Tier::kDevice, 1, 3)) << "3 is used after 1, 1 is 10 bytes ahead";
+  EXPECT_TRUE(wide->evict_for_prefetch(Tier::kDevice, 2, 3)) << "2 is 20 bytes ahead";
+  EXPECT_FALSE(wide->evict_for_prefetch(Tier::kDevice, 3, 2)) << "2 is used before 3";
+  EXPECT_EQ(wide->stats().aggressive_evictions, 2u);
+  auto narrow = first_access(true, 40);  // window: 10 bytes ahead
+  EXPECT_TRUE(narrow->evict_for_prefetch(Tier::kDevice, 1, 3));
+  EXPECT_FALSE(narrow->evict_for_prefetch(Tier::kDevice, 2, 3)) << "2 is beyond the window";
 }
 
 }  // namespace
