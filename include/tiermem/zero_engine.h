@@ -121,6 +121,10 @@ struct TIERMEM_API ZeroStats {
   std::uint64_t host_to_device_bytes = 0;  // and the engine's own staging copies (a device
   std::uint64_t device_to_host_bytes = 0;  // the CPU cannot address: zero_device.cc)
   std::uint64_t store_hits = 0, store_misses = 0;  // acquires that found / had to load a copy
+  // Copies moved between the memory tiers on eviction instead of dropped (TensorStoreStats):
+  // device copies kept in host memory (demote_to_host), read-in-place host copies moved to free
+  // device room. Counts.
+  std::uint64_t store_demotions = 0, store_promotions = 0;
   std::uint64_t stall_ns = 0;               // time acquires waited for loads and room (compute + step)
   // The calling (driving) thread's share: its acquires' waits plus its waits for the engine's
   // update and gradient threads, not those threads' own stalls, which overlap its work. Never

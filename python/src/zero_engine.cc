@@ -416,6 +416,8 @@ class PyZeroEngine {
     d["device_to_host_bytes"] = s.device_to_host_bytes;
     d["store_hits"] = s.store_hits;
     d["store_misses"] = s.store_misses;
+    d["store_demotions"] = s.store_demotions;
+    d["store_promotions"] = s.store_promotions;
     d["stall_ns"] = s.stall_ns;
     d["driving_stall_ns"] = s.driving_stall_ns;
     d["deferred_update_ns"] = s.deferred_update_ns;

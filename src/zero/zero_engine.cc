@@ -497,6 +497,8 @@ ZeroStats ZeroEngine::stats() const {
     s.device_to_host_bytes = t.bytes_moved[d][h];
     s.store_hits = t.hits;
     s.store_misses = t.misses;
+    s.store_demotions = t.demotions;
+    s.store_promotions = t.promotions;
     s.stall_ns = t.stall_ns;
     s.driving_stall_ns = I.driving_stall_ns();
     std::copy(std::begin(t.phases), std::end(t.phases), std::begin(s.phases));
