@@ -378,6 +378,11 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
       if (mode == Mode::kAcquire) ++h.pins;
       return h.ptr;
     }
+    if (t == Tier::kHost && mode == Mode::kPrefetch && e.read_in_place && readable(e, idx(Tier::kDevice))) {
+      // Its reader gathers the current device copy: a host copy read ahead beside it would read
+      // NVMe a second time (a device hint of the same weight landed first).
+      return e.copy[idx(Tier::kDevice)].ptr;
+    }
     *hit = false;
     // A read-in-place tensor's host copy is its device copy to its reader: while one is being
     // loaded, the device waits for it, and a host prefetch leaves a device load alone, rather than

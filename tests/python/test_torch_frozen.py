@@ -111,6 +111,44 @@ def test_the_steps_that_record_the_order_read_ahead(torch_or_skip, tmp_path):
     engine.close()
 
 
+@pytest.mark.parametrize("bucket", [None, 20000])
+def test_a_base_the_device_budget_holds_is_read_once(torch_or_skip, tmp_path, bucket):
+    """A frozen base homed on NVMe that fits the device budget but not the host's is read from NVMe
+    once in all, in the first step; the later steps read none of it. The first step reads ahead
+    along the modules' order, to the device (the bucket) and further to host memory:
+    - a weight the device read first is not read again into host memory (bucket: the default);
+    - on a device whose memory is the CPU's, a host copy pushed out for room moves to free device
+      room (engine.stats()'s store_promotions) instead of being dropped and read again (bucket:
+      20000 elements, so that most of the read-ahead goes through the 1 MiB host budget).
+    Losses equal the plain PEFT loop's."""
+    hf_or_skip()
+    import tiermem.torch as tt
+    data = batches(4)
+    want = reference_losses(_lora(build("llama", hidden=128), "llama"), data, 4)
+    cfg = ds_config(tmp_path, "nvme", tiermem={"host_budget_bytes": "1MiB", "device_budget_bytes": "16MiB"})
+    if bucket is not None:
+        cfg["zero_optimization"]["stage3_prefetch_bucket_size"] = bucket
+    with tt.zero.Init(config=cfg):
+        base = build("llama", hidden=128)
+    engine, *_ = tt.initialize(model=_lora(base, "llama"), config=cfg)
+    keys = ("nvme_read_frozen_bytes", "store_promotions")
+    snaps, got = [{k: engine.stats()[k] for k in keys}], []
+    for b in data:
+        loss = engine(input_ids=b, labels=b).loss
+        engine.backward(loss)
+        engine.step()
+        got.append(loss.item())
+        snaps.append({k: engine.stats()[k] for k in keys})
+    read, promoted = ([b[k] - a[k] for a, b in zip(snaps, snaps[1:])] for k in keys)
+    frozen = engine.stats()["frozen_param_bytes"]
+    assert frozen > (1 << 20), frozen  # more than the host budget holds
+    assert read == [frozen, 0, 0, 0], (read, frozen)
+    if bucket is not None:
+        assert promoted[0] > 0, promoted
+    assert_rel_close(got, want, 1e-5)
+    engine.close()
+
+
 def test_lora_bf16_within_tolerance(torch_or_skip, tmp_path):
     """bf16 against the same PEFT model in bf16 with fp32 master copies of the adapters (as in
     test_torch_errors' bf16 test): 2e-3 relative over 10 steps."""

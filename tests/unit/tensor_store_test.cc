@@ -250,6 +250,34 @@ TEST_F(StoreTest, AReadInPlaceHostCopyPushedOutMovesToFreeDeviceRoom) {
   EXPECT_TRUE(matches(pt.data(), 4, 0, n));
 }
 
+// A host read-ahead of a read-in-place tensor whose device copy is current does nothing: its
+// reader gathers the device copy, and a host copy beside it would read NVMe a second time (the
+// look-ahead hints the same weight to the device and, further on, to the host). A tensor not
+// read in place is read into host memory as before.
+TEST_F(StoreTest, AHostReadAheadOfAReadInPlaceTensorOnTheDeviceReadsNothing) {
+  const std::uint64_t n = 4096;
+  TensorStore& s = make(1 << 20, 1 << 20);
+  ASSERT_TRUE(device_->storage_direct());
+  auto reg = [&](const char* name, int seed, bool in_place) {
+    return s.register_tensor({.name = name, .bytes = n, .home = Tier::kNvme, .initial = make_bytes(seed, 0, n),
+                              .read_in_place = in_place});
+  };
+  const TensorId a = reg("a", 1, true), t = reg("t", 2, false);
+  { TensorStore::Pin pa = s.acquire(a, Tier::kDevice); }
+  { TensorStore::Pin pt = s.acquire(t, Tier::kDevice); }
+  ASSERT_EQ(s.stats().moves[2][0], 2u);
+  const TensorId ids[] = {a, t};
+  s.prefetch(ids, Tier::kHost);
+  s.drain();
+  const TensorStoreStats st = s.stats();
+  EXPECT_EQ(st.moves[2][1], 1u) << "t read into host memory; a not";
+  EXPECT_EQ(st.prefetches_dropped, 0u);
+  TensorStore::Pin pa = s.acquire(a, Tier::kDevice);
+  EXPECT_EQ(pa.tier(), Tier::kDevice);
+  EXPECT_TRUE(matches(pa.data(), 1, 0, n));
+  EXPECT_EQ(s.stats().moves[2][0], 2u) << "a read from NVMe once";
+}
+
 // A device load that evicts demotes its victim to the host, whose own eviction must not move a
 // host copy up into the room that load is freeing: each would push the other out again, forever.
 TEST_F(StoreTest, AHostCopyIsNotMovedIntoDeviceRoomALoadIsFreeing) {
