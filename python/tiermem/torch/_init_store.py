@@ -165,10 +165,16 @@ class InitStore:
     def store(self, p: torch.Tensor, values: torch.Tensor, take: bool = False) -> None:
         """Keeps a copy of `values` as `p`'s (a slot of the file, reused while its size holds).
         `take`: in host memory, `values` itself is kept, not a copy (store_param: `p` gives its
-        tensor up, so the build never holds a parameter twice)."""
+        tensor up, so the build never holds a parameter twice). In host memory, the store's own
+        tensor handed back (changed in place through the parameter: HF's post_init) stays as it is:
+        a copy would free the old one, and glibc, freeing a mapped block, serves every later block
+        up to its size from its heap, which the steps' activations then spread over (max RSS)."""
         values = values.detach().contiguous()
         if self.fd < 0:
-            self.mem[id(p)] = values.clone() if values.data_ptr() == p.data_ptr() and not take else values
+            held = self.mem.get(id(p))
+            own = (held is not None and held.data_ptr() == values.data_ptr() and held.dtype == values.dtype
+                   and held.shape == values.shape)
+            self.mem[id(p)] = held if own else values.clone() if values.data_ptr() == p.data_ptr() and not take else values
             self.slots[id(p)] = (0, 0, values.dtype, values.shape)
             return
         nbytes = values.numel() * values.element_size()
