@@ -372,16 +372,13 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
       if (mode == Mode::kAcquire) ++c.pins;
       return c.ptr;
     }
-    if (t == Tier::kDevice && e.read_in_place && readable(e, idx(Tier::kHost))) {
-      // Its current host copy is read where it is (the device's memory is the CPU's).
-      Copy& h = e.copy[idx(Tier::kHost)];
-      if (mode == Mode::kAcquire) ++h.pins;
-      return h.ptr;
-    }
-    if (t == Tier::kHost && mode == Mode::kPrefetch && e.read_in_place && readable(e, idx(Tier::kDevice))) {
-      // Its reader gathers the current device copy: a host copy read ahead beside it would read
-      // NVMe a second time (a device hint of the same weight landed first).
-      return e.copy[idx(Tier::kDevice)].ptr;
+    // Read in place (the device's memory is the CPU's): a device read takes the current host copy
+    // where it is; a host read-ahead is done when the device copy is current (its reader gathers
+    // that one: a host copy beside it would read NVMe a second time).
+    if (const int o = idx(t == Tier::kDevice ? Tier::kHost : Tier::kDevice);
+        e.read_in_place && (t == Tier::kDevice || (t == Tier::kHost && mode == Mode::kPrefetch)) && readable(e, o)) {
+      if (mode == Mode::kAcquire) ++e.copy[o].pins;
+      return e.copy[o].ptr;
     }
     *hit = false;
     // A read-in-place tensor's host copy is its device copy to its reader: while one is being
