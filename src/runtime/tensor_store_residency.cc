@@ -239,6 +239,10 @@ void* TensorStore::Impl::make_room(std::unique_lock<std::mutex>& lock, Tier t, s
   const CountScope wanted(t == Tier::kDevice ? &device_room_wanted_ : nullptr);  // promote_locked stays out
   std::vector<TensorId> candidates;
   while (true) {
+    // Room for `incoming` is not needed once another call (a prefetch, a fetch) started its copy
+    // here meanwhile: nullptr, the caller looks again. Waiting on could last forever where that
+    // copy fills the tier: an acquire's own tensor is nobody's victim (Entry::acquiring).
+    if (incoming != kInvalidTensor && entries_[incoming]->copy[idx(t)].state != State::kAbsent) return nullptr;
     if (used_[idx(t)] + size <= budget_[idx(t)]) {
       if (void* p = tier_alloc(t, size, home)) return p;
     }
@@ -402,7 +406,8 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
     if (c.state == State::kAbsent) {
       std::uint64_t size = alloc_size(t, e.info.bytes);
       void* p = make_room(lock, t, size, mode, deadline, id);
-      if (p == nullptr) return nullptr;
+      if (p == nullptr && mode == Mode::kPrefetch && c.state == State::kAbsent) return nullptr;
+      if (p == nullptr) continue;  // loaded by another call meanwhile: look again
       if (c.state != State::kAbsent) {  // someone else started meanwhile (mu_ was released)
         tier_free(t, p);
         continue;

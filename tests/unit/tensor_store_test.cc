@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <future>
 #include <thread>
 
 #include "tiermem/error.h"
@@ -276,6 +277,39 @@ TEST_F(StoreTest, AHostReadAheadOfAReadInPlaceTensorOnTheDeviceReadsNothing) {
   EXPECT_EQ(pa.tier(), Tier::kDevice);
   EXPECT_TRUE(matches(pa.data(), 1, 0, n));
   EXPECT_EQ(s.stats().moves[2][0], 2u) << "a read from NVMe once";
+}
+
+// Two calls wait for device room for the same tensor x, which fills the device once loaded: an
+// acquire (x is nobody's victim while it waits) and a fetch. Whichever gets the room loads x; the
+// other must then find x there, not wait for room that only evicting x could give (it timed out:
+// the 1.1 B LoRA in a memory cgroup, acquiring lm_head while a prefetch loaded it, 4 runs of 5).
+TEST_F(StoreTest, TwoCallsWaitingForRoomForOneTensorBothGetIt) {
+  const std::uint64_t n = 600000;
+  TensorStore& s = make(700000, 1 << 21, 64 << 10, /*timeout_s=*/3);
+  auto reg = [&](const char* name, int seed) {
+    return s.register_tensor({.name = name, .bytes = n, .home = Tier::kNvme, .initial = make_bytes(seed, 0, n)});
+  };
+  const TensorId x = reg("x", 1), y = reg("y", 2);
+  TensorStore::Pin py = s.acquire(y, Tier::kDevice);  // the device is full until it is released
+  std::future<void> f = s.fetch(x, Tier::kDevice);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the fetch waits for room
+  std::exception_ptr err;
+  bool matched = false;
+  std::thread b([&] {
+    try {
+      TensorStore::Pin px = s.acquire(x, Tier::kDevice);
+      matched = matches(px.data(), 1, 0, n);
+    } catch (...) {
+      err = std::current_exception();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // so does the acquire
+  py.release();
+  EXPECT_NO_THROW(f.get());
+  b.join();
+  EXPECT_FALSE(err) << "the acquire timed out";
+  EXPECT_TRUE(matched);
+  EXPECT_EQ(s.stats().moves[2][0], 2u) << "x read once, y once";
 }
 
 // A device load that evicts demotes its victim to the host, whose own eviction must not move a
