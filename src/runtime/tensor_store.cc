@@ -375,9 +375,8 @@ TensorStore::Pin TensorStore::acquire_for_overwrite(TensorId id, Tier tier) {
       const std::uint64_t size = m.alloc_size(tier, e.info.bytes);
       stalled |= m.used_[idx(tier)] + size > m.budget_[idx(tier)];  // evicts (and may write back)
       void* p = m.make_room(lock, tier, size, Mode::kAcquire, deadline, id);
-      if (p == nullptr) continue;  // loaded by another call meanwhile: look again
       if (c.state != State::kAbsent) {  // someone else started meanwhile (mu_ was released)
-        m.tier_free(tier, p);
+        if (p != nullptr) m.tier_free(tier, p);
         continue;
       }
       c.ptr = p;

@@ -417,9 +417,9 @@ struct TensorStore::Impl {
 
   // Allocates `size` accounted bytes at `t`, evicting per the policy; waits for releases until
   // `deadline`. Returns nullptr once `incoming`'s copy at `t` is no longer absent (another call
-  // started it meanwhile: the caller looks again), and for a prefetch that would have to wait, or
-  // whose victims the policy refuses: a prefetch of `incoming` first plans every victim it needs (choose_victim
-  // over the remaining candidates) and asks evict_for_prefetch once per planned victim; it evicts
+  // started it meanwhile, as the callers check after any return), and for a prefetch that would
+  // have to wait, or whose victims the policy refuses: a prefetch of `incoming` first plans every
+  // victim it needs (choose_victim over the remaining candidates) and asks evict_for_prefetch once per planned victim; it evicts
   // none unless all are accepted, so a refused prefetch costs nothing. Throws OutOfMemoryError.
   void* make_room(std::unique_lock<std::mutex>& lock, Tier t, std::uint64_t size, Mode mode,
                   std::chrono::steady_clock::time_point deadline,

@@ -406,12 +406,11 @@ void* TensorStore::Impl::ensure(std::unique_lock<std::mutex>& lock, TensorId id,
     if (c.state == State::kAbsent) {
       std::uint64_t size = alloc_size(t, e.info.bytes);
       void* p = make_room(lock, t, size, mode, deadline, id);
-      if (p == nullptr && mode == Mode::kPrefetch && c.state == State::kAbsent) return nullptr;
-      if (p == nullptr) continue;  // loaded by another call meanwhile: look again
       if (c.state != State::kAbsent) {  // someone else started meanwhile (mu_ was released)
-        tier_free(t, p);
+        if (p != nullptr) tier_free(t, p);
         continue;
       }
+      if (p == nullptr) return nullptr;  // a prefetch that would have to wait
       src = find_source(e, t);
       if (src < 0) {
         tier_free(t, p);

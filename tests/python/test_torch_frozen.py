@@ -81,6 +81,19 @@ def test_lora_under_init_equals_plain_peft(torch_or_skip, tmp_path, kind):
     engine.close()
 
 
+def _train_by_step(engine, data, keys):
+    """One engine step per batch: the losses, and for each of `keys` its engine.stats() change over
+    each step (a list per key, in the order of `keys`)."""
+    snaps, got = [{k: engine.stats()[k] for k in keys}], []
+    for b in data:
+        loss = engine(input_ids=b, labels=b).loss
+        engine.backward(loss)
+        engine.step()
+        got.append(loss.item())
+        snaps.append({k: engine.stats()[k] for k in keys})
+    return got, [[b[k] - a[k] for a, b in zip(snaps, snaps[1:])] for k in keys]
+
+
 def test_the_steps_that_record_the_order_read_ahead(torch_or_skip, tmp_path):
     """The first step records the order of its accesses, reading ahead along the order the engine's
     modules were registered in (forward, then backward in reverse). Its updates are deferred into the
@@ -95,15 +108,7 @@ def test_the_steps_that_record_the_order_read_ahead(torch_or_skip, tmp_path):
     with tt.zero.Init(config=cfg):
         base = build("llama", hidden=128)
     engine, *_ = tt.initialize(model=_lora(base, "llama"), config=cfg)
-    keys = ("prefetch_hints", "prefetch_hints_recording")
-    snaps, got = [{k: engine.stats()[k] for k in keys}], []
-    for b in data:
-        loss = engine(input_ids=b, labels=b).loss
-        engine.backward(loss)
-        engine.step()
-        got.append(loss.item())
-        snaps.append({k: engine.stats()[k] for k in keys})
-    hints, recording = ([b[k] - a[k] for a, b in zip(snaps, snaps[1:])] for k in keys)
+    got, (hints, recording) = _train_by_step(engine, data, ("prefetch_hints", "prefetch_hints_recording"))
     assert recording[0] > 0 and hints[0] == recording[0], (hints, recording)
     assert recording[1] > 0 and hints[1] == recording[1], (hints, recording)
     assert recording[2:] == [0, 0] and all(h > 0 for h in hints[2:]), (hints, recording)  # replayed
@@ -131,15 +136,7 @@ def test_a_base_the_device_budget_holds_is_read_once(torch_or_skip, tmp_path, bu
     with tt.zero.Init(config=cfg):
         base = build("llama", hidden=128)
     engine, *_ = tt.initialize(model=_lora(base, "llama"), config=cfg)
-    keys = ("nvme_read_frozen_bytes", "store_promotions")
-    snaps, got = [{k: engine.stats()[k] for k in keys}], []
-    for b in data:
-        loss = engine(input_ids=b, labels=b).loss
-        engine.backward(loss)
-        engine.step()
-        got.append(loss.item())
-        snaps.append({k: engine.stats()[k] for k in keys})
-    read, promoted = ([b[k] - a[k] for a, b in zip(snaps, snaps[1:])] for k in keys)
+    got, (read, promoted) = _train_by_step(engine, data, ("nvme_read_frozen_bytes", "store_promotions"))
     frozen = engine.stats()["frozen_param_bytes"]
     assert frozen > (1 << 20), frozen  # more than the host budget holds
     assert read == [frozen, 0, 0, 0], (read, frozen)
