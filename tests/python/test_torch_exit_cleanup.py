@@ -78,3 +78,43 @@ def test_swap_files_are_removed_after_a_keyboard_interrupt_in_forward(torch_or_s
     assert "KeyboardInterrupt" in p.stderr, p.stderr[-3000:]
     assert "tiermem-swap-" in p.stdout, p.stdout
     assert not nvme.exists(), sorted(os.path.join(r, f) for r, _, fs in os.walk(nvme) for f in fs)
+
+
+RAISED_IN_A_CALL = r"""
+import sys, torch
+import tiermem.torch as tt
+from torch_models import ds_config
+torch.set_num_threads(1)
+cfg = ds_config(sys.argv[1], "nvme", tiermem={"host_budget_bytes": "16MiB", "device_budget_bytes": "16MiB"})
+
+def build():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+model, plain = build(), build()
+engine, *_ = tt.initialize(model=model, config=cfg)
+with torch.no_grad():
+    v, pv = model[0].weight.view(-1), plain[0].weight.view(-1)
+x = torch.randn(2, 16)
+engine.backward(engine(x).sum())
+engine.step()
+plain(x).sum().backward()
+torch.optim.SGD(plain.parameters(), lr=0.1).step()
+found = [f for _, _, fs in __import__("os").walk(sys.argv[1]) for f in fs]
+print("files while training:", sorted(found), flush=True)
+v - pv  # torch refuses pv (a no_grad view whose base changed), raised while the unit is gathered for the call
+"""
+
+
+def test_swap_files_are_removed_after_an_uncaught_error_in_a_call_on_a_parameter(torch_or_skip, tmp_path):
+    """An uncaught error raised inside a torch call on a released parameter: the traceback Python
+    keeps at exit (sys.last_traceback) holds the call's frames, and in them the unit's gathered
+    memory, which kept the engine and its swap file and lock alive past the close at exit (found by
+    a helper trying the product as a new user)."""
+    nvme = tmp_path / "swap"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", RAISED_IN_A_CALL, str(nvme)], capture_output=True, text=True, timeout=300,
+                       cwd=HERE, env=env)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-5000:]
+    assert "A view was created in no_grad mode" in p.stderr, p.stderr[-3000:]
+    assert "tiermem-swap-" in p.stdout, p.stdout
+    assert not nvme.exists(), sorted(os.path.join(r, f) for r, _, fs in os.walk(nvme) for f in fs)

@@ -316,3 +316,49 @@ def test_a_users_saved_tensor_hooks_see_every_saved_tensor(torch_or_skip, tmp_pa
     assert counts["tiermem"] == counts["plain"] > 0
     _assert_same_grads(torch, ref, mod, "under a user's saved-tensor hooks")
     engine.close()
+
+
+# ------------------------------------------------------------------------------------------ held tensors
+
+@pytest.mark.parametrize("offload", ["none", "cpu", "nvme"])
+def test_a_detached_parameter_held_across_steps_is_the_parameter(torch_or_skip, tmp_path, offload):
+    """torch's p.detach() shares the parameter's memory: held across steps it shows each update, and
+    a write into it changes the parameter. A released parameter's detach() was a copy: it still read
+    the first weights after the steps, and writes into it were lost without a word; p.data.detach()
+    held the unit's gathered memory, and with the parameters on the device every later step failed
+    ("pinned on device") (found by a helper trying the product as a new user). Now both are p.data's
+    proxy. A numpy array of a released parameter is a copy of the values at the call, as
+    .cpu().numpy() of a GPU tensor is, and holds none of the engine's memory; state_dict() still
+    gives tensors of their own."""
+    torch = torch_or_skip
+    from tiermem.torch.utils import safe_get_full_fp32_param
+    _, mod, engine = _pair(torch, tmp_path, offload)
+    w = mod.lm_head.weight
+    held = {"p.detach()": w.detach(), "p.data.detach()": w.data.detach(), "torch.detach(p)": torch.detach(w),
+            "p.detach().t()": w.detach().t()}
+    with torch.no_grad():
+        held["p.detach() under no_grad"] = w.detach()
+    first = w.detach().clone()
+    arr = w.detach().numpy()
+    ids = torch.arange(12).reshape(2, 6) % 64
+    for _ in range(2):
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+    now = safe_get_full_fp32_param(w)
+    assert not torch.equal(now, first)  # the steps changed it
+    for what, t in held.items():
+        assert not t.requires_grad, what
+        got = t.t() * 1 if what.endswith(".t()") else t * 1
+        assert torch.equal(got, now), f"{what}: the values of before the steps"
+    assert (arr == first.numpy()).all()
+    held["p.detach()"].fill_(0.25)
+    assert torch.equal(safe_get_full_fp32_param(w), torch.full_like(now, 0.25))
+    with torch.no_grad():
+        w.detach().mul_(2)
+    assert torch.equal(safe_get_full_fp32_param(w), torch.full_like(now, 0.5))
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()  # with every held tensor alive
+    sd = mod.state_dict()
+    assert type(sd["lm_head.weight"]) is torch.Tensor
+    assert torch.equal(sd["lm_head.weight"], safe_get_full_fp32_param(w))
+    engine.close()

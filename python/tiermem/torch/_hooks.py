@@ -44,14 +44,15 @@ Thread-safety: one thread drives a model (as torch's autograd does).
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
 from ._params import (contiguous_stride, holds_placeholder, is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, param_subclass,
                       set_raw_data)
 from ._predictor import NextUnitPredictor
-from ._released import (MEMORY_CALLS, ReleasedValues, call_tensors, first_arg, is_released, no_memory_error, param_name, released_proxy,
-                        view_proxy, write_through)
+from ._released import (DETACH_CALLS, MEMORY_CALLS, ReleasedValues, call_tensors, first_arg, is_released, no_memory_error, param_name,
+                        released_proxy, unaliased, view_proxy, wants_memory_of_its_own, write_through)
 from ._unit import NOT_PICKLABLE, EngineLink, Unit, UnitMap, build_units, in_backward, unit_of
 
 __all__ = ["ParamHooks"]
@@ -81,9 +82,14 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
     a proxy of the engine's values (``_released.py``). Outside the hooks' own saved-tensor scope,
     what autograd saves of a parameter during the call is packed by the hooks (a custom
     ``autograd.Function`` that saves the weight reads it again in backward through a gather, not
-    the placeholder). ``detach()`` of a released parameter returns a copy, not a view: it is how
-    ``state_dict()`` (and PEFT's ``save_pretrained``) read every parameter, and a view each would
-    keep every unit gathered, and pinned in the engine's budgets, at once."""
+    the placeholder). ``detach()`` of a released parameter is a proxy, as ``p.data`` is (reads see
+    the values of each use, writes reach the engine), except where torch's own code detaches it
+    (``wants_memory_of_its_own``): ``state_dict()`` (and PEFT's ``save_pretrained``) get a copy of
+    each parameter's values, tensors with memory of their own that torch.save and safetensors
+    write, and so does DDP's broadcast of the module's states. What else a call returns that
+    would hold the gathered memory (``p.numpy()`` of a frozen parameter) is a copy of it
+    (``unaliased``): a view held past the call would keep its unit pinned in the engine's budgets
+    and go stale at the next step."""
     if kwargs is None:
         kwargs = {}
     p = first_arg(args, kwargs)
@@ -102,6 +108,8 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
     if p is not None and is_released(p):
         if is_inplace(func):
             return write_through(func, args, kwargs)
+        if func in DETACH_CALLS and args and args[0] is p and not wants_memory_of_its_own(sys._getframe(1)):
+            return released_proxy(p)  # as p.data: the engine's values at each use, writes reaching the engine
         if args and args[0] is p and is_view_call(func) and not (torch.is_grad_enabled() and p.requires_grad):
             proxy = view_proxy(p, p, func, args[1:], kwargs)  # no autograd: writes through it must reach the engine
             if proxy is not None:
@@ -126,8 +134,8 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
                     out = func(*args, **kwargs)
             else:
                 out = func(*args, **kwargs)
-            if taken and func is torch.Tensor.detach:
-                out = out.clone()
+            if taken:
+                out = unaliased(out, taken)
             return out
     finally:
         for u in taken:
@@ -193,6 +201,11 @@ CLOSED = ("this model's parameters were in a tiermem engine that has been closed
 
 
 def _closed_param_torch_function(cls, func, types, args=(), kwargs=None):
+    if func is torch.Tensor.__repr__ and args:
+        # print(p), a debugger's view: what it is, not its values (which went with the engine).
+        t = args[0]
+        what = "Parameter" if isinstance(t, torch.nn.Parameter) else "tensor"
+        return f"<tiermem.torch: {what} of shape {tuple(t.shape)}, {t.dtype}, whose engine was closed: no values>"
     if not is_metadata(func):
         raise RuntimeError(f"tiermem.torch: {CLOSED}")
     with torch._C.DisableTorchFunctionSubclass():
@@ -345,8 +358,12 @@ class ParamHooks:
         self.handles: list = []
         self.guarded: list = []  # modules whose _apply is _guarded_apply
         self.saved_ctx = None  # the SavedParams scope of the outermost module running
-        self.depth = 0  # modules running forward now
-        self.failed_pre: set = set()  # id() of modules whose pre-forward hook raised (their post hook still runs)
+        # The modules running forward now, outermost first: [id(module), units it acquired, whether
+        # its pre-forward hook finished]. torch runs a post-forward hook (always_call) for each
+        # pre-forward one, Exceptions included, but for no BaseException (KeyboardInterrupt): the
+        # entries such a forward leaves are unwound at the model's next forward or step().
+        self.running: list[list] = []
+        self.depth = 0  # len(self.running)
         self.backward_pending = False
         self.on_backward = None  # called once per backward that produced a gradient
 
@@ -408,14 +425,34 @@ class ParamHooks:
             if u.active or u.flat is not None:
                 u.active = 0
                 u.release()
+        self._end_saved_scope()
+        self.running = []
+        self.depth = 0
+        self.link.running = 0
+
+    def unwind_interrupted(self) -> None:
+        """Drops what forwards that a BaseException ended (KeyboardInterrupt: no post-forward hook
+        ran) still hold: each running module's acquired units (the last user releases its unit), the
+        saved-tensor hooks they entered. Called where no forward can be running: at the model's
+        next forward (its pre-forward hook, with modules still marked running) and at step().
+        Without it the units stayed gathered: the next forwards computed with that gathered memory
+        after step() had changed the weights, and with the engine's parameters on the device the
+        step itself failed (their memory pinned). zero.GatheredParameters scopes keep theirs."""
+        while self.running:
+            _, done, _ = self.running.pop()
+            for u in done:
+                u.drop()
+        self.depth = 0
+        self.link.running = 0
+        self._end_saved_scope()
+
+    def _end_saved_scope(self) -> None:
         if self.saved_ctx is not None:
             ctx, self.saved_ctx = self.saved_ctx, None
             try:
                 ctx.__exit__(None, None, None)
             except Exception:  # noqa: BLE001 - already popped (the interrupted forward's own exit)
                 pass
-        self.depth = 0
-        self.link.running = 0
 
     def mark_closed(self) -> None:
         """After detach at close(): each parameter (a placeholder, its values gone with the engine)
@@ -482,16 +519,20 @@ class ParamHooks:
 
     # ------------------------------------------------------------------------------ forward
     def _pre_forward(self, module, args):
+        if module is self.model and self.running:
+            self.unwind_interrupted()  # the model is not inside its own forward: those were interrupted
         if self.depth == 0:
             self.forget_failed_backward()
         if self.depth == 0 and torch.is_grad_enabled():
             self.saved_ctx = self.saved.hooks()
             self.saved_ctx.__enter__()
-        self.depth += 1
+        entry = [id(module), [], False]
+        self.running.append(entry)
+        self.depth = len(self.running)
         self.link.running = self.depth
         units = self.units.module_units.get(id(module))
         if units:
-            done = []
+            done = entry[1]
             try:
                 for u in units:
                     u.acquire()
@@ -501,23 +542,25 @@ class ParamHooks:
                 # and must not drop the units this call did not acquire.
                 for u in done:
                     u.drop()
-                self.failed_pre.add(id(module))
+                done.clear()
                 raise
+        entry[2] = True
 
     def _post_forward(self, module, args, output):
-        if id(module) in self.failed_pre:
-            self.failed_pre.discard(id(module))
-            self._leave()
-            return None
-        units = self.units.module_units.get(id(module))
-        if units:
-            for u in units:
+        # This module's entry; any above it are calls inside its forward that a BaseException ended
+        # and its forward caught: theirs are dropped too.
+        ok = False
+        while self.running:
+            mid, done, ok = self.running.pop()
+            for u in done:
                 u.drop()
-        self._leave(module)
+            if mid == id(module):
+                break
+        self._leave(module if ok else None)
         return None
 
     def _leave(self, module=None) -> None:
-        self.depth -= 1
+        self.depth = len(self.running)
         self.link.running = self.depth
         if self.depth == 0 and self.saved_ctx is not None:
             ctx, self.saved_ctx = self.saved_ctx, None

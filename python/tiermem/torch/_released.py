@@ -23,6 +23,7 @@ Thread-safety: one thread drives a model (as torch's autograd does).
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import torch
@@ -32,10 +33,24 @@ from ._params import (apply_chain, contiguous_stride, is_data_get, is_data_set, 
 from ._unit import unit_of
 
 __all__ = ["ReleasedValues", "released_proxy", "write_through", "first_arg", "call_tensors", "is_released", "param_name", "no_memory_error",
-           "MEMORY_CALLS"]
+           "unaliased", "wants_memory_of_its_own", "MEMORY_CALLS", "DETACH_CALLS"]
 
 # Calls that hand out a tensor's memory, not its values: a released parameter has none.
 MEMORY_CALLS = tensor_calls(["data_ptr", "untyped_storage", "storage", "_typed_storage"])
+# The same values without autograd, sharing their memory: of a released parameter or its proxy, a
+# proxy (a view of its values at each use, as torch's detach() shares the parameter's memory),
+# unless the caller wants_memory_of_its_own.
+DETACH_CALLS = tensor_calls(["detach"], (torch.Tensor, torch))
+
+
+def wants_memory_of_its_own(frame) -> bool:
+    """Whether the code of `frame`, which called detach() on a released parameter (or its proxy),
+    hands the result to kernels or serializers that need memory, not a proxy: torch's own code (a
+    module's ``_save_to_state_dict``, DDP's broadcast of the module's states, which writes into what
+    it detached with no torch call a proxy could see), and any ``_save_to_state_dict`` (a module's
+    override). It gets a copy of the values at the call."""
+    name = frame.f_globals.get("__name__", "")
+    return name == "torch" or name.startswith("torch.") or frame.f_code.co_name == "_save_to_state_dict"
 
 
 def is_released(p: torch.Tensor) -> bool:
@@ -137,6 +152,32 @@ def _written(func, args, kwargs) -> list:
     return out
 
 
+def unaliased(out, units):
+    """`out`, a call's result, with no memory of the `units` gathered for that call alone: a tensor
+    (or numpy array) that shares a unit's gathered memory is copied, anything else returned as it
+    is. The gathered memory would otherwise outlive the call in the caller's hands: the unit's
+    memory pinned in the engine's budgets (a step then fails to write it) and the values stale
+    after the next step, where torch's view would have shown the change. Autograd's views of a
+    parameter (``p.t()`` with grad) are not given here."""
+    spans = []
+    for u in units:
+        if u.flat is not None:
+            st = u.flat.untyped_storage()
+            spans.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
+    if not spans:
+        return out
+    if isinstance(out, torch.Tensor) and not out.requires_grad:
+        with torch._C.DisableTorchFunctionSubclass():
+            ptr = out.untyped_storage().data_ptr()
+            if any(a <= ptr < b for a, b in spans):
+                return out.clone()
+        return out
+    iface = getattr(out, "__array_interface__", None) if type(out).__module__ == "numpy" else None
+    if iface is not None and any(a <= iface["data"][0] < b for a, b in spans):
+        return out.copy()
+    return out
+
+
 def write_through(func, args, kwargs):
     """Runs a torch call whose arguments stand for released managed parameters (themselves or
     proxies) on the engine's values: each unit is gathered for the call (as a copy when the call
@@ -187,7 +228,7 @@ def write_through(func, args, kwargs):
             return args[0]  # p.data.copy_(t) returns p.data: the proxy, not the copy it ran on
         if isinstance(out, torch.Tensor) and written and any(out is y for y in call_kwargs.values()):
             return next(v for k, v in kwargs.items() if call_kwargs[k] is out)
-        return out
+        return unaliased(out, [u for u, copy in units.values() if not copy and any(u is t for t in taken)])
     finally:
         for u in taken:
             if u.active == 0:
@@ -215,6 +256,9 @@ class ReleasedValues(torch.Tensor):
                                    "parameter itself values instead (p.data = t, or p.data.copy_(t))")
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        if args and args[0] is x and isinstance(x, ReleasedValues) and func in DETACH_CALLS and \
+                not wants_memory_of_its_own(sys._getframe(1)):
+            return released_proxy(_owner(x), x.__dict__["_tm_chain"])
         if args and args[0] is x and isinstance(x, ReleasedValues) and is_view_call(func):
             proxy = view_proxy(x, _owner(x), func, args[1:], kwargs)
             if proxy is not None:

@@ -30,6 +30,7 @@ import atexit
 import json
 import os
 import sys
+import traceback
 import warnings
 import weakref
 from typing import Iterable, Optional
@@ -56,6 +57,13 @@ _open_engines: "weakref.WeakSet[TiermemEngine]" = weakref.WeakSet()
 
 @atexit.register
 def _close_open_engines() -> None:
+    tb = getattr(sys, "last_traceback", None)
+    if tb is not None and len(_open_engines):
+        # The script ended with an uncaught exception: its traceback (kept for post-mortem
+        # debugging) holds its frames' locals through exit, a unit's gathered memory among them when
+        # it was raised inside a torch call on a parameter. The engine, and so its swap files, would
+        # outlive close(); at exit nothing reads those locals again.
+        traceback.clear_frames(tb)
     for engine in list(_open_engines):
         try:
             engine.close()
@@ -308,7 +316,10 @@ class TiermemEngine:
         self._require_trainable("backward")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("TiermemEngine.backward: loss must be a scalar tensor")
-        if loss.requires_grad and loss.grad_fn is None and not self._hooks.is_param(loss):
+        if not loss.requires_grad:
+            raise RuntimeError(f"TiermemEngine.backward: {_UNREACHED} (it does not require grad: computed under "
+                               "torch.no_grad(), detached, or a constant); nothing was run")
+        if loss.grad_fn is None and not self._hooks.is_param(loss):
             raise RuntimeError(f"TiermemEngine.backward: {_UNREACHED} (it is a leaf tensor, made by no computation); "
                                "nothing was run")
         scale = self._zero.loss_scale() / self.gradient_accumulation_steps
@@ -541,6 +552,7 @@ class TiermemEngine:
                                "all missing (call loss.backward() or engine.backward(loss) first, with the loss "
                                "computed from the model's output: a backward that reaches none of its trainable "
                                "parameters adds nothing)")
+        self._hooks.unwind_interrupted()  # a forward a KeyboardInterrupt ended holds units gathered
         if self._armed_lr is not None and lr != self._armed_lr:
             warnings.warn(f"tiermem.update_in_backward: the learning rate changed from {self._armed_lr} to {lr} between "
                           f"the boundary's backward and the optimizer step; modules were updated in backward with "
