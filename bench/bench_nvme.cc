@@ -21,7 +21,9 @@
 //     to it (a --size above the file's size is refused, exit 2, naming both sizes); a write job
 //     writes to it within --size, as fio does. The file is never removed.
 //   A path that does not exist (or a file under a missing directory) exits 2 with "does not
-//   exist": only a directory gets a file created in it.
+//   exist": only a directory gets a file created in it. One the run cannot write where it must (a
+//   directory for its own file: /proc, /sys, a read-only mount; the user's file for a write job)
+//   exits 2 with "is not writable" and the system's reason, before the free-space check.
 // The file is opened with O_DIRECT (page cache bypassed, like fio direct=1) unless --buffered
 // (fio direct=0), which a filesystem without O_DIRECT (tmpfs) needs. Each of
 // --jobs threads keeps --qd requests of --bs bytes in flight for --runtime seconds: sequential
@@ -30,8 +32,13 @@
 // submit -> completion callback, per request. gbps = 1e9 bytes/s; MB/s = 1e6 bytes/s.
 // With --json the last line is {"engine","rw","bs","qd","jobs","bytes","seconds","gbps","iops",
 // "huge_bytes","buffer_bytes","piece_bytes","lat_us":{"p50","p99","p999"}}. Bad arguments: one line on stderr, exit status 2.
+// SIGINT or SIGTERM during the timed run stops it as fio does on Ctrl-C: the same report for the
+// time run, marked "interrupted by SIG..." (JSON: "interrupted":"SIGINT"), then the process ends
+// by that signal (130/143 in a shell); its own data file is removed in every case.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -77,52 +84,80 @@ struct NvmeOpts {
   bool size_given = false;
 };
 
-// Removes the bench's own data file when the run ends, whichever way (unless --keep): on return,
-// on an exception, and on SIGINT or SIGTERM (Ctrl-C, `timeout`) while it lives — the handler
-// unlinks the file and re-raises the signal with its default action; the old handlers come back
-// when it goes. One at a time (the path is a static buffer the handler reads).
-class OwnFileRemover {
+// SIGINT and SIGTERM (Ctrl-C, `timeout`) while it lives, and the bench's own data file (`path`;
+// empty: none, the user's file or --keep), removed when it goes, whichever way the run ends. The
+// handler removes the file at once, then: during the timed run (begin_run() to end_run()) it
+// records the signal, the jobs stop submitting, and the run reports what it measured before
+// it ends the process with the signal (die_of: exit status 130/143 in a shell), as fio does on
+// Ctrl-C; at any other time, or at a second signal, it re-raises the signal with its default
+// action. The old handlers come back when it goes. One at a time (the handler reads static state).
+class InterruptGuard {
  public:
-  explicit OwnFileRemover(std::string path) : path_(std::move(path)) {
-    if (path_.size() < sizeof signal_path_) {
+  explicit InterruptGuard(std::string path) : path_(std::move(path)) {
+    if (path_.size() < sizeof signal_path_)
       std::memcpy(signal_path_, path_.c_str(), path_.size() + 1);
-      struct sigaction sa {};
-      sa.sa_handler = &OwnFileRemover::on_signal;
-      sigemptyset(&sa.sa_mask);
-      handlers_ = ::sigaction(SIGINT, &sa, &old_int_) == 0 && ::sigaction(SIGTERM, &sa, &old_term_) == 0;
-    }
+    struct sigaction sa {};
+    sa.sa_handler = &InterruptGuard::on_signal;
+    sigemptyset(&sa.sa_mask);
+    handlers_ =
+        ::sigaction(SIGINT, &sa, &old_int_) == 0 && ::sigaction(SIGTERM, &sa, &old_term_) == 0;
   }
-  ~OwnFileRemover() {
+  ~InterruptGuard() {
     if (handlers_) {
       ::sigaction(SIGINT, &old_int_, nullptr);
       ::sigaction(SIGTERM, &old_term_, nullptr);
-      signal_path_[0] = '\0';
     }
+    signal_path_[0] = '\0';
+    state_.store(kIdle);
     if (!path_.empty()) ::unlink(path_.c_str());
   }
-  OwnFileRemover(const OwnFileRemover&) = delete;
-  OwnFileRemover& operator=(const OwnFileRemover&) = delete;
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+  void begin_run() { state_.store(kRunning); }
+  // The signal that stopped the timed run (SIGINT or SIGTERM), or 0.
+  int end_run() {
+    const int s = state_.exchange(kIdle);
+    return s > 0 ? s : 0;
+  }
+  // Whether a signal has stopped the timed run (the jobs' completion callbacks ask).
+  static bool interrupted() { return state_.load(std::memory_order_relaxed) > 0; }
 
  private:
+  static constexpr int kIdle = 0, kRunning = -1;  // else: the signal that stopped the run
+  static_assert(std::atomic<int>::is_always_lock_free,
+                "the signal handler needs a lock-free atomic");
   static void on_signal(int sig) {  // async-signal-safe calls only
     if (signal_path_[0] != '\0') ::unlink(signal_path_);
+    int running = kRunning;
+    if (state_.compare_exchange_strong(running, sig)) return;  // the run stops and reports
     ::signal(sig, SIG_DFL);
     ::raise(sig);
   }
   static inline char signal_path_[4096] = {};
+  static inline std::atomic<int> state_{kIdle};
   std::string path_;
   bool handlers_ = false;
   struct sigaction old_int_ {}, old_term_ {};
 };
+
+// Ends the process with signal `sig`'s default action, as if the signal had not been caught (a
+// shell reports 128 + sig).
+[[noreturn]] void die_of(int sig) {
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+  std::_Exit(128 + sig);  // not reached: SIGINT and SIGTERM end the process
+}
 
 struct JobResult {
   std::uint64_t bytes = 0;
   std::vector<double> lat_us;
 };
 
-// One job: qd requests in flight until `deadline`. Each completion callback (on the engine's
-// completion thread) records the latency and submits the slot's next request at once, so a
-// request costs one thread wake-up, as in fio; this thread only waits for the end.
+// One job: qd requests in flight until `deadline` or a signal (InterruptGuard). Each completion
+// callback (on the engine's completion thread) records the latency and submits the slot's next
+// request at once, so a request costs one thread wake-up, as in fio; this thread only waits for
+// the end.
 JobResult run_job(IoEngine& engine, IoFile file, char* bufs, std::uint64_t bs, int qd,
                   std::uint64_t size, bool write, bool random, int job, int jobs, double deadline) {
   struct Shared {
@@ -158,7 +193,7 @@ JobResult run_job(IoEngine& engine, IoFile file, char* bufs, std::uint64_t bs, i
         if (e && !sh.first_error) sh.first_error = e;
         sh.res.lat_us.push_back((t - sh.start[static_cast<std::size_t>(slot)]) * 1e6);
         sh.res.bytes += bs;
-        again = t < deadline && !sh.first_error;
+        again = t < deadline && !sh.first_error && !InterruptGuard::interrupted();
         if (!again && --sh.in_flight == 0) sh.cv.notify_all();
       }
       if (again) submit(slot);
@@ -241,6 +276,29 @@ int run_nvme(const NvmeOpts& o) {
                std::to_string(bs) + " bytes)");
   size = size / bs * bs;
 
+  // Somewhere to write: the bench's own file is created in the directory, and a write job writes
+  // into the user's file. Tried first (the file created and removed again, or opened for writing),
+  // so that a directory no one can write to (/proc, /sys, a read-only mount) is called that, not
+  // short of space (such filesystems have 0 bytes free).
+  if (!S_ISBLK(st.st_mode) && (own_file || write)) {
+    struct stat fst {};
+    const bool exists = ::lstat(file_path.c_str(), &fst) == 0;
+    const int fd =
+        ::open(file_path.c_str(),
+               O_WRONLY | O_CLOEXEC | (exists ? 0 : O_CREAT | O_EXCL), 0600);
+    if (fd < 0) {
+      const int e = errno;
+      return bad("--path '" + o.path + "' is not writable: cannot " +
+                 (exists ? "open '" + file_path + "' for writing" : "create '" + file_path + "'") +
+                 ": " + std::strerror(e) + ": give " +
+                 (own_file
+                      ? "a directory you can write to (the bench creates its data file there)"
+                      : "a file you can write to (a write job writes into it), or a directory"));
+    }
+    ::close(fd);
+    if (!exists) ::unlink(file_path.c_str());
+  }
+
   // Room for what this run writes: the bench's own file is laid out to --size, and a write job may
   // grow the user's regular file to --size. Refused before anything is written when the
   // filesystem has less free (filling it would fail mid-run; on tmpfs it would fill memory).
@@ -272,11 +330,12 @@ int run_nvme(const NvmeOpts& o) {
   eo.o_direct = !o.buffered;
   eo.size_to_device = o.size_to_device == "on";
   auto engine = make_io_engine(eo);
-  std::optional<OwnFileRemover> remover;
-  if (own_file && !o.keep) {
+  std::optional<InterruptGuard> guard;
+  {
     // Remove only a file this run creates (a kept one from an earlier run stays kept).
     struct stat fst {};
-    if (::stat(file_path.c_str(), &fst) != 0) remover.emplace(file_path);
+    const bool remove = own_file && !o.keep && ::stat(file_path.c_str(), &fst) != 0;
+    guard.emplace(remove ? file_path : std::string());
   }
   IoFile file;
   try {
@@ -323,6 +382,7 @@ int run_nvme(const NvmeOpts& o) {
   const bool random = o.rw == "randread" || o.rw == "randwrite";
   std::vector<JobResult> results(static_cast<std::size_t>(o.jobs));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.jobs));
+  guard->begin_run();
   double t0 = now_s();
   double deadline = t0 + o.runtime;
   std::vector<std::thread> threads;
@@ -338,6 +398,8 @@ int run_nvme(const NvmeOpts& o) {
   }
   for (auto& t : threads) t.join();
   double seconds = now_s() - t0;
+  const int stopped_by = guard->end_run();  // a signal: what ran so far is reported, then it ends
+  const char* const signal_name = stopped_by == SIGINT ? "SIGINT" : "SIGTERM";
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   engine->close_file(file);
@@ -357,6 +419,10 @@ int run_nvme(const NvmeOpts& o) {
               format_bytes(bs).c_str(), o.qd, o.jobs, engine->name(),
               engine->sqpoll_active() ? " sqpoll" : "", registered ? " fixed-bufs" : "",
               file_path.c_str(), format_bytes(size).c_str());
+  if (stopped_by != 0)
+    std::printf(
+        "  interrupted by %s after %.2f s of --runtime %g: the figures below cover those %.2f s\n",
+        signal_name, seconds, o.runtime, seconds);
   std::printf("  buffers: %s in %s pages (%s of it in 2 MiB pages); pieces of %s\n",
               format_bytes(pool_bytes).c_str(),
               host_pool.page_kind() == HostPageKind::kHugetlb       ? "hugetlbfs 2 MiB"
@@ -371,7 +437,13 @@ int run_nvme(const NvmeOpts& o) {
                         {"jobs", o.jobs}, {"bytes", bytes}, {"seconds", seconds}, {"gbps", gbps},
                         {"iops", iops}, {"huge_bytes", host_pool.huge_bytes()},
                         {"buffer_bytes", pool_bytes}, {"piece_bytes", piece}, {"lat_us", {{"p50", p50}, {"p99", p99}, {"p999", p999}}}};
+    if (stopped_by != 0) j["interrupted"] = signal_name;
     std::printf("%s\n", j.dump().c_str());
+  }
+  if (stopped_by != 0) {
+    std::fflush(stdout);
+    guard.reset();  // the file removed, the old handlers back
+    die_of(stopped_by);
   }
   return 0;
 }

@@ -83,8 +83,9 @@ std::vector<std::string> make_marked_dirs(const std::string& dir, const std::str
                         : err == EACCES ? "no permission to make the swap directory there"
                                         : "cannot make the swap directory";
       throw IoError(failed, 0, 0, err, "mkdir",
-                    std::string(why) + "; give nvme_path (zero_optimization.offload_param / offload_optimizer; "
-                                       "tiermem-train --swap-dir) a writable directory");
+                    std::string(why) + "; give the swap path a writable directory (the config's "
+                                       "zero_optimization.offload_param / offload_optimizer nvme_path, NVMeAdamW's "
+                                       "nvme_path, or tiermem-train --swap-dir)");
     }
     std::vector<std::string> out;
     // A leaf found in a directory tiermem made is tiermem's too: one a killed run left behind (its

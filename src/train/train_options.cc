@@ -236,6 +236,19 @@ int parse_train_options(int argc, char** argv, TrainOptions* out) {
       if (app.count(flag) > 0 && value->empty())
         throw CLI::ValidationError(flag, "is empty: give a path");
     }
+    // A --resume directory must hold a checkpoint: said now, before the engine is built
+    // (CheckpointReader still verifies the manifest and the state files as the run resumes).
+    if (!o.resume_dir.empty()) {
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(
+              std::filesystem::path(o.resume_dir) / "rank0" / "manifest.json", ec))
+        throw CLI::ValidationError(
+            "--resume",
+            "'" + o.resume_dir +
+                "' is not a checkpoint directory: it has no rank0/manifest.json (a checkpoint "
+                "directory holds rank<r>/manifest.json and the state file it names, per rank "
+                "saved); give the directory a run's --save DIR wrote");
+    }
     const bool custom_dims = app.count("--layers") + app.count("--heads") + app.count("--d-model") > 0;
     if (o.model == "custom" && (o.n_layer == 0 || o.d_model == 0))
       throw CLI::ValidationError("--model custom", "needs --layers and --d-model (and optionally --heads)");

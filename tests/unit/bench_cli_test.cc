@@ -1,7 +1,8 @@
 // tiermem-bench nvme never harms a user's file (issue 14), as fio: an existing file's own size is
 // the default --size; a read job never writes to it (a --size above its size is refused, exit 2,
 // naming both sizes); the bench's own data file is created only in a directory and removed at
-// exit unless --keep; a path that does not exist exits 2 with "does not exist". Every case
+// exit unless --keep; a path that does not exist exits 2 with "does not exist", one it cannot
+// write with "is not writable"; a signal mid-run reports what was measured. Every case
 // checksums the user's file before and after. The subcommands' ranged options name a value that
 // is no number, or not a whole one, as such (not "not in range").
 #include <gtest/gtest.h>
@@ -236,12 +237,48 @@ TEST_F(BenchCli, OutOfRangeCountsAndRatesAreRefused) {
   EXPECT_FALSE(fs::exists(dir_ / "pz")) << "profile made its --path before refusing the run";
 }
 
-// Stopped by SIGTERM (timeout) mid-run, nvme still removes its own data file, as at a normal exit.
+// Stopped by SIGTERM (timeout) mid-run, nvme still removes its own data file, as at a normal exit,
+// and reports what it measured until then, as fio does.
 TEST_F(BenchCli, NvmeRemovesItsFileWhenStoppedBySigterm) {
   fs::create_directories(dir_ / "stop");
   const Result r = bench("nvme --path stop --rw read --bs 64K --size 8M --runtime 30", "timeout -s TERM 2");
   EXPECT_EQ(r.exit_code, 124) << "timeout ended it: " << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "stop" / "tiermem-bench-nvme.dat")) << "left behind";
+  EXPECT_NE(r.out.find("interrupted by SIGTERM after "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  read: IOPS="), std::string::npos) << r.out;
+}
+
+// Ctrl-C (SIGINT) mid-run on a user's file: the report of the time run, marked interrupted (JSON
+// too, as the last line), then the process ends by the signal (130 in a shell); the file is as it
+// was.
+TEST_F(BenchCli, NvmeReportsWhatItMeasuredWhenInterrupted) {
+  const Sum before = checksum(dir_ / "user.dat");
+  const Result r = bench("nvme --path user.dat --rw randread --bs 64K --runtime 30 --json",
+                         "timeout --preserve-status -s INT 2");
+  EXPECT_EQ(r.exit_code, 130) << "ended by SIGINT: " << r.err;
+  EXPECT_NE(r.out.find("interrupted by SIGINT after "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" of --runtime 30"), std::string::npos) << r.out;
+  const std::string body = r.out.substr(0, r.out.find_last_not_of('\n') + 1);
+  const std::string last = body.substr(body.rfind('\n') + 1);
+  EXPECT_NE(last.find("\"interrupted\":\"SIGINT\""), std::string::npos) << last;
+  EXPECT_EQ(last.find("\"bytes\":0,"), std::string::npos) << "nothing measured: " << last;
+  EXPECT_TRUE(checksum(dir_ / "user.dat") == before);
+}
+
+// A directory the bench cannot create its file in (/proc, /sys: "0 bytes free") is called not
+// writable, with the system's reason, exit 2, before the free-space check.
+TEST_F(BenchCli, NvmeOnADirectoryItCannotWriteSaysNotWritable) {
+  for (const char* path : {"/proc", "/proc/self", "/sys/kernel"}) {
+    SCOPED_TRACE(path);
+    if (!fs::is_directory(path)) continue;
+    const Result r = run(std::string("--path ") + path + " --size 64M");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(std::string("--path '") + path + "' is not writable: cannot create '"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("free"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "") << "nothing ran";
+  }
 }
 
 // The prefetch simulation runs at its defaults on every generated model: the default device budget

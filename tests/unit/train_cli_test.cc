@@ -4,7 +4,8 @@
 //   tensor (the message names the tensor and what it needs); a --swap-dir on a filesystem without
 //   O_DIRECT (a ramfs mount; skipped loudly when mount is not permitted); a read-only directory
 //   (a read-only bind mount, else chattr +i, else skipped loudly: root ignores permission bits);
-//   a --swap-dir / --save / --resume that is a file or lies under a file; a bad --config file.
+//   a --swap-dir / --save / --resume that is a file or lies under a file; a --resume directory
+//   that holds no checkpoint; a bad --config file.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -163,6 +164,21 @@ TEST_F(TrainCli, PathThatIsAFile) {
   expect_usage_error("--swap-dir swap --save ''", {"--save", "empty"});
   // A directory as the trace file was found only when the run ended (exit 1 after training).
   expect_usage_error("--swap-dir swap --trace .", {"--trace", "is a directory: give a file path"});
+}
+
+// A --resume directory that holds no checkpoint is bad input, refused before the engine is set up
+// (it was refused by the checkpoint reader after the engine's setup, exit 1): exit 2, one line
+// naming the directory and what a checkpoint directory holds, no swap directory made.
+TEST_F(TrainCli, ResumeFromADirectoryThatIsNoCheckpointIsRefusedUpFront) {
+  fs::create_directories(dir_ / "empty_dir");
+  fs::create_directories(dir_ / "partial" / "rank0");  // a save that never wrote its manifest
+  std::ofstream(dir_ / "partial" / "rank0" / "state-00000001.bin.tmp") << "x";
+  for (const char* d : {"empty_dir", "partial", "."}) {
+    expect_usage_error(std::string("--swap-dir swap --resume ") + d,
+                       {"--resume", std::string("'") + d + "' is not a checkpoint directory",
+                        "no rank0/manifest.json", "rank<r>/manifest.json"});
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "swap")) << "the engine was set up before the refusal";
 }
 
 // A bad --config file is bad input too: exit 2 and one line naming the file or the key.
