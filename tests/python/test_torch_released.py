@@ -218,6 +218,13 @@ def _writes(torch):
             lambda mod: [nn.init.zeros_(p) for p in mod.parameters(recurse=False)])),
         "model.apply(normal_ on .data)": lambda m: (torch.manual_seed(4), m.apply(
             lambda mod: [p.data.normal_(0, 0.02) for p in mod.parameters(recurse=False)])),
+        # A list of parameters written at once (EMA and weight-averaging code): the gathered
+        # working copy alone changed, the master weights not, and the next step undid it.
+        "torch._foreach_mul_([p.data ...], 0.5)": lambda m: torch._foreach_mul_([p.data for p in m.parameters()], 0.5),
+        "torch._foreach_lerp_(params, zeros, 0.5) under no_grad": lambda m: _no_grad(torch, lambda: torch._foreach_lerp_(
+            list(m.parameters()), [torch.zeros(p.shape) for p in m.parameters()], 0.5)),
+        "torch._foreach_copy_([p.data ...], values)": lambda m: torch._foreach_copy_(
+            [p.data for p in m.parameters()], [torch.full(p.shape, 0.125) for p in m.parameters()]),
     }
 
 

@@ -52,7 +52,8 @@ from ._params import (contiguous_stride, holds_placeholder, is_data_get, is_data
                       set_raw_data)
 from ._predictor import NextUnitPredictor
 from ._released import (DETACH_CALLS, MEMORY_CALLS, ReleasedValues, call_tensors, first_arg, is_released, no_memory_error, param_name,
-                        released_proxy, unaliased, view_proxy, wants_memory_of_its_own, write_through)
+                        released_proxy, unaliased, view_proxy, wants_memory_of_its_own, write_through, writes_released,
+                        written_args)
 from ._unit import NOT_PICKLABLE, EngineLink, Unit, UnitMap, build_units, in_backward, unit_of
 
 __all__ = ["ParamHooks"]
@@ -115,11 +116,17 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
             if proxy is not None:
                 return proxy
     units, proxy = _units_in(args, kwargs)
-    if proxy:
+    if proxy or (p is None and units and writes_released(func, args, kwargs)):
+        # A proxy among the arguments, or released parameters a call writes into from a list
+        # (torch._foreach_mul_(params, s)): it runs on the engine's values, and what it writes is
+        # stored in the engine (it changed the gathered working copy alone, the master weights
+        # not, and the next step undid it).
         return write_through(func, args, kwargs)
-    if p is not None and is_inplace(func) and unit_of(p) is not None and not unit_of(p).copied:
+    into = next((x for x in written_args(func, args, kwargs) if unit_of(x) is not None and not unit_of(x).copied), None) \
+        if units and is_inplace(func) else None
+    if into is not None:
         raise RuntimeError(f"tiermem.torch: {getattr(func, '__name__', 'a call')} writes into parameter "
-                           f"'{param_name(p)}' inside its module's forward, where it is the engine's gathered memory: "
+                           f"'{param_name(into)}' inside its module's forward, where it is the engine's gathered memory: "
                            "the change could not reach the engine's master weights. Change parameters between steps "
                            "(p.copy_(t), p.data.copy_(t), or inside tiermem.torch.zero.GatheredParameters)")
     taken = [u for u in units if u.flat is None]

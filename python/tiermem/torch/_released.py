@@ -32,7 +32,7 @@ from ._params import (apply_chain, contiguous_stride, is_data_get, is_data_set, 
                       raw_data, tensor_calls, view_on_meta)
 from ._unit import unit_of
 
-__all__ = ["ReleasedValues", "released_proxy", "write_through", "first_arg", "call_tensors", "is_released", "param_name", "no_memory_error",
+__all__ = ["ReleasedValues", "released_proxy", "write_through", "writes_released", "written_args", "first_arg", "call_tensors", "is_released", "param_name", "no_memory_error",
            "unaliased", "wants_memory_of_its_own", "MEMORY_CALLS", "DETACH_CALLS"]
 
 # Calls that hand out a tensor's memory, not its values: a released parameter has none.
@@ -139,17 +139,25 @@ def first_arg(args, kwargs):
     return None
 
 
-def _written(func, args, kwargs) -> list:
-    """The call's arguments it writes into: its first for an in-place call, and ``out=``."""
+def written_args(func, args, kwargs) -> list:
+    """The call's arguments it writes into: its first for an in-place call (each tensor of it for a
+    list, as ``torch._foreach_mul_(tensors, s)`` writes), and ``out=``."""
     out = []
     first = first_arg(args, kwargs)
-    if isinstance(first, torch.Tensor) and is_inplace(func):
-        out.append(first)
+    if is_inplace(func):
+        out.extend(x for x in (first if isinstance(first, (list, tuple)) else (first,)) if isinstance(x, torch.Tensor))
     o = kwargs.get("out")
     for x in (o if isinstance(o, (list, tuple)) else (o,)):
         if isinstance(x, torch.Tensor):
             out.append(x)
     return out
+
+
+def writes_released(func, args, kwargs) -> bool:
+    """Whether the call writes into a released managed parameter or a proxy of one (its first
+    argument in place, a tensor of its first list, ``out=``): it must run through write_through,
+    which stores what it wrote in the engine."""
+    return any(_owner(x) is not None for x in written_args(func, args, kwargs))
 
 
 def unaliased(out, units):
@@ -189,7 +197,7 @@ def write_through(func, args, kwargs):
         p = _owner(x)
         if p is not None:
             owners.setdefault(id(p), p)
-    written = {id(p): p for p in map(_owner, _written(func, args, kwargs)) if p is not None}
+    written = {id(p): p for p in map(_owner, written_args(func, args, kwargs)) if p is not None}
     units = {}
     for p in owners.values():
         u = unit_of(p)
