@@ -645,3 +645,40 @@ def test_a_keyboard_interrupt_in_a_forward_hook_leaves_later_steps_exact(torch_o
         return losses
     want = train(-5)
     assert train(2) == want
+
+
+def test_a_call_on_many_parameters_that_do_not_fit_together_says_so(torch_or_skip, tmp_path, monkeypatch):
+    """torch._foreach_norm(list(model.parameters())) holds every unit gathered at once; where the
+    budgets cannot hold them together the engine's out-of-memory error said "a bug: please report"
+    (found by a helper checking user flows). It now says what the call did and what to do. The
+    engine's error is simulated here for the second unit gathered; the model is unchanged after it."""
+    torch = torch_or_skip
+    import tiermem.torch as tt
+    from tiermem.torch import _unit
+    m = _small(torch)
+    engine, *_ = tt.initialize(model=m, config=ds_config(tmp_path, "cpu"))
+    before = [p.detach().clone() for p in m.parameters()]
+    gather = _unit.Unit.gather
+    seen = []
+
+    def short_of_memory(self, phase=None, copy=False):
+        seen.append(self.index)
+        if len(seen) == 2:
+            raise MemoryError("out of device memory (simulated)")
+        return gather(self, phase, copy)
+    monkeypatch.setattr(_unit.Unit, "gather", short_of_memory)
+    for call in (lambda: torch._foreach_norm(list(m.parameters())),
+                 lambda: _no_grad_foreach_mul(torch, list(m.parameters()))):
+        seen.clear()
+        with pytest.raises(MemoryError, match=r"on the parameters of \d+ engine modules holds them all gathered at once "
+                                              r"\(\d+ bytes\).*call it on fewer parameters at a time.*simulated"):
+            call()
+    monkeypatch.setattr(_unit.Unit, "gather", gather)
+    for p, b in zip(m.parameters(), before):
+        assert torch.equal(p.detach(), b)
+    engine.close()
+
+
+def _no_grad_foreach_mul(torch, params):
+    with torch.no_grad():
+        torch._foreach_mul_(params, 0.5)

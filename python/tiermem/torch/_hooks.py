@@ -51,9 +51,9 @@ import torch
 from ._params import (contiguous_stride, holds_placeholder, is_data_get, is_data_set, is_inplace, is_metadata, is_view_call, param_subclass,
                       set_raw_data)
 from ._predictor import NextUnitPredictor
-from ._released import (DETACH_CALLS, MEMORY_CALLS, ReleasedValues, call_tensors, first_arg, is_released, no_memory_error, param_name,
-                        released_proxy, unaliased, view_proxy, wants_memory_of_its_own, write_through, writes_released,
-                        written_args)
+from ._released import (DETACH_CALLS, MEMORY_CALLS, ReleasedValues, call_tensors, first_arg, gathering_many, is_released, no_memory_error,
+                        param_name, released_proxy, unaliased, view_proxy, wants_memory_of_its_own, write_through,
+                        writes_released, written_args)
 from ._unit import NOT_PICKLABLE, EngineLink, Unit, UnitMap, build_units, in_backward, unit_of
 
 __all__ = ["ParamHooks"]
@@ -134,7 +134,8 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
     saved = link.saved if link is not None and link.saved is not None and not link.saved.active else None
     try:
         for u in taken:
-            u.gather()
+            with gathering_many(func, taken):
+                u.gather()
         with torch._C.DisableTorchFunctionSubclass():
             if saved is not None:
                 with saved.hooks():

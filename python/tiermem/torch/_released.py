@@ -23,6 +23,7 @@ Thread-safety: one thread drives a model (as torch's autograd does).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Optional
 
@@ -32,7 +33,7 @@ from ._params import (apply_chain, contiguous_stride, is_data_get, is_data_set, 
                       raw_data, tensor_calls, view_on_meta)
 from ._unit import unit_of
 
-__all__ = ["ReleasedValues", "released_proxy", "write_through", "writes_released", "written_args", "first_arg", "call_tensors", "is_released", "param_name", "no_memory_error",
+__all__ = ["ReleasedValues", "released_proxy", "write_through", "writes_released", "written_args", "gathering_many", "first_arg", "call_tensors", "is_released", "param_name", "no_memory_error",
            "unaliased", "wants_memory_of_its_own", "MEMORY_CALLS", "DETACH_CALLS"]
 
 # Calls that hand out a tensor's memory, not its values: a released parameter has none.
@@ -113,11 +114,30 @@ def view_proxy(x: torch.Tensor, p: torch.nn.Parameter, func, rest: tuple, kwargs
         for y in (a if isinstance(a, (list, tuple)) else (a,)):
             if isinstance(y, torch.Tensor) and _owner(y) is not None:
                 return None  # an index that is itself released: run on the values
-    chain = tuple(x.__dict__.get("_tm_chain", ())) if isinstance(x, ReleasedValues) else ()
-    chain = chain + ((func, tuple(rest), dict(kwargs)),)
-    if view_on_meta(p.shape, contiguous_stride(p.shape), p.dtype, chain) is None:
+    before = tuple(x.__dict__.get("_tm_chain", ())) if isinstance(x, ReleasedValues) else ()
+    chain = before + ((func, tuple(rest), dict(kwargs)),)
+    if view_on_meta(p.shape, contiguous_stride(p.shape), p.dtype, chain) is not None:
+        return released_proxy(p, chain)
+    # split, chunk, unbind: a tuple of views, each a proxy (they ran on the gathered values, and
+    # writes into them changed the working copy alone, the master weights not).
+    try:
+        on_meta = apply_chain(torch.empty_strided(p.shape, contiguous_stride(p.shape), dtype=p.dtype, device="meta"),
+                              before)[-1]
+        with torch._C.DisableTorchFunctionSubclass():
+            pieces = func(on_meta, *rest, **kwargs)
+    except Exception:  # noqa: BLE001 - not answerable without values
         return None
-    return released_proxy(p, chain)
+    if not isinstance(pieces, (tuple, list)) or not pieces or \
+            not all(isinstance(t, torch.Tensor) and t._is_view() for t in pieces):
+        return None
+    return tuple(released_proxy(p, before + ((_nth_of, (func, tuple(rest), dict(kwargs), i), {}),))
+                 for i in range(len(pieces)))
+
+
+def _nth_of(t: torch.Tensor, func, rest: tuple, kwargs: dict, i: int) -> torch.Tensor:
+    """The i-th tensor of ``func(t, *rest, **kwargs)`` (a call that returns a tuple of views): one
+    link of a proxy's chain."""
+    return func(t, *rest, **kwargs)[i]
 
 
 def call_tensors(args, kwargs):
@@ -137,6 +157,26 @@ def first_arg(args, kwargs):
         if key in kwargs:
             return kwargs[key]
     return None
+
+
+@contextlib.contextmanager
+def gathering_many(func, units: list):
+    """Around one gather of a call that holds `units` gathered at once (torch._foreach_* over a
+    model's parameters): the engine's out-of-memory error, when they do not fit its budgets
+    together, is said as what the call did and how to do it instead (it said "a bug: please
+    report", after the wait for a release that only the call itself could make)."""
+    try:
+        yield
+    except MemoryError as e:
+        if len(units) < 2:
+            raise
+        elem = torch.empty((), dtype=units[0].link.working_dtype).element_size()
+        need = sum(u.numel for u in units) * elem
+        raise MemoryError(f"tiermem.torch: {getattr(func, '__name__', 'a call')} on the parameters of {len(units)} engine "
+                          f"modules holds them all gathered at once ({need} bytes), more than the engine's budgets hold "
+                          "beside what they keep: call it on fewer parameters at a time (a loop over the model's "
+                          "modules or parameters), or raise tiermem.device_budget_bytes / host_budget_bytes. The "
+                          f"engine said: {e}") from e
 
 
 def written_args(func, args, kwargs) -> list:
@@ -174,6 +214,8 @@ def unaliased(out, units):
             spans.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
     if not spans:
         return out
+    if isinstance(out, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in out):
+        return type(out)(unaliased(t, units) if isinstance(t, torch.Tensor) else t for t in out)
     if isinstance(out, torch.Tensor) and not out.requires_grad:
         with torch._C.DisableTorchFunctionSubclass():
             ptr = out.untyped_storage().data_ptr()
@@ -208,7 +250,8 @@ def write_through(func, args, kwargs):
     try:
         for u, copy in units.values():
             if u.flat is None:
-                u.gather("outside", copy=copy)
+                with gathering_many(func, [v for v, _ in units.values()]):
+                    u.gather("outside", copy=copy)
                 taken.append(u)
 
         def stand_in(x):
