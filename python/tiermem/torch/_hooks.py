@@ -557,14 +557,15 @@ class ParamHooks:
     def _post_forward(self, module, args, output):
         # This module's entry; any above it are calls inside its forward that a BaseException ended
         # and its forward caught: theirs are dropped too.
-        ok = False
+        ended = False  # its pre-forward hook finished (else the forward never ran)
         while self.running:
             mid, done, ok = self.running.pop()
             for u in done:
                 u.drop()
             if mid == id(module):
+                ended = ok
                 break
-        self._leave(module if ok else None)
+        self._leave(module if ended else None)
         return None
 
     def _leave(self, module=None) -> None:

@@ -33,8 +33,9 @@ from ._params import (apply_chain, contiguous_stride, is_data_get, is_data_set, 
                       raw_data, tensor_calls, view_on_meta)
 from ._unit import unit_of
 
-__all__ = ["ReleasedValues", "released_proxy", "write_through", "writes_released", "written_args", "gathering_many", "first_arg", "call_tensors", "is_released", "param_name", "no_memory_error",
-           "unaliased", "wants_memory_of_its_own", "MEMORY_CALLS", "DETACH_CALLS"]
+__all__ = ["ReleasedValues", "released_proxy", "write_through", "writes_released", "written_args", "gathering_many", "first_arg",
+           "call_tensors", "is_released", "param_name", "no_memory_error", "unaliased", "wants_memory_of_its_own", "MEMORY_CALLS",
+           "DETACH_CALLS"]
 
 # Calls that hand out a tensor's memory, not its values: a released parameter has none.
 MEMORY_CALLS = tensor_calls(["data_ptr", "untyped_storage", "storage", "_typed_storage"])
