@@ -310,6 +310,22 @@ void read_offload(Section& s, OffloadConfig& o) {
   s.finish();
 }
 
+// A stage3_ size key of zero_optimization, given as "stage3_<name>" or "<name>" (DeepSpeed's field
+// name); both given with different values is a ConfigError naming both.
+void read_stage3_size(Section& s, const char* name, std::uint64_t& out) {
+  const std::string prefixed = std::string("stage3_") + name;
+  std::uint64_t a = out, b = out;
+  s.get_size(prefixed.c_str(), a);
+  s.get_size(name, b);
+  if (s.has(prefixed.c_str()) && s.has(name) && a != b) {
+    throw ConfigError(s.path(name), std::to_string(b),
+                      "config keys '" + s.path(prefixed.c_str()) + "' = " + std::to_string(a) + " and '" +
+                          s.path(name) + "' = " + std::to_string(b) +
+                          " are one DeepSpeed key under two names, given different values: keep one");
+  }
+  out = s.has(prefixed.c_str()) ? a : b;
+}
+
 void read_zero_optimization(Section& s, Config& cfg) {
   auto& z = cfg.zero;
   s.get_int("stage", z.stage, 0, 3);
@@ -322,15 +338,18 @@ void read_zero_optimization(Section& s, Config& cfg) {
   s.get_size("reduce_bucket_size", z.reduce_bucket_size_elems, 1);
   s.get_size("allgather_bucket_size", z.allgather_bucket_size_elems, 1);
   s.inert("allgather_bucket_size", "parameters are all-gathered one module at a time");
-  s.get_size("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size_elems);
-  s.get_size("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold_elems);
-  s.get_size("stage3_max_live_parameters", z.stage3_max_live_parameters_elems);
-  s.get_size("stage3_max_reuse_distance", z.stage3_max_reuse_distance_elems);
+  // DeepSpeed's config model takes each stage3_ key under its field name too (pydantic's
+  // populate_by_name): "param_persistence_threshold" is the same key. Both given: they must agree.
+  read_stage3_size(s, "prefetch_bucket_size", z.stage3_prefetch_bucket_size_elems);
+  read_stage3_size(s, "param_persistence_threshold", z.stage3_param_persistence_threshold_elems);
+  read_stage3_size(s, "max_live_parameters", z.stage3_max_live_parameters_elems);
+  read_stage3_size(s, "max_reuse_distance", z.stage3_max_reuse_distance_elems);
   s.get_size("sub_group_size", z.sub_group_size_elems, 1);
   s.get("stage3_gather_16bit_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
   s.get("stage3_gather_fp16_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
-  for (const char* k :
-       {"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"}) {
+  s.get("gather_16bit_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
+  for (const char* k : {"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                        "gather_16bit_weights_on_model_save"}) {
     s.inert(k, "checkpoints keep each rank's fp32 partition; no gathered 16-bit copy is written");
   }
   s.inert("allgather_partitions", "parameters are always all-gathered from their partitions");
@@ -345,7 +364,28 @@ void read_zero_optimization(Section& s, Config& cfg) {
   }
   s.get("zero_quantized_nontrainable_weights", z.zero_quantized_nontrainable_weights);
   s.inert("memory_efficient_linear", "tiermem's linear layers keep their inputs for backward");
-  s.inert("stage3_module_granularity_threshold", "parameters are fetched one module at a time");
+  for (const char* k : {"stage3_module_granularity_threshold", "module_granularity_threshold"}) {
+    s.inert(k, "parameters are fetched one module at a time");
+  }
+  // The rest of DeepSpeed 0.19.8's zero_optimization keys (under both names where it has two):
+  // accepted with a warning, as every key tiermem does not act on.
+  for (const char* k : {"stage3_model_persistence_threshold", "model_persistence_threshold"}) {
+    s.inert(k, "no model-wide persistence limit: stage3_param_persistence_threshold alone decides");
+  }
+  for (const char* k : {"stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
+                        "stage3_allgather_sequential", "allgather_sequential", "use_multi_rank_bucket_allreduce"}) {
+    s.inert(k, "tiermem's collectives are its own: an all-gather per module, a reduce-scatter per bucket");
+  }
+  s.inert("cpu_offload_param", "deprecated in DeepSpeed: use offload_param.device \"cpu\"");
+  s.inert("cpu_offload_use_pin_memory", "deprecated in DeepSpeed: use offload_param / offload_optimizer pin_memory");
+  s.inert("leaf_module",
+          "not read from the config: mark leaf modules with tiermem.torch.set_z3_leaf_modules(model, classes) before "
+          "initialize");
+  for (const char* k : {"compute_grad_norm", "zenflow", "legacy_stage1", "parameter_alignment",
+                        "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
+                        "enable_sanity_checks", "save_muon_momentum_buffer_in_memory"}) {
+    s.inert(k, "not implemented by tiermem");
+  }
   if (auto p = s.sub("offload_param")) read_offload(*p, z.offload_param);
   z.offload_optimizer.buffer_count = 4;
   if (auto p = s.sub("offload_optimizer")) read_offload(*p, z.offload_optimizer);

@@ -120,6 +120,28 @@ TEST(Config, AnUnknownKeyNamesTheKnownKeyItIsNearest) {
   EXPECT_EQ(c.tiermem.host_budget_bytes, 0u) << "an unknown key sets nothing";
 }
 
+// DeepSpeed takes each stage3_ key under its field name too ("param_persistence_threshold"): it
+// was an unknown key here, warned and ignored, so the run used the default threshold. Found by
+// comparing DeepSpeed 0.19.8's zero config fields with what parse_config reads.
+TEST(Config, Stage3KeysAreReadUnderDeepSpeedsFieldNamesToo) {
+  Config c = parse_config(R"({"zero_optimization": {"param_persistence_threshold": 0, "prefetch_bucket_size": 1000,
+                                                     "max_live_parameters": 2000, "max_reuse_distance": 3000}})");
+  EXPECT_TRUE(c.unknown_keys.empty()) << c.unknown_keys.front();
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold_elems, 0u);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size_elems, 1000u);
+  EXPECT_EQ(c.zero.stage3_max_live_parameters_elems, 2000u);
+  EXPECT_EQ(c.zero.stage3_max_reuse_distance_elems, 3000u);
+  Config same = parse_config(R"({"zero_optimization": {"stage3_param_persistence_threshold": 7, "param_persistence_threshold": 7}})");
+  EXPECT_EQ(same.zero.stage3_param_persistence_threshold_elems, 7u);
+  expect_key_error(R"({"zero_optimization": {"stage3_param_persistence_threshold": 7, "param_persistence_threshold": 8}})",
+                   "zero_optimization.param_persistence_threshold");
+  // The rest of DeepSpeed's zero keys are accepted with one warning each, none unknown.
+  Config rest = parse_config(R"({"zero_optimization": {"leaf_module": {"classes": ["X"]}, "zenflow": {},
+                                                       "allgather_sequential": false, "cpu_offload_param": true}})");
+  EXPECT_TRUE(rest.unknown_keys.empty()) << rest.unknown_keys.front();
+  EXPECT_EQ(rest.inert_keys.size(), 4u);
+}
+
 TEST(Config, BadValuesNameTheKey) {
   expect_key_error(R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage");
   expect_key_error(R"({"zero_optimization": {"stage": "three"}})", "zero_optimization.stage");
