@@ -388,7 +388,12 @@ void read_zero_optimization(Section& s, Config& cfg) {
   }
   if (auto p = s.sub("offload_param")) read_offload(*p, z.offload_param);
   z.offload_optimizer.buffer_count = 4;
-  if (auto p = s.sub("offload_optimizer")) read_offload(*p, z.offload_optimizer);
+  if (auto p = s.sub("offload_optimizer")) {
+    // DeepSpeed 0.19.8's offload_optimizer keys that offload_param does not have.
+    p->inert("super_offload", "not implemented by tiermem");
+    p->inert("cpuadam_cores_perc", "not implemented by tiermem");
+    read_offload(*p, z.offload_optimizer);
+  }
   if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
     throw ConfigError("zero_optimization.offload_param.device",
                       std::string(offload_device_name(z.offload_param.device)),

@@ -140,6 +140,9 @@ TEST(Config, Stage3KeysAreReadUnderDeepSpeedsFieldNamesToo) {
                                                        "allgather_sequential": false, "cpu_offload_param": true}})");
   EXPECT_TRUE(rest.unknown_keys.empty()) << rest.unknown_keys.front();
   EXPECT_EQ(rest.inert_keys.size(), 4u);
+  Config opt = parse_config(R"({"zero_optimization": {"offload_optimizer": {"super_offload": true, "cpuadam_cores_perc": 0.8}}})");
+  EXPECT_TRUE(opt.unknown_keys.empty()) << opt.unknown_keys.front();
+  EXPECT_EQ(opt.inert_keys.size(), 2u);
 }
 
 TEST(Config, BadValuesNameTheKey) {
