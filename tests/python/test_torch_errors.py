@@ -240,6 +240,7 @@ def test_misuse_after_initialize_is_named(torch_or_skip, tmp_path):
         assert float(w.detach().abs().sum()) == 0.0
     with pytest.raises(TypeError, match="cannot be pickled or deep-copied"):
         copy.deepcopy(m)
+    held_row = m[0].weight.data[2]  # a view held from before close
     engine.close()
     with pytest.raises(RuntimeError, match="engine that has been closed"):
         m(torch.ones(4, 8))
@@ -250,6 +251,8 @@ def test_misuse_after_initialize_is_named(torch_or_skip, tmp_path):
     assert m[0].weight.data.shape == (8, 8) and m[0].weight.data.dtype == torch.float32
     # print(p) and a debugger's view say what it is (raised before: a repr is no read of values).
     assert "shape (8, 8), torch.float32, whose engine was closed: no values" in repr(m[0].weight)
+    assert "whose engine was closed: no values" in repr(m[0].weight.detach())
+    assert "whose engine was closed: no values" in repr(held_row) and held_row.shape == (8,)
     reads = (m.state_dict, lambda: m[0].weight.sum(), lambda: tt.initialize(model=m, config=ds_config(tmp_path / "s2", "nvme")),
              lambda: m[0].weight.data.sum(), lambda: m[0].weight.data.clone(), lambda: m[0].weight.data.tolist(),
              lambda: m[0].weight.data.numpy(), lambda: m[0].weight.data + 0, lambda: m[0].weight.data.detach().sum(),
@@ -617,7 +620,7 @@ def test_a_keyboard_interrupt_in_a_forward_hook_leaves_later_steps_exact(torch_o
     torch.manual_seed(1)
     data = [(torch.randn(2, 16), torch.randn(2, 4)) for _ in range(6)]
 
-    def train(interrupt_at):
+    def train(interrupt_at, write_at=2):
         m = _interrupt_model(torch)
         engine, *_ = tt.initialize(model=m, config=cfg)
         fire = [False]
@@ -633,6 +636,8 @@ def test_a_keyboard_interrupt_in_a_forward_hook_leaves_later_steps_exact(torch_o
                 fire[0] = True
                 with pytest.raises(KeyboardInterrupt):
                     engine(x)
+            if i == write_at:  # a write between steps (weight averaging): it reached the working copy alone
+                torch._foreach_mul_([p.data for p in m.parameters()], 0.5)
             loss = ((engine(x) - y) ** 2).mean()
             engine.backward(loss)
             if i == interrupt_at + 1:  # interrupted between backward and step: step() itself recovers
@@ -645,6 +650,7 @@ def test_a_keyboard_interrupt_in_a_forward_hook_leaves_later_steps_exact(torch_o
         return losses
     want = train(-5)
     assert train(2) == want
+    assert train(2, write_at=-5) != want  # the write is seen: the runs differ without it
 
 
 def test_a_call_on_many_parameters_that_do_not_fit_together_says_so(torch_or_skip, tmp_path, monkeypatch):

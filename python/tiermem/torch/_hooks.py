@@ -214,13 +214,16 @@ def _closed_param_torch_function(cls, func, types, args=(), kwargs=None):
         t = args[0]
         what = "Parameter" if isinstance(t, torch.nn.Parameter) else "tensor"
         return f"<tiermem.torch: {what} of shape {tuple(t.shape)}, {t.dtype}, whose engine was closed: no values>"
-    if not is_metadata(func):
+    # detach() from user code gives what .data gives; torch's own (state_dict()) reads the values.
+    detach = func in DETACH_CALLS and not wants_memory_of_its_own(sys._getframe(1))
+    if not is_metadata(func) and not detach:
         raise RuntimeError(f"tiermem.torch: {CLOSED}")
     with torch._C.DisableTorchFunctionSubclass():
         out = func(*args, **(kwargs or {}))
-        # .data is the placeholder: as a plain tensor every read of it (EMA code reading p.data,
-        # an export) would compute NaN without a word; it refuses them as the parameter does.
-        return out.as_subclass(ClosedData) if is_data_get(func) else out
+        # .data (and detach()) is the placeholder: as a plain tensor every read of it (EMA code
+        # reading p.data, an export) would compute NaN without a word; it refuses them as the
+        # parameter does, and says what it is.
+        return out.as_subclass(ClosedData) if is_data_get(func) or detach else out
 
 
 class ClosedData(torch.Tensor):
@@ -372,6 +375,7 @@ class ParamHooks:
         # entries such a forward leaves are unwound at the model's next forward or step().
         self.running: list[list] = []
         self.depth = 0  # len(self.running)
+        self.wrapped_forward = None  # (the model's wrapped forward, its instance forward before) while attached
         self.backward_pending = False
         self.on_backward = None  # called once per backward that produced a gradient
 
@@ -416,6 +420,7 @@ class ParamHooks:
             # module keeps its type.
             module.__dict__["_apply"] = functools.partial(self._guarded_apply, module, name)
             self.guarded.append(module)
+        self._wrap_model_forward()
         for u in self.units.units:
             for p, _, _ in u.params:
                 if p.requires_grad:
@@ -423,6 +428,39 @@ class ParamHooks:
                 p._tm_original_class = type(p)
                 p.__class__ = _zero_param_class(type(p))
                 p._tm_unit = u
+
+    def _wrap_model_forward(self) -> None:
+        """The model's forward, in its instance's __dict__ (as ``_apply``), wrapped so that a
+        BaseException that is not an Exception (KeyboardInterrupt) leaving it unwinds what the
+        forwards inside held at once (``unwind_interrupted``): torch runs no post-forward hook for
+        one, and until the next forward or step the interrupted modules counted as running (a
+        write between steps then changed the gathered working copy alone, or was refused as made
+        inside a forward). ``functools.wraps`` keeps its signature (the HF Trainer reads it)."""
+        model = self.model
+        inner = model.forward  # the bound method, or a forward someone set on the instance
+
+        @functools.wraps(inner)
+        def forward(*args, **kwargs):
+            try:
+                return inner(*args, **kwargs)
+            except Exception:
+                raise  # the post-forward hooks run (always_call) and leave as usual
+            except BaseException:
+                self.unwind_interrupted()
+                raise
+        self.wrapped_forward = (forward, model.__dict__.get("forward"))
+        model.__dict__["forward"] = forward
+
+    def _unwrap_model_forward(self) -> None:
+        if self.wrapped_forward is None:
+            return
+        forward, before = self.wrapped_forward
+        self.wrapped_forward = None
+        if self.model.__dict__.get("forward") is forward:  # not replaced since
+            if before is None:
+                del self.model.__dict__["forward"]
+            else:
+                self.model.__dict__["forward"] = before
 
     def release_all(self) -> None:
         """Releases every unit still in use. A forward ended by a BaseException that is not an
@@ -478,6 +516,7 @@ class ParamHooks:
         for module in self.guarded:
             module.__dict__.pop("_apply", None)
         self.guarded = []
+        self._unwrap_model_forward()
         for u in self.units.units:
             for p, _, _ in u.params:
                 cls = p.__dict__.pop("_tm_original_class", None)

@@ -297,6 +297,15 @@ class ReleasedValues(torch.Tensor):
         if kwargs is None:
             kwargs = {}
         x = first_arg(args, kwargs)
+        if isinstance(x, ReleasedValues) and unit_of(x.__dict__.get("_tm_param")) is None:
+            # Its engine was closed: what it is still answers (a debugger's view, a traceback's
+            # locals), as the closed parameter's does; its values went with the engine.
+            if func is torch.Tensor.__repr__:
+                return (f"<tiermem.torch: tensor of shape {tuple(x.shape)}, {x.dtype}, a view of a parameter whose engine "
+                        "was closed: no values>")
+            if is_metadata(func) and func not in MEMORY_CALLS and not is_data_get(func):
+                with torch._C.DisableTorchFunctionSubclass():
+                    return func(*args, **kwargs)
         if isinstance(x, ReleasedValues) and (is_metadata(func) or func in MEMORY_CALLS):
             p = _owner(x)
             if func in MEMORY_CALLS:
