@@ -317,13 +317,14 @@ void read_stage3_size(Section& s, const char* name, std::uint64_t& out) {
   std::uint64_t a = out, b = out;
   s.get_size(prefixed.c_str(), a);
   s.get_size(name, b);
-  if (s.has(prefixed.c_str()) && s.has(name) && a != b) {
+  const bool given = s.has(prefixed.c_str());
+  if (given && s.has(name) && a != b) {
     throw ConfigError(s.path(name), std::to_string(b),
                       "config keys '" + s.path(prefixed.c_str()) + "' = " + std::to_string(a) + " and '" +
                           s.path(name) + "' = " + std::to_string(b) +
                           " are one DeepSpeed key under two names, given different values: keep one");
   }
-  out = s.has(prefixed.c_str()) ? a : b;
+  out = given ? a : b;
 }
 
 void read_zero_optimization(Section& s, Config& cfg) {

@@ -63,10 +63,7 @@ class Section {
 
   std::string path(const char* key) const { return join_path(path_, key); }
   // Whether the document gives `key` a value other than "auto" (what find() reads).
-  bool has(const char* key) const {
-    auto it = obj_.find(key);
-    return it != obj_.end() && !(it->is_string() && it->get<std::string>() == "auto");
-  }
+  bool has(const char* key) const { return obj_.contains(key) && !is_auto(key); }
   bool is_auto(const char* key) const {
     auto it = obj_.find(key);
     return it != obj_.end() && it->is_string() && it->get<std::string>() == "auto";

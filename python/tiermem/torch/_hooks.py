@@ -116,14 +116,14 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
             if proxy is not None:
                 return proxy
     units, proxy = _units_in(args, kwargs)
-    if proxy or (p is None and units and writes_released(func, args, kwargs)):
+    written = written_args(func, args, kwargs) if units and (is_inplace(func) or "out" in kwargs) else []
+    if proxy or (p is None and writes_released(written)):
         # A proxy among the arguments, or released parameters a call writes into from a list
         # (torch._foreach_mul_(params, s)): it runs on the engine's values, and what it writes is
         # stored in the engine (it changed the gathered working copy alone, the master weights
         # not, and the next step undid it).
         return write_through(func, args, kwargs)
-    into = next((x for x in written_args(func, args, kwargs) if unit_of(x) is not None and not unit_of(x).copied), None) \
-        if units and is_inplace(func) else None
+    into = next((x for x in written if unit_of(x) is not None and not unit_of(x).copied), None) if is_inplace(func) else None
     if into is not None:
         raise RuntimeError(f"tiermem.torch: {getattr(func, '__name__', 'a call')} writes into parameter "
                            f"'{param_name(into)}' inside its module's forward, where it is the engine's gathered memory: "
@@ -133,8 +133,8 @@ def _zero_param_torch_function(cls, func, types, args=(), kwargs=None):
     link = units[0].link if units and torch.is_grad_enabled() else None
     saved = link.saved if link is not None and link.saved is not None and not link.saved.active else None
     try:
-        for u in taken:
-            with gathering_many(func, taken):
+        with gathering_many(func, taken):
+            for u in taken:
                 u.gather()
         with torch._C.DisableTorchFunctionSubclass():
             if saved is not None:
@@ -374,13 +374,17 @@ class ParamHooks:
         # pre-forward one, Exceptions included, but for no BaseException (KeyboardInterrupt): the
         # entries such a forward leaves are unwound at the model's next forward or step().
         self.running: list[list] = []
-        self.depth = 0  # len(self.running)
         self.wrapped_forward = None  # (the model's wrapped forward, its instance forward before) while attached
         self.backward_pending = False
         self.on_backward = None  # called once per backward that produced a gradient
 
     def __reduce_ex__(self, protocol):
         raise TypeError(NOT_PICKLABLE)
+
+    @property
+    def depth(self) -> int:
+        """Modules running forward now."""
+        return len(self.running)
 
     # ------------------------------------------------------------------------------ what the engine asks
     def unit_list(self) -> list:
@@ -466,15 +470,12 @@ class ParamHooks:
         """Releases every unit still in use. A forward ended by a BaseException that is not an
         Exception (KeyboardInterrupt: torch runs its always-call post-forward hooks for Exceptions
         only) leaves its modules' units gathered; their memory keeps the engine, and so its swap
-        files, alive after close(). Also ends the saved-tensor hooks such a forward left entered."""
+        files, alive after close(); so do open zero.GatheredParameters scopes."""
+        self.unwind_interrupted()
         for u in self.units.units:
             if u.active or u.flat is not None:
                 u.active = 0
                 u.release()
-        self._end_saved_scope()
-        self.running = []
-        self.depth = 0
-        self.link.running = 0
 
     def unwind_interrupted(self) -> None:
         """Drops what forwards that a BaseException ended (KeyboardInterrupt: no post-forward hook
@@ -488,7 +489,6 @@ class ParamHooks:
             _, done, _ = self.running.pop()
             for u in done:
                 u.drop()
-        self.depth = 0
         self.link.running = 0
         self._end_saved_scope()
 
@@ -575,7 +575,6 @@ class ParamHooks:
             self.saved_ctx.__enter__()
         entry = [id(module), [], False]
         self.running.append(entry)
-        self.depth = len(self.running)
         self.link.running = self.depth
         units = self.units.module_units.get(id(module))
         if units:
@@ -608,7 +607,6 @@ class ParamHooks:
         return None
 
     def _leave(self, module=None) -> None:
-        self.depth = len(self.running)
         self.link.running = self.depth
         if self.depth == 0 and self.saved_ctx is not None:
             ctx, self.saved_ctx = self.saved_ctx, None

@@ -194,11 +194,11 @@ def written_args(func, args, kwargs) -> list:
     return out
 
 
-def writes_released(func, args, kwargs) -> bool:
-    """Whether the call writes into a released managed parameter or a proxy of one (its first
-    argument in place, a tensor of its first list, ``out=``): it must run through write_through,
-    which stores what it wrote in the engine."""
-    return any(_owner(x) is not None for x in written_args(func, args, kwargs))
+def writes_released(written: list) -> bool:
+    """Whether a call's `written` arguments (``written_args``) include a released managed
+    parameter or a proxy of one: the call must run through write_through, which stores what it
+    wrote in the engine."""
+    return any(_owner(x) is not None for x in written)
 
 
 def unaliased(out, units):
@@ -249,11 +249,11 @@ def write_through(func, args, kwargs):
             units[id(u)][1] = True
     taken = []
     try:
-        for u, copy in units.values():
-            if u.flat is None:
-                with gathering_many(func, [v for v, _ in units.values()]):
+        with gathering_many(func, [u for u, _ in units.values()]):
+            for u, copy in units.values():
+                if u.flat is None:
                     u.gather("outside", copy=copy)
-                taken.append(u)
+                    taken.append(u)
 
         def stand_in(x):
             if isinstance(x, ReleasedValues):
